@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 # The tiny tokenizer (voxstream.tiny.tokenizer_files) has this many entries; ids 101-104 are specials.
-TINY_VOCAB_SIZE = 384
+TINY_VOCAB_SIZE = 566
 
 
 def _rope(head_dim: int, max_positions: int) -> dict[str, Any]:
