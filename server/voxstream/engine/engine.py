@@ -1,0 +1,138 @@
+"""``Engine``: the synchronous, sans-I/O core of the streaming micro-batcher.
+
+One ``step()`` is schedule → execute → update: the scheduler plans the step, the runner runs it
+as one batched forward pass, and the engine turns the runner's raw output into one ``StepOutput``
+per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
+drives this class from its own thread, and tests drive it with a fake runner.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from voxstream.engine.config import EngineConfig
+from voxstream.engine.outputs import EMPTY_CHUNK, Runner, RunnerOutput, StepOutput, StepPlan
+from voxstream.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
+from voxstream.engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    """Serves many synthesis requests at once, one patch per running session per ``step()``.
+
+    Not thread-safe: exactly one thread may call its methods. A failure of the runner fails only
+    the sessions it concerns (see ``Runner``); an exception escaping ``step()`` is a bug here.
+    """
+
+    def __init__(self, runner: Runner, config: EngineConfig | None = None) -> None:
+        self.config = config if config is not None else EngineConfig()
+        if self.config.max_running > runner.num_slots:
+            raise ValueError(
+                f"EngineConfig.max_running={self.config.max_running} is invalid: "
+                f"the runner has only {runner.num_slots} slots"
+            )
+        self.runner = runner
+        self.scheduler = Scheduler(self.config)
+
+    def add(self, request: Request) -> None:
+        """Queue ``request``; its outputs appear in later ``step()`` results.
+
+        Raises:
+            ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
+            DuplicateRequestError: the id is in use by an unfinished request.
+            QueueFullError: the waiting queue is full.
+        """
+        self.config.limits.check(request.params)
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a waiting or running request; its final ``aborted`` output comes with the next step.
+
+        The slot is freed at once. Returns False (and does nothing) for an unknown or finished id.
+        """
+        return self.scheduler.abort(request_id)
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request; returns how many were aborted."""
+        return sum(self.scheduler.abort(rid) for rid in list(self.scheduler.sessions))
+
+    def has_unfinished(self) -> bool:
+        """Whether some request still owes its final output."""
+        return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Whether ``step()`` would do anything: unfinished requests or runner housekeeping."""
+        return self.scheduler.has_unfinished() or self.scheduler.has_housekeeping()
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.slots.num_used
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.scheduler.slots.num_free
+
+    def step(self) -> list[StepOutput]:
+        """Run one batched step; return the outputs it produced, at most one per request."""
+        outputs = [StepOutput(s.request_id, EMPTY_CHUNK, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        rows = [self.scheduler.sessions[rid] for rid in plan.request_ids]
+        try:
+            result = self.runner.execute(plan)
+            _check_output(plan, result)
+        except Exception as exc:
+            # TGI's rule: after a failed forward pass no row's state can be trusted.
+            logger.exception("runner failed a step of %d sessions", len(rows))
+            return outputs + self._fail(rows, f"runner failed: {type(exc).__name__}: {exc}")
+        return outputs + self._update(plan, rows, result)
+
+    def _fail(self, rows: list[Session], message: str) -> list[StepOutput]:
+        self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
+        return [StepOutput(s.request_id, EMPTY_CHUNK, FinishReason.ERROR, message) for s in rows]
+
+    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput) -> list[StepOutput]:
+        for rid, cap in result.length_caps.items():
+            self.scheduler.sessions[rid].length_cap = cap
+        outputs: list[StepOutput] = []
+        finished: list[tuple[Session, RequestStatus]] = []
+        for session, chunk, stop_flag in zip(rows, result.chunks, result.stop_flags, strict=True):
+            error = result.errors.get(session.request_id)
+            if error is not None:
+                finished.append((session, RequestStatus.FINISHED_ERROR))
+                outputs.append(StepOutput(session.request_id, EMPTY_CHUNK, FinishReason.ERROR, error))
+                continue
+            status = session.status_after(stop_flag)
+            session.step_index += 1
+            if status.is_finished:
+                finished.append((session, status))
+            outputs.append(StepOutput(session.request_id, chunk, FINISH_REASONS.get(status)))
+        self.scheduler.finish(finished)
+        return outputs
+
+
+def _check_output(plan: StepPlan, result: RunnerOutput) -> None:
+    """Raise if ``result`` breaks the ``RunnerOutput`` contract for ``plan`` (treated as a runner failure)."""
+    rows = len(plan.request_ids)
+    if len(result.chunks) != rows or len(result.stop_flags) != rows:
+        got = f"{len(result.chunks)} and {len(result.stop_flags)}"
+        raise RuntimeError(f"expected {rows} chunks and stop flags (one per decode row), got {got}")
+    prefilled = {item.request_id for item in plan.prefills}
+    caps, errors = set(result.length_caps), set(result.errors)
+    unanswered = prefilled - caps - errors
+    if unanswered or caps & errors or not caps <= prefilled or not errors <= set(plan.request_ids):
+        got = f"length caps for {sorted(caps)} and errors for {sorted(errors)}"
+        raise RuntimeError(f"{got} do not match the prefills {sorted(prefilled)}")
+    if any(not isinstance(cap, int) or cap < 1 for cap in result.length_caps.values()):
+        raise RuntimeError(f"length caps must be ints >= 1, got {result.length_caps}")
+    for rid, chunk in zip(plan.request_ids, result.chunks, strict=True):
+        if rid not in result.errors and (chunk.ndim != 1 or chunk.dtype != np.float32):
+            raise RuntimeError(f"chunk of {rid!r} must be 1-D float32, got shape {chunk.shape} dtype {chunk.dtype}")

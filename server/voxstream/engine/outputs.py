@@ -1,0 +1,112 @@
+"""The values that cross the engine's boundaries, and the runner contract.
+
+``StepPlan`` is the only thing the engine hands the runner and ``RunnerOutput`` the only thing it
+gets back (vLLM's SchedulerOutput / ModelRunnerOutput split); ``StepOutput`` is what callers of
+``Engine.step`` receive. This module holds no logic beyond trivial views of these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from voxstream.engine.request import FinishReason, Request
+from voxstream.engine.slots import SlotMove
+
+Chunk = npt.NDArray[np.float32]
+"""1-D float32 PCM at the model's sample rate: one patch of samples per decode step."""
+
+EMPTY_CHUNK: Chunk = np.zeros(0, dtype=np.float32)
+EMPTY_CHUNK.flags.writeable = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillItem:
+    """A request admitted this step: reset row ``slot`` and prefill it with ``request``."""
+
+    request_id: str
+    slot: int
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step's work for the runner, to be applied in field order.
+
+    1. ``released``: forget any per-request state kept for these ids (their rows are free; the
+       ids may include requests whose prefill never completed).
+    2. ``moves``: copy each row ``src`` to ``dst``, in order (slot compaction after releases).
+    3. ``prefills``: reset each row and prefill it.
+    4. Decode one patch for every row ``0..n-1`` (``decode_slots``), running and just-prefilled alike.
+    """
+
+    released: tuple[str, ...] = ()
+    moves: tuple[SlotMove, ...] = ()
+    prefills: tuple[PrefillItem, ...] = ()
+    request_ids: tuple[str, ...] = ()
+    """Owner of each decode row; row r is slot r."""
+    step_indices: tuple[int, ...] = ()
+    """Per decode row, the index of the patch to generate (0 for a row prefilled this step)."""
+
+    @property
+    def decode_slots(self) -> tuple[int, ...]:
+        return tuple(range(len(self.request_ids)))
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.released or self.moves or self.prefills or self.request_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOutput:
+    """What the runner produced for one ``StepPlan``.
+
+    ``chunks`` and ``stop_flags`` are aligned with ``plan.request_ids``. Every prefilled request
+    appears in exactly one of ``length_caps`` or ``errors``. A request in ``errors`` (a failed
+    prefill, or a failure of that row alone) finishes with ``FinishReason.ERROR``; its chunk and
+    stop flag are ignored and may be anything (an empty chunk is customary).
+    """
+
+    chunks: tuple[Chunk, ...] = ()
+    stop_flags: tuple[bool, ...] = ()
+    length_caps: dict[str, int] = field(default_factory=dict)
+    """Per request prefilled this step: min(int(text tokens * 6 + 10), max_len)."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Per failed request, a message for the client."""
+
+
+class Runner(Protocol):
+    """Owns the model and the state pool of ``num_slots`` rows; the only part that touches tensors.
+
+    ``execute`` may raise: the engine then fails every session of that plan with
+    ``FinishReason.ERROR`` and releases them. So apply ``released`` and ``moves`` before anything
+    that can fail, so that the pool matches the engine's slot table whatever happens later.
+    An empty plan is never passed; a plan without decode rows only carries housekeeping.
+    """
+
+    @property
+    def num_slots(self) -> int: ...
+
+    def execute(self, plan: StepPlan) -> RunnerOutput: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """One session's share of a step: its new chunk and, on its last output, why it finished.
+
+    Every request gets exactly one output with ``finish_reason`` set, and none after it. Outputs of
+    aborted or failed requests carry an empty chunk.
+    """
+
+    request_id: str
+    chunk: Chunk
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    """Set with ``FinishReason.ERROR``: what went wrong."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,136 @@
+"""A fake runner that behaves like a real state pool, and fixtures that build engines around it.
+
+``FakeRunner`` keeps one owner per row and one state per request, exactly like the real runner's
+KV/VAE pool, and asserts the plan contract on every step: released rows are freed, moves go from
+an occupied row to a free one, prefills never land on an occupied row (no double allocation), the
+decode rows are exactly ``0..n-1`` in the plan's order, and each row's step index continues where
+that request left off. Chunks are a pure function of (request id, step index), so tests can check
+exactly which chunk each session received.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from voxstream.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
+from voxstream.engine.outputs import EMPTY_CHUNK, Chunk
+
+PATCH = 4  # samples per chunk in these tests
+
+
+def fake_chunk(request_id: str, step_index: int) -> Chunk:
+    """The chunk FakeRunner emits for ``request_id`` at ``step_index``."""
+    tag = zlib.crc32(request_id.encode()) % 65536
+    return np.array([tag, step_index, 0.5, -0.5], dtype=np.float32)
+
+
+def text_length_cap(request: Request) -> int:
+    """The real runner's rule with characters standing in for text tokens."""
+    return min(len(request.text) * 6 + 10, request.params.max_len)
+
+
+@dataclass
+class FakeRunner:
+    num_slots: int = 8
+    stop: Callable[[str, int], bool] = lambda rid, i: False
+    length_cap: Callable[[Request], int] = text_length_cap
+    prefill_error: Callable[[Request], str | None] = lambda request: None
+    row_error: Callable[[str, int], str | None] = lambda rid, i: None
+    fail: Callable[[StepPlan], bool] = lambda plan: False
+    delay: float = 0.0
+    plans: list[StepPlan] = field(default_factory=list)
+    rows: list[str | None] = field(init=False)
+    # Per request: the step index it will decode next (its "KV length").
+    state: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rows = [None] * self.num_slots
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.state and all(owner is None for owner in self.rows)
+
+    def execute(self, plan: StepPlan) -> RunnerOutput:
+        assert not plan.is_empty, "the engine passed an empty plan"
+        self.plans.append(plan)
+        self._housekeep(plan)
+        n = len(plan.request_ids)
+        assert plan.decode_slots == tuple(range(n))
+        assert tuple(self.rows[:n]) == plan.request_ids, f"rows {self.rows} vs plan {plan.request_ids}"
+        assert all(owner is None for owner in self.rows[n:]), f"stale rows beyond {n}: {self.rows}"
+        assert tuple(self.state[rid] for rid in plan.request_ids) == plan.step_indices
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail(plan):
+            raise RuntimeError("injected runner failure")
+        return self._output(plan)
+
+    def _housekeep(self, plan: StepPlan) -> None:
+        for rid in plan.released:
+            self.state.pop(rid, None)
+            self.rows = [None if owner == rid else owner for owner in self.rows]
+        for move in plan.moves:
+            assert self.rows[move.src] is not None and self.rows[move.dst] is None, (move, self.rows)
+            self.rows[move.dst], self.rows[move.src] = self.rows[move.src], None
+        for item in plan.prefills:
+            assert self.rows[item.slot] is None, f"double allocation of slot {item.slot}: {self.rows}"
+            assert item.request_id not in self.state, f"{item.request_id} prefilled twice"
+            self.rows[item.slot] = item.request_id
+            self.state[item.request_id] = 0
+
+    def _output(self, plan: StepPlan) -> RunnerOutput:
+        caps: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        for item in plan.prefills:
+            error = self.prefill_error(item.request)
+            if error is None:
+                caps[item.request_id] = self.length_cap(item.request)
+            else:
+                errors[item.request_id] = error
+        for rid, i in zip(plan.request_ids, plan.step_indices, strict=True):
+            error = errors.get(rid) or self.row_error(rid, i)
+            if error is not None:
+                errors[rid] = error
+        chunks = tuple(
+            EMPTY_CHUNK if rid in errors else fake_chunk(rid, i)
+            for rid, i in zip(plan.request_ids, plan.step_indices, strict=True)
+        )
+        stops = tuple(self.stop(rid, i) for rid, i in zip(plan.request_ids, plan.step_indices, strict=True))
+        for rid in plan.request_ids:
+            self.state[rid] += 1
+        return RunnerOutput(chunks, stops, caps, errors)
+
+
+def new_request(rid: str, text: str = "hello world", prefill_tokens: int = 10, **params: object) -> Request:
+    return Request(rid, text, prefill_tokens, SynthesisParams(**params))  # type: ignore[arg-type]
+
+
+def build_engine(config: dict[str, object] | None = None, **runner_kwargs: object) -> tuple[Engine, FakeRunner]:
+    """An engine around a fresh FakeRunner; ``max_running`` defaults to the runner's slot count."""
+    runner = FakeRunner(**runner_kwargs)  # type: ignore[arg-type]
+    engine = Engine(runner, EngineConfig(**{"max_running": runner.num_slots, **(config or {})}))  # type: ignore[arg-type]
+    return engine, runner
+
+
+# Test modules cannot import this file (pytest's importlib mode), so the helpers travel as fixtures.
+
+
+@pytest.fixture
+def make_engine() -> Callable[..., tuple[Engine, FakeRunner]]:
+    return build_engine
+
+
+@pytest.fixture
+def make_request() -> Callable[..., Request]:
+    return new_request
+
+
+@pytest.fixture
+def chunk_of() -> Callable[[str, int], Chunk]:
+    return fake_chunk

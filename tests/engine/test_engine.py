@@ -1,0 +1,158 @@
+"""Engine.step() with a fake runner: finish reasons, aborts, runner failures, and no leaked slots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from voxstream.engine import Engine, EngineConfig, FinishReason, RunnerOutput, StepPlan
+
+
+def _drain(engine: Engine, limit: int = 1000) -> list:
+    outputs = []
+    for _ in range(limit):
+        if not engine.has_work():
+            return outputs
+        outputs += engine.step()
+    raise AssertionError("engine did not drain")
+
+
+def _stream_of(outputs, rid):
+    return [o for o in outputs if o.request_id == rid]
+
+
+def test_new_session_gets_its_first_chunk_in_the_step_that_admits_it(make_engine, make_request, chunk_of):
+    engine, runner = make_engine()
+    engine.add(make_request("a"))
+    [output] = engine.step()
+    assert output.request_id == "a" and output.finish_reason is None
+    np.testing.assert_array_equal(output.chunk, chunk_of("a", 0))
+    assert runner.plans[0].prefills[0].request.text == "hello world"
+
+
+def test_length_cap_ends_the_stream_after_cap_chunks(make_engine, make_request, chunk_of):
+    engine, _ = make_engine()
+    engine.add(make_request("a", max_len=5))  # text cap 76, max_len 5
+    outputs = _drain(engine)
+    assert [o.finish_reason for o in outputs] == [None] * 4 + [FinishReason.LENGTH]
+    for i, output in enumerate(outputs):
+        np.testing.assert_array_equal(output.chunk, chunk_of("a", i))
+
+
+def test_stop_flag_counts_only_after_min_len(make_engine, make_request):
+    engine, _ = make_engine(stop=lambda rid, i: True)
+    engine.add(make_request("a", min_len=3))
+    outputs = _drain(engine)
+    assert len(outputs) == 5 and outputs[-1].finish_reason is FinishReason.STOP  # i = 4 is the first i > 3
+
+
+def test_abort_mid_stream_frees_the_slot_and_silences_the_id(make_engine, make_request):
+    engine, runner = make_engine()
+    engine.add(make_request("a"))
+    engine.add(make_request("b"))
+    for _ in range(3):
+        engine.step()
+    assert engine.abort("a") and not engine.abort("a")
+    assert engine.num_running == 1  # freed at once, before the next step
+    final = _stream_of(engine.step(), "a")
+    assert [(o.finish_reason, o.chunk.size) for o in final] == [(FinishReason.ABORTED, 0)]
+    assert runner.plans[-1].released == ("a",) and "a" not in runner.rows
+    later = _drain(engine)
+    assert not _stream_of(later, "a") and later[-1].request_id == "b"
+    assert runner.is_empty
+
+
+def test_abort_of_a_waiting_request_never_reaches_the_runner(make_engine, make_request):
+    engine, runner = make_engine(config={"max_running": 1})
+    engine.add(make_request("a"))
+    engine.add(make_request("b"))
+    engine.step()
+    assert engine.abort("b") and engine.num_waiting == 0
+    assert [o.finish_reason for o in _stream_of(engine.step(), "b")] == [FinishReason.ABORTED]
+    assert all(p.request_id != "b" for plan in runner.plans for p in plan.prefills)
+
+
+def test_prefill_error_fails_only_that_request(make_engine, make_request):
+    engine, runner = make_engine(prefill_error=lambda r: "text has no tokens" if r.text == "bad" else None)
+    engine.add(make_request("a"))
+    engine.add(make_request("x", text="bad"))
+    outputs = engine.step()
+    assert [(o.request_id, o.finish_reason, o.error) for o in outputs] == [
+        ("a", None, None),
+        ("x", FinishReason.ERROR, "text has no tokens"),
+    ]
+    assert engine.num_running == 1
+    _drain(engine)
+    assert runner.is_empty
+
+
+def test_row_error_mid_stream_fails_only_that_row(make_engine, make_request):
+    engine, _ = make_engine(row_error=lambda rid, i: "nan in latents" if (rid, i) == ("a", 2) else None)
+    engine.add(make_request("a"))
+    engine.add(make_request("b"))
+    outputs = _drain(engine)
+    assert [o.finish_reason for o in _stream_of(outputs, "a")] == [None, None, FinishReason.ERROR]
+    assert _stream_of(outputs, "b")[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_runner_exception_fails_every_session_of_the_step_and_frees_their_slots(make_engine, make_request):
+    engine, runner = make_engine(fail=lambda plan: len(plan.request_ids) == 2, config={"max_running": 2})
+    for rid in "abc":
+        engine.add(make_request(rid))
+    outputs = engine.step()  # a and b are admitted, then the forward pass fails
+    assert {o.request_id for o in outputs} == {"a", "b"}
+    assert all(o.finish_reason is FinishReason.ERROR and "injected runner failure" in o.error for o in outputs)
+    assert engine.num_running == 0 and engine.num_waiting == 1
+    assert runner.plans[-1].moves == ()  # released highest slot first: nothing to compact
+    rest = _drain(engine)
+    assert {o.request_id for o in rest} == {"c"} and rest[-1].finish_reason is FinishReason.LENGTH
+    assert runner.is_empty
+
+
+class _BrokenRunner:
+    """Returns no chunks at all, whatever the plan says."""
+
+    num_slots = 4
+
+    def execute(self, plan: StepPlan) -> RunnerOutput:
+        return RunnerOutput(length_caps={p.request_id: 9 for p in plan.prefills})
+
+
+def test_runner_output_that_breaks_the_contract_fails_the_step(make_request):
+    engine = Engine(_BrokenRunner(), EngineConfig(max_running=4))
+    engine.add(make_request("a"))
+    [output] = engine.step()
+    assert output.finish_reason is FinishReason.ERROR and "one per decode row" in output.error
+
+
+def test_engine_rejects_more_running_than_runner_slots(make_engine):
+    with pytest.raises(ValueError, match=r"max_running=9 .* only 8 slots"):
+        make_engine(config={"max_running": 9})
+
+
+def test_add_checks_the_configured_limits(make_engine, make_request):
+    engine, _ = make_engine()
+    with pytest.raises(ValueError, match=r"^cfg_value=11"):
+        engine.add(make_request("a", cfg_value=11.0))
+    assert not engine.has_work()
+
+
+def test_housekeeping_of_the_last_session_is_flushed(make_engine, make_request):
+    engine, runner = make_engine()
+    engine.add(make_request("a", max_len=1))
+    engine.step()
+    assert not engine.has_unfinished() and engine.has_work()
+    assert engine.step() == [] and runner.plans[-1].released == ("a",)
+    assert runner.is_empty and not engine.has_work()
+
+
+def test_arrivals_never_skip_running_sessions(make_engine, make_request):
+    engine, runner = make_engine(config={"max_prefill_tokens_per_step": 20})
+    engine.add(make_request("a"))
+    engine.step()
+    for i in range(6):
+        engine.add(make_request(f"n{i}", prefill_tokens=15))
+        engine.add(make_request(f"m{i}", prefill_tokens=15))
+        outputs = engine.step()
+        assert "a" in {o.request_id for o in outputs}
+        assert len(runner.plans[-1].prefills) == 1  # 15 + 15 > 20: one admission per step

@@ -1,0 +1,144 @@
+"""Scheduler invariants under randomly interleaved adds, aborts, finishes and runner failures.
+
+``Checked`` wraps an engine and asserts after every step: the batch stays within ``max_running``;
+admission is FIFO, within the prefill budget (bar one lone head) and never leaves a slot idle
+while someone waits; every running session gets exactly one output per step, arrivals or not;
+each chunk is the one that session's step index calls for; no id is mentioned after its final
+output. The FakeRunner meanwhile asserts compaction, correct moves and no double allocation.
+At the end, nothing may be left: no slot, no session, no runner row or per-request state.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from voxstream.engine import FinishReason, QueueFullError
+
+
+def _pseudo(*key: object) -> int:
+    return zlib.crc32(repr(key).encode()) % 100
+
+
+class Checked:
+    def __init__(self, engine, runner, chunk_of) -> None:
+        self.engine, self.runner, self.chunk_of = engine, runner, chunk_of
+        self.next_index: Counter[str] = Counter()
+        self.finals: Counter[str] = Counter()
+        self.accepted: list[str] = []
+        self.events = 0
+
+    def add(self, request) -> None:
+        try:
+            self.engine.add(request)
+        except QueueFullError:
+            assert self.engine.num_waiting == self.engine.config.max_waiting
+            return
+        self.accepted.append(request.request_id)
+        self.events += 1
+
+    def abort(self, pick: int) -> None:
+        live = list(self.engine.scheduler.sessions)
+        if live and self.engine.abort(live[pick % len(live)]):
+            self.events += 1
+
+    def step(self) -> None:
+        config, scheduler = self.engine.config, self.engine.scheduler
+        running = set(scheduler.slots.owners)
+        waiting = [s.request for s in scheduler.waiting]
+        free = self.engine.num_free_slots
+        plans_before = len(self.runner.plans)
+        outputs = self.engine.step()
+        new_plans = self.runner.plans[plans_before:]
+        admitted = [p.request_id for plan in new_plans for p in plan.prefills]
+        assert admitted == [r.request_id for r in waiting[: len(admitted)]], "admission is not FIFO"
+        tokens = [r.prefill_tokens for r in waiting[: len(admitted)]]
+        assert len(admitted) == 1 or sum(tokens) <= config.max_prefill_tokens_per_step
+        assert len(admitted) <= free and len(running) + len(admitted) <= config.max_running
+        assert admitted or not (waiting and free), "a slot stayed idle while a request waited"
+        ids = [o.request_id for o in outputs]
+        assert len(ids) == len(set(ids)), "two outputs for one session in one step"
+        assert running | set(admitted) <= set(ids), "a running session got no output this step"
+        for output in outputs:
+            self._check_output(output)
+
+    def _check_output(self, output) -> None:
+        rid = output.request_id
+        assert not self.finals[rid], f"{rid} mentioned after its final output"
+        if output.finish_reason in (FinishReason.ABORTED, FinishReason.ERROR):
+            assert output.chunk.size == 0
+        else:
+            np.testing.assert_array_equal(output.chunk, self.chunk_of(rid, self.next_index[rid]))
+            self.next_index[rid] += 1
+        if output.finished:
+            self.finals[rid] += 1
+            self.events += 1
+
+    def drain_and_check_nothing_leaks(self) -> None:
+        for _ in range(10_000):
+            if not self.engine.has_work():
+                break
+            self.step()
+        assert not self.engine.has_work()
+        assert self.engine.num_running == self.engine.num_waiting == 0
+        assert self.engine.num_free_slots == self.engine.config.max_running
+        assert not self.engine.scheduler.sessions
+        assert self.runner.is_empty, f"runner still holds {self.runner.rows} / {self.runner.state}"
+        assert sorted(self.finals.elements()) == sorted(self.accepted), "each request ends exactly once"
+
+
+def _chaotic_engine(make_engine, num_slots: int, budget: int):
+    return make_engine(
+        num_slots=num_slots,
+        stop=lambda rid, i: _pseudo("stop", rid, i) < 10,
+        prefill_error=lambda r: "no tokens" if _pseudo("prefill", r.request_id) < 5 else None,
+        row_error=lambda rid, i: "bad row" if _pseudo("row", rid, i) < 2 else None,
+        fail=lambda plan: _pseudo("fail", plan.request_ids, plan.step_indices) < 3,
+        config={"max_waiting": 6, "max_prefill_tokens_per_step": budget},
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thousand_random_events_leak_nothing(seed, make_engine, make_request, chunk_of):
+    rng = random.Random(seed)
+    engine, runner = _chaotic_engine(make_engine, num_slots=rng.randint(1, 6), budget=rng.randint(1, 60))
+    checked = Checked(engine, runner, chunk_of)
+    serial = 0
+    while checked.events < 1000:
+        roll = rng.random()
+        if roll < 0.4:
+            serial += 1
+            text = "x" * rng.randint(1, 4)
+            checked.add(make_request(f"r{serial}", text, rng.randint(1, 40), min_len=rng.randint(0, 4)))
+        elif roll < 0.55:
+            checked.abort(rng.randrange(1000))
+        else:
+            checked.step()
+    checked.drain_and_check_nothing_leaks()
+
+
+_ops = st.lists(
+    st.tuples(st.sampled_from(["add", "abort", "step"]), st.integers(0, 50), st.integers(1, 40)), max_size=80
+)
+
+
+# The fixtures only hand out pure helper functions, so sharing them across examples is safe.
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_ops, num_slots=st.integers(1, 4), budget=st.integers(1, 50))
+def test_invariants_hold_for_any_interleaving(ops, num_slots, budget, make_engine, make_request, chunk_of):
+    engine, runner = _chaotic_engine(make_engine, num_slots, budget)
+    checked = Checked(engine, runner, chunk_of)
+    for serial, (op, pick, tokens) in enumerate(ops):
+        if op == "add":
+            checked.add(make_request(f"r{serial}", "x" * (pick % 4 + 1), tokens, min_len=pick % 3))
+        elif op == "abort":
+            checked.abort(pick)
+        else:
+            checked.step()
+    checked.drain_and_check_nothing_leaks()

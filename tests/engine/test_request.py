@@ -1,0 +1,103 @@
+"""Request values, parameter validation, status enums and the per-step finish rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from voxstream.engine import EngineConfig, FinishReason, ParamLimits, Request, RequestStatus, SynthesisParams
+from voxstream.engine.request import FINISH_REASONS, Session
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        pytest.param({"cfg_value": math.nan}, "cfg_value", id="cfg nan"),
+        pytest.param({"cfg_value": math.inf}, "cfg_value", id="cfg inf"),
+        pytest.param({"cfg_value": "2"}, "cfg_value", id="cfg str"),
+        pytest.param({"inference_timesteps": 0}, "inference_timesteps", id="timesteps 0"),
+        pytest.param({"inference_timesteps": 2.5}, "inference_timesteps", id="timesteps float"),
+        pytest.param({"min_len": -1}, "min_len", id="min_len negative"),
+        pytest.param({"max_len": 0}, "max_len", id="max_len 0"),
+        pytest.param({"max_len": True}, "max_len", id="max_len bool"),
+        pytest.param({"seed": -1}, "seed", id="seed negative"),
+    ],
+)
+def test_invalid_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        SynthesisParams(**kwargs)
+
+
+def test_default_params_are_the_reference_defaults():
+    params = SynthesisParams()
+    assert (params.cfg_value, params.inference_timesteps, params.min_len, params.max_len) == (2.0, 10, 2, 4096)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        pytest.param({"cfg_value": 10.5}, "cfg_value", id="cfg above"),
+        pytest.param({"cfg_value": -0.1}, "cfg_value", id="cfg below"),
+        pytest.param({"inference_timesteps": 101}, "inference_timesteps", id="timesteps above"),
+    ],
+)
+def test_limits_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        ParamLimits().check(SynthesisParams(**kwargs))
+
+
+def test_limits_are_configurable():
+    ParamLimits(max_cfg_value=20.0).check(SynthesisParams(cfg_value=15.0))
+    with pytest.raises(ValueError, match="max_inference_timesteps"):
+        ParamLimits(max_inference_timesteps=0)
+    with pytest.raises(ValueError, match="cfg_value"):
+        ParamLimits(min_cfg_value=3.0, max_cfg_value=1.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        pytest.param(("", "hi", 3), "request_id", id="empty id"),
+        pytest.param(("r", "   ", 3), "text", id="blank text"),
+        pytest.param(("r", "hi", 0), "prefill_tokens", id="no prefill tokens"),
+    ],
+)
+def test_invalid_request_names_the_field(args, field):
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        Request(*args)
+
+
+@pytest.mark.parametrize("name", ["max_running", "max_waiting", "max_prefill_tokens_per_step"])
+def test_engine_config_rejects_non_positive_knobs(name):
+    with pytest.raises(ValueError, match=rf"EngineConfig\.{name}=0"):
+        EngineConfig(**{name: 0})
+
+
+def test_status_order_and_finish_reasons():
+    finished = [s for s in RequestStatus if s.is_finished]
+    assert not RequestStatus.WAITING.is_finished and not RequestStatus.RUNNING.is_finished
+    assert set(FINISH_REASONS) == set(finished)
+    assert [r.value for r in FinishReason] == ["stop", "length", "aborted", "error"]
+
+
+def _session(min_len: int, cap: int, step_index: int) -> Session:
+    session = Session(Request("r", "hi", 3, SynthesisParams(min_len=min_len)))
+    session.length_cap, session.step_index = cap, step_index
+    return session
+
+
+@pytest.mark.parametrize(
+    ("min_len", "cap", "i", "stop", "expected"),
+    [
+        pytest.param(2, 100, 2, True, RequestStatus.RUNNING, id="stop ignored at i == min_len"),
+        pytest.param(2, 100, 3, True, RequestStatus.FINISHED_STOPPED, id="stop counts once i > min_len"),
+        pytest.param(2, 100, 3, False, RequestStatus.RUNNING, id="no stop flag"),
+        pytest.param(2, 10, 9, False, RequestStatus.FINISHED_LENGTH, id="last patch under the cap"),
+        pytest.param(2, 10, 8, False, RequestStatus.RUNNING, id="before the cap"),
+        pytest.param(2, 10, 9, True, RequestStatus.FINISHED_STOPPED, id="stop wins over length"),
+        pytest.param(5, 1, 0, True, RequestStatus.FINISHED_LENGTH, id="cap of one patch"),
+    ],
+)
+def test_finish_rule(min_len, cap, i, stop, expected):
+    assert _session(min_len, cap, i).status_after(stop) is expected
