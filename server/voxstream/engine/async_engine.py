@@ -1,0 +1,201 @@
+"""``AsyncEngine``: runs an ``Engine`` in one dedicated thread and streams its outputs to asyncio.
+
+The event loop never executes a step: ``Engine.step()`` runs in a named engine thread, which is
+the only thread that touches the ``Engine``. Callers on the loop post commands (add, abort, stop)
+that the engine thread applies between steps, and each session receives its outputs through its
+own channel, fed with ``loop.call_soon_threadsafe``. This module does not encode audio or apply
+backpressure to slow consumers: a channel buffers every output it is given (at most one chunk per
+session per step), so the serving layer must bound the backlog, e.g. abort a session whose unsent
+audio exceeds a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any
+
+from voxstream.engine.engine import Engine
+from voxstream.engine.errors import DuplicateRequestError, EngineDeadError, EngineError
+from voxstream.engine.outputs import StepOutput
+from voxstream.engine.request import Request
+
+logger = logging.getLogger(__name__)
+
+_Channel = asyncio.Queue[StepOutput | BaseException]
+
+
+class AsyncEngine:
+    """Asyncio front end of an ``Engine``; one instance serves one event loop.
+
+    Usage::
+
+        async with AsyncEngine(Engine(runner, config)) as engine:
+            async for output in engine.stream(request):
+                ...  # output.chunk, then output.finish_reason on the last one
+    """
+
+    def __init__(self, engine: Engine, *, thread_name: str = "voxstream-engine") -> None:
+        # Only the engine thread touches _engine once start() has run.
+        self._engine = engine
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        # _commands and _stopping are shared with the engine thread, guarded by _wakeup.
+        self._wakeup = threading.Condition()
+        self._commands: deque[Callable[[], object]] = deque()
+        self._stopping = False
+        # Loop-side state, touched only on the event loop thread.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channels: dict[str, _Channel] = {}
+        self._closed_reason: str | None = None
+
+    async def __aenter__(self) -> AsyncEngine:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        """Start the engine thread. Call it from the event loop that will consume the streams."""
+        if self._loop is not None:
+            raise RuntimeError("AsyncEngine.start() was already called")
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Abort every request, deliver their final outputs, and join the engine thread."""
+        if self._loop is None:
+            return
+        if self._closed_reason is None:
+            self._closed_reason = "the engine is stopped"
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        await asyncio.to_thread(self._thread.join)
+        # The thread's last dispatches ran before this line (loop callbacks are FIFO); anything
+        # still open never got a final output because the thread died on its way out.
+        self._fail_channels(None)
+
+    async def stream(self, request: Request) -> AsyncIterator[StepOutput]:
+        """Submit ``request`` and yield its outputs in order; the last one has a finish reason.
+
+        Leaving early (cancellation, ``aclose()``, an exception in the consumer) aborts the request.
+
+        Raises:
+            EngineDeadError: the engine is not started, stopped, or its thread died.
+            DuplicateRequestError: the id is in use by an unfinished request.
+            QueueFullError: the engine's waiting queue is full.
+            ValueError: a synthesis parameter is outside the engine's limits.
+        """
+        channel = self._open(request)
+        done = False
+        try:
+            while not done:
+                item = await channel.get()
+                if isinstance(item, BaseException):
+                    done = True  # rejected or engine gone: nothing left to abort
+                    raise item
+                done = item.finished
+                yield item
+        finally:
+            if not done:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from the event loop; its stream ends with an ``aborted`` output."""
+        if self._closed_reason is None:
+            self._submit(lambda: self._engine.abort(request_id))
+
+    def _open(self, request: Request) -> _Channel:
+        if self._loop is None:
+            raise EngineDeadError("the engine is not started")
+        if self._closed_reason is not None:
+            raise EngineDeadError(self._closed_reason)
+        rid = request.request_id
+        # A channel stays registered until its final output, so this also covers an aborted
+        # request whose abort the engine thread has not applied yet.
+        if rid in self._channels:
+            raise DuplicateRequestError(f"request id {rid!r} is already in use by an unfinished request")
+        channel: _Channel = asyncio.Queue()
+        self._channels[rid] = channel
+        self._submit(lambda: self._add(request))
+        return channel
+
+    def _submit(self, command: Callable[[], object]) -> None:
+        with self._wakeup:
+            self._commands.append(command)
+            self._wakeup.notify()
+
+    # ---- engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._serve_once():
+                pass
+        except BaseException as exc:
+            logger.exception("engine thread died")
+            # The loop may already be closed, and then nobody is left to tell.
+            with contextlib.suppress(RuntimeError):
+                self._post(self._die, exc)
+
+    def _serve_once(self) -> bool:
+        """Apply pending commands, then run one step if there is work; False once stopped."""
+        with self._wakeup:
+            while not (self._commands or self._stopping or self._engine.has_work()):
+                self._wakeup.wait()
+            commands = list(self._commands)
+            self._commands.clear()
+            stopping = self._stopping
+        for command in commands:
+            command()
+        if stopping:
+            self._engine.abort_all()
+        if self._engine.has_work():
+            outputs = self._engine.step()
+            if outputs:
+                self._post(self._dispatch, outputs)
+        return not stopping
+
+    def _add(self, request: Request) -> None:
+        try:
+            self._engine.add(request)
+        except (EngineError, ValueError) as exc:
+            self._post(self._reject, request.request_id, exc)
+
+    def _post(self, callback: Callable[..., object], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    # ---- event loop ----------------------------------------------------------------------
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        for output in outputs:
+            channel = self._channels.get(output.request_id)
+            if channel is None:
+                continue  # failed by _die/_fail_channels before this callback ran
+            channel.put_nowait(output)
+            if output.finished:
+                del self._channels[output.request_id]
+
+    def _reject(self, request_id: str, exc: BaseException) -> None:
+        channel = self._channels.pop(request_id, None)
+        if channel is not None:
+            channel.put_nowait(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        self._closed_reason = f"the engine thread died: {type(exc).__name__}: {exc}"
+        self._fail_channels(exc)
+
+    def _fail_channels(self, cause: BaseException | None) -> None:
+        for channel in self._channels.values():
+            error = EngineDeadError(self._closed_reason)
+            error.__cause__ = cause
+            channel.put_nowait(error)
+        self._channels.clear()
