@@ -6,7 +6,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-${VOXSTREAM_REFERENCE_VENV:-.venv-reference}}"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q torch==2.13.0 transformers einops pydantic safetensors tqdm soundfile librosa numpy tokenizers
+"$venv/bin/pip" install -q torch==2.13.0 transformers einops pydantic safetensors tqdm soundfile soxr librosa numpy tokenizers huggingface_hub
 # voxcpm's declared dependencies pull gradio, funasr, modelscope and torchaudio: install it alone.
 "$venv/bin/pip" install -q --no-deps voxcpm==2.0.3
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

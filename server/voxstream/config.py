@@ -143,8 +143,16 @@ class AudioVAEConfig:
         return self.out_sample_rate or self.sample_rate
 
 
-_VAE_V1_KEYS = ("encoder_dim", "encoder_rates", "latent_dim", "decoder_dim", "decoder_rates", "depthwise",
-                "sample_rate", "use_noise_block")
+_VAE_V1_KEYS = (
+    "encoder_dim",
+    "encoder_rates",
+    "latent_dim",
+    "decoder_dim",
+    "decoder_rates",
+    "depthwise",
+    "sample_rate",
+    "use_noise_block",
+)
 _VAE_V2_DEFAULTS: dict[str, Any] = {
     "decoder_dim": 2048,
     "decoder_rates": (8, 6, 5, 2, 2, 2),
@@ -184,7 +192,10 @@ class ModelConfig:
     @property
     def residual_lm(self) -> MiniCPM4Config:
         return dataclasses.replace(
-            self.lm_config, num_hidden_layers=self.residual_lm_num_layers, vocab_size=0, no_rope=self.residual_lm_no_rope
+            self.lm_config,
+            num_hidden_layers=self.residual_lm_num_layers,
+            vocab_size=0,
+            no_rope=self.residual_lm_no_rope,
         )
 
     def _local(self, section: EncoderConfig | DitConfig) -> MiniCPM4Config:
@@ -238,26 +249,39 @@ class ModelConfig:
             raise ConfigError(
                 f"{source}: unknown architecture {architecture!r}; voxstream supports {', '.join(ARCHITECTURES)}"
             )
-        top = _build(cls, data, "", source, exclude={"architecture", "raw", "lm_config", "encoder_config",
-                                                     "dit_config", "audio_vae_config"})
+        top = _build(
+            cls,
+            data,
+            "",
+            source,
+            exclude={"architecture", "raw", "lm_config", "encoder_config", "dit_config", "audio_vae_config"},
+        )
         lm = _section(data, "lm_config", source, required=True)
         rope = _section(lm, "rope_scaling", source, required=True, path="lm_config.rope_scaling")
         rope_cfg = _build(RopeScalingConfig, rope, "lm_config.rope_scaling", source)
         lm_cfg = _build(MiniCPM4Config, lm, "lm_config", source, exclude={"rope_scaling"})
         dit = _section(data, "dit_config", source, required=True)
-        cfm_cfg = _build(CfmConfig, _section(dit, "cfm_config", source, required=True, path="dit_config.cfm_config"),
-                         "dit_config.cfm_config", source)
+        cfm_cfg = _build(
+            CfmConfig,
+            _section(dit, "cfm_config", source, required=True, path="dit_config.cfm_config"),
+            "dit_config.cfm_config",
+            source,
+        )
         vae_raw = _section(data, "audio_vae_config", source, required=False)
         vae_cfg = _vae_config(vae_raw, architecture, source)
         defaults = _V2_DEFAULTS if architecture == "voxcpm2" else {}
         config = cls(
             architecture=architecture,
             lm_config=MiniCPM4Config(rope_scaling=RopeScalingConfig(**rope_cfg), **lm_cfg),
-            encoder_config=EncoderConfig(**_build(EncoderConfig, _section(data, "encoder_config", source, True),
-                                                  "encoder_config", source)),
-            dit_config=DitConfig(cfm_config=CfmConfig(**cfm_cfg),
-                                 **_build(DitConfig, dit, "dit_config", source, exclude={"cfm_config"},
-                                          allow_v2=architecture == "voxcpm2")),
+            encoder_config=EncoderConfig(
+                **_build(EncoderConfig, _section(data, "encoder_config", source, True), "encoder_config", source)
+            ),
+            dit_config=DitConfig(
+                cfm_config=CfmConfig(**cfm_cfg),
+                **_build(
+                    DitConfig, dit, "dit_config", source, exclude={"cfm_config"}, allow_v2=architecture == "voxcpm2"
+                ),
+            ),
             audio_vae_config=vae_cfg,
             raw=data,
             **{**defaults, **top},
@@ -268,19 +292,29 @@ class ModelConfig:
     def validate(self, source: str = "config.json") -> None:
         """Cross-field checks the reference leaves to a shape error deep inside a forward pass."""
         lm = self.lm_config
-        for name, sub in (("lm_config", lm), ("residual_lm", self.residual_lm), ("encoder_config", self.local_encoder),
-                          ("dit_config", self.local_dit)):
+        for name, sub in (
+            ("lm_config", lm),
+            ("residual_lm", self.residual_lm),
+            ("encoder_config", self.local_encoder),
+            ("dit_config", self.local_dit),
+        ):
             if sub.num_attention_heads % sub.num_key_value_heads:
-                raise ConfigError(f"{source}: {name} has {sub.num_attention_heads} attention heads, not a multiple "
-                                  f"of num_key_value_heads={sub.num_key_value_heads}")
+                raise ConfigError(
+                    f"{source}: {name} has {sub.num_attention_heads} attention heads, not a multiple "
+                    f"of num_key_value_heads={sub.num_key_value_heads}"
+                )
             if not sub.no_rope and len(lm.rope_scaling.short_factor) != sub.head_dim // 2:
-                raise ConfigError(f"{source}: lm_config.rope_scaling has {len(lm.rope_scaling.short_factor)} factors "
-                                  f"but {name} has head_dim {sub.head_dim}; they must be head_dim/2")
+                raise ConfigError(
+                    f"{source}: lm_config.rope_scaling has {len(lm.rope_scaling.short_factor)} factors "
+                    f"but {name} has head_dim {sub.head_dim}; they must be head_dim/2"
+                )
         if self.architecture == "voxcpm" and self.residual_lm_no_rope:
             raise ConfigError(f"{source}: residual_lm_no_rope is a voxcpm2 key; the voxcpm architecture ignores it")
         if self.audio_vae_config.latent_dim != self.feat_dim:
-            raise ConfigError(f"{source}: audio_vae_config.latent_dim={self.audio_vae_config.latent_dim} must equal "
-                              f"feat_dim={self.feat_dim}")
+            raise ConfigError(
+                f"{source}: audio_vae_config.latent_dim={self.audio_vae_config.latent_dim} must equal "
+                f"feat_dim={self.feat_dim}"
+            )
         if self.patch_size < 1 or self.max_length < 2:
             raise ConfigError(f"{source}: patch_size and max_length must be positive")
 
@@ -317,8 +351,14 @@ def _section(data: dict[str, Any], key: str, source: str, required: bool, path: 
     return value
 
 
-def _build(cls: type, data: dict[str, Any], section: str, source: str, exclude: frozenset[str] | set[str] = frozenset(),
-           allow_v2: bool = True) -> dict[str, Any]:
+def _build(
+    cls: type,
+    data: dict[str, Any],
+    section: str,
+    source: str,
+    exclude: frozenset[str] | set[str] = frozenset(),
+    allow_v2: bool = True,
+) -> dict[str, Any]:
     """Check ``data`` against ``cls``'s fields; return the kwargs for the fields it sets."""
     names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
     if not allow_v2:
@@ -332,8 +372,14 @@ def _build(cls: type, data: dict[str, Any], section: str, source: str, exclude: 
     for f in dataclasses.fields(cls):
         if f.name in names and f.name in data:
             kwargs[f.name] = _coerce(data[f.name], f.name, section, source)
-    required = [f.name for f in dataclasses.fields(cls) if f.name in names and f.name not in data
-                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name in names
+        and f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if required:
         raise ConfigError(f"{source}: missing key(s) {required} in section {section or 'top level'!r}")
     return kwargs
@@ -349,8 +395,13 @@ def _coerce(value: Any, name: str, section: str, source: str) -> Any:
 
 def _vae_config(raw: dict[str, Any], architecture: str, source: str) -> AudioVAEConfig:
     if architecture == "voxcpm":
-        kwargs = _build(AudioVAEConfig, raw, "audio_vae_config", source,
-                        exclude={f.name for f in dataclasses.fields(AudioVAEConfig)} - set(_VAE_V1_KEYS))
+        kwargs = _build(
+            AudioVAEConfig,
+            raw,
+            "audio_vae_config",
+            source,
+            exclude={f.name for f in dataclasses.fields(AudioVAEConfig)} - set(_VAE_V1_KEYS),
+        )
         return AudioVAEConfig(**kwargs)
     kwargs = _build(AudioVAEConfig, raw, "audio_vae_config", source)
     return AudioVAEConfig(**{**_VAE_V2_DEFAULTS, **kwargs})

@@ -1,0 +1,73 @@
+"""LocDiT: the diffusion transformer that predicts one latent patch's velocity.
+
+The sequence it runs on is ``[prefix tokens, cond patch tokens (P), noisy patch tokens (P)]``:
+
+* ``voxcpm`` (v1): one prefix token, ``mu + time embedding``;
+* ``voxcpm2``: ``mu`` carries two tokens (base-LM and residual-LM projections) and the time
+  embedding is a third token of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxstream.config import MiniCPM4Config
+from voxstream.model.minicpm import MiniCPMModel
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
+    """t (N,) -> (N, dim). Computed in t's dtype, as the reference does (bf16 at bf16 inference)."""
+    half = dim // 2
+    exponent = math.log(10000) / (half - 1)
+    freqs = torch.exp(torch.arange(half, dtype=t.dtype, device=t.device) * -exponent)
+    angles = scale * t.unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, dim, bias=True)
+        self.linear_2 = nn.Linear(dim, dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class VoxCPMLocDiT(nn.Module):
+    """The velocity estimator. ``mu_tokens`` is 1 for ``voxcpm`` and 2 for ``voxcpm2``."""
+
+    def __init__(self, config: MiniCPM4Config, in_channels: int, patch_size: int, mu_tokens: int) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.hidden_size = hidden
+        self.mu_tokens = mu_tokens
+        self.in_proj = nn.Linear(in_channels, hidden, bias=True)
+        self.cond_proj = nn.Linear(in_channels, hidden, bias=True)
+        self.out_proj = nn.Linear(hidden, in_channels, bias=True)
+        self.time_mlp = TimestepEmbedding(hidden)
+        self.delta_time_mlp = TimestepEmbedding(hidden)
+        prefix = 1 if mu_tokens == 1 else mu_tokens + 1
+        self.decoder = MiniCPMModel(config, rope_positions=prefix + 2 * patch_size)
+
+    def forward(
+        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, dt: torch.Tensor
+    ) -> torch.Tensor:
+        """x (N, D, P) noisy patch, mu (N, mu_tokens*Hd), t and dt (N,), cond (N, D, P) previous patch
+        -> velocity (N, D, P)."""
+        # Contiguous inputs, as the reference feeds them: in bf16 the GEMM path (and its rounding) depends on layout.
+        tokens = self.in_proj(x.transpose(1, 2).contiguous())
+        cond_tokens = self.cond_proj(cond.transpose(1, 2).contiguous())
+        time = self.time_mlp(sinusoidal_embedding(t, self.hidden_size).to(tokens.dtype))
+        time = time + self.delta_time_mlp(sinusoidal_embedding(dt, self.hidden_size).to(tokens.dtype))
+        if self.mu_tokens == 1:
+            prefix = (mu + time).unsqueeze(1)
+        else:
+            prefix = torch.cat([mu.view(mu.size(0), self.mu_tokens, self.hidden_size), time.unsqueeze(1)], dim=1)
+        hidden, _ = self.decoder(torch.cat([prefix, cond_tokens, tokens], dim=1), is_causal=False)
+        velocity = self.out_proj(hidden[:, prefix.size(1) + cond_tokens.size(1) :])
+        return velocity.transpose(1, 2)

@@ -1,0 +1,181 @@
+"""The VoxCPM network: every sub-module under its checkpoint name, and the two batched functions the
+one-utterance API and the batching engine both call.
+
+* ``prefill`` consumes a right-padded batch of whole input sequences, fills their KV-cache rows and
+  returns each row's decode state;
+* ``decode_step`` makes one latent patch per row (the CFM sampler conditioned on both LMs), reports
+  each row's stop logits, and advances both LMs by the new patch, all in place on static buffers.
+
+Both take per-row positions and parameters and never read a tensor back to the host, so a runner can
+capture ``decode_step`` in a CUDA graph. What the step means follows the reference loop exactly: the
+stop logits of step i come from the base-LM state that conditioned patch i, and patch i is always
+produced (the caller decides to stop after it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxstream.config import ModelConfig
+from voxstream.model.audio_vae import AudioVAE
+from voxstream.model.cfm import CfmSchedule, UnifiedCFM
+from voxstream.model.fsq import ScalarQuantizationLayer
+from voxstream.model.kv_cache import LayerCache
+from voxstream.model.local_dit import VoxCPMLocDiT
+from voxstream.model.local_encoder import VoxCPMLocEnc
+from voxstream.model.minicpm import MiniCPMModel
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """Right-padded input sequences (see the spec, section 4.3, for the layouts)."""
+
+    text_tokens: torch.Tensor  # (B, T) long; 0 at audio and padding positions
+    feats: torch.Tensor  # (B, T, P, D) model dtype; zero patches at text and padding positions
+    text_mask: torch.Tensor  # (B, T) model dtype, 1 at text-token positions
+    audio_mask: torch.Tensor  # (B, T) model dtype, 1 at audio-patch positions
+    lengths: torch.Tensor  # (B,) long, real length of each row (>= 1)
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """Per-row state between steps. Batch-first buffers, updated in place by ``decode_step``."""
+
+    lm_hidden: torch.Tensor  # (B, H) base-LM state that conditions the next patch
+    residual_hidden: torch.Tensor  # (B, H) residual-LM state
+    cond: torch.Tensor  # (B, P, D) previous patch (the last prefill patch at step 0)
+    positions: torch.Tensor  # (B,) long, KV position the next step writes
+
+    def rows(self, start: int, count: int) -> DecodeState:
+        """A view of rows ``start .. start+count-1`` (in-place updates reach this state)."""
+        return DecodeState(*(t[start : start + count] for t in self.as_tuple()))
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return (self.lm_hidden, self.residual_hidden, self.cond, self.positions)
+
+    def copy_(self, other: DecodeState) -> None:
+        for mine, theirs in zip(self.as_tuple(), other.as_tuple(), strict=True):
+            mine.copy_(theirs)
+
+
+class VoxCPMModel(nn.Module):
+    """Both architectures: ``voxcpm`` fuses the residual-LM input by addition, ``voxcpm2`` concatenates and
+    projects (``fusion_concat_proj``), gives LocDiT two ``mu`` tokens, and runs its residual LM without RoPE."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.is_v2 = config.architecture == "voxcpm2"
+        lm, hidden = config.lm_config, config.lm_config.hidden_size
+        self.base_lm = MiniCPMModel(lm, rope_positions=config.max_length)
+        self.residual_lm = MiniCPMModel(config.residual_lm, rope_positions=config.max_length)
+        self.feat_encoder = VoxCPMLocEnc(config.local_encoder, config.feat_dim, config.patch_size)
+        estimator = VoxCPMLocDiT(config.local_dit, config.feat_dim, config.patch_size, mu_tokens=2 if self.is_v2 else 1)
+        self.feat_decoder = UnifiedCFM(estimator, mean_mode=config.mean_mode)
+        self.fsq_layer = ScalarQuantizationLayer(
+            hidden, config.scalar_quantization_latent_dim, config.scalar_quantization_scale
+        )
+        self.enc_to_lm_proj = nn.Linear(config.encoder_config.hidden_dim, hidden)
+        self.lm_to_dit_proj = nn.Linear(hidden, config.dit_config.hidden_dim)
+        self.res_to_dit_proj = nn.Linear(hidden, config.dit_config.hidden_dim)
+        if self.is_v2:
+            self.fusion_concat_proj = nn.Linear(2 * hidden, hidden)
+        self.stop_proj = nn.Linear(hidden, hidden)
+        self.stop_head = nn.Linear(hidden, 2, bias=False)
+        self.audio_vae = AudioVAE(config.audio_vae_config, config.architecture)
+        self.embed_scale = lm.scale_emb if lm.use_mup else 1.0
+
+    def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches (B, T, P, D) -> LM-space audio embeddings (B, T, H)."""
+        return self.enc_to_lm_proj(self.feat_encoder(patches))
+
+    def _residual_input(self, lm_hidden: torch.Tensor, audio_embeds: torch.Tensor) -> torch.Tensor:
+        if self.is_v2:
+            return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embeds), dim=-1))
+        return lm_hidden + audio_embeds
+
+    def prefill(
+        self, batch: PrefillBatch, base_cache: list[LayerCache], residual_cache: list[LayerCache]
+    ) -> DecodeState:
+        """Run both LMs over whole sequences, fill the cache rows, return the state for step 0."""
+        audio_mask, text_mask = batch.audio_mask.unsqueeze(-1), batch.text_mask.unsqueeze(-1)
+        audio_embeds = self.embed_patches(batch.feats)
+        text_embeds = self.base_lm.embed_tokens(batch.text_tokens)
+        if self.embed_scale != 1.0:
+            text_embeds = text_embeds * self.embed_scale
+        hidden, kvs = self.base_lm(text_mask * text_embeds + audio_mask * audio_embeds, is_causal=True)
+        _fill(base_cache, kvs)
+        # FSQ applies at audio positions only: the last position is token 101 (unquantised) in zero-shot and
+        # reference modes, a prompt patch (quantised) in continuation mode.
+        hidden = self.fsq_layer(hidden) * audio_mask + hidden * text_mask
+        residual, kvs = self.residual_lm(self._residual_input(hidden, audio_mask * audio_embeds), is_causal=True)
+        _fill(residual_cache, kvs)
+        rows = torch.arange(hidden.size(0), device=hidden.device)
+        last = batch.lengths - 1
+        return DecodeState(
+            lm_hidden=hidden[rows, last],
+            residual_hidden=residual[rows, last],
+            cond=batch.feats[rows, last],
+            positions=batch.lengths.clone(),
+        )
+
+    def stop_logits(self, lm_hidden: torch.Tensor) -> torch.Tensor:
+        """lm_hidden (B, H) -> (B, 2); argmax 1 means the utterance may end after this step's patch."""
+        return self.stop_head(F.silu(self.stop_proj(lm_hidden)))
+
+    def dit_condition(self, state: DecodeState) -> torch.Tensor:
+        """mu for LocDiT: (B, Hd) summed in v1, (B, 2*Hd) concatenated in v2."""
+        from_lm, from_residual = self.lm_to_dit_proj(state.lm_hidden), self.res_to_dit_proj(state.residual_hidden)
+        return torch.cat((from_lm, from_residual), dim=-1) if self.is_v2 else from_lm + from_residual
+
+    def decode_step(
+        self,
+        state: DecodeState,
+        base_cache: list[LayerCache],
+        residual_cache: list[LayerCache],
+        noise: torch.Tensor,
+        cfg_value: torch.Tensor,
+        schedule: CfmSchedule,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One autoregressive step for every row: ``sample_patch``, ``stop_logits``, then ``advance``.
+
+        Args:
+            state: rows' decode state, advanced in place.
+            base_cache, residual_cache: per-layer cache views of the same rows.
+            noise: (B, D, P) model dtype, this step's CFM starting noise per row.
+            cfg_value: (B,) float32 guidance strength per row.
+            schedule: per-row CFM time grids.
+
+        Returns:
+            patch (B, P, D) in the model dtype, and stop logits (B, 2).
+        """
+        patch = self.sample_patch(state, noise, cfg_value, schedule)
+        stop = self.stop_logits(state.lm_hidden)
+        self.advance(state, patch, base_cache, residual_cache)
+        return patch, stop
+
+    def sample_patch(
+        self, state: DecodeState, noise: torch.Tensor, cfg_value: torch.Tensor, schedule: CfmSchedule
+    ) -> torch.Tensor:
+        """The next patch (B, P, D) of every row, from its LM states and previous patch."""
+        patch = self.feat_decoder(noise, self.dit_condition(state), state.cond.transpose(1, 2), cfg_value, schedule)
+        return patch.transpose(1, 2)
+
+    def advance(
+        self, state: DecodeState, patch: torch.Tensor, base_cache: list[LayerCache], residual_cache: list[LayerCache]
+    ) -> None:
+        """Feed each row's patch (B, P, D) to both LMs at the row's position and move the state on, in place."""
+        audio_embed = self.embed_patches(patch.unsqueeze(1))[:, 0]
+        lm_hidden = self.fsq_layer(self.base_lm.forward_step(audio_embed, state.positions, base_cache))
+        residual_input = self._residual_input(lm_hidden, audio_embed)
+        residual = self.residual_lm.forward_step(residual_input, state.positions, residual_cache)
+        state.copy_(DecodeState(lm_hidden, residual, patch, state.positions + 1))
+
+
+def _fill(caches: list[LayerCache], kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for cache, (k, v) in zip(caches, kvs, strict=True):
+        cache.fill(k, v)

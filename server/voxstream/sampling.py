@@ -1,0 +1,33 @@
+"""The seed contract: a request's CFM noise is a private random stream, independent of other requests.
+
+With seed S, the noise of step i is the i-th ``torch.randn((1, feat_dim, patch_size), dtype=<model
+dtype>)`` drawn from a ``torch.Generator`` on the model's device seeded with S. That is the stream the
+reference draws after ``torch.manual_seed(S)`` (nothing else consumes it during generation), so the
+same seed gives the reference's audio, and batching never changes a request's noise.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+
+def random_seed() -> int:
+    """A fresh 32-bit seed for requests that did not ask for one."""
+    return secrets.randbits(32)
+
+
+class NoiseStream:
+    """One request's noise: ``next()`` returns the next (1, D, P) draw."""
+
+    def __init__(self, seed: int, feat_dim: int, patch_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.seed = seed
+        self.shape = (1, feat_dim, patch_size)
+        self.dtype = dtype
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def next(self) -> torch.Tensor:
+        return torch.randn(self.shape, dtype=self.dtype, device=self.device, generator=self.generator)

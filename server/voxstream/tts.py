@@ -1,0 +1,214 @@
+"""``VoxCPM``: a loaded model with its tokenizer, voice encoding and the one-utterance API.
+
+``generate`` and ``stream`` run the same batched ``prefill`` and ``decode_step`` the engine runs, at
+batch size 1, and decode audio with the exact streaming VAE decoder, so their output is the
+reference's non-streaming audio, chunk by chunk. This object keeps a one-row KV cache for these
+calls: use it from one thread at a time (the engine serves concurrent sessions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxstream.audio.clip import AudioSource, load_clip
+from voxstream.config import ModelConfig
+from voxstream.errors import InvalidInputError
+from voxstream.model.audio_vae import StreamingVAEDecoder
+from voxstream.model.cfm import CfmSchedule
+from voxstream.model.kv_cache import KVCache
+from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, length_cap
+from voxstream.sampling import NoiseStream, random_seed
+from voxstream.text.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """The per-utterance knobs, validated once (the engine reuses this)."""
+
+    cfg_value: float = 2.0
+    inference_timesteps: int = 10
+    min_len: int = 2
+    max_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.cfg_value, int | float) and np.isfinite(self.cfg_value)):
+            raise InvalidInputError(f"cfg_value must be a finite number, got {self.cfg_value!r}")
+        if not isinstance(self.inference_timesteps, int) or self.inference_timesteps < 1:
+            raise InvalidInputError(f"inference_timesteps must be an integer >= 1, got {self.inference_timesteps!r}")
+        if not isinstance(self.min_len, int) or self.min_len < 0:
+            raise InvalidInputError(f"min_len must be an integer >= 0, got {self.min_len!r}")
+        if not isinstance(self.max_len, int) or self.max_len < 1:
+            raise InvalidInputError(f"max_len must be an integer >= 1, got {self.max_len!r}")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One generated patch and its audio."""
+
+    audio: np.ndarray  # (samples_per_patch,) float32 at the model's sample rate
+    patch: torch.Tensor  # (P, D) float32 latent patch (what a continuation prompt is made of)
+    stopped: bool  # True on the last chunk when the stop head ended the utterance (False: length cap)
+
+
+class VoxCPM:
+    def __init__(self, config: ModelConfig, model: VoxCPMModel, tokenizer: TextTokenizer, name: str) -> None:
+        self.config = config
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.dtype = model.base_lm.norm.weight.dtype
+        self.vae_decoder = StreamingVAEDecoder(model.audio_vae)
+        self._caches: tuple[KVCache, KVCache] | None = None
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def samples_per_patch(self) -> int:
+        return self.config.samples_per_patch
+
+    # ---- voices ----
+    @torch.inference_mode()
+    def encode_audio(self, source: AudioSource, sample_rate: int | None = None, pad: str = "left") -> torch.Tensor:
+        """Audio -> latent patches (N, P, D) float32, padded with silence to whole patches on the ``pad`` side
+        (left for continuation prompts, right for v2 reference clips, as the reference does)."""
+        vae = self.model.audio_vae
+        samples = torch.from_numpy(load_clip(source, vae.sample_rate, sample_rate))
+        patch_samples = self.config.patch_size * vae.encoder_hop
+        missing = -samples.numel() % patch_samples
+        samples = torch.nn.functional.pad(samples, (missing, 0) if pad == "left" else (0, missing))
+        latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
+        return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
+
+    def make_prompt(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+        reference_audio: AudioSource | None = None,
+        reference_sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        """Encode a voice once. ``text`` + ``audio``: continuation prompt (the transcript of the clip);
+        ``reference_audio`` (voxcpm2): isolated cloning; both together are allowed on voxcpm2."""
+        if (text is None) != (audio is None):
+            raise InvalidInputError("prompt text and prompt audio must be given together")
+        if reference_audio is not None and self.config.architecture != "voxcpm2":
+            raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
+        if audio is None and reference_audio is None:
+            raise InvalidInputError("give prompt text and audio, or reference audio")
+        if text is not None and not text.strip():
+            raise InvalidInputError("prompt text must not be empty")
+        return VoicePrompt(
+            text=text or "",
+            audio_patches=None if audio is None else self.encode_audio(audio, sample_rate, pad="left"),
+            reference_patches=None
+            if reference_audio is None
+            else self.encode_audio(reference_audio, reference_sample_rate, pad="right"),
+        )
+
+    # ---- one utterance ----
+    def generate(
+        self,
+        text: str,
+        *,
+        prompt: VoicePrompt | None = None,
+        seed: int | None = None,
+        cfg_value: float = 2.0,
+        inference_timesteps: int = 10,
+        min_len: int = 2,
+        max_len: int = 4096,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Synthesize ``text``; returns float32 samples at ``sample_rate``."""
+        chunks = self.stream(
+            text,
+            prompt=prompt,
+            seed=seed,
+            cfg_value=cfg_value,
+            inference_timesteps=inference_timesteps,
+            min_len=min_len,
+            max_len=max_len,
+            progress=progress,
+        )
+        return np.concatenate([chunk.audio for chunk in chunks])
+
+    def stream(
+        self,
+        text: str,
+        *,
+        prompt: VoicePrompt | None = None,
+        seed: int | None = None,
+        cfg_value: float = 2.0,
+        inference_timesteps: int = 10,
+        min_len: int = 2,
+        max_len: int = 4096,
+        progress: bool = False,
+    ) -> Iterator[Chunk]:
+        """Like ``generate``, yielding each patch's audio as soon as it is decoded."""
+        params = GenerationParams(cfg_value, inference_timesteps, min_len, max_len)
+        sequence = build_sequence(self.tokenizer, self.config, text, prompt)
+        return self._run(sequence, params, random_seed() if seed is None else seed, progress)
+
+    @torch.inference_mode()
+    def _run(self, sequence: InputSequence, params: GenerationParams, seed: int, progress: bool) -> Iterator[Chunk]:
+        cap = self._cap(sequence, params)
+        base, residual = self._single_row_caches()
+        state = self.model.prefill(self._batch(sequence), base, residual)
+        vae_state = self.vae_decoder.new_state(1)
+        if sequence.decode_context.numel():
+            # The reference decodes prompt context patches first and cuts their audio: warm the state instead.
+            context = sequence.decode_context.to(self.dtype).float().to(self.device)
+            self.vae_decoder.decode(context.reshape(1, -1, self.config.feat_dim).transpose(1, 2), vae_state)
+        noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
+        schedule = CfmSchedule.build([params.inference_timesteps], self.dtype, self.device)
+        cfg = torch.tensor([params.cfg_value], dtype=torch.float32, device=self.device)
+        steps = range(cap)
+        if progress:
+            from tqdm import tqdm
+
+            steps = tqdm(steps, desc="patches", unit="patch")
+        for step in steps:
+            patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
+            audio = self.vae_decoder.decode(patch.float().transpose(1, 2), vae_state)
+            stopped = step > params.min_len and bool(stop_logits.argmax(dim=-1)[0] == 1)
+            yield Chunk(audio[0].cpu().numpy(), patch[0].float().cpu(), stopped)
+            if stopped:
+                return
+
+    def _cap(self, sequence: InputSequence, params: GenerationParams) -> int:
+        room = self.config.max_length - sequence.length
+        if room < 1:
+            raise InvalidInputError(
+                f"the input takes {sequence.length} positions but the model holds {self.config.max_length}: "
+                "shorten the text or the voice prompt"
+            )
+        # The reference would fail with "KV cache is full" past max_length; stop at the cache's end instead.
+        return min(length_cap(sequence.target_tokens, params.max_len), room)
+
+    def _single_row_caches(self) -> tuple[list, list]:
+        if self._caches is None:
+            self._caches = tuple(
+                KVCache(lm, 1, self.config.max_length, self.device, self.dtype)
+                for lm in (self.config.lm_config, self.config.residual_lm)
+            )
+        return self._caches[0].rows(0, 1), self._caches[1].rows(0, 1)
+
+    def _batch(self, sequence: InputSequence) -> PrefillBatch:
+        def put(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return tensor.unsqueeze(0).to(device=self.device, dtype=dtype)
+
+        return PrefillBatch(
+            text_tokens=put(sequence.tokens, torch.long),
+            feats=put(sequence.feats, self.dtype),
+            text_mask=put(sequence.text_mask, self.dtype),
+            audio_mask=put(sequence.audio_mask, self.dtype),
+            lengths=torch.tensor([sequence.length], device=self.device),
+        )

@@ -1,0 +1,179 @@
+"""Parity with the reference implementation (PyPI voxcpm 2.0.3) on tiny checkpoints in the published layout.
+
+Expected values were recorded by ``scripts/reference/model_fixtures.py`` running the reference code;
+nothing here derives them from voxstream. Each fixture records the digest of the checkpoint it was made
+from, and the tests first check that the generator still makes exactly that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import voxstream
+from voxstream.model.cfm import CfmSchedule
+from voxstream.model.kv_cache import KVCache
+from voxstream.prompt import build_sequence
+from voxstream.sampling import NoiseStream
+from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest
+from voxstream.tts import VoxCPM
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
+NAMES = ["voxcpm-16k", "voxcpm-44k", "voxcpm2", "voxcpm2-b"]
+
+
+@cache
+def checkpoint(name: str, tmp_root: str) -> Path:
+    directory = make_tiny_checkpoint(Path(tmp_root) / name, name, seed=0)
+    meta = json.loads((FIXTURES / name / "meta.json").read_text(encoding="utf-8"))
+    assert weights_digest(directory) == meta["weights_digest"], (
+        f"make_tiny_checkpoint({name!r}) no longer makes the checkpoint the fixture was recorded from: "
+        "rerun scripts/reference/model_fixtures.py in the reference environment"
+    )
+    return directory
+
+
+@cache
+def loaded(name: str, tmp_root: str, dtype: torch.dtype) -> VoxCPM:
+    return voxstream.load_model(checkpoint(name, tmp_root), device="cpu", dtype=dtype)
+
+
+@pytest.fixture(scope="session")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+def reference(name: str) -> tuple[dict[str, torch.Tensor], dict]:
+    meta = json.loads((FIXTURES / name / "meta.json").read_text(encoding="utf-8"))
+    return load_file(str(FIXTURES / name / "fixture.safetensors")), meta
+
+
+def assert_relative(ours: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    """max |ours - expected| <= tolerance * max |expected| (the tensor's own scale)."""
+    assert ours.shape == expected.shape
+    error = (ours.float() - expected.float()).abs().max().item()
+    scale = expected.float().abs().max().item()
+    assert error <= tolerance * scale, f"max error {error:.3g} exceeds {tolerance:g} x scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@torch.inference_mode()
+def test_modules_match_reference_fp32(name: str, tmp_root: str) -> None:
+    ref, _ = reference(name)
+    model = loaded(name, tmp_root, torch.float32).model
+    config = model.config
+    for lm_name in ("base_lm", "residual_lm"):
+        lm = getattr(model, lm_name)
+        prefix = f"module.{lm_name}"
+        hidden, kvs = lm(ref[f"{prefix}.input"], is_causal=True)
+        assert_relative(hidden, ref[f"{prefix}.output"], 1e-5)
+        lm_config = config.lm_config if lm_name == "base_lm" else config.residual_lm
+        cache = KVCache(lm_config, 2, config.max_length, torch.device("cpu"), torch.float32)
+        rows = cache.rows(0, 2)
+        for layer, (k, v) in zip(rows, kvs, strict=True):
+            layer.fill(k, v)
+        step = lm.forward_step(ref[f"{prefix}.step_input"], torch.tensor([7, 7]), rows)
+        assert_relative(step, ref[f"{prefix}.step_output"], 1e-5)
+    assert_relative(model.feat_encoder(ref["module.feat_encoder.input"]), ref["module.feat_encoder.output"], 1e-5)
+    estimator = model.feat_decoder.estimator(
+        ref["module.estimator.x"],
+        ref["module.estimator.mu"],
+        ref["module.estimator.t"],
+        ref["module.estimator.cond"],
+        torch.zeros(3),
+    )
+    assert_relative(estimator, ref["module.estimator.output"], 1e-5)
+    for steps in (10, 4):
+        key = f"module.cfm.{steps}"
+        noise = NoiseStream(
+            int(ref[f"{key}.seed"]), config.feat_dim, config.patch_size, torch.float32, torch.device("cpu")
+        ).next()
+        sample = model.feat_decoder(
+            noise,
+            ref[f"{key}.mu"],
+            ref[f"{key}.cond"],
+            ref[f"{key}.cfg"].reshape(1),
+            CfmSchedule.build([steps], torch.float32, torch.device("cpu")),
+        )
+        assert_relative(sample, ref[f"{key}.output"], 1e-5)
+    assert_relative(model.fsq_layer(ref["module.fsq.input"]), ref["module.fsq.output"], 1e-5)
+    assert_relative(model.stop_logits(ref["module.fsq.input"]), ref["module.stop.output"], 1e-5)
+
+
+def generate_cases() -> list:
+    cases = []
+    for name in NAMES:
+        _, meta = reference(name)
+        cases += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta["generate"]]
+    return cases
+
+
+def make_prompt(model: VoxCPM, name: str, prompt: dict):
+    if not prompt:
+        return None
+    folder = FIXTURES / name
+    return model.make_prompt(
+        text=prompt.get("prompt_text"),
+        audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
+        reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+    )
+
+
+@pytest.mark.parametrize(("name", "case"), generate_cases())
+def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -> None:
+    ref, meta = reference(name)
+    model = loaded(name, tmp_root, torch.float32)
+    audio = model.generate(
+        case["text"], prompt=make_prompt(model, name, case["prompt"]), seed=case["seed"], max_len=meta["max_len"]
+    )
+    expected = ref[f"generate.{case['key']}"].numpy()
+    assert audio.shape == expected.shape, f"{audio.size} samples, reference {expected.size}"
+    assert audio.size % model.samples_per_patch == 0
+    assert float(np.abs(audio - expected).max()) <= 1e-4
+
+
+def trace_cases() -> list:
+    cases = []
+    for name in NAMES:
+        _, meta = reference(name)
+        cases += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta["traces"]]
+    return cases
+
+
+@pytest.mark.parametrize(("name", "case"), trace_cases())
+@torch.inference_mode()
+def test_bf16_steps_match_reference_teacher_forced(name: str, case: dict, tmp_root: str) -> None:
+    """In bf16, feed the reference's own patches back and compare every step's conditioning, stop logits and
+    sampled patch (the free-running outputs would diverge through FSQ rounding and the stop argmax)."""
+    ref, _ = reference(name)
+    tts = loaded(name, tmp_root, torch.bfloat16)
+    model, config = tts.model, tts.config
+    trace = {
+        field: ref[f"trace.{case['key']}.{field}"]
+        for field in ("lm_hidden", "residual_hidden", "stop_logits", "noise", "patch")
+    }
+    sequence = build_sequence(tts.tokenizer, config, case["text"], make_prompt(tts, name, case["prompt"]))
+    caches = [
+        KVCache(lm, 1, config.max_length, torch.device("cpu"), torch.bfloat16).rows(0, 1)
+        for lm in (config.lm_config, config.residual_lm)
+    ]
+    state = model.prefill(tts._batch(sequence), *caches)
+    schedule = CfmSchedule.build([10], torch.bfloat16, torch.device("cpu"))
+    cfg = torch.tensor([2.0])
+    for step in range(case["steps"]):
+        # One bf16 ulp relative to the tensor's scale: the same ops in the same order, so only
+        # kernel-level rounding may differ.
+        assert_relative(state.lm_hidden[0], trace["lm_hidden"][step], 2**-8)
+        assert_relative(state.residual_hidden[0], trace["residual_hidden"][step], 2**-8)
+        assert_relative(model.stop_logits(state.lm_hidden)[0], trace["stop_logits"][step], 2**-8)
+        noise = trace["noise"][step : step + 1].to(torch.bfloat16)
+        patch = model.sample_patch(state, noise, cfg, schedule)
+        expected = trace["patch"][step : step + 1].transpose(1, 2)
+        assert_relative(patch, expected, 2**-7)
+        model.advance(state, expected.to(torch.bfloat16), *caches)
