@@ -220,6 +220,18 @@ def test_streaming_equals_full_decode_for_staggered_streams_and_uneven_chunks(na
     assert [b.data_ptr() for b in state.buffers] == pointers  # updated in place, never reallocated
 
 
+def test_streaming_decode_traces_as_one_graph_without_host_syncs() -> None:
+    # fullgraph=True fails on any graph break: a .item(), a branch on a tensor value, a data-dependent
+    # shape. One graph with in-place state updates is what CUDA-graph capture needs.
+    streamer = StreamingVAEDecoder(random_vae("voxcpm2"))
+    compiled_state, eager_state = streamer.new_state(2), streamer.new_state(2)
+    compiled = torch.compile(streamer.decode, fullgraph=True, backend="eager")
+    for step in range(2):
+        latents = torch.randn(2, streamer.vae.latent_dim, 4, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(compiled(latents, compiled_state), streamer.decode(latents, eager_state))
+    assert all(torch.equal(a, b) for a, b in zip(compiled_state.buffers, eager_state.buffers, strict=True))
+
+
 def test_rows_view_and_compaction_keep_streams_exact() -> None:
     vae = random_vae("voxcpm2")
     streamer = StreamingVAEDecoder(vae)

@@ -211,8 +211,9 @@ class CausalDecoder(nn.Module):
             ]
         else:
             layers = [CausalConv1d(latent, channels, 7, left_pad=6)]
-        first_block = len(layers)
+        block_inputs: dict[int, int] = {}  # index in self.model -> input channels of that decoder block
         for stride in config.decoder_rates:
+            block_inputs[len(layers)] = channels
             layers.append(CausalDecoderBlock(channels, channels // 2, stride, config.depthwise))
             channels //= 2
         layers += [Snake1d(channels), CausalConv1d(channels, 1, 7, left_pad=6)]
@@ -222,10 +223,10 @@ class CausalDecoder(nn.Module):
         if conditioned:
             boundaries = config.sr_bin_boundaries or ()
             self.register_buffer("sr_bin_boundaries", torch.tensor(boundaries, dtype=torch.int32))
+            # Indexed like self.model (None elsewhere) so that checkpoint keys line up with the blocks.
             self.sr_cond_model = nn.ModuleList(
-                SampleRateCondition(config.decoder_dim >> (index - first_block), len(boundaries) + 1)
-                if isinstance(layer, CausalDecoderBlock) else None
-                for index, layer in enumerate(layers)
+                SampleRateCondition(block_inputs[index], len(boundaries) + 1) if index in block_inputs else None
+                for index in range(len(layers))
             )
         self.stream_state_shapes = _assign_state_slots(self.model)
 
@@ -236,15 +237,13 @@ class CausalDecoder(nn.Module):
 
     def forward(self, latents: Tensor, states: StreamBuffers = None) -> Tensor:
         """latents: (B, latent_dim, T) -> audio: (B, 1, T·decoder_hop); ``states`` streams (see ``_CausalContext``)."""
-        x = latents
         if self.sr_cond_model is None:
-            x = _run(self.model, x, states)
-        else:
-            bucket = self._sample_rate_bucket()
-            for layer, condition in zip(self.model, self.sr_cond_model, strict=True):
-                if condition is not None:
-                    x = condition(x, bucket)
-                x = layer(x, states)
+            return torch.tanh(_run(self.model, latents, states))
+        x, bucket = latents, self._sample_rate_bucket()
+        for layer, condition in zip(self.model, self.sr_cond_model, strict=True):
+            if condition is not None:
+                x = condition(x, bucket)
+            x = layer(x, states)
         return torch.tanh(x)
 
 
