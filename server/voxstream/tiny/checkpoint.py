@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,21 +21,21 @@ from safetensors.torch import load_file, save_file
 from voxstream.config import ModelConfig
 from voxstream.model.audio_vae import random_published_state_dict
 from voxstream.model.voxcpm import VoxCPMModel
-from voxstream.tiny.configs import TINY_CONFIGS
+from voxstream.tiny.configs import ALL_CONFIGS
 from voxstream.tiny.tokenizer_files import write_tiny_tokenizer
 
 DEFAULT_FOR_ARCHITECTURE = {"voxcpm": "voxcpm-44k", "voxcpm2": "voxcpm2"}
 # VoxCPM-0.5B ships pytorch_model.bin; the later releases ship model.safetensors.
-_PICKLED_WEIGHTS = {"voxcpm-16k"}
+_PICKLED_WEIGHTS = {"voxcpm-16k", "voxcpm-0.5b-shape"}
 
 
 def make_tiny_checkpoint(directory: str | Path, name: str = "voxcpm2", seed: int = 0) -> Path:
-    """Write tiny model ``name`` (a key of ``TINY_CONFIGS``) into ``directory`` and return its path."""
-    if name not in TINY_CONFIGS:
-        raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_CONFIGS)}")
+    """Write tiny model ``name`` (a key of ``ALL_CONFIGS``) into ``directory`` and return its path."""
+    if name not in ALL_CONFIGS:
+        raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(ALL_CONFIGS)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    raw = TINY_CONFIGS[name]
+    raw = ALL_CONFIGS[name]
     config = ModelConfig.from_dict(raw, source=name)
     (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
     weights = {k: v.to(torch.bfloat16).contiguous() for k, v in random_model_weights(config, seed).items()}
@@ -82,3 +84,21 @@ def weights_digest(directory: str | Path) -> str:
             digest.update(f"{name}:{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
             digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+DEMO_MODEL = "voxcpm2"
+
+
+def demo_checkpoint(cache_dir: str | Path | None = None) -> Path:
+    """The ``demo`` model: a tiny random voxcpm2 checkpoint made once in the cache folder (its audio is noise,
+    but every code path runs with no download). ``VOXSTREAM_CACHE`` overrides ``~/.cache/voxstream``."""
+    root = Path(cache_dir or os.environ.get("VOXSTREAM_CACHE") or Path.home() / ".cache" / "voxstream")
+    directory = root / f"demo-{DEMO_MODEL}"
+    if not (directory / "tokenizer.json").is_file():
+        # Written beside and renamed, so a crash mid-way never leaves a half checkpoint behind.
+        partial = root / f".demo-{DEMO_MODEL}-{os.getpid()}"
+        make_tiny_checkpoint(partial, DEMO_MODEL)
+        if directory.exists():
+            shutil.rmtree(directory)
+        partial.rename(directory)
+    return directory

@@ -157,3 +157,74 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "dtype": "bfloat16",
     },
 }
+
+
+def _release_lm(hidden: int, ffn: int, layers: int, kv_channels: int | None) -> dict[str, Any]:
+    config = _lm(hidden, ffn, 16, layers, kv_channels, max_positions=32768)
+    return {**config, "vocab_size": 73448}
+
+
+# Full-size shapes of the three releases (random weights: for benchmarks and GPU checks, where values
+# do not change the cost). Shapes from the published config.json files (spec, section 2.2).
+RELEASE_SHAPES: dict[str, dict[str, Any]] = {
+    "voxcpm-0.5b-shape": {
+        "architecture": "voxcpm",
+        "lm_config": _release_lm(1024, 4096, 24, None),
+        "patch_size": 2,
+        "feat_dim": 64,
+        "residual_lm_num_layers": 6,
+        "scalar_quantization_latent_dim": 256,
+        "scalar_quantization_scale": 9,
+        "encoder_config": _local(1024, 4096, 16, 4, None),
+        "dit_config": {**_local(1024, 4096, 16, 4, None), "cfm_config": dict(_CFM, inference_cfg_rate=1.0)},
+        "max_length": 4096,
+        "dtype": "bfloat16",
+    },
+    "voxcpm-1.5-shape": {
+        "architecture": "voxcpm",
+        "lm_config": _release_lm(1024, 4096, 24, None),
+        "patch_size": 4,
+        "feat_dim": 64,
+        "residual_lm_num_layers": 8,
+        "scalar_quantization_latent_dim": 256,
+        "scalar_quantization_scale": 9,
+        "encoder_config": _local(1024, 4096, 16, 8, None),
+        "dit_config": {**_local(1024, 4096, 16, 8, None), "cfm_config": dict(_CFM, inference_cfg_rate=1.0)},
+        "audio_vae_config": {
+            "encoder_dim": 64,
+            "encoder_rates": [2, 3, 6, 7, 7],
+            "latent_dim": 64,
+            "decoder_dim": 2048,
+            "decoder_rates": [7, 7, 6, 3, 2],
+            "sample_rate": 44100,
+        },
+        "max_length": 4096,
+        "dtype": "bfloat16",
+    },
+    "voxcpm2-shape": {
+        "architecture": "voxcpm2",
+        "lm_config": _release_lm(2048, 6144, 28, 128),
+        "patch_size": 4,
+        "feat_dim": 64,
+        "scalar_quantization_latent_dim": 512,
+        "scalar_quantization_scale": 9,
+        "residual_lm_num_layers": 8,
+        "residual_lm_no_rope": True,
+        "encoder_config": _local(1024, 4096, 16, 12, 128),
+        "dit_config": {**_local(1024, 4096, 16, 12, 128), "mean_mode": False, "cfm_config": _CFM},
+        "audio_vae_config": {
+            "encoder_dim": 128,
+            "encoder_rates": [2, 5, 8, 8],
+            "latent_dim": 64,
+            "decoder_dim": 2048,
+            "decoder_rates": [8, 6, 5, 2, 2, 2],
+            "sr_bin_boundaries": [20000, 30000, 40000],
+            "sample_rate": 16000,
+            "out_sample_rate": 48000,
+        },
+        "max_length": 8192,
+        "dtype": "bfloat16",
+    },
+}
+
+ALL_CONFIGS: dict[str, dict[str, Any]] = {**TINY_CONFIGS, **RELEASE_SHAPES}
