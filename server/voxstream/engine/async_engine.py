@@ -95,17 +95,19 @@ class AsyncEngine:
             ValueError: a synthesis parameter is outside the engine's limits.
         """
         channel = self._open(request)
-        done = False
         try:
-            while not done:
+            while True:
                 item = await channel.get()
                 if isinstance(item, BaseException):
-                    done = True  # rejected or engine gone: nothing left to abort
                     raise item
-                done = item.finished
                 yield item
+                if item.finished:
+                    return
         finally:
-            if not done:
+            # Still registered means the engine owes this stream more outputs: the consumer left
+            # early. The identity check keeps a late exit from aborting a newer request that
+            # reuses the id after this one's final output was dispatched.
+            if self._channels.get(request.request_id) is channel:
                 self.abort(request.request_id)
 
     def abort(self, request_id: str) -> None:
@@ -118,6 +120,8 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not started")
         if self._closed_reason is not None:
             raise EngineDeadError(self._closed_reason)
+        if asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("AsyncEngine.stream() must run on the event loop that called start()")
         rid = request.request_id
         # A channel stays registered until its final output, so this also covers an aborted
         # request whose abort the engine thread has not applied yet.
