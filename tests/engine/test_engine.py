@@ -109,20 +109,50 @@ def test_runner_exception_fails_every_session_of_the_step_and_frees_their_slots(
     assert runner.is_empty
 
 
-class _BrokenRunner:
-    """Returns no chunks at all, whatever the plan says."""
+class _ScriptedRunner:
+    """Answers every plan with ``respond(plan)``, right or wrong."""
 
     num_slots = 4
 
+    def __init__(self, respond) -> None:
+        self.respond = respond
+
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        return RunnerOutput(length_caps={p.request_id: 9 for p in plan.prefills})
+        return self.respond(plan)
 
 
-def test_runner_output_that_breaks_the_contract_fails_the_step(make_request):
-    engine = Engine(_BrokenRunner(), EngineConfig(max_running=4))
+def _good_chunk(plan):
+    return tuple(np.zeros(4, np.float32) for _ in plan.request_ids)
+
+
+@pytest.mark.parametrize(
+    ("respond", "message"),
+    [
+        pytest.param(lambda plan: RunnerOutput((), (), {"a": 9}), "one per decode row", id="no chunks"),
+        pytest.param(lambda plan: RunnerOutput(_good_chunk(plan), (False,)), "do not match", id="no length cap"),
+        pytest.param(lambda plan: RunnerOutput((np.zeros(4),), (False,), {"a": 9}), "1-D float32", id="float64 chunk"),
+        pytest.param(
+            lambda plan: RunnerOutput((np.zeros((1, 4), np.float32),), (False,), {"a": 9}), "1-D", id="2-D chunk"
+        ),
+        pytest.param(lambda plan: RunnerOutput(_good_chunk(plan), (False,), {"a": 0}), ">= 1", id="zero cap"),
+    ],
+)
+def test_runner_output_that_breaks_the_contract_fails_the_step(respond, message, make_request):
+    engine = Engine(_ScriptedRunner(respond), EngineConfig(max_running=4))
     engine.add(make_request("a"))
     [output] = engine.step()
-    assert output.finish_reason is FinishReason.ERROR and "one per decode row" in output.error
+    assert output.finish_reason is FinishReason.ERROR and message in output.error
+    assert engine.num_running == 0
+
+
+def test_a_prefill_that_succeeds_and_then_fails_its_first_decode_is_an_error(make_request):
+    def respond(plan):
+        return RunnerOutput((np.zeros(0, np.float32),), (False,), {"a": 9}, {"a": "decode failed"})
+
+    engine = Engine(_ScriptedRunner(respond), EngineConfig(max_running=4))
+    engine.add(make_request("a"))
+    [output] = engine.step()
+    assert (output.finish_reason, output.error) == (FinishReason.ERROR, "decode failed")
 
 
 def test_engine_rejects_more_running_than_runner_slots(make_engine):

@@ -60,14 +60,17 @@ class StepPlan:
         return not (self.released or self.moves or self.prefills or self.request_ids)
 
 
-@dataclass(frozen=True, slots=True)
+# eq=False: the fields hold arrays, which have no single truth value to compare by.
+@dataclass(frozen=True, slots=True, eq=False)
 class RunnerOutput:
     """What the runner produced for one ``StepPlan``.
 
-    ``chunks`` and ``stop_flags`` are aligned with ``plan.request_ids``. Every prefilled request
-    appears in exactly one of ``length_caps`` or ``errors``. A request in ``errors`` (a failed
-    prefill, or a failure of that row alone) finishes with ``FinishReason.ERROR``; its chunk and
-    stop flag are ignored and may be anything (an empty chunk is customary).
+    ``chunks`` and ``stop_flags`` are aligned with ``plan.request_ids``. Every request prefilled
+    this step has a length cap unless it is in ``errors``. A request in ``errors`` (a failed
+    prefill, e.g. a text that tokenizes to nothing, or a failure of that row alone) finishes with
+    ``FinishReason.ERROR`` and its slot is freed; its chunk and stop flag are ignored (an empty
+    chunk is customary). A failed prefill still has a decode row in the plan, because the plan is
+    made before the runner finds the failure; the runner may skip computing that row.
     """
 
     chunks: tuple[Chunk, ...] = ()
@@ -93,7 +96,8 @@ class Runner(Protocol):
     def execute(self, plan: StepPlan) -> RunnerOutput: ...
 
 
-@dataclass(frozen=True, slots=True)
+# eq=False: the fields hold arrays, which have no single truth value to compare by.
+@dataclass(frozen=True, slots=True, eq=False)
 class StepOutput:
     """One session's share of a step: its new chunk and, on its last output, why it finished.
 
