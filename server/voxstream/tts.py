@@ -2,8 +2,8 @@
 
 ``generate`` and ``stream`` run the same batched ``prefill`` and ``decode_step`` the engine runs, at
 batch size 1, and decode audio with the exact streaming VAE decoder, so their output is the
-reference's non-streaming audio, chunk by chunk. This object keeps a one-row KV cache for these
-calls: use it from one thread at a time (the engine serves concurrent sessions).
+reference's non-streaming audio, chunk by chunk. Calls are independent (each allocates the KV cache its
+utterance needs), but they share the model's compute: the engine serves concurrent sessions.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class VoxCPM:
         self.device = next(model.parameters()).device
         self.dtype = model.base_lm.norm.weight.dtype
         self.vae_decoder = StreamingVAEDecoder(model.audio_vae)
-        self._caches: tuple[KVCache, KVCache] | None = None
 
     @property
     def sample_rate(self) -> int:
@@ -160,7 +159,11 @@ class VoxCPM:
     @torch.inference_mode()
     def _run(self, sequence: InputSequence, params: GenerationParams, seed: int, progress: bool) -> Iterator[Chunk]:
         cap = self._cap(sequence, params)
-        base, residual = self._single_row_caches()
+        # A cache exactly as long as this utterance can get: attention reads only the positions it may use.
+        base, residual = (
+            KVCache(lm, 1, sequence.length + cap, self.device, self.dtype).rows(0, 1)
+            for lm in (self.config.lm_config, self.config.residual_lm)
+        )
         state = self.model.prefill(self._batch(sequence), base, residual)
         vae_state = self.vae_decoder.new_state(1)
         if sequence.decode_context.numel():
@@ -192,14 +195,6 @@ class VoxCPM:
             )
         # The reference would fail with "KV cache is full" past max_length; stop at the cache's end instead.
         return min(length_cap(sequence.target_tokens, params.max_len), room)
-
-    def _single_row_caches(self) -> tuple[list, list]:
-        if self._caches is None:
-            self._caches = tuple(
-                KVCache(lm, 1, self.config.max_length, self.device, self.dtype)
-                for lm in (self.config.lm_config, self.config.residual_lm)
-            )
-        return self._caches[0].rows(0, 1), self._caches[1].rows(0, 1)
 
     def _batch(self, sequence: InputSequence) -> PrefillBatch:
         def put(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

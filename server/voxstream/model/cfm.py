@@ -31,9 +31,15 @@ def zero_init_steps(steps: int) -> int:
 
 @dataclass(frozen=True)
 class CfmSchedule:
-    """Per-row time grids of a batch. ``t_span`` (B, S+1) is padded with each row's final time."""
+    """Per-row time grids of a batch, with the Euler recurrence's times already unrolled.
 
-    t_span: torch.Tensor
+    ``times[:, k]`` and ``deltas[:, k]`` are the t and dt that Euler step k+1 uses, produced by the
+    reference's own recurrence (``t -= dt; dt = t - grid[k+1]``, in the model dtype), so they are the
+    exact values the reference feeds its estimator. Rows shorter than the longest are padded.
+    """
+
+    times: torch.Tensor  # (B, S)
+    deltas: torch.Tensor  # (B, S)
     steps: torch.Tensor  # (B,) long: each row's number of Euler steps
     zero_init: torch.Tensor  # (B,) long: each row's CFG-Zero* step count
     max_steps: int  # S, the longest row
@@ -44,10 +50,18 @@ class CfmSchedule:
     def build(cls, steps_per_row: list[int], dtype: torch.dtype, device: torch.device) -> CfmSchedule:
         longest = max(steps_per_row)
         grids = {n: time_grid(n, dtype, device) for n in set(steps_per_row)}
-        rows = [torch.cat([grids[n], grids[n][-1:].expand(longest - n)]) for n in steps_per_row]
+        t_span = torch.stack([torch.cat([grids[n], grids[n][-1:].expand(longest - n)]) for n in steps_per_row])
+        t, dt = t_span[:, 0], t_span[:, 0] - t_span[:, 1]
+        times, deltas = [t], [dt]
+        for step in range(1, longest):
+            t = t - dt
+            dt = t - t_span[:, step + 1]
+            times.append(t)
+            deltas.append(dt)
         zero = [zero_init_steps(n) for n in steps_per_row]
         return cls(
-            t_span=torch.stack(rows),
+            times=torch.stack(times, dim=1),
+            deltas=torch.stack(deltas, dim=1),
             steps=torch.tensor(steps_per_row, device=device),
             zero_init=torch.tensor(zero, device=device),
             max_steps=longest,
@@ -72,43 +86,40 @@ class UnifiedCFM(nn.Module):
     ) -> torch.Tensor:
         """noise (B, D, P) in the model dtype, mu (B, Hmu), cond (B, D, P) previous patch,
         cfg_value (B,) float32 -> sampled patch (B, D, P)."""
-        t_span = schedule.t_span
+        batch, steps = noise.size(0), schedule.max_steps
+        estimator = self.estimator
+        # Time embeddings and the cond tokens do not depend on x: one estimator pass for all steps instead
+        # of one per step (the reference recomputes them at every step, with the same values).
+        step_dt = schedule.deltas if self.mean_mode else torch.zeros_like(schedule.deltas)
+        time = estimator.time_embedding(schedule.times.reshape(-1), step_dt.reshape(-1)).view(batch, steps, -1)
+        cond_tokens = estimator.cond_tokens(cond)
+        both_cond = torch.cat([cond_tokens, cond_tokens])
+        both_mu = torch.cat([mu, torch.zeros_like(mu)])  # the unconditional half zeroes mu only
         x = noise
-        t = t_span[:, 0]
-        dt = t_span[:, 0] - t_span[:, 1]
-        for step in range(1, schedule.max_steps + 1):
+        for step in range(1, steps + 1):
             # A CFG-Zero* step every row skips leaves x unchanged (x - dt*0), so it is not computed.
-            if step > schedule.uniform_zero_init:
-                velocity = self._guided_velocity(x, mu, t, cond, dt, cfg_value)
-                updated = x - dt[:, None, None] * velocity
-                if schedule.ragged:
-                    active = (step > schedule.zero_init) & (step <= schedule.steps)
-                    updated = torch.where(active[:, None, None], updated, x)
-                x = updated
-            t = t - dt
-            if step < schedule.max_steps:
-                dt = t - t_span[:, step + 1]
+            if step <= schedule.uniform_zero_init:
+                continue
+            both_time = torch.cat([time[:, step - 1], time[:, step - 1]])
+            velocity = self._guided_velocity(x, both_mu, both_time, both_cond, cfg_value)
+            updated = x - schedule.deltas[:, step - 1, None, None] * velocity
+            if schedule.ragged:
+                active = (step > schedule.zero_init) & (step <= schedule.steps)
+                updated = torch.where(active[:, None, None], updated, x)
+            x = updated
         return x
 
     def _guided_velocity(
         self,
         x: torch.Tensor,
-        mu: torch.Tensor,
-        t: torch.Tensor,
-        cond: torch.Tensor,
-        dt: torch.Tensor,
+        both_mu: torch.Tensor,
+        both_time: torch.Tensor,
+        both_cond: torch.Tensor,
         cfg_value: torch.Tensor,
     ) -> torch.Tensor:
-        """One estimator call on 2B rows (conditional, then unconditional = mu zeroed)."""
+        """One estimator call on 2B rows (conditional, then unconditional), combined with CFG-Zero*."""
         batch = x.size(0)
-        step_dt = torch.cat([dt, dt]) if self.mean_mode else torch.zeros(2 * batch, dtype=x.dtype, device=x.device)
-        both = self.estimator(
-            torch.cat([x, x]),
-            torch.cat([mu, torch.zeros_like(mu)]),
-            torch.cat([t, t]),
-            torch.cat([cond, cond]),
-            step_dt,
-        )
+        both = self.estimator.velocity(torch.cat([x, x]), both_mu, both_time, both_cond)
         conditional, unconditional = both[:batch], both[batch:]
         flat_c, flat_u = conditional.reshape(batch, -1), unconditional.reshape(batch, -1)
         dot = torch.sum(flat_c * flat_u, dim=1, keepdim=True)

@@ -59,11 +59,25 @@ class VoxCPMLocDiT(nn.Module):
     ) -> torch.Tensor:
         """x (N, D, P) noisy patch, mu (N, mu_tokens*Hd), t and dt (N,), cond (N, D, P) previous patch
         -> velocity (N, D, P)."""
-        # Contiguous inputs, as the reference feeds them: in bf16 the GEMM path (and its rounding) depends on layout.
+        return self.velocity(x, mu, self.time_embedding(t, dt), self.cond_tokens(cond))
+
+    def time_embedding(self, t: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """t, dt (N,) -> (N, Hd). Depends on the time grid only, so the sampler computes it once per grid."""
+        dtype = self.in_proj.weight.dtype
+        time = self.time_mlp(sinusoidal_embedding(t, self.hidden_size).to(dtype))
+        return time + self.delta_time_mlp(sinusoidal_embedding(dt, self.hidden_size).to(dtype))
+
+    def cond_tokens(self, cond: torch.Tensor) -> torch.Tensor:
+        """cond (N, D, P) -> (N, P, Hd). Constant over a patch's timesteps, so the sampler computes it once."""
+        # Contiguous, as the reference feeds it: in bf16 the GEMM path (and its rounding) depends on layout.
+        return self.cond_proj(cond.transpose(1, 2).contiguous())
+
+    def velocity(
+        self, x: torch.Tensor, mu: torch.Tensor, time: torch.Tensor, cond_tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """x (N, D, P), mu (N, mu_tokens*Hd), time (N, Hd) from ``time_embedding``, cond_tokens (N, P, Hd) from
+        ``cond_tokens`` -> velocity (N, D, P)."""
         tokens = self.in_proj(x.transpose(1, 2).contiguous())
-        cond_tokens = self.cond_proj(cond.transpose(1, 2).contiguous())
-        time = self.time_mlp(sinusoidal_embedding(t, self.hidden_size).to(tokens.dtype))
-        time = time + self.delta_time_mlp(sinusoidal_embedding(dt, self.hidden_size).to(tokens.dtype))
         if self.mu_tokens == 1:
             prefix = (mu + time).unsqueeze(1)
         else:
