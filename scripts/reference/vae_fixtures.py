@@ -84,8 +84,12 @@ def main() -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name in NAMES:
         tensors = make_fixture(name)
-        metadata = {"config": name, "weight_seed": str(WEIGHT_SEED), "reference": "voxcpm 2.0.3",
-                    "torch": torch.__version__}
+        metadata = {
+            "config": name,
+            "weight_seed": str(WEIGHT_SEED),
+            "reference": "voxcpm 2.0.3",
+            "torch": torch.__version__,
+        }
         path = OUT_DIR / f"{name}.safetensors"
         save_file(tensors, str(path), metadata=metadata)
         print(f"{path.relative_to(ROOT)}: {path.stat().st_size} bytes")

@@ -26,11 +26,28 @@ TOLERANCE = 1e-5  # max |ours - expected| relative to max |expected|, fp32
 
 REAL_CONFIGS = {
     "VoxCPM-0.5B": (AudioVAEConfig(), "voxcpm"),
-    "VoxCPM1.5": (AudioVAEConfig(encoder_dim=64, encoder_rates=(2, 3, 6, 7, 7), decoder_dim=2048,
-                                 decoder_rates=(7, 7, 6, 3, 2), sample_rate=44100), "voxcpm"),
-    "VoxCPM2": (AudioVAEConfig(decoder_dim=2048, decoder_rates=(8, 6, 5, 2, 2, 2), out_sample_rate=48000,
-                               sr_bin_boundaries=(20000, 30000, 40000), cond_type="scale_bias", cond_dim=128,
-                               cond_out_layer=False), "voxcpm2"),
+    "VoxCPM1.5": (
+        AudioVAEConfig(
+            encoder_dim=64,
+            encoder_rates=(2, 3, 6, 7, 7),
+            decoder_dim=2048,
+            decoder_rates=(7, 7, 6, 3, 2),
+            sample_rate=44100,
+        ),
+        "voxcpm",
+    ),
+    "VoxCPM2": (
+        AudioVAEConfig(
+            decoder_dim=2048,
+            decoder_rates=(8, 6, 5, 2, 2, 2),
+            out_sample_rate=48000,
+            sr_bin_boundaries=(20000, 30000, 40000),
+            cond_type="scale_bias",
+            cond_dim=128,
+            cond_out_layer=False,
+        ),
+        "voxcpm2",
+    ),
 }
 
 
@@ -58,8 +75,11 @@ def load_fixture(name: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Te
     """(inputs and reference outputs, published-layout weights in fp32)."""
     tensors = load_file(str(FIXTURES / f"{name}.safetensors"))
     prefix = "weights."
-    weights = {key[len(prefix):]: value.to(torch.float32) if value.is_floating_point() else value
-               for key, value in tensors.items() if key.startswith(prefix)}
+    weights = {
+        key[len(prefix) :]: value.to(torch.float32) if value.is_floating_point() else value
+        for key, value in tensors.items()
+        if key.startswith(prefix)
+    }
     return tensors, weights
 
 
@@ -139,10 +159,15 @@ def test_fold_rejects_half_a_pair(suffix: str) -> None:
 def test_random_weights_are_deterministic_non_trivial_and_audible(name: str) -> None:
     config, architecture = tiny(name)
     first = random_published_state_dict(config, architecture, 3)
-    assert all(torch.equal(value, second) for value, second in
-               zip(first.values(), random_published_state_dict(config, architecture, 3).values(), strict=True))
-    assert not torch.equal(first["encoder.fc_mu.weight_v"],
-                           random_published_state_dict(config, architecture, 4)["encoder.fc_mu.weight_v"])
+    assert all(
+        torch.equal(value, second)
+        for value, second in zip(
+            first.values(), random_published_state_dict(config, architecture, 3).values(), strict=True
+        )
+    )
+    assert not torch.equal(
+        first["encoder.fc_mu.weight_v"], random_published_state_dict(config, architecture, 4)["encoder.fc_mu.weight_v"]
+    )
     alphas = torch.cat([v.flatten() for k, v in first.items() if k.endswith(".alpha")])
     assert alphas.min() > 0.4 and alphas.max() < 1.6 and alphas.std() > 0.2
     norms = torch.cat([v.flatten() for k, v in first.items() if k.endswith(".weight_g")])
@@ -174,8 +199,13 @@ def test_encode_rejects_a_channel_axis() -> None:
 STREAM_NAMES = ("voxcpm-16k", "voxcpm-44k", "voxcpm2")
 
 
-def run_schedule(streamer: StreamingVAEDecoder, state: VAEStreamState, chunk_sizes: list[int],
-                 streams: list[tuple[int, int, int]], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def run_schedule(
+    streamer: StreamingVAEDecoder,
+    state: VAEStreamState,
+    chunk_sizes: list[int],
+    streams: list[tuple[int, int, int]],
+    seed: int,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Decode ``len(chunk_sizes)`` steps on the whole pool; stream (row, first step, end step) owns its row then.
 
     Rows without a stream get random latents too, so any leak between rows would show. Returns each
@@ -297,6 +327,5 @@ def test_state_bytes_per_stream(name: str) -> None:
 
 
 def test_state_bytes_of_the_released_vaes() -> None:
-    measured = {name: StreamingVAEDecoder(shape_only_vae(name)).new_state(1).nbytes_per_stream
-                for name in REAL_CONFIGS}
+    measured = {name: StreamingVAEDecoder(shape_only_vae(name)).new_state(1).nbytes_per_stream for name in REAL_CONFIGS}
     assert measured == {"VoxCPM-0.5B": 464_640, "VoxCPM1.5": 637_952, "VoxCPM2": 647_424}
