@@ -69,7 +69,7 @@ def voxstream_decode_steps(tts: voxstream.tts.VoxCPM, steps: int) -> Iterator[ob
         KVCache(lm, 1, sequence.length + steps, tts.device, tts.dtype).rows(0, 1)
         for lm in (config.lm_config, config.residual_lm)
     ]
-    state = model.prefill(tts._batch(sequence), *caches)
+    state = model.prefill(tts.prefill_batch([sequence]), *caches)
     noise = NoiseStream(0, config.feat_dim, config.patch_size, tts.dtype, tts.device)
     schedule = CfmSchedule.build([10], tts.dtype, tts.device)
     cfg = torch.tensor([2.0])

@@ -16,34 +16,15 @@ import torch
 
 from voxstream.audio.clip import AudioSource, load_clip
 from voxstream.config import ModelConfig
+from voxstream.engine.request import SynthesisParams
 from voxstream.errors import InvalidInputError
-from voxstream.model.audio_vae import StreamingVAEDecoder
+from voxstream.model.audio_vae import StreamingVAEDecoder, VAEStreamState
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
 from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, length_cap
 from voxstream.sampling import NoiseStream, random_seed
 from voxstream.text.tokenizer import TextTokenizer
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """The per-utterance knobs, validated once (the engine reuses this)."""
-
-    cfg_value: float = 2.0
-    inference_timesteps: int = 10
-    min_len: int = 2
-    max_len: int = 4096
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.cfg_value, int | float) and np.isfinite(self.cfg_value)):
-            raise InvalidInputError(f"cfg_value must be a finite number, got {self.cfg_value!r}")
-        if not isinstance(self.inference_timesteps, int) or self.inference_timesteps < 1:
-            raise InvalidInputError(f"inference_timesteps must be an integer >= 1, got {self.inference_timesteps!r}")
-        if not isinstance(self.min_len, int) or self.min_len < 0:
-            raise InvalidInputError(f"min_len must be an integer >= 0, got {self.min_len!r}")
-        if not isinstance(self.max_len, int) or self.max_len < 1:
-            raise InvalidInputError(f"max_len must be an integer >= 1, got {self.max_len!r}")
 
 
 @dataclass(frozen=True)
@@ -152,24 +133,21 @@ class VoxCPM:
         progress: bool = False,
     ) -> Iterator[Chunk]:
         """Like ``generate``, yielding each patch's audio as soon as it is decoded."""
-        params = GenerationParams(cfg_value, inference_timesteps, min_len, max_len)
+        params = SynthesisParams(cfg_value, inference_timesteps, min_len, max_len, seed)
         sequence = build_sequence(self.tokenizer, self.config, text, prompt)
         return self._run(sequence, params, random_seed() if seed is None else seed, progress)
 
     @torch.inference_mode()
-    def _run(self, sequence: InputSequence, params: GenerationParams, seed: int, progress: bool) -> Iterator[Chunk]:
-        cap = self._cap(sequence, params)
+    def _run(self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool) -> Iterator[Chunk]:
+        cap = self.length_cap(sequence, params, self.config.max_length)
         # A cache exactly as long as this utterance can get: attention reads only the positions it may use.
         base, residual = (
             KVCache(lm, 1, sequence.length + cap, self.device, self.dtype).rows(0, 1)
             for lm in (self.config.lm_config, self.config.residual_lm)
         )
-        state = self.model.prefill(self._batch(sequence), base, residual)
+        state = self.model.prefill(self.prefill_batch([sequence]), base, residual)
         vae_state = self.vae_decoder.new_state(1)
-        if sequence.decode_context.numel():
-            # The reference decodes prompt context patches first and cuts their audio: warm the state instead.
-            context = sequence.decode_context.to(self.dtype).float().to(self.device)
-            self.vae_decoder.decode(context.reshape(1, -1, self.config.feat_dim).transpose(1, 2), vae_state)
+        self.warm_vae(sequence, vae_state)
         noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
         schedule = CfmSchedule.build([params.inference_timesteps], self.dtype, self.device)
         cfg = torch.tensor([params.cfg_value], dtype=torch.float32, device=self.device)
@@ -186,24 +164,41 @@ class VoxCPM:
             if stopped:
                 return
 
-    def _cap(self, sequence: InputSequence, params: GenerationParams) -> int:
-        room = self.config.max_length - sequence.length
+    # ---- pieces the batching engine's runner shares with the one-utterance path ----
+    def length_cap(self, sequence: InputSequence, params: SynthesisParams, max_length: int) -> int:
+        """Patches this request may generate in a KV cache of ``max_length`` positions."""
+        room = max_length - sequence.length
         if room < 1:
             raise InvalidInputError(
-                f"the input takes {sequence.length} positions but the model holds {self.config.max_length}: "
+                f"the input takes {sequence.length} positions but the model holds {max_length}: "
                 "shorten the text or the voice prompt"
             )
         # The reference would fail with "KV cache is full" past max_length; stop at the cache's end instead.
         return min(length_cap(sequence.target_tokens, params.max_len), room)
 
-    def _batch(self, sequence: InputSequence) -> PrefillBatch:
-        def put(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            return tensor.unsqueeze(0).to(device=self.device, dtype=dtype)
+    def prefill_batch(self, sequences: list[InputSequence]) -> PrefillBatch:
+        """Right-pad sequences into one batch on the model's device."""
+        width = max(sequence.length for sequence in sequences)
+
+        def stack(field: str, dtype: torch.dtype) -> torch.Tensor:
+            rows = [getattr(sequence, field) for sequence in sequences]
+            padded = [torch.nn.functional.pad(r, (0, 0) * (r.dim() - 1) + (0, width - r.size(0))) for r in rows]
+            return torch.stack(padded).to(device=self.device, dtype=dtype)
 
         return PrefillBatch(
-            text_tokens=put(sequence.tokens, torch.long),
-            feats=put(sequence.feats, self.dtype),
-            text_mask=put(sequence.text_mask, self.dtype),
-            audio_mask=put(sequence.audio_mask, self.dtype),
-            lengths=torch.tensor([sequence.length], device=self.device),
+            text_tokens=stack("tokens", torch.long),
+            feats=stack("feats", self.dtype),
+            text_mask=stack("text_mask", self.dtype),
+            audio_mask=stack("audio_mask", self.dtype),
+            lengths=torch.tensor([sequence.length for sequence in sequences], device=self.device),
         )
+
+    def warm_vae(self, sequence: InputSequence, state: VAEStreamState) -> None:
+        """Run a fresh one-row decoder state over the prompt's context patches and discard their audio.
+
+        The reference decodes these patches in front of the generated ones and cuts their samples; a
+        causal decoder gives the same audio by starting from their state instead.
+        """
+        if sequence.decode_context.numel():
+            context = sequence.decode_context.to(self.dtype).float().to(self.device)  # rounded like the LM input
+            self.vae_decoder.decode(context.reshape(1, -1, self.config.feat_dim).transpose(1, 2), state)

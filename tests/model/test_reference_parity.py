@@ -163,7 +163,7 @@ def test_bf16_steps_match_reference_teacher_forced(name: str, case: dict, tmp_ro
         KVCache(lm, 1, config.max_length, torch.device("cpu"), torch.bfloat16).rows(0, 1)
         for lm in (config.lm_config, config.residual_lm)
     ]
-    state = model.prefill(tts._batch(sequence), *caches)
+    state = model.prefill(tts.prefill_batch([sequence]), *caches)
     schedule = CfmSchedule.build([10], torch.bfloat16, torch.device("cpu"))
     cfg = torch.tensor([2.0])
     for step in range(case["steps"]):

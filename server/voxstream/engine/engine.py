@@ -104,7 +104,8 @@ class Engine:
             self.scheduler.sessions[rid].length_cap = cap
         outputs: list[StepOutput] = []
         finished: list[tuple[Session, RequestStatus]] = []
-        for session, chunk, stop_flag in zip(rows, result.chunks, result.stop_flags, strict=True):
+        patches = result.patches or (None,) * len(rows)
+        for session, chunk, stop_flag, patch in zip(rows, result.chunks, result.stop_flags, patches, strict=True):
             error = result.errors.get(session.request_id)
             if error is not None:
                 finished.append((session, RequestStatus.FINISHED_ERROR))
@@ -114,7 +115,7 @@ class Engine:
             session.step_index += 1
             if status.is_finished:
                 finished.append((session, status))
-            outputs.append(StepOutput(session.request_id, chunk, FINISH_REASONS.get(status)))
+            outputs.append(StepOutput(session.request_id, chunk, FINISH_REASONS.get(status), patch=patch))
         self.scheduler.finish(finished)
         return outputs
 
@@ -122,7 +123,7 @@ class Engine:
 def _check_output(plan: StepPlan, result: RunnerOutput) -> None:
     """Raise if ``result`` breaks the ``RunnerOutput`` contract for ``plan`` (treated as a runner failure)."""
     rows = len(plan.request_ids)
-    if len(result.chunks) != rows or len(result.stop_flags) != rows:
+    if len(result.chunks) != rows or len(result.stop_flags) != rows or len(result.patches) not in (0, rows):
         got = f"{len(result.chunks)} and {len(result.stop_flags)}"
         raise RuntimeError(f"expected {rows} chunks and stop flags (one per decode row), got {got}")
     prefilled = {item.request_id for item in plan.prefills}

@@ -19,6 +19,9 @@ from voxstream.engine.slots import SlotMove
 Chunk = npt.NDArray[np.float32]
 """1-D float32 PCM at the model's sample rate: one patch of samples per decode step."""
 
+Patch = npt.NDArray[np.float32]
+"""(patch_size, feat_dim) float32 latent patch: what the chunk's audio was decoded from."""
+
 EMPTY_CHUNK: Chunk = np.zeros(0, dtype=np.float32)
 EMPTY_CHUNK.flags.writeable = False
 
@@ -79,6 +82,9 @@ class RunnerOutput:
     """Per request prefilled this step: min(int(text tokens * 6 + 10), max_len)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Per failed request, a message for the client."""
+    patches: tuple[Patch, ...] = ()
+    """Aligned with ``chunks`` when the runner reports them: each row's latent patch, which a caller
+    keeps to continue the voice in a later utterance (a continuation prompt). Empty if not reported."""
 
 
 class Runner(Protocol):
@@ -110,6 +116,8 @@ class StepOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     """Set with ``FinishReason.ERROR``: what went wrong."""
+    patch: Patch | None = None
+    """The chunk's latent patch, when the runner reports patches (see ``RunnerOutput.patches``)."""
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from voxstream.errors import InvalidInputError
+
 
 class RequestStatus(enum.IntEnum):
     """Lifecycle of a request; every status after ``RUNNING`` is final."""
@@ -48,7 +50,7 @@ FINISH_REASONS: dict[RequestStatus, FinishReason] = {
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
     if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {rule}")
+        raise InvalidInputError(f"{name}={value!r} is invalid: {rule}")
 
 
 def _is_int(value: object) -> bool:

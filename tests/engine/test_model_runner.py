@@ -1,0 +1,199 @@
+"""The engine over a real (tiny) model: what a listener would notice. A session's audio does not depend on who
+else is in the batch, equals the reference's audio for its seed, and aborts or failures free everything."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import voxstream
+from voxstream.engine import Engine, EngineConfig, FinishReason, Request, StepOutput, SynthesisParams
+from voxstream.engine.runner import ModelRunner
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+from voxstream.tts import VoxCPM
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
+
+
+@pytest.fixture(scope="module")
+def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
+
+
+def make_engine(tts: VoxCPM, slots: int = 8, **config: int) -> tuple[Engine, ModelRunner]:
+    runner = ModelRunner(tts, num_slots=slots, max_length=256)
+    return Engine(runner, EngineConfig(max_running=slots, **config)), runner
+
+
+def request(rid: str, text: str, tts: VoxCPM, **params: object) -> Request:
+    tokens = len(tts.tokenizer.encode(text)) + 1
+    return Request(rid, text, prefill_tokens=tokens, params=SynthesisParams(**params))
+
+
+def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[StepOutput]]:
+    """Step until idle; ``arrivals[k]`` are added before step k. Returns each request's outputs."""
+    outputs: dict[str, list[StepOutput]] = {}
+    for step in range(limit):
+        for req in arrivals.get(step, []):
+            engine.add(req)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        if step >= max(arrivals, default=0) and not engine.has_work():
+            return outputs
+    raise AssertionError("engine did not finish")
+
+
+def audio(outputs: list[StepOutput]) -> np.ndarray:
+    return np.concatenate([o.chunk for o in outputs])
+
+
+def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> None:
+    target = request("target", "The same words, whoever else is speaking.", tts, seed=42, max_len=14)
+    alone = run(make_engine(tts)[0], {0: [target]})["target"]
+    others = [
+        request(f"o{i}", text, tts, seed=100 + i, cfg_value=cfg, inference_timesteps=steps, max_len=length)
+        for i, (text, cfg, steps, length) in enumerate(
+            [
+                ("Short.", 1.0, 10, 6),
+                ("A much longer sentence with many words in it.", 3.0, 4, 20),
+                ("中文句子，测试一下。", 2.5, 7, 12),
+                ("Numbers: 3.14 and 42!", 1.5, 10, 9),
+                ("Another voice.", 2.0, 12, 16),
+                ("Mixed 语言 text.", 0.5, 2, 8),
+                ("Last one here.", 2.2, 10, 11),
+            ]
+        )
+    ]
+    # Others arrive before, with and after the target, so it runs beside sessions at every stage.
+    arrivals = {0: others[:3], 2: [target, others[3]], 3: others[4:6], 6: others[6:]}
+    crowded = run(make_engine(tts)[0], arrivals)
+    assert [o.finish_reason for o in crowded["target"]][-1] == alone[-1].finish_reason
+    assert len(crowded["target"]) == len(alone)
+    np.testing.assert_allclose(audio(crowded["target"]), audio(alone), atol=1e-4, rtol=0)
+    assert all(outs[-1].finished for outs in crowded.values())
+
+
+def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path) -> None:
+    """Sessions through the batching engine, side by side, each equal the reference's generate() output."""
+    meta = json.loads((FIXTURES / "voxcpm2" / "meta.json").read_text(encoding="utf-8"))
+    expected = load_file(str(FIXTURES / "voxcpm2" / "fixture.safetensors"))
+    model = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
+    folder = FIXTURES / "voxcpm2"
+    requests = []
+    for case in meta["generate"]:
+        prompt = case["prompt"]
+        voice = None
+        if prompt:
+            voice = model.make_prompt(
+                text=prompt.get("prompt_text"),
+                audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
+                reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+            )
+        params = SynthesisParams(seed=case["seed"], max_len=meta["max_len"])
+        requests.append(Request(case["key"], case["text"], prefill_tokens=8, params=params, prompt=voice))
+    engine = Engine(ModelRunner(model, num_slots=len(requests)), EngineConfig(max_running=len(requests)))
+    outputs = run(engine, {0: requests})
+    for case in meta["generate"]:
+        reference = expected[f"generate.{case['key']}"].numpy()
+        ours = audio(outputs[case["key"]])
+        assert ours.shape == reference.shape, case["key"]
+        assert float(np.abs(ours - reference).max()) <= 1e-4, case["key"]
+
+
+def test_abort_mid_stream_frees_the_slot_and_silences_the_session(tts: VoxCPM) -> None:
+    engine, runner = make_engine(tts, slots=2)
+    engine.add(request("a", "This one will be cut off in the middle.", tts, seed=1, min_len=50, max_len=60))
+    engine.add(request("b", "This one keeps going.", tts, seed=2, min_len=8, max_len=10))
+    for _ in range(3):
+        engine.step()
+    assert engine.abort("a")
+    assert engine.num_free_slots == 1
+    seen = [out for _ in range(20) for out in engine.step()]
+    assert [o.finish_reason for o in seen if o.request_id == "a"] == [FinishReason.ABORTED]
+    assert all(o.chunk.size == 0 for o in seen if o.request_id == "a")
+    assert seen[-1].request_id == "b" and seen[-1].finished
+    engine.step()  # delivers the last release to the runner
+    assert runner.requests == {} and engine.num_free_slots == 2
+
+
+def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
+    engine, runner = make_engine(tts, slots=3)
+    long_text = "word " * 400  # more positions than the 256-position cache holds
+    outputs = run(
+        engine,
+        {
+            0: [
+                request("ok", "Fine text.", tts, seed=3, max_len=5),
+                request("huge", long_text, tts, seed=4),
+                Request("bad-prompt", "Hello.", prefill_tokens=3, prompt="not a voice"),
+            ]
+        },
+    )
+    assert outputs["huge"][-1].finish_reason is FinishReason.ERROR and "positions" in outputs["huge"][-1].error
+    assert outputs["bad-prompt"][-1].finish_reason is FinishReason.ERROR
+    assert outputs["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert runner.requests == {}
+
+
+def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
+    """Randomly interleaved adds, aborts and natural finishes on the real runner: every request ends exactly
+    once, and afterwards no per-request state, slot or queue entry is left."""
+    engine, runner = make_engine(tts, slots=4, max_waiting=6)
+    rng = random.Random(7)
+    finals: dict[str, int] = {}
+    live: list[str] = []
+    for event in range(150):
+        kind = rng.random()
+        if kind < 0.45 and engine.num_waiting < 6:
+            rid = f"r{event}"
+            engine.add(
+                request(
+                    rid,
+                    rng.choice(["Hi.", "Hello there, friend.", "一二三。"]),
+                    tts,
+                    seed=event,
+                    max_len=rng.randint(3, 8),
+                    inference_timesteps=rng.choice([2, 5, 10]),
+                )
+            )
+            live.append(rid)
+        elif kind < 0.6 and live:
+            engine.abort(rng.choice(live))
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = finals.get(out.request_id, 0) + 1
+                live.remove(out.request_id)
+    while engine.has_work():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = finals.get(out.request_id, 0) + 1
+    assert set(finals.values()) == {1}
+    assert runner.requests == {} and engine.num_free_slots == 4 and engine.num_waiting == 0
+
+
+def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
+    engine, _ = make_engine(tts, slots=2)
+    first = run(engine, {0: [request("one", "The first half of a long text.", tts, seed=5, max_len=6)]})["one"]
+    patches = torch.from_numpy(np.stack([o.patch for o in first]))
+    assert patches.shape == (len(first), tts.config.patch_size, tts.config.feat_dim)
+    voice = voxstream.prompt.VoicePrompt("The first half of a long text.", patches)
+    second = Request(
+        "two", "And the second half.", prefill_tokens=20, params=SynthesisParams(seed=6, max_len=6), prompt=voice
+    )
+    through_engine = audio(run(engine, {0: [second]})["two"])
+    direct = tts.generate("And the second half.", prompt=voice, seed=6, max_len=6)
+    np.testing.assert_allclose(through_engine, direct, atol=1e-5, rtol=0)
+
+
+def test_memory_per_slot_is_reported(tts: VoxCPM) -> None:
+    per_slot = ModelRunner.bytes_per_slot(tts, max_length=256)
+    runner = ModelRunner(tts, num_slots=3, max_length=256)
+    pool = runner.base.tensor.nbytes + runner.residual.tensor.nbytes
+    pool += sum(t.nbytes for t in runner.state.as_tuple()) + sum(b.nbytes for b in runner.vae_state.buffers)
+    assert pool == 3 * per_slot
