@@ -1,0 +1,76 @@
+"""``SpeechService``: what the HTTP and WebSocket handlers need from the model, in one asyncio-facing object.
+
+It owns the loaded ``VoxCPM``, the batching ``AsyncEngine`` over a ``ModelRunner``, and nothing about
+sockets or encodings. Handlers ask it to speak a text (an async stream of ``StepOutput`` chunks at the
+model's sample rate) and to encode voice clips; GPU work never runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from voxstream.audio.clip import AudioSource
+from voxstream.engine import AsyncEngine, Engine, EngineConfig, Request, StepOutput, SynthesisParams
+from voxstream.engine.runner import ModelRunner
+from voxstream.prompt import VoicePrompt
+from voxstream.tts import VoxCPM
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client is told about the model in ``ready`` messages and headers."""
+
+    name: str
+    architecture: str
+    sample_rate: int
+    samples_per_patch: int
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.samples_per_patch / self.sample_rate
+
+
+class SpeechService:
+    """Async facade over one model and its engine. Start it inside the event loop that will use it."""
+
+    def __init__(self, tts: VoxCPM, engine_config: EngineConfig, num_slots: int, max_length: int | None = None):
+        self.tts = tts
+        self.runner = ModelRunner(tts, num_slots=num_slots, max_length=max_length)
+        self.engine = AsyncEngine(Engine(self.runner, engine_config))
+        self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
+        """The admission budget's estimate of a request's prompt length, in LM positions."""
+        tokens = len(self.tts.tokenizer.encode(text)) + 1
+        if voice is not None:
+            tokens += len(self.tts.tokenizer.encode(voice.text))
+            for patches in (voice.audio_patches, voice.reference_patches):
+                tokens += 0 if patches is None else patches.shape[0] + 2
+        return max(tokens, 1)
+
+    def speak(self, request_id: str, text: str, params: SynthesisParams,
+              voice: VoicePrompt | None = None) -> AsyncIterator[StepOutput]:
+        """Stream one utterance; closing the iterator early aborts it (its slot is freed)."""
+        request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
+        return self.engine.stream(request)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    async def encode_voice(self, *, text: str | None = None, audio: AudioSource | None = None,
+                           reference_audio: AudioSource | None = None) -> VoicePrompt:
+        """Encode a voice clip off the event loop (the VAE encoder runs on the model's device)."""
+        return await asyncio.to_thread(self.tts.make_prompt, text=text, audio=audio, reference_audio=reference_audio)
