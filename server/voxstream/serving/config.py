@@ -1,0 +1,128 @@
+"""``ServerConfig``: every setting and limit of ``voxstream serve``, validated on construction.
+
+The HTTP and WebSocket handlers read their limits from here (through ``keys.CONFIG_KEY``); the
+engine's own knobs are derived by ``engine_config``. Nothing else in the server has a magic number
+that an operator might want to change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from voxstream.audio.opus import DEFAULT_BITRATE
+from voxstream.engine import EngineConfig, ParamLimits
+
+# Fields that must be > 0; the others are checked by name in __post_init__.
+_POSITIVE_INTS = (
+    "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
+    "max_message_bytes", "max_text_chars_per_message", "max_text_chars_per_utterance", "max_upload_bytes",
+    "max_voices", "opus_bitrate",
+)  # fmt: skip
+_POSITIVE_FLOATS = ("max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server process; defaults suit a single GPU and a trusted local network."""
+
+    # ---- network and model ----
+    host: str = "127.0.0.1"
+    """Interface to listen on (``0.0.0.0`` for every interface)."""
+    port: int = 8000
+    """TCP port; 0 picks a free one (tests)."""
+    model: str = "demo"
+    """Checkpoint folder, Hugging Face id, or ``demo`` (tiny random weights: the audio is noise)."""
+    device: str | None = None
+    """Torch device; None picks CUDA when available, else CPU."""
+    dtype: str | None = None
+    """Dtype of the transformer parts; None picks bfloat16 on CUDA, float32 elsewhere."""
+
+    # ---- access ----
+    api_keys: tuple[str, ...] = ()
+    """Accepted API keys; empty disables authentication. ``/health`` and ``/ready`` stay open."""
+    allowed_origins: tuple[str, ...] = ()
+    """``Origin`` values allowed to open a WebSocket; empty allows every origin."""
+    voices_dir: Path | None = None
+    """Folder where uploaded voices persist across restarts; None keeps them in memory only."""
+
+    # ---- engine capacity ----
+    max_sessions: int = 16
+    """Engine slots: utterances synthesized at once (batch rows; each holds a KV cache)."""
+    max_waiting: int = 64
+    """Utterances queued for a free slot; beyond it requests are refused with ``queue_full``."""
+    max_prefill_tokens_per_step: int = 512
+    """Prompt positions admitted per engine step, so arrivals add bounded latency to running streams."""
+    max_length: int | None = None
+    """LM positions per slot (prompt + generated patches); None uses the model's ``max_length``."""
+    max_inference_timesteps: int = 50
+    """Largest ``inference_timesteps`` a client may ask for (each one is a diffusion pass per patch)."""
+
+    # ---- per-connection and per-request limits ----
+    max_connections: int = 256
+    """WebSocket connections open at once; the next one is refused as ``busy`` (close code 1013)."""
+    max_message_bytes: int = 64 * 1024
+    """Largest WebSocket message a client may send."""
+    max_text_chars_per_message: int = 4096
+    """Largest ``text`` of one WebSocket ``text`` message."""
+    max_text_chars_per_utterance: int = 20_000
+    """Largest text of one utterance (WebSocket, buffered) or one ``/v1/audio/speech`` ``input``."""
+    max_upload_bytes: int = 10 * 1024 * 1024
+    """Largest voice-clip upload (the whole multipart body of ``POST /v1/voices``)."""
+    max_clip_seconds: float = 30.0
+    """Longest voice clip accepted; longer prompts slow every utterance that uses the voice."""
+    max_voices: int = 1000
+    """Voices kept in the store; uploads beyond it are refused until one is deleted."""
+
+    # ---- timing and flow control ----
+    idle_timeout_s: float = 300.0
+    """A WebSocket with no client message and nothing being spoken for this long is closed."""
+    ping_interval_s: float = 20.0
+    """WebSocket ping period (keeps proxies from dropping quiet connections, detects dead peers)."""
+    max_unsent_audio_s: float = 5.0
+    """Audio a session may have produced but not yet sent; a slower reader is disconnected."""
+    max_buffer_delay_ms: int = 500
+    """Default wait for more text before speaking an incomplete sentence (a client may override it)."""
+    drain_timeout_s: float = 30.0
+    """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
+
+    # ---- audio ----
+    opus_bitrate: int = DEFAULT_BITRATE
+    """Opus bitrate in bits per second, for every Opus and Ogg Opus stream."""
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            _check(name, value, _is_int(value) and value > 0, "an int > 0")
+        for name in _POSITIVE_FLOATS:
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            _check(name, value, number and math.isfinite(value) and value > 0, "a finite number > 0")
+        _check("port", self.port, _is_int(self.port) and 0 <= self.port <= 65535, "an int in [0, 65535]")
+        length = self.max_length
+        _check("max_length", length, length is None or (_is_int(length) and length > 0), "None or an int > 0")
+        delay = self.max_buffer_delay_ms
+        _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
+        for name in ("api_keys", "allowed_origins"):
+            values = getattr(self, name)
+            ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
+            _check(name, values, ok, "a tuple of non-empty strings")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's knobs, derived from this configuration."""
+        return EngineConfig(
+            max_running=self.max_sessions,
+            max_waiting=self.max_waiting,
+            max_prefill_tokens_per_step=self.max_prefill_tokens_per_step,
+            limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, value: object, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"ServerConfig.{name}={value!r} is invalid: must be {rule}")
