@@ -6,7 +6,7 @@ imported only by whoever builds an engine around a real model.
 
 from __future__ import annotations
 
-from voxstream.engine.async_engine import AsyncEngine
+from voxstream.engine.async_engine import AsyncEngine, EngineStats
 from voxstream.engine.config import EngineConfig
 from voxstream.engine.engine import Engine
 from voxstream.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
@@ -22,6 +22,7 @@ __all__ = [
     "EngineConfig",
     "EngineDeadError",
     "EngineError",
+    "EngineStats",
     "FinishReason",
     "ParamLimits",
     "PrefillItem",

@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +30,20 @@ from voxstream.engine.request import Request
 logger = logging.getLogger(__name__)
 
 _Channel = asyncio.Queue[StepOutput | BaseException]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's load, taken by the engine thread after each step (for metrics)."""
+
+    running: int = 0
+    """Requests holding a slot."""
+    waiting: int = 0
+    """Requests queued for a slot."""
+    steps: int = 0
+    """Steps run since start."""
+    step_seconds: float = 0.0
+    """Total wall time spent in those steps."""
 
 
 class AsyncEngine:
@@ -52,6 +68,8 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: dict[str, _Channel] = {}
         self._closed_reason: str | None = None
+        # Replaced whole by the engine thread: readers on any thread see one consistent snapshot.
+        self._stats = EngineStats()
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()
@@ -110,6 +128,10 @@ class AsyncEngine:
             if self._channels.get(request.request_id) is channel:
                 self.abort(request.request_id)
 
+    def stats(self) -> EngineStats:
+        """The load after the most recent step; safe to call from any thread."""
+        return self._stats
+
     def abort(self, request_id: str) -> None:
         """Abort a request from the event loop; its stream ends with an ``aborted`` output."""
         if self._closed_reason is None:
@@ -162,10 +184,17 @@ class AsyncEngine:
         if stopping:
             self._engine.abort_all()
         if self._engine.has_work():
+            started = time.perf_counter()
             outputs = self._engine.step()
+            self._record_step(time.perf_counter() - started)
             if outputs:
                 self._post(self._dispatch, outputs)
         return not stopping
+
+    def _record_step(self, seconds: float) -> None:
+        last = self._stats
+        engine = self._engine
+        self._stats = EngineStats(engine.num_running, engine.num_waiting, last.steps + 1, last.step_seconds + seconds)
 
     def _add(self, request: Request) -> None:
         try:
