@@ -8,7 +8,8 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 * ``VOICES_KEY``: the ``VoiceStore`` (saved voices by id).
 * ``METRICS_KEY``: the ``Metrics`` (Prometheus instruments of this app).
 * ``STATE_KEY``: the ``ServerState``; handlers refuse new sessions and utterances unless
-  ``state.accepting`` (it is false while the model warms up and once shutdown has begun).
+  ``state.accepting`` (it is false while the model warms up and once shutdown has begun), and
+  run each utterance inside ``with state.utterance():`` so that shutdown can wait for it.
 * ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
   ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
   finish (up to ``ServerConfig.drain_timeout_s``) and then closes every socket left here with 1001.
@@ -16,8 +17,11 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -37,15 +41,44 @@ class Phase(enum.Enum):
     DRAINING = "draining"
 
 
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class ServerState:
-    """The mutable lifecycle flag shared by the handlers and the app's startup/shutdown context."""
+    """Lifecycle shared by the handlers and the app's startup/shutdown: the phase and the live utterances."""
 
     phase: Phase = Phase.STARTING
+    live_utterances: int = 0
+    """Utterances being spoken (HTTP requests, WebSocket utterances from first text to ``done``)."""
+    _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
 
     @property
     def accepting(self) -> bool:
         return self.phase is Phase.READY
+
+    @contextlib.contextmanager
+    def utterance(self) -> Iterator[None]:
+        """Count one live utterance for as long as the block runs."""
+        self.live_utterances += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.live_utterances -= 1
+            if self.live_utterances == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no utterance is live, at most ``timeout`` seconds; whether it got there."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
 
 SERVICE_KEY: web.AppKey[SpeechService] = web.AppKey("voxstream.service")
