@@ -76,7 +76,7 @@ class ServerState:
         """Wait until no utterance is live, at most ``timeout`` seconds; whether it got there."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
             return False
         return True
 
