@@ -197,3 +197,52 @@ def test_memory_per_slot_is_reported(tts: VoxCPM) -> None:
     pool = runner.base.tensor.nbytes + runner.residual.tensor.nbytes
     pool += sum(t.nbytes for t in runner.state.as_tuple()) + sum(b.nbytes for b in runner.vae_state.buffers)
     assert pool == 3 * per_slot
+
+
+def test_slot_count_from_a_memory_budget(tts: VoxCPM) -> None:
+    per_slot = ModelRunner.bytes_per_slot(tts, max_length=256)
+    assert ModelRunner.slots_for_memory(tts, 5 * per_slot + per_slot // 2, max_length=256) == 5
+    with pytest.raises(ValueError, match="holds no session"):
+        ModelRunner.slots_for_memory(tts, per_slot - 1, max_length=256)
+
+
+def test_graph_replay_bookkeeping_matches_eager(tts: VoxCPM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA-graph path (static input buffers, batch buckets with padding rows, masked time grids) gives the
+    eager step's audio. Capture is emulated on CPU: recording must not run the step (the pool is restored),
+    and a replay re-runs it on whatever the static buffers hold then, as a real graph would."""
+    from voxstream.engine.cuda_graphs import StepGraphs
+
+    def fake_capture(self: StepGraphs, bucket: int, schedule):
+        runner = self.step.__self__
+        pool = [runner.base.tensor, runner.residual.tensor, *runner.state.as_tuple(), *runner.vae_state.buffers]
+        saved = [t.clone() for t in pool]
+        outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule)
+        for tensor, value in zip(pool, saved, strict=True):
+            tensor.copy_(value)
+
+        def replay() -> None:
+            for out, new in zip(
+                outputs, self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule), strict=True
+            ):
+                out.copy_(new)
+
+        return replay, outputs
+
+    monkeypatch.setattr(StepGraphs, "_capture", fake_capture)
+    arrivals = {
+        0: [request("a", "First speaker here, talking for a while.", tts, seed=1, min_len=12, max_len=14)],
+        3: [request("b", "Second.", tts, seed=2, inference_timesteps=4, max_len=9)],
+        4: [request("c", "Third voice, 第三个。", tts, seed=3, cfg_value=3.0, max_len=7)],
+    }
+    eager = run(make_engine(tts, slots=4)[0], arrivals)
+    graph_engine, graph_runner = make_engine(tts, slots=4)
+    graph_runner.graphs = StepGraphs(graph_runner._step, graph_runner.state.positions, (64, 4), tts.dtype, 16)
+    graphed = run(graph_engine, arrivals)
+    assert graph_runner.graphs.graphs, "no step was replayed from a captured graph"
+    for rid in arrivals_ids(arrivals):
+        # Padding rows change the GEMM shapes, so fp32 rounding may differ: the batch-independence bound.
+        np.testing.assert_allclose(audio(graphed[rid]), audio(eager[rid]), atol=1e-4, rtol=0)
+
+
+def arrivals_ids(arrivals: dict[int, list[Request]]) -> list[str]:
+    return [r.request_id for requests in arrivals.values() for r in requests]

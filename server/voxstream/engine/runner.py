@@ -12,7 +12,8 @@ request's audio does not depend on its neighbours), its guidance strength and ti
 Rows with different ``inference_timesteps`` share one step: the CFM sampler gives each row its own
 time grid and masks a row once its grid is exhausted (``CfmSchedule``), so the step costs the longest
 row's timesteps and nobody waits for a second pass. A step reads the device once, at its end (stop
-flags, audio and patches together).
+flags, audio and patches together). On CUDA the step is replayed as a CUDA graph per batch bucket
+(``cuda_graphs.StepGraphs``); on CPU the same step runs eagerly.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from voxstream.engine.cuda_graphs import StepGraphs, StepResult
 from voxstream.engine.outputs import EMPTY_CHUNK, PrefillItem, RunnerOutput, StepPlan
 from voxstream.engine.slots import SlotMove
 from voxstream.errors import InvalidInputError
@@ -46,7 +48,17 @@ class _RowRequest:
 class ModelRunner:
     """Runs ``StepPlan``s on a model. Not thread-safe: the engine thread is its only caller."""
 
-    def __init__(self, tts: VoxCPM, num_slots: int, max_length: int | None = None) -> None:
+    def __init__(
+        self,
+        tts: VoxCPM,
+        num_slots: int,
+        max_length: int | None = None,
+        *,
+        cuda_graphs: bool | None = None,
+        max_timesteps: int = 100,
+    ) -> None:
+        """``cuda_graphs``: replay decode steps as CUDA graphs (default: on CUDA devices); ``max_timesteps``:
+        the most CFM timesteps a request may ask for (sizes the graphs' static buffers)."""
         config = tts.config
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots} is invalid: must be >= 1")
@@ -66,6 +78,11 @@ class ModelRunner:
             self.vae_state = tts.vae_decoder.new_state(num_slots)
         self.requests: dict[str, _RowRequest] = {}
         self._schedules: dict[tuple[int, ...], CfmSchedule] = {}
+        use_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        noise_shape = (config.feat_dim, config.patch_size)
+        self.graphs = (
+            StepGraphs(self._step, self.state.positions, noise_shape, dtype, max_timesteps) if use_graphs else None
+        )
 
     @property
     def num_slots(self) -> int:
@@ -82,6 +99,17 @@ class ModelRunner:
         with torch.inference_mode():
             vae = tts.vae_decoder.new_state(1).nbytes_per_stream
         return kv + state + vae
+
+    @classmethod
+    def slots_for_memory(cls, tts: VoxCPM, budget_bytes: int, max_length: int | None = None) -> int:
+        """How many session slots fit in ``budget_bytes`` of device memory (at least one)."""
+        per_slot = cls.bytes_per_slot(tts, max_length)
+        if budget_bytes < per_slot:
+            raise ValueError(
+                f"a memory budget of {budget_bytes} bytes holds no session: one slot needs {per_slot} bytes "
+                "(lower max_length or raise the budget)"
+            )
+        return budget_bytes // per_slot
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> RunnerOutput:
@@ -163,14 +191,25 @@ class ModelRunner:
         noise = torch.cat([row.noise.next() if row is not None else zero for row in rows])
         cfg = torch.tensor([row.cfg_value if row is not None else 0.0 for row in rows], device=device)
         schedule = self._schedule(tuple(row.timesteps if row is not None else 1 for row in rows))
+        run = self.graphs.run if self.graphs is not None else self._step
+        patch, stop_logits, audio = run(count, noise, cfg, schedule)
+        stops = (stop_logits.argmax(dim=-1) == 1).tolist()  # the step's one device read, with the audio below
+        # Copies: with CUDA graphs these are views of static outputs that the next replay overwrites.
+        audio_rows = audio.to("cpu", copy=True).numpy()
+        patch_rows = patch.to("cpu", dtype=torch.float32, copy=True).numpy()
+        chunks = tuple(EMPTY_CHUNK if rid in errors else audio_rows[i] for i, rid in enumerate(request_ids))
+        return chunks, tuple(bool(s) for s in stops), tuple(patch_rows)
+
+    def _step(self, count: int, noise: torch.Tensor, cfg: torch.Tensor, schedule: CfmSchedule) -> StepResult:
+        """The batched step on pool rows ``0..count-1``: patch, stop logits, and the patch's audio."""
         patch, stop_logits = self.tts.model.decode_step(
             self.state.rows(0, count), self.base.rows(0, count), self.residual.rows(0, count), noise, cfg, schedule
         )
-        audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), self.vae_state.rows(count))
-        stops = (stop_logits.argmax(dim=-1) == 1).tolist()  # the step's one device read, with the audio below
-        audio_rows, patch_rows = audio.cpu().numpy(), patch.float().cpu().numpy()
-        chunks = tuple(EMPTY_CHUNK if rid in errors else audio_rows[i] for i, rid in enumerate(request_ids))
-        return chunks, tuple(bool(s) for s in stops), tuple(patch_rows)
+        return (
+            patch,
+            stop_logits,
+            self.tts.vae_decoder.decode(patch.float().transpose(1, 2), self.vae_state.rows(count)),
+        )
 
     def _schedule(self, steps: tuple[int, ...]) -> CfmSchedule:
         schedule = self._schedules.get(steps)
