@@ -33,9 +33,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self._audio_seconds = Counter(
-            "voxstream_audio_seconds", "Seconds of audio produced.", registry=self.registry
-        )
+        self._audio_seconds = Counter("voxstream_audio_seconds", "Seconds of audio produced.", registry=self.registry)
         self._errors = Counter(
             "voxstream_errors", "Errors returned to clients, by error code.", ["code"], registry=self.registry
         )

@@ -61,8 +61,9 @@ class SpeechService:
                 tokens += 0 if patches is None else patches.shape[0] + 2
         return max(tokens, 1)
 
-    def speak(self, request_id: str, text: str, params: SynthesisParams,
-              voice: VoicePrompt | None = None) -> AsyncIterator[StepOutput]:
+    def speak(
+        self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
+    ) -> AsyncIterator[StepOutput]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed)."""
         request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
         return self.engine.stream(request)
@@ -70,7 +71,22 @@ class SpeechService:
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    async def encode_voice(self, *, text: str | None = None, audio: AudioSource | None = None,
-                           reference_audio: AudioSource | None = None) -> VoicePrompt:
-        """Encode a voice clip off the event loop (the VAE encoder runs on the model's device)."""
-        return await asyncio.to_thread(self.tts.make_prompt, text=text, audio=audio, reference_audio=reference_audio)
+    async def encode_voice(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        reference_audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        """Encode a voice clip off the event loop (the VAE encoder runs on the model's device).
+
+        ``sample_rate`` is the rate of ``audio`` and ``reference_audio`` when they are arrays."""
+        return await asyncio.to_thread(
+            self.tts.make_prompt,
+            text=text,
+            audio=audio,
+            sample_rate=sample_rate,
+            reference_audio=reference_audio,
+            reference_sample_rate=sample_rate,
+        )
