@@ -70,15 +70,35 @@ def load_model(
             f"{folder}: tokenizer has {tokenizer.vocab_size} entries but lm_config.vocab_size is "
             f"{config.lm_config.vocab_size}"
         )
-    target = torch.device(device) if device is not None else default_device()
-    model_dtype = _resolve_dtype(dtype, target)
     main_file, main = _read_main_weights(folder)
     vae_file, vae = _read_vae_weights(folder)
-    model = _build(config, target, model_dtype)
-    _check_keys(model, main, main_file, lambda key: not key.startswith(_VAE_PREFIX), "")
-    _check_keys(model, vae, vae_file, lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
+    return model_from_weights(
+        config, tokenizer, main, vae, device=device, dtype=dtype, name=str(source), sources=(main_file, vae_file)
+    )
+
+
+def model_from_weights(
+    config: ModelConfig,
+    tokenizer: TextTokenizer,
+    main: StateDict,
+    vae: StateDict,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    name: str = "voxcpm",
+    sources: tuple[Path, Path] = (Path("model"), Path("audiovae")),
+) -> VoxCPM:
+    """A ``VoxCPM`` from in-memory weights: ``main`` as in model.safetensors, ``vae`` with weight norm folded.
+
+    Keys and shapes are checked strictly (errors name ``sources``). Used by ``load_model`` and by tools that
+    build random models without writing files.
+    """
+    target = torch.device(device) if device is not None else default_device()
+    model = _build(config, target, _resolve_dtype(dtype, target))
+    _check_keys(model, main, sources[0], lambda key: not key.startswith(_VAE_PREFIX), "")
+    _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
     model.load_state_dict({**main, **{_VAE_PREFIX + k: v for k, v in vae.items()}}, strict=True)
-    return VoxCPM(config, model, tokenizer, name=str(source))
+    return VoxCPM(config, model, tokenizer, name=name)
 
 
 def default_device() -> torch.device:
@@ -171,9 +191,7 @@ def _build(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Vox
     """Allocate the model on ``device`` without random initialisation (the weights overwrite everything)."""
     with torch.device("meta"):
         model = VoxCPMModel(config)
-    for name, child in model.named_children():
-        if name != "audio_vae":
-            child.to(dtype)
+    model.cast_transformers(dtype)
     model = model.to_empty(device=device)
     for module in model.modules():
         init = getattr(module, "init_nonpersistent_buffers", None)

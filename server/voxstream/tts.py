@@ -46,6 +46,11 @@ class VoxCPM:
         self.dtype = model.base_lm.norm.weight.dtype
         self.vae_decoder = StreamingVAEDecoder(model.audio_vae)
 
+    def cast(self, dtype: torch.dtype) -> None:
+        """Switch the transformer parts to ``dtype`` (the VAE stays float32); only between utterances."""
+        self.model.cast_transformers(dtype)
+        self.dtype = dtype
+
     @property
     def sample_rate(self) -> int:
         return self.config.sample_rate

@@ -89,6 +89,12 @@ class VoxCPMModel(nn.Module):
         self.audio_vae = AudioVAE(config.audio_vae_config, config.architecture)
         self.embed_scale = lm.scale_emb if lm.use_mup else 1.0
 
+    def cast_transformers(self, dtype: torch.dtype) -> None:
+        """Cast everything but the AudioVAE (which always runs in float32), as the reference does."""
+        for name, child in self.named_children():
+            if name != "audio_vae":
+                child.to(dtype)
+
     def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
         """patches (B, T, P, D) -> LM-space audio embeddings (B, T, H)."""
         return self.enc_to_lm_proj(self.feat_encoder(patches))
