@@ -24,6 +24,7 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -232,22 +233,20 @@ def record_traces(
 
 
 def _record_input(module: torch.nn.Module, sink: list[torch.Tensor]):
-    real = module.forward
-
-    def forward(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        sink.append(x.clone())
-        return real(x, *args, **kwargs)
-
-    module.forward = forward
-    return lambda: delattr(module, "forward")
+    """Record the first argument of every call (the hidden state a projection reads)."""
+    return _wrap_forward(module, lambda args, value: sink.append(args[0].clone()))
 
 
 def _record_output(module: torch.nn.Module, sink: list[torch.Tensor]):
+    return _wrap_forward(module, lambda args, value: sink.append(value.clone()))
+
+
+def _wrap_forward(module: torch.nn.Module, record: Callable[[tuple, torch.Tensor], None]):
     real = module.forward
 
     def forward(*args: object, **kwargs: object) -> torch.Tensor:
         value = real(*args, **kwargs)
-        sink.append(value.clone())
+        record(args, value)
         return value
 
     module.forward = forward

@@ -106,11 +106,12 @@ def test_modules_match_reference_fp32(name: str, tmp_root: str) -> None:
     assert_relative(model.stop_logits(ref["module.fsq.input"]), ref["module.stop.output"], 1e-5)
 
 
-def generate_cases() -> list:
+def fixture_cases(section: str) -> list:
+    """One test case per recorded case of ``section`` ("generate" or "traces") in every fixture."""
     cases = []
     for name in NAMES:
         _, meta = reference(name)
-        cases += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta["generate"]]
+        cases += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta[section]]
     return cases
 
 
@@ -125,7 +126,7 @@ def make_prompt(model: VoxCPM, name: str, prompt: dict):
     )
 
 
-@pytest.mark.parametrize(("name", "case"), generate_cases())
+@pytest.mark.parametrize(("name", "case"), fixture_cases("generate"))
 def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -> None:
     ref, meta = reference(name)
     model = loaded(name, tmp_root, torch.float32)
@@ -138,15 +139,7 @@ def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -
     assert float(np.abs(audio - expected).max()) <= 1e-4
 
 
-def trace_cases() -> list:
-    cases = []
-    for name in NAMES:
-        _, meta = reference(name)
-        cases += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta["traces"]]
-    return cases
-
-
-@pytest.mark.parametrize(("name", "case"), trace_cases())
+@pytest.mark.parametrize(("name", "case"), fixture_cases("traces"))
 @torch.inference_mode()
 def test_bf16_steps_match_reference_teacher_forced(name: str, case: dict, tmp_root: str) -> None:
     """In bf16, feed the reference's own patches back and compare every step's conditioning, stop logits and
