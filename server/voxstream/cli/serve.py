@@ -1,0 +1,105 @@
+"""``voxstream serve``: command line → ``ServerConfig`` → the aiohttp app on uvloop, with graceful SIGTERM.
+
+On SIGTERM or SIGINT the server keeps listening while it drains (``/ready`` answers 503, new work is
+refused, live utterances finish up to ``--drain-timeout-s``), then closes WebSockets with 1001, stops
+the engine and exits 0. The app itself is built by ``voxstream.serving.app.make_app``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from voxstream.serving.config import ServerConfig
+
+API_KEYS_ENV = "VOXSTREAM_API_KEYS"
+"""Comma-separated API keys, added to those given with ``--api-key`` (keeps keys out of ``ps`` output)."""
+
+# Limits exposed as --kebab-case flags of the field's type; the help says what each bounds.
+_LIMITS: dict[str, str] = {
+    "max_sessions": "engine slots: utterances synthesized at once",
+    "max_waiting": "utterances queued for a free slot before requests are refused as busy",
+    "max_prefill_tokens_per_step": "prompt positions admitted per engine step",
+    "max_length": "LM positions per slot (default: the model's)",
+    "max_inference_timesteps": "largest inference_timesteps a client may request",
+    "max_connections": "WebSocket connections open at once",
+    "max_message_bytes": "largest WebSocket message from a client",
+    "max_text_chars_per_message": "largest text of one WebSocket text message",
+    "max_text_chars_per_utterance": "largest text of one utterance or speech request",
+    "max_upload_bytes": "largest voice-clip upload",
+    "max_clip_seconds": "longest voice clip",
+    "max_voices": "voices kept in the store",
+    "idle_timeout_s": "close a WebSocket idle this long",
+    "ping_interval_s": "WebSocket ping period",
+    "max_unsent_audio_s": "audio a session may have unsent before it is cut off as too slow",
+    "max_buffer_delay_ms": "default wait for more text before speaking an incomplete sentence",
+    "drain_timeout_s": "on shutdown, how long live utterances may keep speaking",
+    "opus_bitrate": "Opus bitrate, bits per second",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from voxstream.serving.config import ServerConfig
+
+    defaults = ServerConfig()
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the streaming TTS server (WebSocket, OpenAI-compatible HTTP, metrics)",
+        description="Serve a VoxCPM model: WebSocket /v1/tts/stream, POST /v1/audio/speech, voices, "
+        f"/health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        default=defaults.model,
+        help="checkpoint folder, Hugging Face id (e.g. openbmb/VoxCPM2), or 'demo' (tiny random model: noise)",
+    )
+    parser.add_argument("--host", default=defaults.host, help="interface to listen on (0.0.0.0: all)")
+    parser.add_argument("--port", type=int, default=defaults.port, help="TCP port")
+    parser.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
+    parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    parser.add_argument("--allowed-origin", action="append", default=[], help="Origin allowed to open a WebSocket")
+    parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
+    for name, help_text in _LIMITS.items():
+        default = getattr(defaults, name)
+        kind = float if isinstance(default, float) else int
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=help_text)
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServerConfig:
+    """The ``ServerConfig`` the arguments (and ``$VOXSTREAM_API_KEYS``) describe."""
+    from voxstream.serving.config import ServerConfig
+
+    env = os.environ if environ is None else environ
+    env_keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),
+        allowed_origins=tuple(args.allowed_origin),
+        voices_dir=args.voices_dir,
+        **{name: getattr(args, name) for name in _LIMITS},
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from voxstream.errors import InvalidInputError
+    from voxstream.serving.app import serve
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from exc
+    serve(config)
+    return 0

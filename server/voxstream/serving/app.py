@@ -1,0 +1,152 @@
+"""The aiohttp application: ``make_app`` wires the shared objects, routes and middlewares; lifecycle lives here.
+
+Startup (``cleanup_ctx``): load saved voices, start the engine thread, then warm the model up with one
+short utterance in the background, so ``/health`` answers at once and ``/ready`` turns 200 when the
+first request would not pay for the warm-up. Shutdown (``drain``, also the ``on_shutdown`` hook):
+``/ready`` turns 503 and new work is refused, live utterances may finish for up to
+``drain_timeout_s``, the WebSockets left are closed with 1001 (going away), and the engine thread
+stops; ``voxstream serve`` runs ``drain`` on SIGTERM while still listening, so probes see the 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import WSCloseCode, web
+
+from voxstream.engine import SynthesisParams
+from voxstream.serving.auth import auth_middleware
+from voxstream.serving.config import ServerConfig
+from voxstream.serving.http_api import add_http_routes, error_middleware
+from voxstream.serving.keys import (
+    CONFIG_KEY,
+    METRICS_KEY,
+    SERVICE_KEY,
+    SESSIONS_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+    Phase,
+    ServerState,
+)
+from voxstream.serving.metrics import Metrics
+from voxstream.serving.service import SpeechService
+from voxstream.serving.voices import VoiceStore
+from voxstream.tts import VoxCPM
+
+logger = logging.getLogger(__name__)
+
+_WARM_UP_TEXT = "Warming up."
+_JSON_OVERHEAD = 64 * 1024
+"""Room for the JSON around an utterance's text in a request body."""
+
+
+def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Application:
+    """Build the server's application; ``tts`` is loaded from ``config`` (blocking) unless given (tests)."""
+    if tts is None:
+        tts = load_configured_model(config)
+    service = SpeechService(tts, config.engine_config(), num_slots=config.max_sessions, max_length=config.max_length)
+    sessions: set[web.WebSocketResponse] = set()
+    # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
+    body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
+    app[CONFIG_KEY] = config
+    app[SERVICE_KEY] = service
+    app[STATE_KEY] = ServerState()
+    app[SESSIONS_KEY] = sessions
+    patch_shape = (tts.config.patch_size, tts.config.feat_dim)
+    app[VOICES_KEY] = VoiceStore(config.voices_dir, tts.name, patch_shape, config.max_voices)
+    app[METRICS_KEY] = Metrics(service.engine.stats, lambda: len(sessions))
+    add_http_routes(app)
+    # TODO(lead): add_ws_routes(app)  -- from voxstream.serving.ws, once that module lands
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(drain)
+    return app
+
+
+def load_configured_model(config: ServerConfig) -> VoxCPM:
+    """Load ``config.model``; ``demo`` is a tiny random checkpoint made on the fly, announced as noise."""
+    from voxstream.loader import load_model
+    from voxstream.tiny.checkpoint import demo_checkpoint
+
+    source: str = config.model
+    if source == "demo":
+        source = str(demo_checkpoint())
+        logger.warning("serving the DEMO model (tiny random weights): its audio is NOISE; pass --model for real speech")
+    return load_model(source, device=config.device, dtype=config.dtype)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    service = app[SERVICE_KEY]
+    await asyncio.to_thread(app[VOICES_KEY].load)
+    await service.start()
+    warm_up = asyncio.create_task(_warm_up(app), name="voxstream-warm-up")
+    try:
+        yield
+    finally:
+        warm_up.cancel()
+        await asyncio.gather(warm_up, return_exceptions=True)
+        await service.stop()
+
+
+async def _warm_up(app: web.Application) -> None:
+    """Run one short utterance through the engine, then open for work (unless shutdown began)."""
+    service, state = app[SERVICE_KEY], app[STATE_KEY]
+    started = time.perf_counter()
+    params = SynthesisParams(seed=0, max_len=2)
+    try:
+        async for _ in service.speak(service.new_request_id("warm-up"), _WARM_UP_TEXT, params):
+            pass
+    except Exception:
+        logger.exception("the warm-up utterance failed: the server stays not ready")
+        return
+    if state.phase is Phase.STARTING:
+        state.phase = Phase.READY
+        info = service.info
+        seconds = time.perf_counter() - started
+        logger.info("model %s warmed up in %.1f s; ready (%d Hz)", info.name, seconds, info.sample_rate)
+
+
+async def drain(app: web.Application) -> None:
+    """Graceful shutdown: refuse new work, let live utterances finish (bounded), close sockets, stop the engine."""
+    state, config = app[STATE_KEY], app[CONFIG_KEY]
+    state.phase = Phase.DRAINING
+    if not await state.wait_idle(config.drain_timeout_s):
+        live = state.live_utterances
+        logger.warning("drain timeout (%.0f s): cutting off %d live utterance(s)", config.drain_timeout_s, live)
+    closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in app[SESSIONS_KEY]]
+    await asyncio.gather(*closing, return_exceptions=True)
+    await app[SERVICE_KEY].stop()
+
+
+def serve(config: ServerConfig) -> None:
+    """Load the model, then serve on uvloop until SIGTERM or SIGINT, draining before the listener closes."""
+    app = make_app(config)
+    try:
+        import uvloop
+    except ImportError:  # no uvloop build for this platform (Windows): asyncio's own loop runs the same app
+        asyncio.run(_run_until_signal(app, config))
+    else:
+        uvloop.run(_run_until_signal(app, config))
+
+
+async def _run_until_signal(app: web.Application, config: ServerConfig) -> None:
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+        for host, port, *_ in runner.addresses:
+            logger.info("listening on http://%s:%d", host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        logger.info("shutting down: draining live utterances (at most %.0f s)", config.drain_timeout_s)
+        await drain(app)
+    finally:
+        await runner.cleanup()
+    logger.info("stopped")

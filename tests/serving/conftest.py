@@ -1,0 +1,75 @@
+"""Fixtures that run the real server app in process, on a free port, with a tiny random model on CPU.
+
+For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asyncio runs in strict mode):
+
+* ``serve(**overrides)`` starts an app made by ``make_app(_config(**overrides), tts=tiny_tts)`` on
+  ``127.0.0.1:<free port>`` (pytest-aiohttp's ``aiohttp_server``), waits until it is warmed up and
+  ready, and returns the ``TestServer`` (``server.app``, ``server.make_url(path)``); ``serve(app=...)``
+  starts an app you built yourself. Every server is closed (gracefully: ``drain`` runs) at teardown.
+* ``client``: an ``aiohttp.test_utils.TestClient`` on a default server (``client.ws_connect(path)``,
+  ``client.post(path, json=...)``, ``client.server.app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+import voxstream
+from voxstream.serving.app import make_app
+from voxstream.serving.config import ServerConfig
+from voxstream.serving.keys import STATE_KEY
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+from voxstream.tts import VoxCPM
+
+READY_TIMEOUT_S = 60.0
+
+Serve = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture(scope="session")
+def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    """One tiny random voxcpm2 model shared by every app of the session (apps only read it)."""
+    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("serving-model") / "voxcpm2", "voxcpm2")
+    return voxstream.load_model(folder, device="cpu")
+
+
+def _config(**overrides: Any) -> ServerConfig:
+    """A config for in-process tests: a free port, few slots, short drain."""
+    settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "max_waiting": 16, "drain_timeout_s": 10.0}
+    settings.update(overrides)
+    return ServerConfig(**settings)
+
+
+async def wait_ready(app: web.Application, timeout: float = READY_TIMEOUT_S) -> None:
+    """Wait until the app's warm-up is done and it accepts work."""
+
+    async def accepting() -> None:
+        while not app[STATE_KEY].accepting:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(accepting(), timeout)
+
+
+@pytest_asyncio.fixture
+async def serve(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> Serve:
+    async def start(app: web.Application | None = None, **overrides: Any) -> TestServer:
+        if app is None:
+            app = make_app(_config(**overrides), tts=tiny_tts)
+        server = await aiohttp_server(app)
+        await wait_ready(app)
+        return server
+
+    return start
+
+
+@pytest_asyncio.fixture
+async def client(serve: Serve, aiohttp_client: Callable[..., Awaitable[TestClient]]) -> TestClient:
+    return await aiohttp_client(await serve())
