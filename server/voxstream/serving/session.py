@@ -1,0 +1,405 @@
+"""``Session``: the state machine of one ``/v1/tts/stream`` connection, independent of aiohttp.
+
+The handler hands it every client frame (``receive``, ``receive_binary``); it answers through its
+``Outbox`` and, when the connection must end (slow reader, idle, a bug), through
+``SessionTransport.close``. Per utterance it runs one task that speaks the sentences in order, each
+as an engine request whose prompt continues the previous sentence's voice; utterances follow each
+other (an utterance's task first waits for the previous one's). Cancellation flows one way:
+cancelling a task closes its engine stream, which aborts the request between two engine steps and
+frees its slot.
+
+Text buffering: complete sentences (``SentenceSegmenter``) are queued at once; an incomplete rest
+is spoken on ``flush``, ``end``, or ``max_buffer_delay_ms`` after the first of its characters
+arrived. Sentences without a letter or digit are not spoken (the model has nothing to say for them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import time
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Protocol
+
+import numpy as np
+
+from voxstream.engine import EngineDeadError, QueueFullError, StepOutput
+from voxstream.engine import FinishReason as EngineFinish
+from voxstream.engine.outputs import Patch
+from voxstream.prompt import VoicePrompt
+from voxstream.serving.config import ServerConfig
+from voxstream.serving.keys import ServerState
+from voxstream.serving.metrics import Metrics
+from voxstream.serving.outbox import Outbox, SlowConsumerError, Transport
+from voxstream.serving.protocol import (
+    Cancel,
+    ClientMessage,
+    CloseCode,
+    Done,
+    End,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Flush,
+    ProtocolError,
+    Ready,
+    Segment,
+    Start,
+    Text,
+    decode_client,
+)
+from voxstream.serving.service import SpeechService
+from voxstream.serving.utterance import Utterance, UtteranceState, continuation, ready_message, resolve_settings
+from voxstream.serving.voices import VoiceStore
+from voxstream.text.segmenter import SentenceSegmenter
+
+logger = logging.getLogger(__name__)
+
+MAX_CLOSE_REASON_BYTES = 123
+"""RFC 6455 section 5.5: a close frame's reason fits in 123 bytes."""
+
+
+class SessionTransport(Transport, Protocol):
+    """The socket as the session sees it: ``Transport`` plus a close that never hangs."""
+
+    async def close(self, code: CloseCode, reason: str) -> None: ...
+
+
+class SessionPhase(enum.Enum):
+    IDLE = "idle"
+    """No utterance is taking text (earlier ones may still be speaking)."""
+    OPEN = "open"
+    """An utterance is taking text."""
+    CLOSED = "closed"
+    """The connection is ending: nothing more is accepted, spoken or sent."""
+
+
+class _SegmentFailed(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Session:
+    """One connection. Use ``async with``; feed it frames; it never raises for a client's mistake."""
+
+    def __init__(
+        self,
+        service: SpeechService,
+        config: ServerConfig,
+        voices: VoiceStore,
+        server: ServerState,
+        transport: SessionTransport,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.service = service
+        self.config = config
+        self.voices = voices
+        self.server = server
+        self.transport = transport
+        self.metrics = metrics
+        self.outbox = Outbox(transport, config.max_unsent_audio_s)
+        self.phase = SessionPhase.IDLE
+        self._limits = config.engine_config().limits
+        self.settings = resolve_settings(Start(), voices, self._limits, config.max_buffer_delay_ms)
+        self._segmenter = SentenceSegmenter()
+        self._open: Utterance | None = None
+        self._live: list[Utterance] = []
+        """Utterances without a ``done`` yet, oldest first."""
+        self._numbers = itertools.count()
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing: asyncio.Task[None] | None = None
+        self._last_activity = time.monotonic()
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Session:
+        self._spawn(self.outbox.run())
+        self._spawn(self._watch_idle())
+        self.outbox.put(self._ready())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._live and self.phase is not SessionPhase.CLOSED:
+            self._count_dropped("client_gone")
+        self.phase = SessionPhase.CLOSED
+        self._cancel_timer()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for utterance in self._live:
+            utterance.live.close()
+        self._live.clear()
+        if self._closing is not None:
+            await self._closing
+
+    def shut(self, code: CloseCode, reason: str, text: str) -> None:
+        """End the connection now: stop every utterance and close the socket with ``code``.
+
+        ``reason`` (an ``ErrorCode`` value, or ``client_gone``) starts the close reason and labels the
+        dropped-sessions metric.
+        """
+        if self.phase is SessionPhase.CLOSED:
+            return
+        self.phase = SessionPhase.CLOSED
+        logger.info("closing a WebSocket session: %s: %s", reason, text)
+        self._count_dropped(reason)
+        self._cancel_timer()
+        for task in self._tasks:
+            task.cancel()
+        close_reason = f"{reason}: {text}".encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+        self._closing = asyncio.ensure_future(self.transport.close(code, close_reason))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, ConnectionError):  # the sender found the socket gone
+            self.shut(CloseCode.GOING_AWAY, "client_gone", "the connection broke")
+        elif exc is not None:
+            logger.error("WebSocket session task failed", exc_info=exc)
+            self.shut(CloseCode.INTERNAL_ERROR, ErrorCode.INTERNAL_ERROR.value, "server bug; see the server log")
+
+    async def _watch_idle(self) -> None:
+        """Close a connection with no client message and no audio produced for ``idle_timeout_s``."""
+        limit = self.config.idle_timeout_s
+        while (left := self._last_activity + limit - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        self.shut(CloseCode.IDLE_TIMEOUT, ErrorCode.IDLE_TIMEOUT.value, f"nothing sent or spoken for {limit:g} s")
+
+    # ---- client frames ---------------------------------------------------------------------------------------
+
+    def receive(self, data: str) -> None:
+        """Handle one text frame; a refusal is answered with an ``error`` and changes nothing else."""
+        if self.phase is SessionPhase.CLOSED:
+            return
+        self._last_activity = time.monotonic()
+        try:
+            if len(data.encode(errors="surrogatepass")) > self.config.max_message_bytes:
+                raise ProtocolError(
+                    ErrorCode.MESSAGE_TOO_LARGE, f"messages are limited to {self.config.max_message_bytes} bytes"
+                )
+            self._handle(decode_client(data))
+        except ProtocolError as exc:
+            self._error(exc.code, exc.message)
+
+    def receive_binary(self) -> None:
+        if self.phase is not SessionPhase.CLOSED:
+            self._last_activity = time.monotonic()
+            self._error(ErrorCode.BINARY_FRAME, "clients send JSON text frames only; binary frames carry audio")
+
+    def _handle(self, message: ClientMessage) -> None:
+        match message:
+            case Start():
+                self._start(message)
+            case Text():
+                self._text(message.text)
+            case Flush():
+                self._flush()
+            case End():
+                self._end()
+            case Cancel():
+                self._cancel()
+
+    def _start(self, start: Start) -> None:
+        if self.phase is SessionPhase.OPEN:
+            raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
+        self.settings = resolve_settings(start, self.voices, self._limits, self.config.max_buffer_delay_ms)
+        self.outbox.put(self._ready())
+
+    def _text(self, text: str) -> None:
+        limit = self.config.max_text_chars_per_message
+        if len(text) > limit:
+            raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"a text message holds at most {limit} characters")
+        if not text:
+            return
+        utterance = self._open or self._open_utterance()
+        limit = self.config.max_text_chars_per_utterance
+        if utterance.chars + len(text) > limit:
+            raise ProtocolError(ErrorCode.UTTERANCE_TOO_LONG, f"an utterance holds at most {limit} characters")
+        utterance.chars += len(text)
+        self._queue(utterance, self._segmenter.push(text))
+        delay_ms = utterance.settings.max_buffer_delay_ms
+        if delay_ms == 0 or not self._segmenter.pending.strip():
+            self._flush()
+        elif self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(delay_ms / 1000, self._flush)
+
+    def _flush(self) -> None:
+        self._cancel_timer()
+        if self._open is not None:
+            self._queue(self._open, self._segmenter.flush())
+
+    def _end(self) -> None:
+        utterance = self._open
+        self._flush()
+        if utterance is None or utterance.queued == 0:
+            raise ProtocolError(ErrorCode.EMPTY_UTTERANCE, "end with nothing to speak: send text first")
+        utterance.end()
+        self._close_text()
+
+    def _cancel(self) -> None:
+        self._close_text()
+        for utterance in list(self._live):
+            if utterance.task is not None:
+                utterance.task.cancel()
+            self.outbox.drop(utterance.number)
+            self._finish(utterance, FinishReason.CANCELLED)
+
+    def _open_utterance(self) -> Utterance:
+        if not self.server.accepting:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "the server is not taking new utterances now")
+        info = self.service.info
+        utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_bitrate)
+        utterance.live.enter_context(self.server.utterance())
+        self._live.append(utterance)
+        self._open = utterance
+        self.phase = SessionPhase.OPEN
+        return utterance
+
+    def _close_text(self) -> None:
+        """The open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
+        self._cancel_timer()
+        self._segmenter = SentenceSegmenter()
+        self._open = None
+        if self.phase is SessionPhase.OPEN:
+            self.phase = SessionPhase.IDLE
+
+    def _queue(self, utterance: Utterance, sentences: list[str]) -> None:
+        for sentence in sentences:
+            if not any(char.isalnum() for char in sentence):
+                continue
+            if utterance.task is None:
+                position = self._live.index(utterance)
+                previous = self._live[position - 1].task if position else None
+                utterance.task = self._spawn(self._speak(utterance, previous))
+            utterance.add_segment(sentence)
+
+    def _cancel_timer(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+
+    # ---- speaking --------------------------------------------------------------------------------------------
+
+    async def _speak(self, utterance: Utterance, previous: asyncio.Task[None] | None) -> None:
+        """Speak the utterance's sentences in order, each continuing the previous one's voice, then ``done``."""
+        if previous is not None:
+            await asyncio.wait([previous])
+        base = utterance.settings.prompt
+        prompt, reason, index = base, FinishReason.STOP, 0
+        try:
+            while (text := await utterance.next_segment()) is not None:
+                finish, patches = await self._speak_segment(utterance, index, text, prompt)
+                if finish is EngineFinish.LENGTH:
+                    reason = FinishReason.LENGTH
+                # A segment cut at its length cap does not match its text: continue from the voice alone.
+                prompt = continuation(base, text, patches) if finish is EngineFinish.STOP and patches else base
+                index += 1
+            self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
+        except _SegmentFailed as exc:
+            self._error(exc.code, str(exc), utterance.number)
+            reason = FinishReason.ERROR
+        except SlowConsumerError as exc:
+            self.shut(CloseCode.SLOW_CONSUMER, ErrorCode.SLOW_CONSUMER.value, str(exc))
+            return
+        self._finish(utterance, reason)
+
+    async def _speak_segment(
+        self, utterance: Utterance, index: int, text: str, prompt: VoicePrompt | None
+    ) -> tuple[EngineFinish, list[Patch]]:
+        """One sentence through the engine; its audio goes to the outbox as it comes."""
+        params = utterance.settings.segment_params(index)
+        request_id = self.service.new_request_id("ws")
+        if utterance.first_request_at is None:
+            utterance.first_request_at = time.monotonic()
+        patches: list[Patch] = []
+        final: StepOutput | None = None
+        try:
+            async with contextlib.aclosing(self.service.speak(request_id, text, params, prompt)) as stream:
+                async for final in stream:
+                    if final.chunk.size:
+                        self._on_chunk(utterance, index, text, final.chunk, first=not patches)
+                    if final.patch is not None:
+                        patches.append(final.patch)
+        except QueueFullError as exc:
+            raise _SegmentFailed(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
+        except EngineDeadError as exc:
+            raise _SegmentFailed(ErrorCode.UNAVAILABLE, str(exc)) from None
+        except ValueError as exc:
+            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
+        assert final is not None and final.finish_reason is not None  # the engine always ends a stream
+        if final.finish_reason is EngineFinish.ERROR:
+            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, final.error or "synthesis failed")
+        if final.finish_reason is EngineFinish.ABORTED:
+            raise _SegmentFailed(ErrorCode.UNAVAILABLE, "the engine stopped (the server is shutting down)")
+        return final.finish_reason, patches
+
+    def _on_chunk(self, utterance: Utterance, index: int, text: str, chunk: np.ndarray, *, first: bool) -> None:
+        now = self._last_activity = time.monotonic()
+        if utterance.first_chunk_at is None:
+            utterance.first_chunk_at = now
+        if first:
+            utterance.started += 1
+            self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample))
+        utterance.samples += chunk.size
+        seconds = chunk.size / utterance.model_rate
+        self.outbox.put_audio(utterance.delivery, utterance.encoder.encode(chunk), seconds)
+
+    def _finish(self, utterance: Utterance, reason: FinishReason) -> None:
+        """The utterance is over: queue its ``done`` (built when sent, with what the socket took)."""
+        utterance.state = UtteranceState.DONE
+        self._live.remove(utterance)
+        utterance.live.close()
+        if utterance is self._open:
+            self._close_text()
+        self._last_activity = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.count_utterance(reason.value)
+        self.outbox.put(lambda: self._done(utterance, reason))
+
+    def _done(self, utterance: Utterance, reason: FinishReason) -> Done:
+        sent = utterance.delivery
+        ttfa = _between(utterance.started_at, sent.first_sent_at)
+        if self.metrics is not None:
+            self.metrics.add_audio(sent.sent_s)
+            if ttfa is not None:
+                self.metrics.observe_first_audio(ttfa)
+        return Done(
+            utterance=utterance.number,
+            finish_reason=reason.value,
+            segments=utterance.started,
+            audio_s=round(sent.sent_s, 6),
+            ttfa_s=ttfa,
+            buffer_s=_between(utterance.started_at, utterance.first_request_at),
+            engine_ttfc_s=_between(utterance.first_request_at, utterance.first_chunk_at),
+        )
+
+    def _ready(self) -> Ready:
+        return ready_message(self.settings, self.service.info, self.config.opus_bitrate)
+
+    def _error(self, code: ErrorCode, message: str, utterance: int | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.count_error(code.value)
+        self.outbox.put(Error(code.value, message, utterance))
+
+    def _count_dropped(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_dropped(reason)
+
+
+def _between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 6)

@@ -1,0 +1,142 @@
+"""One WebSocket utterance (its sentences, encoder and timings) and the settings it is spoken with.
+
+An ``Utterance`` is passive state shared by the session (which feeds it text and ends or cancels
+it) and the utterance's speaking task (which takes its sentences one by one). ``Settings`` are the
+validated values of a ``start`` message (``resolve_settings``), announced by ``ready_message``.
+``continuation`` is the rule that makes consecutive segments one voice. Nothing here talks to the
+engine or the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from voxstream.audio.formats import OpusPacketStream, StreamEncoder, make_encoder
+from voxstream.engine import ParamLimits, SynthesisParams
+from voxstream.engine.outputs import Patch
+from voxstream.prompt import VoicePrompt
+from voxstream.serving.outbox import Delivery
+from voxstream.serving.protocol import MAX_SEED, PROTOCOL_VERSION, ErrorCode, ProtocolError, Ready, Start
+from voxstream.serving.service import ModelInfo
+from voxstream.serving.voices import UnknownVoiceError, VoiceStore
+
+DEFAULT_FORMAT = "opus"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a ``start`` asked for, resolved and validated; applies to utterances opened after it."""
+
+    voice: str | None
+    prompt: VoicePrompt | None
+    """The voice's latents; None is the model's default voice."""
+    format: str
+    params: SynthesisParams
+    """``params.seed`` is the utterance's base seed (segment k uses seed + k)."""
+    max_buffer_delay_ms: int
+
+    def segment_params(self, index: int) -> SynthesisParams:
+        seed = self.params.seed
+        return self.params if seed is None else replace(self.params, seed=(seed + index) % MAX_SEED)
+
+
+def resolve_settings(start: Start, voices: VoiceStore, limits: ParamLimits, default_delay_ms: int) -> Settings:
+    """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice, values past the limits)."""
+    try:
+        prompt = voices.resolve(start.voice)
+    except UnknownVoiceError as exc:
+        raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
+    given = {"cfg_value": start.cfg_value, "inference_timesteps": start.inference_timesteps, "seed": start.seed}
+    try:
+        params = SynthesisParams(**{name: value for name, value in given.items() if value is not None})
+        limits.check(params)
+    except ValueError as exc:
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, str(exc)) from None
+    delay = default_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
+    return Settings(start.voice, prompt, start.format or DEFAULT_FORMAT, params, delay)
+
+
+def new_encoder(settings: Settings, model_rate: int, opus_bitrate: int) -> StreamEncoder:
+    """One utterance's encoder: each utterance is an independent stream (Opus: its own pre-skip)."""
+    return make_encoder(settings.format, model_rate, bitrate=opus_bitrate)
+
+
+def ready_message(settings: Settings, info: ModelInfo, opus_bitrate: int) -> Ready:
+    encoder = new_encoder(settings, info.sample_rate, opus_bitrate)
+    pre_skip = encoder.opus.pre_skip if isinstance(encoder, OpusPacketStream) else 0
+    params = settings.params
+    return Ready(
+        PROTOCOL_VERSION, info.name, settings.format, encoder.sample_rate, info.chunk_seconds, pre_skip,
+        settings.voice, params.seed, params.cfg_value, params.inference_timesteps, settings.max_buffer_delay_ms,
+    )  # fmt: skip
+
+
+class UtteranceState(enum.Enum):
+    OPEN = "open"
+    """Taking text."""
+    ENDED = "ended"
+    """All text is in (``end``); the rest is being spoken."""
+    DONE = "done"
+    """Its ``done`` is queued (spoken, failed or cancelled); nothing more of it is sent."""
+
+
+class Utterance:
+    """State of one utterance from its first text to its ``done``."""
+
+    def __init__(self, number: int, settings: Settings, model_rate: int, opus_bitrate: int) -> None:
+        self.number = number
+        self.settings = settings
+        self.model_rate = model_rate
+        self.encoder = new_encoder(settings, model_rate, opus_bitrate)
+        self.delivery = Delivery(number, settings.format)
+        self.state = UtteranceState.OPEN
+        self.chars = 0
+        self.queued = 0
+        """Segments handed to the speaking task so far."""
+        self.started = 0
+        """Segments that produced audio."""
+        self.samples = 0
+        """Model-rate samples produced, so the next segment starts at this offset."""
+        self.task: asyncio.Task[None] | None = None
+        self.live = contextlib.ExitStack()
+        """Holds the server's live-utterance count until ``done``."""
+        self.started_at = time.monotonic()
+        self.first_request_at: float | None = None
+        self.first_chunk_at: float | None = None
+        self._segments: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def add_segment(self, text: str) -> None:
+        self.queued += 1
+        self._segments.put_nowait(text)
+
+    def end(self) -> None:
+        self.state = UtteranceState.ENDED
+        self._segments.put_nowait(None)
+
+    async def next_segment(self) -> str | None:
+        """The next sentence to speak; None once the utterance ended and every sentence was taken."""
+        return await self._segments.get()
+
+    @property
+    def start_sample(self) -> int:
+        """Where the next segment starts, at the encoder's rate (what ``ready.sample_rate`` announced)."""
+        return self.samples * self.encoder.sample_rate // self.model_rate
+
+
+def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> VoicePrompt:
+    """The prompt for the segment after ``text``: the session's voice followed by that segment alone.
+
+    Only the previous segment is carried, so a prompt holds at most the voice plus one segment
+    (a segment is at most the segmenter's ``max_chars``): prompts never grow with the utterance.
+    The space restores the separator the segmenter stripped between the two sentences.
+    """
+    stacked = torch.from_numpy(np.stack(patches))
+    spoken = text + " "
+    return VoicePrompt(spoken, stacked) if base is None else base.continued(spoken, stacked)

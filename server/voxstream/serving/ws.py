@@ -1,0 +1,95 @@
+"""The WebSocket endpoint ``/v1/tts/stream``: admission, then frames in and out of a ``Session``.
+
+This module only adapts aiohttp to the session: it refuses connections over the limit or while the
+server is not ready, registers the socket for shutdown, feeds each client frame to the ``Session``
+(which holds every rule of the protocol, see ``session.py`` and ``protocol.py``) and gives the
+session a close that cannot hang on a client that stopped reading. Authentication and the Origin
+check happen before, in ``auth.auth_middleware``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import WSMsgType, web
+
+from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY
+from voxstream.serving.protocol import CloseCode, Error, ErrorCode, encode
+from voxstream.serving.session import Session
+
+STREAM_PATH = "/v1/tts/stream"
+
+HARD_SIZE_FACTOR = 4
+"""A message up to this many times ``max_message_bytes`` is read and answered with ``message_too_large``;
+a larger one is refused by aiohttp before it is read (close code 1009), which bounds a reader's memory."""
+
+CLOSE_TIMEOUT_S = 2.0
+"""How long a close handshake may take before the TCP connection is cut (a client that stopped reading
+never answers it)."""
+
+
+def add_ws_routes(app: web.Application) -> None:
+    app.router.add_get(STREAM_PATH, stream)
+
+
+class _Socket:
+    """``SessionTransport`` over an aiohttp WebSocket."""
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
+        self.ws = ws
+        self.request = request
+
+    async def send_str(self, data: str) -> None:
+        await self.ws.send_str(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+
+    async def close(self, code: CloseCode, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), CLOSE_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError):
+            # Cut rather than close: closing waits for the write buffer to drain, which a stalled reader never lets.
+            if self.request.transport is not None:
+                self.request.transport.abort()
+
+
+async def stream(request: web.Request) -> web.WebSocketResponse:
+    app = request.app
+    config = app[CONFIG_KEY]
+    ws = web.WebSocketResponse(
+        heartbeat=config.ping_interval_s, max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes
+    )
+    await ws.prepare(request)
+    socket = _Socket(ws, request)
+    refusal = _refusal(app)
+    if refusal is not None:
+        code, error, text = refusal
+        with contextlib.suppress(ConnectionError):
+            await ws.send_str(encode(Error(error.value, text)))
+        await socket.close(code, f"{error.value}: {text}")
+        return ws
+    sessions = app[SESSIONS_KEY]
+    sessions.add(ws)
+    try:
+        session = Session(app[SERVICE_KEY], config, app[VOICES_KEY], app[STATE_KEY], socket, app.get(METRICS_KEY))
+        async with session:
+            async for message in ws:
+                if message.type is WSMsgType.TEXT:
+                    session.receive(message.data)
+                elif message.type is WSMsgType.BINARY:
+                    session.receive_binary()
+    finally:
+        sessions.discard(ws)
+    return ws
+
+
+def _refusal(app: web.Application) -> tuple[CloseCode, ErrorCode, str] | None:
+    """Why a new connection cannot be served now, if it cannot."""
+    if not app[STATE_KEY].accepting:
+        return CloseCode.TRY_AGAIN_LATER, ErrorCode.UNAVAILABLE, "the server is starting or shutting down"
+    limit = app[CONFIG_KEY].max_connections
+    if len(app[SESSIONS_KEY]) >= limit:
+        return CloseCode.TRY_AGAIN_LATER, ErrorCode.BUSY, f"the server has its maximum of {limit} connections"
+    return None
