@@ -5,7 +5,8 @@ For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asynci
 * ``serve(**overrides)`` starts an app made by ``make_app(_config(**overrides), tts=tiny_tts)`` on
   ``127.0.0.1:<free port>`` (pytest-aiohttp's ``aiohttp_server``), waits until it is warmed up and
   ready, and returns the ``TestServer`` (``server.app``, ``server.make_url(path)``); ``serve(app=...)``
-  starts an app you built yourself. Every server is closed (gracefully: ``drain`` runs) at teardown.
+  starts an app you built yourself with ``app_factory(**overrides)`` (e.g. to add a test route).
+  Every server is closed (gracefully: ``drain`` runs) at teardown.
 * ``client``: an ``aiohttp.test_utils.TestClient`` on a default server (``client.ws_connect(path)``,
   ``client.post(path, json=...)``, ``client.server.app``).
 """
@@ -58,11 +59,23 @@ async def wait_ready(app: web.Application, timeout: float = READY_TIMEOUT_S) -> 
     await asyncio.wait_for(accepting(), timeout)
 
 
+@pytest.fixture
+def app_factory(tiny_tts: VoxCPM) -> Callable[..., web.Application]:
+    """``app_factory(**overrides)``: a not yet started app on the tiny model, to add test routes to."""
+
+    def build(**overrides: Any) -> web.Application:
+        return make_app(_config(**overrides), tts=tiny_tts)
+
+    return build
+
+
 @pytest_asyncio.fixture
-async def serve(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> Serve:
+async def serve(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], app_factory: Callable[..., web.Application]
+) -> Serve:
     async def start(app: web.Application | None = None, **overrides: Any) -> TestServer:
         if app is None:
-            app = make_app(_config(**overrides), tts=tiny_tts)
+            app = app_factory(**overrides)
         server = await aiohttp_server(app)
         await wait_ready(app)
         return server
