@@ -230,7 +230,8 @@ async def _stream_speech(
             if output.finished:
                 break
             output = await anext(outputs)
-    except ConnectionResetError:
+    except (ConnectionResetError, asyncio.CancelledError):
+        # aiohttp cancels the handler of a request whose client went away, or a write fails first.
         metrics.count_dropped("client_disconnected")
         raise
     finally:

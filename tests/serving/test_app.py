@@ -1,0 +1,172 @@
+"""The app's life: probes, metrics, client disconnects, graceful shutdown (WebSockets closed with 1001)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+import soundfile
+from aiohttp import WSMsgType, web
+from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from voxstream.engine import EngineDeadError, SynthesisParams
+from voxstream.serving.app import drain
+from voxstream.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+
+pytestmark = pytest.mark.asyncio
+
+SPEECH = {"model": "tts-1", "input": "A sentence to speak.", "voice": "alloy", "response_format": "wav", "seed": 5}
+
+
+def slow_down(app: web.Application, seconds: float) -> None:
+    """Make every engine step take at least ``seconds``, so an utterance is still live when a test acts."""
+    runner = app[SERVICE_KEY].runner
+    execute = runner.execute
+
+    def slow_execute(plan: object) -> object:
+        time.sleep(seconds)
+        return execute(plan)
+
+    runner.execute = slow_execute  # type: ignore[method-assign]
+
+
+async def status_and_code(client: TestClient, method: str, path: str, **kwargs: object) -> tuple[int, str | None]:
+    async with client.request(method, path, **kwargs) as response:
+        body = await response.json() if response.content_type == "application/json" else {}
+        return response.status, body.get("error", {}).get("code")
+
+
+async def scrape(client: TestClient) -> dict[str, float]:
+    """``/metrics`` as {sample name with labels: value}."""
+    async with client.get("/metrics") as response:
+        assert response.status == 200
+        assert response.content_type == "text/plain"
+        text = await response.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def test_probes_follow_the_lifecycle(client: TestClient) -> None:
+    state = client.server.app[STATE_KEY]
+    async with client.get("/health") as response:
+        assert (response.status, await response.json()) == (200, {"status": "ok"})
+    async with client.get("/ready") as response:
+        assert response.status == 200 and (await response.json())["sample_rate"] > 0
+    state.phase = Phase.STARTING
+    assert await status_and_code(client, "GET", "/ready") == (503, "not_ready")
+    assert await status_and_code(client, "POST", "/v1/audio/speech", json=SPEECH) == (503, "not_ready")
+    assert (await status_and_code(client, "GET", "/health"))[0] == 200
+    state.phase = Phase.READY
+
+
+async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) -> None:
+    before = await scrape(client)
+    async with client.post("/v1/audio/speech", json=SPEECH) as response:
+        audio, rate = soundfile.read(io.BytesIO(await response.read()))
+    await status_and_code(client, "POST", "/v1/audio/speech", json={**SPEECH, "response_format": "mp3"})
+    await status_and_code(client, "GET", "/v1/voices/voice_0123456789abcdef/nothing")
+    after = await scrape(client)
+    assert after["voxstream_audio_seconds_total"] - before["voxstream_audio_seconds_total"] == pytest.approx(
+        audio.size / rate
+    )
+    count = "voxstream_time_to_first_audio_seconds_count"
+    assert after[count] - before[count] == 1
+    assert after['voxstream_errors_total{code="unsupported_format"}'] == 1
+    assert after['voxstream_errors_total{code="not_found"}'] == 1
+    assert (
+        after['voxstream_utterances_total{finish_reason="stop"}']
+        + after.get('voxstream_utterances_total{finish_reason="length"}', 0)
+        >= 1
+    )
+    assert after["voxstream_engine_step_seconds_count"] > before["voxstream_engine_step_seconds_count"]
+    assert after["voxstream_engine_step_seconds_sum"] > 0
+    for gauge in ("voxstream_sessions_active", "voxstream_sessions_queued", "voxstream_websocket_connections"):
+        assert after[gauge] == 0
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient) -> None:
+    app = client.server.app
+    slow_down(app, 0.05)
+    response = await client.post("/v1/audio/speech", json={**SPEECH, "response_format": "pcm"})
+    await response.content.readany()  # audio is flowing
+    response.close()  # the client goes away without reading the rest
+    await wait_until(lambda: app[STATE_KEY].live_utterances == 0)
+    await wait_until(lambda: app[SERVICE_KEY].engine.stats().running == 0)
+    assert (await scrape(client))['voxstream_dropped_sessions_total{reason="client_disconnected"}'] == 1
+
+
+async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohttp_client) -> None:
+    client = await aiohttp_client(await serve(drain_timeout_s=30.0))
+    app = client.server.app
+    slow_down(app, 0.1)
+    async with client.post("/v1/audio/speech", json=SPEECH) as response:
+        first = await response.content.readany()
+        draining = asyncio.create_task(drain(app))
+        await asyncio.sleep(0)
+        assert app[STATE_KEY].live_utterances == 1  # still speaking when the drain began
+        assert await status_and_code(client, "GET", "/ready") == (503, "shutting_down")
+        assert await status_and_code(client, "POST", "/v1/audio/speech", json=SPEECH) == (503, "shutting_down")
+        body = first + await response.read()  # the whole utterance: a truncated body would raise here
+    audio, _ = soundfile.read(io.BytesIO(body))
+    assert audio.size >= 4 * app[SERVICE_KEY].info.samples_per_patch  # the stop head cannot fire sooner
+    await asyncio.wait_for(draining, 10)
+    with pytest.raises(EngineDeadError):
+        await anext(app[SERVICE_KEY].speak("late", "Too late.", SynthesisParams()))
+
+
+async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client) -> None:
+    client = await aiohttp_client(await serve(drain_timeout_s=0.2))
+    app = client.server.app
+    slow_down(app, 0.3)
+    async with client.post("/v1/audio/speech", json=SPEECH) as response:
+        await response.content.readany()
+        draining = asyncio.create_task(drain(app))
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+    await asyncio.wait_for(draining, 10)
+    assert app[METRICS_KEY].exposition().count(b'voxstream_dropped_sessions_total{reason="shutdown"} 1.0') == 1
+
+
+async def registered_ws(request: web.Request) -> web.WebSocketResponse:
+    """A WebSocket handler following the SESSIONS_KEY contract (as /v1/tts/stream does)."""
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    sessions = request.app[SESSIONS_KEY]
+    sessions.add(ws)
+    try:
+        async for _ in ws:
+            pass
+    finally:
+        sessions.discard(ws)
+    return ws
+
+
+async def test_shutdown_closes_websockets_with_1001(serve, app_factory, aiohttp_client) -> None:
+    app = app_factory()
+    app.router.add_get("/test/ws", registered_ws)
+    client = await aiohttp_client(await serve(app=app))
+    ws = await client.ws_connect("/test/ws")
+    await wait_until(lambda: len(app[SESSIONS_KEY]) == 1)
+    assert (await scrape(client))["voxstream_websocket_connections"] == 1
+    draining = asyncio.create_task(drain(app))
+    message = await asyncio.wait_for(ws.receive(), 10)
+    assert message.type is WSMsgType.CLOSE and message.data == 1001
+    await asyncio.wait_for(draining, 10)
+    assert not app[SESSIONS_KEY]

@@ -1,0 +1,82 @@
+"""``voxstream serve``: arguments and environment make the config; the process serves and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+
+from voxstream.cli.main import build_parser, main
+from voxstream.cli.serve import config_from_args
+from voxstream.tts import VoxCPM
+
+
+def test_serve_arguments_and_environment_make_the_config() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--port", "9000", "--api-key", "a", "--allowed-origin", "https://x.example", "--max-sessions", "3",
+         "--max-clip-seconds", "12.5", "--voices-dir", "/tmp/v"]
+    )  # fmt: skip
+    config = config_from_args(args, environ={"VOXSTREAM_API_KEYS": "b, c,,a"})
+    assert (config.port, config.max_sessions, config.max_clip_seconds) == (9000, 3, 12.5)
+    assert config.api_keys == ("a", "b", "c")
+    assert config.allowed_origins == ("https://x.example",)
+    assert str(config.voices_dir) == "/tmp/v"
+    assert config.engine_config().max_running == 3
+
+
+def test_an_invalid_limit_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--max-sessions", "0"]) == 2
+    assert "max_sessions=0" in capsys.readouterr().err
+
+
+def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
+    command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
+    env = {**os.environ, "VOXSTREAM_API_KEYS": "k"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = _listening_url(process)
+        ready = _poll(lambda: _get_status(f"{url}/ready") == 200, timeout=60)
+        assert ready, "never became ready"
+        assert _get_status(f"{url}/metrics") == 401
+        process.send_signal(signal.SIGTERM)
+        _, log = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, log
+    assert "draining" in log and "stopped" in log
+
+
+def _listening_url(process: subprocess.Popen[str]) -> str:
+    assert process.stderr is not None
+    for line in process.stderr:
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            return found.group(1)
+    raise AssertionError("the server exited before listening")
+
+
+def _get_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
+
+
+def _poll(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
