@@ -35,6 +35,7 @@ from voxstream.serving.keys import (
 from voxstream.serving.metrics import Metrics
 from voxstream.serving.service import SpeechService
 from voxstream.serving.voices import VoiceStore
+from voxstream.serving.ws import add_ws_routes
 from voxstream.tts import VoxCPM
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     app[VOICES_KEY] = VoiceStore(config.voices_dir, tts.name, patch_shape, config.max_voices)
     app[METRICS_KEY] = Metrics(service.engine.stats, lambda: len(sessions))
     add_http_routes(app)
-    # TODO(lead): add_ws_routes(app)  -- from voxstream.serving.ws, once that module lands
+    add_ws_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)
     return app
