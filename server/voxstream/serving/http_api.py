@@ -1,9 +1,27 @@
 """The HTTP API: OpenAI-compatible ``POST /v1/audio/speech``, voices, probes and metrics, and the error envelope.
 
-Every error leaves as ``{"error": {"code": ..., "message": ...}}`` with a stable ``code`` (listed in
-``README.md``), produced in one place, ``error_middleware``, from an ``ApiError`` or a known library
-exception. Handlers are thin: they parse (``parse_speech``), hand the work to the
-``SpeechService`` or the ``VoiceStore``, and stream the result; nothing here touches the model.
+Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in one place,
+``error_middleware``, from an ``ApiError`` or a known library exception. The codes are stable:
+
+=====  ===========================================================================================
+400    ``invalid_json``, ``invalid_request`` (shape, types, form parts), ``unknown_field``,
+       ``empty_input``, ``text_too_long``, ``unsupported_format`` (mp3, aac...),
+       ``unsupported_speed``, ``unsupported_instructions``, ``unsupported_stream_format``,
+       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``invalid_audio``,
+       ``clip_too_long``, ``transcript_required``
+401    ``unauthorized``; 403 ``forbidden_origin``; 404 ``not_found``, ``unknown_voice``;
+       405 ``method_not_allowed``; 409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
+422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
+503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full; ``Retry-After``),
+       ``engine_unavailable``; 500 ``internal_error``
+=====  ===========================================================================================
+
+Handlers are thin: they parse (``parse_speech``), hand the work to the ``SpeechService`` or the
+``VoiceStore``, and stream the result; nothing here touches the model. A speech body is streamed
+as it is generated; an utterance that ends early (engine error, shutdown past the drain timeout)
+cuts the chunked body short instead of ending it cleanly, so no client mistakes it for a whole one.
+HTTP streams rely on TCP backpressure: a stalled reader stalls its handler, and the engine's
+per-request channel holds at most that utterance's audio.
 """
 
 from __future__ import annotations
@@ -142,7 +160,6 @@ _SPEECH_FIELDS = frozenset(
     {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
     | {"seed", "cfg_value", "inference_timesteps"}  # voxstream extras
 )
-_NUMBER = (int, float)
 
 
 def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
@@ -163,7 +180,7 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     if response_format not in OPENAI_RESPONSE_FORMATS:
         supported = ", ".join(OPENAI_RESPONSE_FORMATS)
         raise ApiError(400, "unsupported_format", f"response_format {response_format!r} is not served; use {supported}")
-    speed = _field(body, "speed", _NUMBER)
+    speed = _field(body, "speed", (int, float))
     if speed is not None and speed != 1.0:
         raise ApiError(400, "unsupported_speed", f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)")
     if _field(body, "instructions", str):
@@ -236,11 +253,13 @@ async def _stream_speech(
         raise
     finally:
         metrics.add_audio(samples / service.info.sample_rate)
-    metrics.count_utterance(output.finish_reason.value if output.finish_reason else "unknown")
-    if output.finish_reason in (FinishReason.ERROR, FinishReason.ABORTED):
+    reason = output.finish_reason
+    assert reason is not None, "the loop ends on the final output"
+    metrics.count_utterance(reason.value)
+    if reason in (FinishReason.ERROR, FinishReason.ABORTED):
         # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
-        metrics.count_dropped("shutdown" if output.finish_reason is FinishReason.ABORTED else "synthesis_failed")
-        raise ConnectionAbortedError(f"utterance ended early: {output.finish_reason.value} {output.error or ''}")
+        metrics.count_dropped("shutdown" if reason is FinishReason.ABORTED else "synthesis_failed")
+        raise ConnectionAbortedError(f"utterance ended early: {reason.value} {output.error or ''}")
     for block in encoder.finish():
         await response.write(block)
     await response.write_eof()
@@ -253,6 +272,7 @@ async def _stream_speech(
 async def create_voice(request: web.Request) -> web.Response:
     """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save."""
     app = request.app
+    require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
     if request.content_length is not None and request.content_length > config.max_upload_bytes:
         raise _too_large(config.max_upload_bytes)
