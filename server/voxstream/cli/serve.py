@@ -42,7 +42,7 @@ _LIMITS: dict[str, str] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from voxstream.serving.config import ServerConfig
 
     defaults = ServerConfig()

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -101,7 +101,7 @@ class AsyncEngine:
         # still open never got a final output because the thread died on its way out.
         self._fail_channels(None)
 
-    async def stream(self, request: Request) -> AsyncIterator[StepOutput]:
+    async def stream(self, request: Request) -> AsyncGenerator[StepOutput, None]:
         """Submit ``request`` and yield its outputs in order; the last one has a finish reason.
 
         Leaving early (cancellation, ``aclose()``, an exception in the consumer) aborts the request.

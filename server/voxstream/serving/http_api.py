@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -222,7 +222,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, outputs: AsyncIterator[StepOutput]
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[StepOutput, None]
 ) -> web.StreamResponse:
     app = request.app
     service, config, metrics = app[SERVICE_KEY], app[CONFIG_KEY], app[METRICS_KEY]

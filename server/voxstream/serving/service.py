@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from voxstream.audio.clip import AudioSource
@@ -63,7 +63,7 @@ class SpeechService:
 
     def speak(
         self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
-    ) -> AsyncIterator[StepOutput]:
+    ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed)."""
         request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
         return self.engine.stream(request)
