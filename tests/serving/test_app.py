@@ -103,7 +103,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
 
 async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient) -> None:
     app = client.server.app
-    slow_down(app, 0.05)
+    slow_down(app, 0.2)
     response = await client.post("/v1/audio/speech", json={**SPEECH, "response_format": "pcm"})
     await response.content.readany()  # audio is flowing
     response.close()  # the client goes away without reading the rest
