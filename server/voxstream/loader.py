@@ -9,6 +9,7 @@ names the file, and nothing is half-loaded (the model is only returned once ever
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -26,6 +27,9 @@ from voxstream.text.tokenizer import TextTokenizer, TokenizerError
 from voxstream.tts import VoxCPM
 
 StateDict = dict[str, torch.Tensor]
+
+DEMO_SOURCE = "demo"
+logger = logging.getLogger(__name__)
 
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CHECKPOINT_FILES = [
@@ -47,8 +51,9 @@ def load_model(
     """Load a checkpoint.
 
     Args:
-        source: a local folder, or a Hugging Face model id such as ``openbmb/VoxCPM2`` (downloaded through
-            ``huggingface_hub``, which honours its cache and ``HF_HUB_OFFLINE``).
+        source: a local folder, a Hugging Face model id such as ``openbmb/VoxCPM2`` (downloaded through
+            ``huggingface_hub``, which honours its cache and ``HF_HUB_OFFLINE``), or ``"demo"``: a tiny
+            random checkpoint made once in the cache folder (it speaks noise; announced as a warning).
         device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when available, else CPU).
         dtype: dtype of the transformer parts (default: bfloat16 on CUDA, as the reference runs, and
             float32 elsewhere). The AudioVAE always runs in float32.
@@ -56,6 +61,11 @@ def load_model(
     Raises:
         ModelLoadError: the folder, a file, the config or the weights cannot make a model.
     """
+    if str(source) == DEMO_SOURCE:
+        from voxstream.tiny.checkpoint import demo_checkpoint
+
+        logger.warning("using the DEMO model (tiny random weights): its audio is NOISE; give a real checkpoint")
+        source = demo_checkpoint()
     folder = resolve_source(source)
     try:
         config = ModelConfig.from_file(_require(folder, "config.json"))

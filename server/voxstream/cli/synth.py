@@ -41,18 +41,13 @@ def run(args: argparse.Namespace) -> int:
 
     from voxstream.errors import InvalidInputError
     from voxstream.loader import load_model
-    from voxstream.tiny.checkpoint import demo_checkpoint
 
     text = args.text if args.text is not None else sys.stdin.read()
     if (args.prompt_audio is None) != (args.prompt_text is None):
         raise InvalidInputError("--prompt-audio and --prompt-text go together")
     if args.out.suffix.lower() not in (".wav", ".flac", ".ogg"):
         raise InvalidInputError(f"--out must end in .wav, .flac or .ogg, got {args.out.name!r}")
-    source = args.model
-    if source == "demo":
-        source = demo_checkpoint()
-        print("voxstream synth: using the demo model (tiny random weights): the audio is noise", file=sys.stderr)
-    model = load_model(source, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
     prompt = None
     if args.prompt_audio is not None or args.reference_audio is not None:
         prompt = model.make_prompt(text=args.prompt_text, audio=args.prompt_audio, reference_audio=args.reference_audio)

@@ -82,7 +82,8 @@ class StepGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: other threads (voice encoding) may use the GPU while this thread captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule)
         return graph.replay, outputs
 

@@ -69,15 +69,10 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
 
 
 def load_configured_model(config: ServerConfig) -> VoxCPM:
-    """Load ``config.model``; ``demo`` is a tiny random checkpoint made on the fly, announced as noise."""
+    """Load ``config.model`` (``demo``, the default, is a tiny random checkpoint that speaks noise)."""
     from voxstream.loader import load_model
-    from voxstream.tiny.checkpoint import demo_checkpoint
 
-    source: str = config.model
-    if source == "demo":
-        source = str(demo_checkpoint())
-        logger.warning("serving the DEMO model (tiny random weights): its audio is NOISE; pass --model for real speech")
-    return load_model(source, device=config.device, dtype=config.dtype)
+    return load_model(config.model, device=config.device, dtype=config.dtype)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
