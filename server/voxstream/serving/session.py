@@ -130,14 +130,9 @@ class Session:
         if self._live and self.phase is not SessionPhase.CLOSED:
             self._count_dropped("client_gone")
         self.phase = SessionPhase.CLOSED
-        self._cancel_timer()
         tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
+        self._stop_everything()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for utterance in self._live:
-            utterance.live.close()
-        self._live.clear()
         if self._closing is not None:
             await self._closing
 
@@ -152,11 +147,19 @@ class Session:
         self.phase = SessionPhase.CLOSED
         logger.info("closing a WebSocket session: %s: %s", reason, text)
         self._count_dropped(reason)
+        self._stop_everything()
+        close_reason = f"{reason}: {text}".encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+        self._closing = asyncio.ensure_future(self.transport.close(code, close_reason))
+
+    def _stop_everything(self) -> None:
+        """Cancel every task (engine requests are aborted as their streams close) and release the utterances."""
         self._cancel_timer()
         for task in self._tasks:
             task.cancel()
-        close_reason = f"{reason}: {text}".encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
-        self._closing = asyncio.ensure_future(self.transport.close(code, close_reason))
+        for utterance in self._live:
+            utterance.live.close()
+        self._live.clear()
+        self._open = None
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)

@@ -38,7 +38,7 @@ class _Socket:
 
     def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.ws = ws
-        self.request = request
+        self.transport = request.transport
 
     async def send_str(self, data: str) -> None:
         await self.ws.send_str(data)
@@ -50,16 +50,20 @@ class _Socket:
         try:
             await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), CLOSE_TIMEOUT_S)
         except (asyncio.TimeoutError, ConnectionError):
-            # Cut rather than close: closing waits for the write buffer to drain, which a stalled reader never lets.
-            if self.request.transport is not None:
-                self.request.transport.abort()
+            pass  # the connection is cut below all the same
+        finally:
+            # The handshake is over (or timed out), but a closed transport keeps its socket until its write buffer
+            # drains, which a client that stopped reading never lets happen: cut the connection.
+            if self.transport is not None:
+                self.transport.abort()
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
     app = request.app
     config = app[CONFIG_KEY]
+    # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
     ws = web.WebSocketResponse(
-        heartbeat=config.ping_interval_s, max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes
+        heartbeat=config.ping_interval_s, max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes, compress=False
     )
     await ws.prepare(request)
     socket = _Socket(ws, request)
