@@ -1,0 +1,368 @@
+/**
+ * The WebSocket wire protocol of `/v1/tts/stream`, sans I/O: a mirror of the server's
+ * `server/voxstream/serving/protocol.py`, checked against the same golden vectors
+ * (`tests/fixtures/protocol_vectors.json`, see `protocol.test.js`).
+ *
+ * Control messages are JSON objects in text frames, discriminated by `type`. Audio travels in
+ * binary frames (server to client): a 12-byte little-endian header (version, format, header size,
+ * utterance, sequence) then the payload; for `opus` the payload is u16-length-prefixed raw Opus
+ * packets. Decoders refuse what the server would refuse, with the same stable error codes.
+ *
+ * One deliberate difference: JavaScript numbers cannot tell `2.0` from `2`, so an integer field
+ * given as `2.0` is accepted here where Python refuses it.
+ *
+ * @module protocol
+ */
+
+export const PROTOCOL_VERSION = 1;
+export const FRAME_VERSION = 1;
+/** The audio formats a session can stream; a frame's format byte is the index here. */
+export const FRAME_FORMATS = Object.freeze(['opus', 'ogg_opus', 'pcm_s16le', 'pcm_f32le']);
+export const FRAME_HEADER_SIZE = 12;
+export const MAX_PACKET_BYTES = 0xffff;
+export const MAX_SEED = 2 ** 63;
+export const MAX_BUFFER_DELAY_MS = 60_000;
+
+/** Stable `code` values of `error` messages and of `ProtocolError`. */
+export const ErrorCode = Object.freeze({
+  INVALID_JSON: 'invalid_json',
+  INVALID_MESSAGE: 'invalid_message',
+  UNKNOWN_TYPE: 'unknown_type',
+  UNKNOWN_FIELD: 'unknown_field',
+  INVALID_FIELD: 'invalid_field',
+  OUT_OF_RANGE: 'out_of_range',
+  BAD_FRAME: 'bad_frame',
+});
+
+/** A message or frame that cannot be accepted; branch on `code`, never on the text. */
+export class ProtocolError extends Error {
+  /**
+   * @param {string} code an `ErrorCode` value
+   * @param {string} message for humans
+   */
+  constructor(code, message) {
+    super(message);
+    this.name = 'ProtocolError';
+    this.code = code;
+  }
+}
+
+/**
+ * @typedef {'string' | 'int' | 'float'} FieldType
+ * @typedef {{type: FieldType, optional: boolean}} FieldSpec
+ * @typedef {Record<string, FieldSpec>} MessageSpec
+ */
+
+const str = { type: 'string', optional: false };
+const int = { type: 'int', optional: false };
+const float = { type: 'float', optional: false };
+const optStr = { type: 'string', optional: true };
+const optInt = { type: 'int', optional: true };
+const optFloat = { type: 'float', optional: true };
+
+/**
+ * Fields of each message type, in the server's order (encoders write them in this order).
+ * @type {Record<string, MessageSpec>}
+ */
+const CLIENT_MESSAGES = {
+  start: {
+    voice: optStr,
+    format: optStr,
+    seed: optInt,
+    cfg_value: optFloat,
+    inference_timesteps: optInt,
+    max_buffer_delay_ms: optInt,
+  },
+  text: { text: str },
+  flush: {},
+  end: {},
+  cancel: {},
+};
+
+/** @type {Record<string, MessageSpec>} */
+const SERVER_MESSAGES = {
+  ready: {
+    protocol: int,
+    model: str,
+    format: str,
+    sample_rate: int,
+    chunk_s: float,
+    pre_skip: int,
+    voice: optStr,
+    seed: optInt,
+    cfg_value: float,
+    inference_timesteps: int,
+    max_buffer_delay_ms: int,
+  },
+  segment: { utterance: int, index: int, text: str, start_sample: int },
+  done: {
+    utterance: int,
+    finish_reason: str,
+    segments: int,
+    audio_s: float,
+    ttfa_s: optFloat,
+    buffer_s: optFloat,
+    engine_ttfc_s: optFloat,
+  },
+  error: { code: str, message: str, utterance: optInt },
+};
+
+/**
+ * Client messages (`start`, `text`, `flush`, `end`, `cancel`).
+ * @typedef {{type: string, [field: string]: unknown}} Message
+ */
+
+/**
+ * A client message as a compact JSON text frame, `type` first, unset (null or undefined) fields
+ * omitted. The message is checked as the server would check it, so a bad one throws here.
+ * @param {Message} message
+ * @returns {string}
+ */
+export function encodeClient(message) {
+  const set = Object.entries(message).filter(([, value]) => value !== undefined && value !== null);
+  checkMessage(Object.fromEntries(set), CLIENT_MESSAGES);
+  const body = { type: message.type };
+  for (const name of Object.keys(CLIENT_MESSAGES[message.type])) {
+    if (message[name] !== undefined && message[name] !== null) body[name] = message[name];
+  }
+  return JSON.stringify(body);
+}
+
+/**
+ * A server message as JSON text, every field present (`null` when unknown): for test servers.
+ * @param {Message} message
+ * @returns {string}
+ */
+export function encodeServer(message) {
+  checkMessage(message, SERVER_MESSAGES);
+  const body = { type: message.type };
+  for (const name of Object.keys(SERVER_MESSAGES[message.type])) body[name] = message[name] ?? null;
+  return JSON.stringify(body);
+}
+
+/**
+ * Parse a server's text frame; every field of its type is present (`null` when unknown).
+ * @param {string} text
+ * @returns {Message}
+ * @throws {ProtocolError}
+ */
+export function decodeServer(text) {
+  return decode(text, SERVER_MESSAGES);
+}
+
+/**
+ * Parse a client's text frame as the server does (for tests and mock servers).
+ * @param {string} text
+ * @returns {Message}
+ * @throws {ProtocolError}
+ */
+export function decodeClient(text) {
+  return decode(text, CLIENT_MESSAGES);
+}
+
+/**
+ * @param {string} text
+ * @param {Record<string, MessageSpec>} registry
+ */
+function decode(text, registry) {
+  let obj;
+  try {
+    obj = JSON.parse(text);
+  } catch (error) {
+    throw new ProtocolError(ErrorCode.INVALID_JSON, `not a JSON text: ${error.message}`);
+  }
+  const message = checkMessage(obj, registry);
+  // Decoded server messages carry every field, as the server always sends them.
+  if (registry === SERVER_MESSAGES) {
+    for (const name of Object.keys(registry[message.type])) message[name] ??= null;
+  }
+  return message;
+}
+
+/**
+ * Check `obj` against its type's fields (then `start`'s ranges) and return it.
+ * @param {unknown} obj
+ * @param {Record<string, MessageSpec>} registry
+ * @returns {Message}
+ */
+function checkMessage(obj, registry) {
+  if (typeof obj !== 'object' || obj === null || Array.isArray(obj) || typeof obj.type !== 'string') {
+    throw new ProtocolError(ErrorCode.INVALID_MESSAGE, 'a message is a JSON object with a string "type"');
+  }
+  const kind = obj.type;
+  const spec = Object.hasOwn(registry, kind) ? registry[kind] : undefined;
+  if (spec === undefined) throw unknownType(kind, registry);
+  for (const name of Object.keys(obj)) {
+    if (name !== 'type' && !Object.hasOwn(spec, name)) {
+      throw new ProtocolError(ErrorCode.UNKNOWN_FIELD, `'${kind}' has no field '${name}'`);
+    }
+  }
+  for (const [name, field] of Object.entries(spec)) {
+    checkField(kind, name, obj[name], field);
+  }
+  if (kind === 'start') checkStartRanges(obj);
+  return /** @type {Message} */ (obj);
+}
+
+/**
+ * @param {string} kind
+ * @param {string} name
+ * @param {unknown} value
+ * @param {FieldSpec} field
+ */
+function checkField(kind, name, value, field) {
+  if (value === undefined || value === null) {
+    if (field.optional) return;
+    if (value === undefined) throw new ProtocolError(ErrorCode.INVALID_FIELD, `'${kind}' needs the field '${name}'`);
+  }
+  const ok =
+    field.type === 'string'
+      ? typeof value === 'string'
+      : typeof value === 'number' && (field.type === 'float' || Number.isInteger(value));
+  if (!ok) {
+    const wanted = { string: 'a string', int: 'an integer', float: 'a number' }[field.type];
+    const allowed = wanted + (field.optional ? ' or null' : '');
+    throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} must be ${allowed}, got ${jsonType(value)}`);
+  }
+  if (typeof value === 'string' && !value.isWellFormed()) {
+    throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} is not valid Unicode (a lone surrogate)`);
+  }
+}
+
+/** @param {Message} start */
+function checkStartRanges(start) {
+  const { format, seed, cfg_value: cfg, inference_timesteps: steps, max_buffer_delay_ms: delay } = start;
+  checkRange(format == null || FRAME_FORMATS.includes(/** @type {string} */ (format)), 'format', `one of ${FRAME_FORMATS}`);
+  checkRange(seed == null || (Number.isFinite(seed) && seed >= 0 && seed < MAX_SEED), 'seed', 'in [0, 2**63)');
+  checkRange(cfg == null || Number.isFinite(cfg), 'cfg_value', 'finite');
+  checkRange(steps == null || steps >= 1, 'inference_timesteps', '>= 1');
+  checkRange(delay == null || (delay >= 0 && delay <= MAX_BUFFER_DELAY_MS), 'max_buffer_delay_ms', 'in [0, 60000]');
+}
+
+/**
+ * @param {boolean} ok
+ * @param {string} name
+ * @param {string} rule
+ */
+function checkRange(ok, name, rule) {
+  if (!ok) throw new ProtocolError(ErrorCode.OUT_OF_RANGE, `start.${name} must be ${rule}`);
+}
+
+/**
+ * @param {unknown} kind
+ * @param {Record<string, MessageSpec>} registry
+ */
+function unknownType(kind, registry) {
+  const known = Object.keys(registry).join(', ');
+  return new ProtocolError(ErrorCode.UNKNOWN_TYPE, `unknown message type '${kind}' (expected one of ${known})`);
+}
+
+/** @param {unknown} value */
+function jsonType(value) {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return { boolean: 'a boolean', object: 'an object', string: 'a string', number: 'a number' }[typeof value] ?? typeof value;
+}
+
+// ---- binary audio frames ------------------------------------------------------------------------
+
+/**
+ * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
+ * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
+ * @typedef {{format: string, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
+ */
+
+/**
+ * Parse a binary frame.
+ * @param {ArrayBuffer | ArrayBufferView} data
+ * @returns {AudioFrame}
+ * @throws {ProtocolError} with code `bad_frame`
+ */
+export function decodeFrame(data) {
+  const bytes = asBytes(data);
+  if (bytes.length < FRAME_HEADER_SIZE) {
+    throw new ProtocolError(ErrorCode.BAD_FRAME, `a frame has at least ${FRAME_HEADER_SIZE} bytes`);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const version = view.getUint8(0);
+  const formatIndex = view.getUint8(1);
+  const headerSize = view.getUint16(2, true);
+  if (
+    version !== FRAME_VERSION ||
+    formatIndex >= FRAME_FORMATS.length ||
+    headerSize < FRAME_HEADER_SIZE ||
+    headerSize > bytes.length
+  ) {
+    throw new ProtocolError(
+      ErrorCode.BAD_FRAME,
+      `bad header: version ${version}, format ${formatIndex}, size ${headerSize}`,
+    );
+  }
+  const format = FRAME_FORMATS[formatIndex];
+  const payload = bytes.subarray(headerSize);
+  return {
+    format,
+    utterance: view.getUint32(4, true),
+    sequence: view.getUint32(8, true),
+    packets: format === 'opus' ? splitPackets(payload) : [payload],
+  };
+}
+
+/**
+ * The frame's bytes (for test servers; a client never sends audio).
+ * @param {AudioFrame} frame
+ * @returns {Uint8Array}
+ */
+export function encodeFrame({ format, utterance, sequence, packets }) {
+  const formatIndex = FRAME_FORMATS.indexOf(format);
+  if (formatIndex < 0) throw new RangeError(`unknown format ${format}`);
+  const opus = format === 'opus';
+  for (const packet of opus ? packets : []) {
+    if (packet.length === 0 || packet.length > MAX_PACKET_BYTES) {
+      throw new RangeError(`an Opus packet must have 1..${MAX_PACKET_BYTES} bytes, got ${packet.length}`);
+    }
+  }
+  const size = packets.reduce((total, packet) => total + packet.length + (opus ? 2 : 0), FRAME_HEADER_SIZE);
+  const bytes = new Uint8Array(size);
+  const view = new DataView(bytes.buffer);
+  view.setUint8(0, FRAME_VERSION);
+  view.setUint8(1, formatIndex);
+  view.setUint16(2, FRAME_HEADER_SIZE, true);
+  view.setUint32(4, utterance, true);
+  view.setUint32(8, sequence, true);
+  let offset = FRAME_HEADER_SIZE;
+  for (const packet of packets) {
+    if (opus) {
+      view.setUint16(offset, packet.length, true);
+      offset += 2;
+    }
+    bytes.set(packet, offset);
+    offset += packet.length;
+  }
+  return bytes;
+}
+
+/** @param {Uint8Array} payload */
+function splitPackets(payload) {
+  const packets = [];
+  const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  let offset = 0;
+  while (offset < payload.length) {
+    if (offset + 2 > payload.length) throw new ProtocolError(ErrorCode.BAD_FRAME, 'truncated packet length');
+    const size = view.getUint16(offset, true);
+    offset += 2;
+    if (size === 0 || offset + size > payload.length) {
+      throw new ProtocolError(ErrorCode.BAD_FRAME, `packet of ${size} bytes at offset ${offset} does not fit`);
+    }
+    packets.push(payload.subarray(offset, offset + size));
+    offset += size;
+  }
+  return packets;
+}
+
+/** @param {ArrayBuffer | ArrayBufferView} data */
+function asBytes(data) {
+  return data instanceof ArrayBuffer
+    ? new Uint8Array(data)
+    : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
