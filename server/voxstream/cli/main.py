@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from voxstream import __version__
 
 # Each subcommand module exposes ``register(subparsers) -> None`` and sets ``func`` on its parser.
-_SUBCOMMANDS = ("voxstream.cli.synth", "voxstream.cli.tiny", "voxstream.cli.serve")
+_SUBCOMMANDS = (
+    "voxstream.cli.synth",
+    "voxstream.cli.tiny",
+    "voxstream.cli.serve",
+    "voxstream.cli.say",
+    "voxstream.cli.bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

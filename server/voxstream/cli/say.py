@@ -1,0 +1,94 @@
+"""``voxstream say``: speak text through a running server, to the speakers, a file or stdout (no torch needed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+_EPILOG = """examples:
+  voxstream say "Hello there"                          # speakers (pip install 'voxstream[speakers]')
+  voxstream say --out hello.wav "Hello there"          # a file (.wav, .ogg/.opus: Ogg Opus)
+  voxstream say --out - --format pcm_s16le "Hi" | aplay -f S16_LE -r 48000 -c 1
+  llm-tool | voxstream say -                           # speak each line as it arrives
+
+exit codes: 0 spoken, 1 other client error, 2 bad arguments or no audio output, 3 server unreachable,
+4 authentication failed, 5 the server reported an error (its code is printed), 130 interrupted"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from voxstream.client.connection import DEFAULT_SERVER, TOKEN_ENV
+    from voxstream.client.output import OUTPUT_FORMATS
+
+    parser = subparsers.add_parser(
+        "say",
+        help="speak text through a voxstream server (speakers, file or stdout)",
+        description="Stream text to a voxstream server and play the audio as it arrives. Text '-' (or none, "
+        "with stdin not a terminal) reads standard input line by line and speaks each line as it comes.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", nargs="*", help="words to speak, or '-' for standard input")
+    parser.add_argument(
+        "--server", default=DEFAULT_SERVER, help=f"ws://host:port or the full endpoint URL (default {DEFAULT_SERVER})"
+    )
+    parser.add_argument("--token", help=f"API key (default: ${TOKEN_ENV})")
+    parser.add_argument("--voice", help="voice id (see GET /v1/voices); default: the model's voice")
+    parser.add_argument("--seed", type=int, help="random seed: the same seed speaks the same audio")
+    parser.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        help="audio format for --out (default: from the file extension, else wav); speakers always get float PCM",
+    )
+    parser.add_argument(
+        "--out",
+        help="write audio to this file, or '-' for stdout (default: speakers, or stdout when it is not a terminal)",
+    )
+    parser.add_argument(
+        "--max-buffer-delay-ms",
+        type=int,
+        help="how long the server waits for the rest of an "
+        "unfinished sentence before speaking it (default: the server's)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="report time to first audio and segments on stderr"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from voxstream.client.aio import lines_of
+    from voxstream.client.connection import token_from_env
+    from voxstream.client.errors import ClientError
+    from voxstream.client.output import choose_sink, format_for
+    from voxstream.client.say import one_text, say
+    from voxstream.errors import InvalidInputError
+
+    from_stdin = args.text in ([], ["-"])
+    if from_stdin and sys.stdin.isatty() and not args.text:
+        raise InvalidInputError("give the text to speak, or '-' to read it from standard input")
+
+    def log(line: str) -> None:
+        if args.verbose:
+            print(f"voxstream say: {line}", file=sys.stderr, flush=True)
+
+    async def speak() -> None:
+        sink = choose_sink(args.out, format_for(args.out, args.format))
+        texts = lines_of(sys.stdin) if from_stdin else one_text(" ".join(args.text))
+        await say(
+            args.server,
+            texts,
+            sink,
+            token=token_from_env(args.token),
+            voice=args.voice,
+            seed=args.seed,
+            max_buffer_delay_ms=args.max_buffer_delay_ms,
+            log=log,
+        )
+
+    try:
+        asyncio.run(speak())
+    except ClientError as exc:
+        print(f"voxstream say: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
