@@ -53,7 +53,7 @@ from voxstream.serving.protocol import (
     decode_client,
 )
 from voxstream.serving.service import SpeechService
-from voxstream.serving.utterance import Utterance, UtteranceState, continuation, ready_message, resolve_settings
+from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
 from voxstream.text.segmenter import SentenceSegmenter
 
@@ -329,13 +329,16 @@ class Session:
         request_id = self.service.new_request_id("ws")
         if utterance.first_request_at is None:
             utterance.first_request_at = time.monotonic()
+        start = utterance.samples
         patches: list[Patch] = []
         final: StepOutput | None = None
         try:
             async with contextlib.aclosing(self.service.speak(request_id, text, params, prompt)) as stream:
                 async for final in stream:
                     if final.chunk.size:
-                        self._on_chunk(utterance, index, text, final.chunk, first=not patches)
+                        if utterance.samples == start:  # this sentence's first audio
+                            self._announce(utterance, index, text)
+                        self._on_chunk(utterance, final.chunk)
                     if final.patch is not None:
                         patches.append(final.patch)
         except QueueFullError as exc:
@@ -351,20 +354,20 @@ class Session:
             raise _SegmentFailed(ErrorCode.UNAVAILABLE, "the engine stopped (the server is shutting down)")
         return final.finish_reason, patches
 
-    def _on_chunk(self, utterance: Utterance, index: int, text: str, chunk: np.ndarray, *, first: bool) -> None:
+    def _announce(self, utterance: Utterance, index: int, text: str) -> None:
+        utterance.started += 1
+        self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample))
+
+    def _on_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
         now = self._last_activity = time.monotonic()
         if utterance.first_chunk_at is None:
             utterance.first_chunk_at = now
-        if first:
-            utterance.started += 1
-            self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample))
         utterance.samples += chunk.size
         seconds = chunk.size / utterance.model_rate
         self.outbox.put_audio(utterance.delivery, utterance.encoder.encode(chunk), seconds)
 
     def _finish(self, utterance: Utterance, reason: FinishReason) -> None:
         """The utterance is over: queue its ``done`` (built when sent, with what the socket took)."""
-        utterance.state = UtteranceState.DONE
         self._live.remove(utterance)
         utterance.live.close()
         if utterance is self._open:
@@ -375,21 +378,12 @@ class Session:
         self.outbox.put(lambda: self._done(utterance, reason))
 
     def _done(self, utterance: Utterance, reason: FinishReason) -> Done:
-        sent = utterance.delivery
-        ttfa = _between(utterance.started_at, sent.first_sent_at)
+        done = utterance.done(reason)
         if self.metrics is not None:
-            self.metrics.add_audio(sent.sent_s)
-            if ttfa is not None:
-                self.metrics.observe_first_audio(ttfa)
-        return Done(
-            utterance=utterance.number,
-            finish_reason=reason.value,
-            segments=utterance.started,
-            audio_s=round(sent.sent_s, 6),
-            ttfa_s=ttfa,
-            buffer_s=_between(utterance.started_at, utterance.first_request_at),
-            engine_ttfc_s=_between(utterance.first_request_at, utterance.first_chunk_at),
-        )
+            self.metrics.add_audio(done.audio_s)
+            if done.ttfa_s is not None:
+                self.metrics.observe_first_audio(done.ttfa_s)
+        return done
 
     def _ready(self) -> Ready:
         return ready_message(self.settings, self.service.info, self.config.opus_bitrate)
@@ -402,7 +396,3 @@ class Session:
     def _count_dropped(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.count_dropped(reason)
-
-
-def _between(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else round(end - start, 6)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import time
 from dataclasses import dataclass, replace
 
@@ -23,7 +22,16 @@ from voxstream.engine import ParamLimits, SynthesisParams
 from voxstream.engine.outputs import Patch
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.outbox import Delivery
-from voxstream.serving.protocol import MAX_SEED, PROTOCOL_VERSION, ErrorCode, ProtocolError, Ready, Start
+from voxstream.serving.protocol import (
+    MAX_SEED,
+    PROTOCOL_VERSION,
+    Done,
+    ErrorCode,
+    FinishReason,
+    ProtocolError,
+    Ready,
+    Start,
+)
 from voxstream.serving.service import ModelInfo
 from voxstream.serving.voices import UnknownVoiceError, VoiceStore
 
@@ -78,15 +86,6 @@ def ready_message(settings: Settings, info: ModelInfo, opus_bitrate: int) -> Rea
     )  # fmt: skip
 
 
-class UtteranceState(enum.Enum):
-    OPEN = "open"
-    """Taking text."""
-    ENDED = "ended"
-    """All text is in (``end``); the rest is being spoken."""
-    DONE = "done"
-    """Its ``done`` is queued (spoken, failed or cancelled); nothing more of it is sent."""
-
-
 class Utterance:
     """State of one utterance from its first text to its ``done``."""
 
@@ -96,7 +95,6 @@ class Utterance:
         self.model_rate = model_rate
         self.encoder = new_encoder(settings, model_rate, opus_bitrate)
         self.delivery = Delivery(number, settings.format)
-        self.state = UtteranceState.OPEN
         self.chars = 0
         self.queued = 0
         """Segments handed to the speaking task so far."""
@@ -117,12 +115,25 @@ class Utterance:
         self._segments.put_nowait(text)
 
     def end(self) -> None:
-        self.state = UtteranceState.ENDED
+        """No more sentences will come: ``next_segment`` returns None after the last one."""
         self._segments.put_nowait(None)
 
     async def next_segment(self) -> str | None:
         """The next sentence to speak; None once the utterance ended and every sentence was taken."""
         return await self._segments.get()
+
+    def done(self, reason: FinishReason) -> Done:
+        """The utterance's ``done``, with what the socket has taken of it so far."""
+        sent = self.delivery
+        return Done(
+            utterance=self.number,
+            finish_reason=reason.value,
+            segments=self.started,
+            audio_s=round(sent.sent_s, 6),
+            ttfa_s=_between(self.started_at, sent.first_sent_at),
+            buffer_s=_between(self.started_at, self.first_request_at),
+            engine_ttfc_s=_between(self.first_request_at, self.first_chunk_at),
+        )
 
     @property
     def start_sample(self) -> int:
@@ -140,3 +151,7 @@ def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> V
     stacked = torch.from_numpy(np.stack(patches))
     spoken = text + " "
     return VoicePrompt(spoken, stacked) if base is None else base.continued(spoken, stacked)
+
+
+def _between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 6)
