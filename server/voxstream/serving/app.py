@@ -15,8 +15,10 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import WSCloseCode, web
+from aiohttp.typedefs import Handler
 
 from voxstream.engine import SynthesisParams
 from voxstream.serving.auth import auth_middleware
@@ -44,6 +46,11 @@ _WARM_UP_TEXT = "Warming up."
 _JSON_OVERHEAD = 64 * 1024
 """Room for the JSON around an utterance's text in a request body."""
 
+CLIENT_DIR = Path(__file__).resolve().parents[3] / "client_js"
+"""The browser library and demo page (the repository's ``client_js/``, found from an editable install)."""
+CLIENT_PREFIX = "/client/"
+_CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
+
 
 def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Application:
     """Build the server's application; ``tts`` is loaded from ``config`` (blocking) unless given (tests)."""
@@ -53,7 +60,7 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
+    app = web.Application(middlewares=[error_middleware, _public_demo_or_auth], client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
@@ -63,9 +70,45 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     app[METRICS_KEY] = Metrics(service.engine.stats, lambda: len(sessions))
     add_http_routes(app)
     add_ws_routes(app)
+    add_demo_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)
     return app
+
+
+def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None:
+    """``/`` serves the demo page, ``/client/<file>`` the browser modules; nothing when ``client_js/`` is absent.
+
+    Only top-level page and module files are served (not tests, ``package.json`` or ``node_modules``).
+    """
+    if not (client_dir / "index.html").is_file():
+        logger.info("no demo page: %s is not there (a non-editable install)", client_dir)
+        return
+    files = {
+        path.name: path
+        for path in client_dir.iterdir()
+        if path.is_file() and path.suffix in _CLIENT_SUFFIXES and not path.name.endswith(".test.js")
+    }
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(files["index.html"])
+
+    async def client_file(request: web.Request) -> web.FileResponse:
+        path = files.get(request.match_info["name"])
+        if path is None:
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app.router.add_get("/", index)
+    app.router.add_get(CLIENT_PREFIX + "{name}", client_file)
+
+
+@web.middleware
+async def _public_demo_or_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The demo page and its modules are public (static, no secrets); the API they call needs the key."""
+    if request.method in ("GET", "HEAD") and (request.path == "/" or request.path.startswith(CLIENT_PREFIX)):
+        return await handler(request)
+    return await auth_middleware(request, handler)
 
 
 def load_configured_model(config: ServerConfig) -> VoxCPM:

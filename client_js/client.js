@@ -1,0 +1,331 @@
+/**
+ * The public API: a streaming text-to-speech session with a voxstream server, played in the page.
+ *
+ * ```js
+ * import { VoxstreamClient } from '/client/client.js';
+ * const tts = new VoxstreamClient({ token, voice: 'default', leadSeconds: 0.2 });
+ * tts.addEventListener('firstAudio', (e) => console.log(`first audio after ${e.detail.latencyMs} ms`));
+ * await tts.connect();              // from a click handler: browsers start audio on a user gesture
+ * tts.text('Hello there. ');        // as a language model streams it, word by word
+ * tts.end();                        // the rest is spoken, then `done`
+ * tts.cancel();                     // barge-in: silence now, late audio is dropped
+ * ```
+ *
+ * Events (`CustomEvent`, payload in `detail`): `ready` (the `ready` message: settings in effect),
+ * `segment` (a sentence starts), `firstAudio` ({utterance, latencyMs, receivedMs, decodedMs}:
+ * milliseconds from the utterance's first `text()` to its first sample played, first frame
+ * received, first audio decoded), `done` (the `done` message), `underrun` ({utterance}), `error`
+ * (the server's `error` message, or {code, message} for local failures), `close` ({code, reason}).
+ *
+ * @module client
+ */
+
+import { ProtocolError, decodeFrame, decodeServer, encodeClient } from './protocol.js';
+import { Player, supportsOpus } from './player.js';
+
+export { ProtocolError } from './protocol.js';
+export { supportsOpus } from './player.js';
+
+export const STREAM_PATH = '/v1/tts/stream';
+
+/**
+ * @typedef {object} ClientOptions
+ * @property {string} [url] server (`http(s)://` or `ws(s)://` host, or the full endpoint URL); default: this page's server
+ * @property {string} [token] API key, sent as the `token` query parameter (browsers cannot set WebSocket headers)
+ * @property {'opus' | 'pcm_f32le' | 'pcm_s16le'} [format] `opus` (default) falls back to `pcm_f32le` without WebCodecs Opus
+ * @property {string} [voice] a saved voice id, or `default`
+ * @property {number} [seed] segment k of each utterance uses seed + k
+ * @property {number} [cfgValue]
+ * @property {number} [inferenceTimesteps]
+ * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
+ * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
+ */
+
+/**
+ * Live counters, updated in place (a page may expose the object itself, e.g. `window.voxstreamStats`).
+ * @typedef {import('./player.js').PlayerStats & {
+ *   decoder: 'webcodecs' | 'pcm' | null,
+ *   framesReceived: number,
+ *   framesDropped: number,
+ *   utterancesDone: number,
+ *   firstAudio: FirstAudio | null,
+ * }} ClientStats
+ */
+
+/** @typedef {{utterance: number, latencyMs: number, receivedMs: number | null, decodedMs: number | null}} FirstAudio */
+
+/** @typedef {{textAt: number, receivedAt: number | null, decodedAt: number | null}} Timing */
+
+export class VoxstreamClient extends EventTarget {
+  /** @param {ClientOptions} [options] */
+  constructor(options = {}) {
+    super();
+    this.options = { format: 'opus', ...options };
+    /** @type {ClientStats} */
+    this.stats = {
+      decoder: null,
+      framesReceived: 0,
+      framesDropped: 0,
+      packetsDecoded: 0,
+      samplesPlayed: 0,
+      bufferedSamples: 0,
+      underruns: 0,
+      utterancesDone: 0,
+      playedAtCancel: null,
+      firstAudio: null,
+    };
+    /** @type {import('./protocol.js').Message | null} the settings in effect */
+    this.settings = null;
+    /** @type {WebSocket | null} */
+    this.socket = null;
+    /** @type {Player | null} */
+    this.player = null;
+    /** Number the server will give the next utterance (it counts them per connection, from 0). */
+    this.nextUtterance = 0;
+    /** @type {number | null} the utterance taking text, if any */
+    this.openUtterance = null;
+    /** Frames of utterances below this number were cancelled: they are dropped on arrival. */
+    this.dropBelow = 0;
+    /** @type {Map<number, Timing>} utterances whose first audio has not played yet */
+    this.timings = new Map();
+    /** @type {Set<number>} utterances whose next frame starts a sentence (a `segment` came) */
+    this.segmentStarts = new Set();
+    /** @type {number | null} the player's lead, in seconds */
+    this.lead = null;
+    /** @type {{resolve: (ready: any) => void, reject: (error: Error) => void}[]} */
+    this.readyWaiters = [];
+  }
+
+  /** The analyser after the player, for level meters and waveforms (null before `connect`). */
+  get analyser() {
+    return this.player?.analyser ?? null;
+  }
+
+  /**
+   * Open the session and apply the options; resolves with the `ready` message in effect.
+   * Call it from a user gesture so that the audio context may start.
+   * @returns {Promise<any>}
+   */
+  async connect() {
+    const socket = new WebSocket(streamUrl(this.options.url, this.options.token));
+    socket.binaryType = 'arraybuffer';
+    this.socket = socket;
+    socket.onmessage = (event) => this.#receive(event.data);
+    socket.onclose = (event) => {
+      for (const waiter of this.readyWaiters.splice(0)) waiter.reject(new Error(`closed: ${event.code} ${event.reason}`));
+      this.dispatchEvent(new CustomEvent('close', { detail: { code: event.code, reason: event.reason } }));
+    };
+    const greeting = this.#nextReady(); // the server greets every connection with its defaults
+    await new Promise((resolve, reject) => {
+      socket.onopen = resolve;
+      socket.onerror = () => reject(new Error(`cannot open ${socket.url.replace(/token=[^&]*/, 'token=…')}`));
+    });
+    await greeting;
+    return this.configure({});
+  }
+
+  /**
+   * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`.
+   * @param {ClientOptions} changes
+   * @returns {Promise<any>}
+   */
+  async configure(changes) {
+    Object.assign(this.options, changes);
+    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs } = this.options;
+    const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
+    const ready = this.#nextReady();
+    this.#send({
+      type: 'start',
+      voice,
+      format,
+      seed,
+      cfg_value: cfgValue,
+      inference_timesteps: inferenceTimesteps,
+      max_buffer_delay_ms: maxBufferDelayMs,
+    });
+    this.settings = await ready;
+    await this.#ensurePlayer(this.settings);
+    this.dispatchEvent(new CustomEvent('ready', { detail: this.settings }));
+    return this.settings;
+  }
+
+  /**
+   * Append text to the utterance (opening one if none is); send the spaces between words.
+   * @param {string} text
+   */
+  text(text) {
+    if (!text) return; // the server ignores empty text: it opens no utterance
+    this.player?.resume();
+    if (this.openUtterance === null) {
+      this.openUtterance = this.nextUtterance++;
+      this.timings.set(this.openUtterance, { textAt: performance.now(), receivedAt: null, decodedAt: null });
+    }
+    this.#send({ type: 'text', text });
+  }
+
+  /** Speak what is buffered now, even an incomplete sentence; the utterance stays open. */
+  flush() {
+    this.#send({ type: 'flush' });
+  }
+
+  /** Close the utterance: the rest of its text is spoken, then `done`. */
+  end() {
+    this.#send({ type: 'end' });
+    this.openUtterance = null;
+  }
+
+  /** Barge-in: stop every utterance, silence playback at once, and drop their frames still on the way. */
+  cancel() {
+    this.#send({ type: 'cancel' });
+    this.openUtterance = null;
+    this.dropBelow = this.nextUtterance;
+    this.timings.clear();
+    this.segmentStarts.clear();
+    this.player?.clear();
+  }
+
+  /** Close the connection and the audio context. */
+  async close() {
+    this.socket?.close(1000);
+    await this.player?.close();
+    this.player = null;
+  }
+
+  /** @param {import('./protocol.js').Message} message */
+  #send(message) {
+    if (this.socket?.readyState !== WebSocket.OPEN) throw new Error('not connected: call connect() first');
+    this.socket.send(encodeClient(message));
+  }
+
+  #nextReady() {
+    return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+  }
+
+  /** @param {any} ready */
+  async #ensurePlayer(ready) {
+    const rate = ready.format === 'opus' ? 48_000 : ready.sample_rate;
+    const lead = this.options.leadSeconds ?? ready.chunk_s;
+    const player = this.player;
+    if (player && player.format === ready.format && player.sampleRate === rate && this.lead === lead) {
+      player.preSkip = ready.pre_skip;
+      return;
+    }
+    await player?.close();
+    this.lead = lead;
+    this.player = await Player.create({
+      format: ready.format,
+      sampleRate: ready.sample_rate,
+      leadSeconds: lead,
+      preSkip: ready.pre_skip,
+      stats: this.stats,
+    });
+    this.stats.decoder = ready.format === 'opus' ? 'webcodecs' : 'pcm';
+    this.player.addEventListener('decoded', (event) => this.#mark(event.detail.utterance, 'decodedAt'));
+    this.player.addEventListener('playing', (event) => this.#firstAudio(event.detail.utterance));
+    this.player.addEventListener('underrun', (event) => this.dispatchEvent(new CustomEvent('underrun', { detail: event.detail })));
+    this.player.addEventListener('error', (event) => this.#fail('decode_failed', String(event.detail)));
+  }
+
+  /** @param {string | ArrayBuffer} data */
+  #receive(data) {
+    if (typeof data !== 'string') {
+      this.#audio(data);
+      return;
+    }
+    let message;
+    try {
+      message = decodeServer(data);
+    } catch (error) {
+      this.#fail(error.code, error.message);
+      return;
+    }
+    switch (message.type) {
+      case 'ready':
+        this.readyWaiters.shift()?.resolve(message);
+        break;
+      case 'segment':
+        this.segmentStarts.add(message.utterance);
+        this.dispatchEvent(new CustomEvent('segment', { detail: message }));
+        break;
+      case 'done':
+        this.stats.utterancesDone += 1;
+        this.player?.finish(message.utterance, this.openUtterance === null && message.utterance === this.nextUtterance - 1);
+        if (message.audio_s === 0) this.timings.delete(message.utterance); // no first audio will come
+        this.dispatchEvent(new CustomEvent('done', { detail: message }));
+        break;
+      case 'error':
+        // An error of no utterance while a `ready` is awaited refuses that `start` (or the connection).
+        if (message.utterance === null && this.readyWaiters.length > 0) {
+          this.readyWaiters.shift()?.reject(new ProtocolError(message.code, message.message));
+        }
+        this.dispatchEvent(new CustomEvent('error', { detail: message }));
+        break;
+    }
+  }
+
+  /** @param {ArrayBuffer} data */
+  #audio(data) {
+    let frame;
+    try {
+      frame = decodeFrame(data);
+    } catch (error) {
+      this.#fail(error.code, error.message);
+      return;
+    }
+    this.stats.framesReceived += 1;
+    if (frame.utterance < this.dropBelow || this.player === null) {
+      this.stats.framesDropped += 1;
+      return;
+    }
+    const timing = this.timings.get(frame.utterance);
+    if (timing) timing.receivedAt ??= performance.now();
+    const segmentStart = this.segmentStarts.delete(frame.utterance);
+    this.player.play(frame, { segmentStart });
+  }
+
+  /**
+   * @param {number} utterance
+   * @param {'decodedAt'} field
+   */
+  #mark(utterance, field) {
+    const timing = this.timings.get(utterance);
+    if (timing) timing[field] ??= performance.now();
+  }
+
+  /** @param {number} utterance */
+  #firstAudio(utterance) {
+    const timing = this.timings.get(utterance);
+    if (!timing) return; // cancelled meanwhile
+    this.timings.delete(utterance);
+    const since = (/** @type {number | null} */ at) => (at === null ? null : at - timing.textAt);
+    const detail = {
+      utterance,
+      latencyMs: performance.now() - timing.textAt,
+      receivedMs: since(timing.receivedAt),
+      decodedMs: since(timing.decodedAt),
+    };
+    this.stats.firstAudio = detail;
+    this.dispatchEvent(new CustomEvent('firstAudio', { detail }));
+  }
+
+  /**
+   * @param {string} code
+   * @param {string} message
+   */
+  #fail(code, message) {
+    this.dispatchEvent(new CustomEvent('error', { detail: { code, message, utterance: null } }));
+  }
+}
+
+/**
+ * The WebSocket URL of the stream endpoint.
+ * @param {string | undefined} url `http(s)://` or `ws(s)://` server or endpoint; default this page's server
+ * @param {string | undefined} token
+ */
+export function streamUrl(url, token) {
+  const target = new URL(url ?? '/', globalThis.location?.href);
+  target.protocol = target.protocol.replace(/^http/, 'ws');
+  if (target.pathname === '/' || target.pathname === '') target.pathname = STREAM_PATH;
+  if (token) target.searchParams.set('token', token);
+  return target.href;
+}

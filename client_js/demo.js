@@ -1,0 +1,213 @@
+/**
+ * The demo page served at `/`: speak typed or pasted text, pick or upload a voice, and watch the
+ * time to first audio, underruns and the output waveform. The page is static and public; every API
+ * call carries the key from the "API key" field (prefilled from the page's `?token=`).
+ *
+ * For tests and the curious, `window.voxstreamStats` is the client's live `stats` object.
+ */
+
+import { VoxstreamClient } from './client.js';
+
+const $ = (/** @type {string} */ id) => /** @type {any} */ (document.getElementById(id));
+const ui = {
+  status: $('status'), model: $('model'), text: $('text'), live: $('live'), play: $('play'), stop: $('stop'),
+  wave: $('wave'), level: $('level'), ttfa: $('ttfa'), underruns: $('underruns'), packets: $('packets'),
+  played: $('played'), decoder: $('decoder'), segments: $('segments'), token: $('token'), voice: $('voice'),
+  format: $('format'), seed: $('seed'), lead: $('lead'), upload: $('upload'), uploadStatus: $('upload-status'),
+  error: $('error'),
+};
+
+/** @type {VoxstreamClient | null} */
+let client = null;
+/** Settings changed since the last `configure` (applied before the next utterance). */
+let dirty = false;
+/** Characters of the text box already sent in "speak as I type" mode. */
+let sent = 0;
+
+ui.token.value = new URLSearchParams(location.search).get('token') ?? '';
+
+/** The settings the controls ask for, as client options. */
+function settings() {
+  const number = (/** @type {string} */ value) => (value === '' ? undefined : Number(value));
+  const lead = number(ui.lead.value);
+  return {
+    voice: ui.voice.value,
+    format: ui.format.value,
+    seed: number(ui.seed.value),
+    leadSeconds: lead === undefined ? undefined : lead / 1000,
+  };
+}
+
+/** A connected client with the current settings (connects on first use, from a user gesture). */
+async function session() {
+  if (client === null) {
+    client = new VoxstreamClient({ token: ui.token.value || undefined, ...settings() });
+    window.voxstreamStats = client.stats;
+    listen(client);
+    await client.connect();
+    dirty = false;
+  } else if (dirty) {
+    await client.configure(settings());
+    dirty = false;
+  }
+  return client;
+}
+
+/** @param {VoxstreamClient} tts */
+function listen(tts) {
+  tts.addEventListener('ready', (e) => {
+    setStatus('connected', 'on');
+    ui.model.textContent = `${e.detail.model} · ${e.detail.format} · ${e.detail.sample_rate} Hz`;
+  });
+  tts.addEventListener('firstAudio', (e) => { ui.ttfa.textContent = `${Math.round(e.detail.latencyMs)} ms`; });
+  tts.addEventListener('segment', (e) => {
+    const item = document.createElement('li');
+    item.textContent = e.detail.text;
+    ui.segments.append(item);
+    item.scrollIntoView({ block: 'nearest' });
+  });
+  tts.addEventListener('error', (e) => showError(`${e.detail.code}: ${e.detail.message}`));
+  tts.addEventListener('close', (e) => {
+    setStatus(`closed (${e.detail.code})`, 'off');
+    if (client === tts) client = null; // the next utterance reconnects
+  });
+}
+
+async function play() {
+  const tts = await session();
+  tts.cancel(); // a new Play replaces what is speaking
+  ui.segments.replaceChildren();
+  tts.text(ui.text.value);
+  tts.end();
+  sent = ui.text.value.length;
+}
+
+async function stop() {
+  client?.cancel();
+  sent = ui.text.value.length; // what is typed after Stop starts a new utterance
+}
+
+/** "Speak as I type": send each completed word; Enter ends the utterance. */
+async function typed() {
+  if (!ui.live.checked) return;
+  const value = ui.text.value;
+  if (value.length < sent) sent = value.length; // deleted text cannot be unsaid: follow the box
+  const lastSpace = Math.max(value.lastIndexOf(' '), value.lastIndexOf('\n'));
+  if (lastSpace + 1 <= sent) return;
+  const words = value.slice(sent, lastSpace + 1);
+  sent = lastSpace + 1;
+  (await session()).text(words);
+}
+
+async function endTyped() {
+  const rest = ui.text.value.slice(sent);
+  sent = ui.text.value.length;
+  const tts = await session();
+  if (rest) tts.text(rest);
+  if (tts.openUtterance !== null) tts.end();
+}
+
+/** The API key as an `Authorization` header (the page itself needs none). */
+function auth() {
+  return ui.token.value ? { Authorization: `Bearer ${ui.token.value}` } : {};
+}
+
+async function loadVoices() {
+  const response = await fetch('/v1/voices', { headers: auth() });
+  if (!response.ok) {
+    showError(response.status === 401 ? 'enter the API key to list voices' : `voices: HTTP ${response.status}`);
+    return;
+  }
+  const { data } = await response.json();
+  const chosen = ui.voice.value;
+  ui.voice.replaceChildren(new Option('default', 'default'));
+  for (const voice of data) ui.voice.append(new Option(`${voice.name} (${voice.duration_s.toFixed(1)} s)`, voice.id));
+  ui.voice.value = [...ui.voice.options].some((option) => option.value === chosen) ? chosen : 'default';
+}
+
+/** @param {SubmitEvent} event */
+async function upload(event) {
+  event.preventDefault();
+  ui.uploadStatus.textContent = 'encoding…';
+  const response = await fetch('/v1/voices', { method: 'POST', headers: auth(), body: new FormData(ui.upload) });
+  const body = await response.json();
+  if (!response.ok) {
+    ui.uploadStatus.textContent = '';
+    showError(`upload: ${body.error.code}: ${body.error.message}`);
+    return;
+  }
+  ui.uploadStatus.textContent = `saved as ${body.id}`;
+  await loadVoices();
+  ui.voice.value = body.id;
+  dirty = true;
+}
+
+/** @param {string} text @param {'on' | 'off'} kind */
+function setStatus(text, kind) {
+  ui.status.textContent = text;
+  ui.status.className = `pill ${kind}`;
+}
+
+/** @param {string} message */
+function showError(message) {
+  ui.error.textContent = message;
+  ui.error.hidden = false;
+  setTimeout(() => { ui.error.hidden = true; }, 6000);
+}
+
+/** Redraw the waveform, level and counters every animation frame. */
+function draw() {
+  const analyser = client?.analyser;
+  const canvas = ui.wave;
+  const g = canvas.getContext('2d');
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  g.strokeStyle = '#5b9bff';
+  g.beginPath();
+  let peak = 0;
+  if (analyser) {
+    const samples = new Float32Array(analyser.fftSize);
+    analyser.getFloatTimeDomainData(samples);
+    for (let i = 0; i < samples.length; i++) {
+      const x = (i / samples.length) * canvas.width;
+      const y = (0.5 - samples[i] / 2) * canvas.height;
+      if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
+      peak = Math.max(peak, Math.abs(samples[i]));
+    }
+  } else {
+    g.moveTo(0, canvas.height / 2);
+    g.lineTo(canvas.width, canvas.height / 2);
+  }
+  g.stroke();
+  ui.level.style.width = `${Math.min(100, peak * 100)}%`;
+  if (client) {
+    const { stats } = client;
+    ui.underruns.textContent = String(stats.underruns);
+    ui.packets.textContent = String(stats.packetsDecoded);
+    ui.played.textContent = `${(stats.samplesPlayed / (client.player?.sampleRate ?? 48_000)).toFixed(2)} s`;
+    ui.decoder.textContent = stats.decoder ?? '–';
+  }
+  requestAnimationFrame(draw);
+}
+
+const guard = (/** @type {(...args: any[]) => Promise<void>} */ action) => (/** @type {any[]} */ ...args) =>
+  action(...args).catch((error) => showError(error.message ?? String(error)));
+
+ui.play.addEventListener('click', guard(play));
+ui.stop.addEventListener('click', guard(stop));
+ui.text.addEventListener('input', guard(typed));
+ui.text.addEventListener('keydown', (/** @type {KeyboardEvent} */ event) => {
+  if (ui.live.checked && event.key === 'Enter' && !event.shiftKey) {
+    event.preventDefault();
+    guard(endTyped)();
+  }
+});
+ui.live.addEventListener('change', () => { sent = ui.text.value.length; });
+for (const control of [ui.voice, ui.format, ui.seed, ui.lead]) control.addEventListener('change', () => { dirty = true; });
+ui.token.addEventListener('change', guard(async () => {
+  await client?.close(); // a new key needs a new connection
+  client = null;
+  await loadVoices();
+}));
+ui.upload.addEventListener('submit', guard(upload));
+guard(loadVoices)();
+requestAnimationFrame(draw);
