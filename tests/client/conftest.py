@@ -1,0 +1,7 @@
+"""Client tests reuse the serving fixtures: the real app in process, on a free port, with the tiny model."""
+
+from __future__ import annotations
+
+from tests.serving.conftest import app_factory, serve, tiny_tts
+
+__all__ = ["app_factory", "serve", "tiny_tts"]

@@ -1,0 +1,38 @@
+"""Run the ``voxstream`` command line in a subprocess from a test whose event loop serves the in-process app."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+
+TIMEOUT_S = 120.0
+"""Generous: two CPU cores are shared with other test runs, and a fresh interpreter imports numpy."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+async def voxstream(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> Completed:
+    """``voxstream ARGS`` to completion (asynchronously, so the server in this process keeps answering)."""
+    process = await launch(*args, env=env)
+    stdout, stderr = await asyncio.wait_for(process.communicate(stdin), TIMEOUT_S)
+    assert process.returncode is not None
+    return Completed(process.returncode, stdout, stderr.decode())
+
+
+async def launch(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "voxstream.cli.main",
+        *args,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )

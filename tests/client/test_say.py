@@ -1,0 +1,169 @@
+"""``voxstream say`` end to end against the real app in process (tiny model on CPU): the audio on stdout is
+the engine's for the seed (bit-exact in float), WAV and Ogg Opus files decode, stdin lines are spoken as
+they arrive, failures exit with their typed codes, speakers get float PCM, and no torch is imported."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from voxstream.audio.pcm import to_s16le
+from voxstream.client.errors import OutputUnavailableError
+from voxstream.client.output import SpeakerSink, choose_sink
+from voxstream.client.say import one_text, say
+from voxstream.tts import VoxCPM
+
+from .helpers import TIMEOUT_S, launch, voxstream
+
+pytestmark = pytest.mark.asyncio
+
+TEXT = "Hello there."
+SEED = 11
+
+
+def url(server) -> str:
+    return str(server.make_url("/")).replace("http://", "ws://")
+
+
+@pytest.mark.parametrize("fmt", ["pcm_f32le", "pcm_s16le"])
+async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: VoxCPM, fmt: str) -> None:
+    server = await serve()
+    result = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--format", fmt, "--out", "-", TEXT)
+    assert result.returncode == 0, result.stderr
+    expected = tiny_tts.generate(TEXT, seed=SEED)
+    if fmt == "pcm_f32le":
+        np.testing.assert_array_equal(np.frombuffer(result.stdout, dtype="<f4"), expected)
+    else:
+        assert result.stdout == to_s16le(expected)
+
+
+async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
+    server = await serve()
+    path = tmp_path / "hello.wav"
+    piped = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", "-", TEXT)
+    saved = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
+    assert piped.returncode == saved.returncode == 0, piped.stderr + saved.stderr
+
+    expected = np.frombuffer(to_s16le(tiny_tts.generate(TEXT, seed=SEED)), dtype="<i2")
+    streamed, rate = soundfile.read(io.BytesIO(piped.stdout), dtype="int16")  # streaming header: sizes unknown
+    np.testing.assert_array_equal(streamed, expected)
+    assert rate == 48000 and piped.stdout[4:8] == b"\xff\xff\xff\xff"
+    info = soundfile.info(path)  # a file gets its real sizes patched in at the end
+    assert (info.frames, info.samplerate, info.subtype) == (expected.size, 48000, "PCM_16")
+    np.testing.assert_array_equal(soundfile.read(path, dtype="int16")[0], expected)
+
+
+async def test_ogg_opus_file_decodes_to_the_utterance_length(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
+    server = await serve()
+    path = tmp_path / "hello.ogg"  # the extension picks Ogg Opus
+    result = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
+    assert result.returncode == 0, result.stderr
+    decoded, rate = soundfile.read(path, dtype="float32")
+    assert path.read_bytes()[:4] == b"OggS" and rate == 48000
+    assert decoded.size == tiny_tts.generate(TEXT, seed=SEED).size
+
+
+async def test_stdin_lines_are_spoken_as_they_arrive(serve) -> None:
+    server = await serve()
+    process = await launch("say", "-v", "--server", url(server), "--format", "pcm_s16le", "--out", "-", "-")
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    process.stdin.write(b"The first line is here.\n")
+    await process.stdin.drain()
+    # Audio of line 1 arrives while line 2 has not been written yet.
+    first_audio = await asyncio.wait_for(process.stdout.read(4096), TIMEOUT_S)
+    assert first_audio
+    process.stdin.write(b"And then a second one.\n")
+    process.stdin.close()
+    rest, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+    log = stderr.decode()
+    assert process.returncode == 0, log
+    assert "segment 0: 'The first line is here.'" in log and "segment 1: 'And then a second one.'" in log
+    assert log.index("time to first audio") < log.index("segment 1")
+    assert len(first_audio + rest) % 2 == 0 and len(rest) > 0
+
+
+async def test_failures_exit_with_typed_codes(serve) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    unreachable = await voxstream("say", "--server", dead, "--out", "-", TEXT)
+    assert unreachable.returncode == 3 and "cannot connect" in unreachable.stderr
+
+    server = await serve(api_keys=("sesame",))
+    refused = await voxstream("say", "--server", url(server), "--out", "-", TEXT)
+    assert refused.returncode == 4 and "HTTP 401" in refused.stderr and "--token" in refused.stderr
+    env = {**os.environ, "VOXSTREAM_TOKEN": "sesame"}
+    allowed = await voxstream("say", "--server", url(server), "--voice", "nobody", "--out", "-", TEXT, env=env)
+    assert allowed.returncode == 5 and "unknown_voice" in allowed.stderr
+    spoken = await voxstream("say", "--server", url(server) + "v1/tts/stream", "--token", "sesame", "--out", "-", TEXT)
+    assert spoken.returncode == 0 and spoken.stdout[:4] == b"RIFF"
+
+
+class FakeOutputStream:
+    """Stands in for ``sounddevice.RawOutputStream``: records what would have been played."""
+
+    def __init__(self, *, samplerate: int, channels: int, dtype: str) -> None:
+        self.settings = (samplerate, channels, dtype)
+        self.state = "new"
+        self.played: list[bytes] = []
+
+    def start(self) -> None:
+        self.state = "started"
+
+    def write(self, data: bytes) -> None:
+        assert self.state == "started"
+        self.played.append(data)
+
+    def stop(self) -> None:
+        self.state = "stopped"
+
+    def close(self) -> None:
+        assert self.state == "stopped", "close only after stop (which waits for the audio to play out)"
+
+
+async def test_speakers_play_the_engines_float_audio(serve, tiny_tts: VoxCPM) -> None:
+    server = await serve()
+    fake = types.SimpleNamespace(RawOutputStream=FakeOutputStream)
+    sink = SpeakerSink(fake)  # type: ignore[arg-type]
+    result = await say(url(server), one_text(TEXT), sink, seed=SEED)
+    assert sink.stream.settings == (48000, 1, "float32") and sink.stream.state == "stopped"
+    played = np.frombuffer(b"".join(sink.stream.played), dtype="<f4")
+    np.testing.assert_array_equal(played, tiny_tts.generate(TEXT, seed=SEED))
+    assert result.ttfa_s is not None and result.done.finish_reason in ("stop", "length")
+
+
+async def test_without_speakers_a_terminal_gets_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # import fails as if not installed
+    terminal = types.SimpleNamespace(isatty=lambda: True)
+    with pytest.raises(OutputUnavailableError, match=r"voxstream\[speakers\].*--out"):
+        choose_sink(None, "wav", stdout=terminal)  # type: ignore[arg-type]
+    piped = io.BytesIO()
+    assert choose_sink(None, "wav", stdout=piped).stream is piped  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", ["say", "bench"])
+async def test_the_clients_import_no_torch(serve, tmp_path: Path, command: str) -> None:
+    server = await serve()
+    args = {
+        "say": ["say", "--server", url(server), "--out", str(tmp_path / "a.wav"), TEXT],
+        "bench": ["bench", "--server", url(server), "--duration", "1", "--quiet", "--json", str(tmp_path / "b.json")],
+    }[command]
+    script = (
+        "import sys\nfrom voxstream.cli.main import main\n"
+        f"code = main({args!r})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+    assert process.returncode == 0, stderr.decode()
