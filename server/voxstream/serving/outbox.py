@@ -66,6 +66,7 @@ class _Message:
     build: Callable[[], ServerMessage]
     utterance: int | None = None
     """Set for ``segment`` events, which ``drop`` removes along with their audio."""
+    sent: Callable[[], object] | None = None
 
 
 _Item = _Audio | _Message
@@ -83,11 +84,14 @@ class Outbox:
     _items: deque[_Item] = field(default_factory=deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def put(self, message: ServerMessage | Callable[[], ServerMessage]) -> None:
-        """Queue a JSON message; a callable is called when the message's turn comes (e.g. ``done``)."""
+    def put(
+        self, message: ServerMessage | Callable[[], ServerMessage], *, sent: Callable[[], object] | None = None
+    ) -> None:
+        """Queue a JSON message; a callable is called when the message's turn comes (e.g. ``done``), and
+        ``sent`` once the socket has taken the message."""
         build = message if callable(message) else _constant(message)
         utterance = message.utterance if isinstance(message, Segment) else None
-        self._push(_Message(build, utterance))
+        self._push(_Message(build, utterance, sent))
 
     def put_audio(self, delivery: Delivery, blocks: list[bytes], seconds: float) -> None:
         """Queue encoded audio of ``seconds`` duration. Raises ``SlowConsumerError`` past the bound."""
@@ -120,6 +124,8 @@ class Outbox:
                 self._ready.clear()
             if isinstance(item, _Message):
                 await self.transport.send_str(encode(item.build()))
+                if item.sent is not None:
+                    item.sent()
             else:
                 await self._send_audio(item)
 

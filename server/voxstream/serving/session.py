@@ -109,7 +109,9 @@ class Session:
         self._segmenter = SentenceSegmenter()
         self._open: Utterance | None = None
         self._live: list[Utterance] = []
-        """Utterances without a ``done`` yet, oldest first."""
+        """Utterances not finished yet, oldest first."""
+        self._held: list[Utterance] = []
+        """Utterances the server counts as live: until their ``done`` has been sent (so a drain lets it out)."""
         self._numbers = itertools.count()
         self._flush_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -156,8 +158,9 @@ class Session:
         self._cancel_timer()
         for task in self._tasks:
             task.cancel()
-        for utterance in self._live:
+        for utterance in self._held:
             utterance.live.close()
+        self._held.clear()
         self._live.clear()
         self._open = None
 
@@ -268,6 +271,7 @@ class Session:
         info = self.service.info
         utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_bitrate)
         utterance.live.enter_context(self.server.utterance())
+        self._held.append(utterance)
         self._live.append(utterance)
         self._open = utterance
         self.phase = SessionPhase.OPEN
@@ -369,13 +373,17 @@ class Session:
     def _finish(self, utterance: Utterance, reason: FinishReason) -> None:
         """The utterance is over: queue its ``done`` (built when sent, with what the socket took)."""
         self._live.remove(utterance)
-        utterance.live.close()
         if utterance is self._open:
             self._close_text()
         self._last_activity = time.monotonic()
         if self.metrics is not None:
             self.metrics.count_utterance(reason.value)
-        self.outbox.put(lambda: self._done(utterance, reason))
+        self.outbox.put(lambda: self._done(utterance, reason), sent=lambda: self._release(utterance))
+
+    def _release(self, utterance: Utterance) -> None:
+        if utterance in self._held:  # not if the session stopped meanwhile and released everything
+            self._held.remove(utterance)
+            utterance.live.close()
 
     def _done(self, utterance: Utterance, reason: FinishReason) -> Done:
         done = utterance.done(reason)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from aiohttp import WSMsgType
 
+from voxstream.serving.app import drain
 from voxstream.serving.keys import METRICS_KEY, STATE_KEY, Phase
-from voxstream.serving.protocol import CloseCode, Done, End, Ready, Start, Text, encode
+from voxstream.serving.protocol import CloseCode, Done, End, Ready, Segment, Start, Text, encode
 from voxstream.serving.ws import STREAM_PATH
 
 from .conftest import Connect, StreamClient, engine_idle
@@ -134,6 +135,21 @@ async def test_no_new_connection_or_utterance_while_the_server_is_not_ready(
     await early.send(Text("A new utterance."))
     await early.error("unavailable")
     server.app[STATE_KEY].phase = Phase.READY
+
+
+async def test_shutdown_lets_a_live_utterance_finish_then_closes_with_1001(
+    ws_server: Callable, connect: Connect
+) -> None:
+    server = await ws_server()
+    stream = await connect(server)
+    await stream.send(Text("One sentence is here. Another one follows it."))
+    await stream.send(End())
+    await stream.expect(Segment)
+    draining = asyncio.create_task(drain(server.app))
+    heard = await stream.heard()
+    assert heard.done is not None and heard.done.finish_reason in ("stop", "length") and len(heard.segments) == 1
+    assert (await stream.closed())[0] == CloseCode.GOING_AWAY
+    await draining
 
 
 async def test_a_full_engine_queue_fails_the_utterance_with_busy(ws_server: Callable, connect: Connect) -> None:
