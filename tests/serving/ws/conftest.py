@@ -77,8 +77,9 @@ class Heard:
     def packets(self) -> list[bytes]:
         return [packet for frame in self.frames for packet in frame.packets]
 
-    def pcm(self, dtype: str = "<f4") -> np.ndarray:
-        return np.frombuffer(b"".join(self.packets), dtype=dtype)
+    def pcm(self) -> np.ndarray:
+        """The audio of a ``pcm_f32le`` utterance."""
+        return np.frombuffer(b"".join(self.packets), dtype="<f4")
 
 
 class StreamClient:
@@ -161,14 +162,24 @@ async def connect(aiohttp_client: Callable[..., Awaitable[TestClient]]) -> Conne
     return open_stream
 
 
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds, polling."""
+
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
 async def engine_idle(app: web.Application, timeout: float = TIMEOUT_S) -> None:
     """Wait until the engine holds no request (every slot free, nothing queued)."""
 
-    async def idle() -> None:
-        while (stats := app[SERVICE_KEY].engine.stats()).running or stats.waiting:
-            await asyncio.sleep(0.02)
+    def idle() -> bool:
+        stats = app[SERVICE_KEY].engine.stats()
+        return not (stats.running or stats.waiting)
 
-    await asyncio.wait_for(idle(), timeout)
+    await until(idle, timeout)
 
 
 # ---- a SpeechService stand-in that plays a clip ------------------------------------------------------------------

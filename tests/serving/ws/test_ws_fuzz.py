@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from voxstream.serving.keys import SESSIONS_KEY, STATE_KEY
 from voxstream.serving.protocol import CLIENT_MESSAGES, FRAME_FORMATS, AudioFrame, Error, ErrorCode, Ready
 
-from .conftest import Connect, engine_idle
+from .conftest import Connect, engine_idle, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -119,18 +119,10 @@ async def test_no_client_input_breaks_the_server(fuzz_server: TestServer, connec
 
     app = server.app
     await engine_idle(app, timeout=30.0)
-    await _until(lambda: not app[SESSIONS_KEY] and app[STATE_KEY].live_utterances == 0)
+    await until(lambda: not app[SESSIONS_KEY] and app[STATE_KEY].live_utterances == 0)
     fresh = await connect(server)
     await fresh.send(json.dumps({"type": "text", "text": "Ok."}))
     await fresh.send(json.dumps({"type": "end"}))
     heard = await fresh.heard()
     assert heard.done is not None and heard.done.finish_reason in ("stop", "length") and not heard.errors
     await fresh.ws.close()
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout)

@@ -4,7 +4,6 @@ model-sized steps) make backpressure, cancellation and the continuation rule det
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -30,7 +29,7 @@ from voxstream.serving.session import Session, SessionPhase
 from voxstream.serving.utterance import continuation
 from voxstream.serving.voices import VoiceStore
 
-from .conftest import ClipService, ws_config
+from .conftest import ClipService, until, ws_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -65,14 +64,6 @@ class MemoryTransport:
 def new_session(service: ClipService, transport: MemoryTransport, **config: object) -> Session:
     voices = VoiceStore(None, "clip", (2, 4), max_voices=1)
     return Session(service, ws_config(**config), voices, ServerState(phase=Phase.READY), transport)  # type: ignore[arg-type]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 def noise(patches: int) -> np.ndarray:
