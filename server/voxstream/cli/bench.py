@@ -7,6 +7,7 @@ import asyncio
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 _EPILOG = """examples:
   voxstream bench --server ws://gpu-box:8000 --concurrency 1,4,16 --duration 30 --json bench.json --plot bench.png
@@ -85,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--find-max needs --slo-p99-ttfa-ms")
     texts = load_texts(args.texts)
 
-    async def bench() -> dict:
-        async def against(server: str) -> dict:
+    async def bench() -> dict[str, Any]:
+        async def against(server: str) -> dict[str, Any]:
             config = BenchConfig(
                 server=server,
                 texts=texts,

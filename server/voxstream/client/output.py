@@ -8,6 +8,7 @@ with the real sizes at the end when the file can seek. Speakers use ``sounddevic
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -102,7 +103,7 @@ class SpeakerSink:
 def speakers() -> SpeakerSink | None:
     """A sink on the default output device, or None without ``sounddevice``, PortAudio or a device."""
     try:
-        import sounddevice
+        sounddevice = importlib.import_module("sounddevice")  # optional: the `speakers` extra
     except (ImportError, OSError):  # OSError: the module is there but PortAudio is not
         return None
     try:

@@ -75,7 +75,7 @@ class LocalServer:
 def _is_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
@@ -83,4 +83,5 @@ def _is_ready(url: str) -> bool:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import sys
 import time
@@ -128,7 +129,7 @@ async def _user(config: BenchConfig, index: int, result: LevelResult, progress: 
     random.Random(index).shuffle(texts)  # users do not all speak the same text at the same time
     connection: Connection | None = None
     try:
-        for number in range(sys.maxsize):
+        for number in itertools.count():
             if progress.elapsed() >= config.duration_s:
                 break
             text = texts[number % len(texts)]
