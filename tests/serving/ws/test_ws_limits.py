@@ -16,11 +16,11 @@ import pytest
 from aiohttp import WSMsgType
 
 from voxstream.serving.app import drain
-from voxstream.serving.keys import METRICS_KEY, STATE_KEY, Phase
+from voxstream.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 from voxstream.serving.protocol import CloseCode, Done, End, Ready, Segment, Start, Text, encode
 from voxstream.serving.ws import STREAM_PATH
 
-from .conftest import Connect, StreamClient, engine_idle
+from .conftest import Connect, StreamClient, engine_idle, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -150,6 +150,18 @@ async def test_shutdown_lets_a_live_utterance_finish_then_closes_with_1001(
     assert heard.done is not None and heard.done.finish_reason in ("stop", "length") and len(heard.segments) == 1
     assert (await stream.closed())[0] == CloseCode.GOING_AWAY
     await draining
+
+
+async def test_a_client_that_leaves_mid_utterance_frees_everything(ws_server: Callable, connect: Connect) -> None:
+    server = await ws_server()
+    stream = await connect(server)
+    await stream.send(Text(" ".join(f"Sentence {n} is long enough." for n in range(20))))
+    await stream.expect(Segment)
+    await stream.ws.close()
+    await engine_idle(server.app, timeout=5.0)
+    app = server.app
+    await until(lambda: not app[SESSIONS_KEY] and app[STATE_KEY].live_utterances == 0)
+    assert 'voxstream_dropped_sessions_total{reason="client_gone"} 1.0' in app[METRICS_KEY].exposition().decode()
 
 
 async def test_a_full_engine_queue_fails_the_utterance_with_busy(ws_server: Callable, connect: Connect) -> None:
