@@ -95,7 +95,8 @@ class Outbox:
 
     def put_audio(self, delivery: Delivery, blocks: list[bytes], seconds: float) -> None:
         """Queue encoded audio of ``seconds`` duration. Raises ``SlowConsumerError`` past the bound."""
-        if self.unsent_s + seconds > self.max_unsent_s:
+        # Something must be waiting already: a bound shorter than one chunk still lets one chunk through.
+        if self.unsent_s > 0 and self.unsent_s + seconds > self.max_unsent_s:
             raise SlowConsumerError(f"more than {self.max_unsent_s:g} s of audio is waiting for the client to read it")
         self.unsent_s += seconds
         self.peak_unsent_s = max(self.peak_unsent_s, self.unsent_s)
