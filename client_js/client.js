@@ -96,6 +96,11 @@ export class VoxstreamClient extends EventTarget {
     this.readyWaiters = [];
   }
 
+  /** Whether an utterance is not done yet or its audio is still playing (a `cancel()` would cut something). */
+  get speaking() {
+    return this.stats.utterancesDone < this.nextUtterance || this.stats.bufferedSamples > 0;
+  }
+
   /** The analyser after the player, for level meters and waveforms (null before `connect`). */
   get analyser() {
     return this.player?.analyser ?? null;

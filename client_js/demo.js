@@ -3,7 +3,8 @@
  * time to first audio, underruns and the output waveform. The page is static and public; every API
  * call carries the key from the "API key" field (prefilled from the page's `?token=`).
  *
- * For tests and the curious, `window.voxstreamStats` is the client's live `stats` object.
+ * For tests and the curious, `window.voxstreamClient` is the client and `window.voxstreamStats` its
+ * live `stats` object (both set on the first connection).
  */
 
 import { VoxstreamClient } from './client.js';
@@ -13,12 +14,14 @@ const ui = {
   status: $('status'), model: $('model'), text: $('text'), live: $('live'), play: $('play'), stop: $('stop'),
   wave: $('wave'), level: $('level'), ttfa: $('ttfa'), underruns: $('underruns'), packets: $('packets'),
   played: $('played'), decoder: $('decoder'), segments: $('segments'), token: $('token'), voice: $('voice'),
-  format: $('format'), seed: $('seed'), lead: $('lead'), upload: $('upload'), uploadStatus: $('upload-status'),
+  format: $('format'), seed: $('seed'), lead: $('lead'), delay: $('delay'), upload: $('upload'), uploadStatus: $('upload-status'),
   error: $('error'),
 };
 
-/** @type {VoxstreamClient | null} */
+/** @type {VoxstreamClient | null} the connected client (for the display and Stop) */
 let client = null;
+/** @type {Promise<VoxstreamClient> | null} the client once connected and configured; shared by every caller */
+let connection = null;
 /** Settings changed since the last `configure` (applied before the next utterance). */
 let dirty = false;
 /** Characters of the text box already sent in "speak as I type" mode. */
@@ -34,30 +37,54 @@ function settings() {
     voice: ui.voice.value,
     format: ui.format.value,
     seed: number(ui.seed.value),
+    maxBufferDelayMs: number(ui.delay.value),
     leadSeconds: lead === undefined ? undefined : lead / 1000,
   };
 }
 
-/** A connected client with the current settings (connects on first use, from a user gesture). */
-async function session() {
-  if (client === null) {
-    client = new VoxstreamClient({ token: ui.token.value || undefined, ...settings() });
-    window.voxstreamStats = client.stats;
-    listen(client);
-    await client.connect();
-    dirty = false;
+/**
+ * The connected client with the current settings; the first call connects (from a user gesture).
+ * Concurrent callers (keystrokes while connecting) share one promise, so text goes out in order.
+ */
+function session() {
+  if (connection === null) {
+    connection = connect().catch((error) => {
+      connection = null;
+      throw error;
+    });
   } else if (dirty) {
-    await client.configure(settings());
     dirty = false;
+    connection = connection.then((tts) =>
+      tts.configure(settings()).then(
+        () => tts,
+        (error) => {
+          showError(`settings refused: ${error.message}`); // the previous settings stay in effect
+          return tts;
+        },
+      ),
+    );
   }
-  return client;
+  return connection;
+}
+
+async function connect() {
+  const tts = new VoxstreamClient({ token: ui.token.value || undefined, ...settings() });
+  dirty = false;
+  window.voxstreamClient = tts;
+  window.voxstreamStats = tts.stats;
+  listen(tts);
+  await tts.connect();
+  client = tts;
+  return tts;
 }
 
 /** @param {VoxstreamClient} tts */
 function listen(tts) {
   tts.addEventListener('ready', (e) => {
     setStatus('connected', 'on');
-    ui.model.textContent = `${e.detail.model} · ${e.detail.format} · ${e.detail.sample_rate} Hz`;
+    const { model, format, sample_rate: rate } = e.detail;
+    const name = model.startsWith('/') ? model.split('/').pop() : model; // a local checkpoint: its folder name
+    ui.model.textContent = `${name} · ${format} · ${rate} Hz`;
   });
   tts.addEventListener('firstAudio', (e) => { ui.ttfa.textContent = `${Math.round(e.detail.latencyMs)} ms`; });
   tts.addEventListener('segment', (e) => {
@@ -69,13 +96,16 @@ function listen(tts) {
   tts.addEventListener('error', (e) => showError(`${e.detail.code}: ${e.detail.message}`));
   tts.addEventListener('close', (e) => {
     setStatus(`closed (${e.detail.code})`, 'off');
-    if (client === tts) client = null; // the next utterance reconnects
+    if (client === tts) {
+      client = null; // the next utterance reconnects
+      connection = null;
+    }
   });
 }
 
 async function play() {
   const tts = await session();
-  tts.cancel(); // a new Play replaces what is speaking
+  if (tts.speaking) tts.cancel(); // a new Play replaces what is speaking
   ui.segments.replaceChildren();
   tts.text(ui.text.value);
   tts.end();
@@ -202,10 +232,11 @@ ui.text.addEventListener('keydown', (/** @type {KeyboardEvent} */ event) => {
   }
 });
 ui.live.addEventListener('change', () => { sent = ui.text.value.length; });
-for (const control of [ui.voice, ui.format, ui.seed, ui.lead]) control.addEventListener('change', () => { dirty = true; });
+for (const control of [ui.voice, ui.format, ui.seed, ui.lead, ui.delay]) control.addEventListener('change', () => { dirty = true; });
 ui.token.addEventListener('change', guard(async () => {
   await client?.close(); // a new key needs a new connection
   client = null;
+  connection = null;
   await loadVoices();
 }));
 ui.upload.addEventListener('submit', guard(upload));

@@ -1,0 +1,94 @@
+"""Browser test material: the real app in process on a free port, and a page in headless Chromium.
+
+* ``demo_server(**config)``: ``make_app`` over a tiny random voxcpm2 model (its audio is noise, which
+  is all a player test needs), started on 127.0.0.1 and ready (warmed up).
+* ``page``: a Playwright page in Debian's ``chromium`` (``CHROMIUM`` overrides the path), with a
+  fresh profile and autoplay allowed, so audio starts without a user gesture. Console errors and
+  page exceptions are collected in ``page.errors``.
+
+The tests skip when Playwright or Chromium is missing; CI installs both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestServer
+
+import voxstream
+from voxstream.serving.app import make_app
+from voxstream.serving.config import ServerConfig
+from voxstream.serving.keys import STATE_KEY
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+from voxstream.tts import VoxCPM
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+]
+READY_TIMEOUT_S = 60.0
+
+DemoServer = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("browser-model") / "voxcpm2", "voxcpm2")
+    return voxstream.load_model(folder, device="cpu")
+
+
+@pytest_asyncio.fixture
+async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> DemoServer:
+    async def start(**overrides: Any) -> TestServer:
+        settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, **overrides}
+        app = make_app(ServerConfig(**settings), tts=tiny_tts)
+        server = await aiohttp_server(app)
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            while not app[STATE_KEY].accepting:
+                await asyncio.sleep(0.02)
+        return server
+
+    return start
+
+
+@pytest_asyncio.fixture
+async def page(chromium: str, tmp_path: Path) -> AsyncIterator[Any]:
+    playwright_api = pytest.importorskip("playwright.async_api", reason="Playwright drives the browser")
+    async with playwright_api.async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            tmp_path / "profile",
+            executable_path=chromium,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1200, "height": 820},
+        )
+        try:
+            page = await context.new_page()
+            page.errors = []
+            page.on("pageerror", lambda error: page.errors.append(str(error)))
+            page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
+            yield page
+        finally:
+            await context.close()

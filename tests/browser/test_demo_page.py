@@ -1,0 +1,150 @@
+"""The demo page in real headless Chromium against the real server: WebCodecs decodes, the worklet plays.
+
+What the page reports is read from the library's live counters (``window.voxstreamStats``):
+packets decoded by WebCodecs ``AudioDecoder``, samples output by the ``AudioWorklet``, underruns of
+its jitter buffer, and the time from the first text sent to the first sample played.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import DemoServer
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+KEY = "browser-test-key"
+RATE = 48_000
+OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
+FADE_SAMPLES = 240  # the player's 5 ms fade-out on cancel
+QUANTUM = 128  # an AudioWorklet renders in blocks of 128 samples
+WAIT_MS = 30_000
+
+SENTENCE = "The quick brown fox jumps over the lazy dog, and then it takes a well deserved rest."
+PARAGRAPH = " ".join(
+    [
+        "It was a bright cold day in April, and the clocks were striking thirteen.",
+        "Winston Smith slipped quickly through the glass doors of Victory Mansions.",
+        "The hallway smelt of boiled cabbage and old rag mats.",
+        "At one end of it a coloured poster, too large for indoor display, had been tacked to the wall.",
+        "It depicted simply an enormous face, more than a metre wide.",
+        "It was the face of a man of about forty-five, with a heavy black moustache.",
+    ]
+)
+
+
+async def stats(page: Any) -> dict[str, Any]:
+    return await page.evaluate("() => ({...window.voxstreamStats})")  # type: ignore[no-any-return]
+
+
+async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
+    await page.goto(str(server.make_url(f"/?token={KEY}")))
+    if lead_ms is not None:
+        await page.fill("#lead", str(lead_ms))
+        await page.dispatch_event("#lead", "change")
+
+
+async def record_done(page: Any) -> None:
+    """Collect the ``done`` messages in ``window.dones`` once the client exists."""
+    await page.wait_for_function("() => window.voxstreamClient !== undefined", timeout=WAIT_MS)
+    await page.evaluate(
+        """() => {
+            window.dones = [];
+            window.voxstreamClient.addEventListener('done', (e) => window.dones.push(e.detail));
+        }"""
+    )
+
+
+async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer) -> None:
+    server = await demo_server(api_keys=(KEY,))
+    public = [("/", 200, "text/html"), ("/client/client.js", 200, "javascript"), ("/client/demo.css", 200, "css")]
+    hidden = [("/client/protocol.test.js", 404, None), ("/client/package.json", 404, None)]
+    async with aiohttp.ClientSession() as http:
+        for path, status, content_type in [*public, *hidden, ("/v1/voices", 401, None)]:
+            async with http.get(server.make_url(path)) as response:
+                assert response.status == status, path
+                assert content_type is None or content_type in response.content_type, path
+        async with http.get(server.make_url("/v1/voices"), headers={"Authorization": f"Bearer {KEY}"}) as response:
+            assert response.status == 200
+
+
+async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: DemoServer) -> None:
+    server = await demo_server(api_keys=(KEY,))
+    await open_demo(page, server, lead_ms=500)  # a generous buffer: no underrun is acceptable
+    await page.fill("#text", SENTENCE)
+    await page.click("#play")
+
+    # Mid-playback, the page shows the waveform and the numbers: that is the screenshot.
+    await page.wait_for_function(f"() => window.voxstreamStats?.samplesPlayed > {RATE // 4}", timeout=WAIT_MS)
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "demo_page.png"))
+
+    played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
+    await page.wait_for_function(f"() => ({played_out})(window.voxstreamStats)", timeout=WAIT_MS)
+    result = await stats(page)
+    ready = await page.evaluate("() => window.voxstreamClient.settings")
+    (ARTIFACTS / "demo_page_stats.json").write_text(json.dumps(result, indent=1))
+
+    assert result["decoder"] == "webcodecs" and ready["format"] == "opus"
+    assert result["packetsDecoded"] > 0
+    # Every decoded sample but the Opus pre-skip went through the worklet: nothing lost, nothing doubled.
+    assert result["samplesPlayed"] == result["packetsDecoded"] * OPUS_PACKET_SAMPLES - ready["pre_skip"]
+    assert result["underruns"] == 0
+    first = result["firstAudio"]
+    assert first["utterance"] == 0
+    assert 0 < first["receivedMs"] <= first["decodedMs"] <= first["latencyMs"] < 10_000
+    assert (await page.text_content("#ttfa")) == f"{round(first['latencyMs'])} ms"
+    assert (await page.text_content("#underruns")) == "0"
+    assert page.errors == []
+
+
+async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer) -> None:
+    server = await demo_server()
+    await open_demo(page, server)
+    await page.fill("#text", PARAGRAPH)
+    await page.click("#play")
+    await record_done(page)
+    await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {RATE // 2}", timeout=WAIT_MS)
+    assert (await stats(page))["playedAtCancel"] is None
+    await page.click("#stop")
+    await page.wait_for_function("() => window.voxstreamStats.playedAtCancel !== null", timeout=WAIT_MS)
+    await page.wait_for_timeout(1000)  # late frames of the cancelled utterance arrive and must stay silent
+    result = await stats(page)
+    assert result["samplesPlayed"] - result["playedAtCancel"] <= FADE_SAMPLES + QUANTUM
+    assert result["bufferedSamples"] == 0
+    dones = await page.evaluate("() => window.dones")
+    assert [done["finish_reason"] for done in dones] == ["cancelled"]
+
+    # Barge-in leaves the session usable: the next utterance plays.
+    before = result["samplesPlayed"]
+    await page.fill("#text", "And now for something completely different.")
+    await page.click("#play")
+    await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {before + RATE // 4}", timeout=WAIT_MS)
+    assert page.errors == []
+
+
+async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
+    server = await demo_server()
+    await open_demo(page, server)
+    await page.check("#live")
+    # Sentences wait up to 2 s for their end: typing at 15 ms a key, each sentence is spoken whole.
+    await page.fill("#delay", "2000")
+    await page.dispatch_event("#delay", "change")
+    await page.fill("#text", "")
+    await page.type("#text", "Hello there. This sentence is typed word by word", delay=15)
+    await record_done(page)
+    await page.press("#text", "Enter")  # ends the utterance: the last word is spoken too
+    await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
+    segments = await page.eval_on_selector_all("#segments li", "items => items.map(item => item.textContent)")
+    assert segments == ["Hello there.", "This sentence is typed word by word"]
+    dones = await page.evaluate("() => window.dones")
+    assert dones[0]["finish_reason"] in ("stop", "length") and dones[0]["segments"] == 2
+    await page.wait_for_function("() => window.voxstreamStats.samplesPlayed > 0", timeout=WAIT_MS)
+    assert page.errors == []
