@@ -17,9 +17,11 @@ import pytest
 import soundfile
 
 from voxstream.audio.pcm import to_s16le
+from voxstream.client.connection import endpoint_url
 from voxstream.client.errors import OutputUnavailableError
 from voxstream.client.output import SpeakerSink, choose_sink
 from voxstream.client.say import one_text, say
+from voxstream.errors import InvalidInputError
 from voxstream.tts import VoxCPM
 
 from .helpers import TIMEOUT_S, launch, voxstream
@@ -167,3 +169,13 @@ async def test_the_clients_import_no_torch(serve, tmp_path: Path, command: str) 
     )
     _, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
     assert process.returncode == 0, stderr.decode()
+
+
+async def test_server_addresses_resolve_to_the_stream_endpoint() -> None:
+    from voxstream.serving.ws import STREAM_PATH
+
+    assert endpoint_url("127.0.0.1:8000") == f"ws://127.0.0.1:8000{STREAM_PATH}"
+    assert endpoint_url("https://tts.example.com/") == f"wss://tts.example.com{STREAM_PATH}"
+    assert endpoint_url("ws://h:1/custom/path?x=1") == "ws://h:1/custom/path?x=1"
+    with pytest.raises(InvalidInputError, match="--server"):
+        endpoint_url("ftp://h")
