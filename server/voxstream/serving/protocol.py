@@ -281,7 +281,10 @@ def decode_server(data: str | bytes) -> ServerMessage:
     return _decode(data, SERVER_MESSAGES)
 
 
-def _decode(data: str | bytes, registry: dict[str, type[Any]]) -> Any:
+_M = typing.TypeVar("_M", ClientMessage, ServerMessage)
+
+
+def _decode(data: str | bytes, registry: dict[str, type[_M]]) -> _M:
     try:
         obj = json.loads(data, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -351,7 +354,11 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
-    return {dict: "an object", list: "an array"}.get(type(value), _JSON_TYPES.get(type(value), type(value).__name__))
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _check_range(ok: bool, name: str, rule: str) -> None:

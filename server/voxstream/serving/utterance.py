@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +62,11 @@ def resolve_settings(start: Start, voices: VoiceStore, limits: ParamLimits, defa
         prompt = voices.resolve(start.voice)
     except UnknownVoiceError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
-    given = {"cfg_value": start.cfg_value, "inference_timesteps": start.inference_timesteps, "seed": start.seed}
+    given: dict[str, Any] = {
+        "cfg_value": start.cfg_value,
+        "inference_timesteps": start.inference_timesteps,
+        "seed": start.seed,
+    }
     try:
         params = SynthesisParams(**{name: value for name, value in given.items() if value is not None})
         limits.check(params)
