@@ -8,6 +8,7 @@ its jitter buffer, and the time from the first text sent to the first sample pla
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +45,26 @@ async def stats(page: Any) -> dict[str, Any]:
     return await page.evaluate("() => ({...window.voxstreamStats})")  # type: ignore[no-any-return]
 
 
+# Collects every ``done`` message in ``window.dones``, from the moment the page creates its client.
+RECORD_DONE = """
+window.dones = [];
+Object.defineProperty(window, 'voxstreamClient', {
+    configurable: true,
+    get() { return this.recordedClient; },
+    set(client) {
+        this.recordedClient = client;
+        client.addEventListener('done', (event) => window.dones.push(event.detail));
+    },
+});
+"""
+
+
 async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
+    await page.add_init_script(RECORD_DONE)
     await page.goto(str(server.make_url(f"/?token={KEY}")))
     if lead_ms is not None:
         await page.fill("#lead", str(lead_ms))
         await page.dispatch_event("#lead", "change")
-
-
-async def record_done(page: Any) -> None:
-    """Collect the ``done`` messages in ``window.dones`` once the client exists."""
-    await page.wait_for_function("() => window.voxstreamClient !== undefined", timeout=WAIT_MS)
-    await page.evaluate(
-        """() => {
-            window.dones = [];
-            window.voxstreamClient.addEventListener('done', (e) => window.dones.push(e.detail));
-        }"""
-    )
 
 
 async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer) -> None:
@@ -100,7 +105,7 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     first = result["firstAudio"]
     assert first["utterance"] == 0
     assert 0 < first["receivedMs"] <= first["decodedMs"] <= first["latencyMs"] < 10_000
-    assert (await page.text_content("#ttfa")) == f"{round(first['latencyMs'])} ms"
+    assert (await page.text_content("#ttfa")) == f"{math.floor(first['latencyMs'] + 0.5)} ms"  # Math.round
     assert (await page.text_content("#underruns")) == "0"
     assert page.errors == []
 
@@ -110,7 +115,6 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     await open_demo(page, server)
     await page.fill("#text", PARAGRAPH)
     await page.click("#play")
-    await record_done(page)
     await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {RATE // 2}", timeout=WAIT_MS)
     assert (await stats(page))["playedAtCancel"] is None
     await page.click("#stop")
@@ -139,7 +143,6 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     await page.dispatch_event("#delay", "change")
     await page.fill("#text", "")
     await page.type("#text", "Hello there. This sentence is typed word by word", delay=15)
-    await record_done(page)
     await page.press("#text", "Enter")  # ends the utterance: the last word is spoken too
     await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
     segments = await page.eval_on_selector_all("#segments li", "items => items.map(item => item.textContent)")
@@ -147,4 +150,21 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     dones = await page.evaluate("() => window.dones")
     assert dones[0]["finish_reason"] in ("stop", "length") and dones[0]["segments"] == 2
     await page.wait_for_function("() => window.voxstreamStats.samplesPlayed > 0", timeout=WAIT_MS)
+    assert page.errors == []
+
+
+async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer) -> None:
+    await page.add_init_script("delete window.AudioDecoder")  # a browser without WebCodecs
+    server = await demo_server()
+    await open_demo(page, server)
+    await page.fill("#text", SENTENCE)
+    await page.click("#play")
+    played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
+    await page.wait_for_function(f"() => ({played_out})(window.voxstreamStats)", timeout=WAIT_MS)
+    result = await stats(page)
+    ready = await page.evaluate("() => window.voxstreamClient.settings")
+    dones = await page.evaluate("() => window.dones")
+    assert ready["format"] == "pcm_f32le" and result["decoder"] == "pcm" and result["packetsDecoded"] == 0
+    assert result["samplesPlayed"] == round(dones[0]["audio_s"] * ready["sample_rate"])
+    assert result["underruns"] == 0 and result["firstAudio"]["latencyMs"] > 0
     assert page.errors == []
