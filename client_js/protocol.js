@@ -224,10 +224,13 @@ function checkField(kind, name, value, field) {
     const allowed = wanted + (field.optional ? ' or null' : '');
     throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} must be ${allowed}, got ${jsonType(value)}`);
   }
-  if (typeof value === 'string' && !value.isWellFormed()) {
+  if (typeof value === 'string' && LONE_SURROGATE.test(value)) {
     throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} is not valid Unicode (a lone surrogate)`);
   }
 }
+
+/** In a `u` regex a surrogate pair is one code point, so only unpaired halves match (what UTF-8 cannot encode). */
+const LONE_SURROGATE = /\p{Surrogate}/u;
 
 /** @param {Message} start */
 function checkStartRanges(start) {
