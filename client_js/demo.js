@@ -159,7 +159,9 @@ async function loadVoices() {
 async function upload(event) {
   event.preventDefault();
   ui.uploadStatus.textContent = 'encoding…';
-  const response = await fetch('/v1/voices', { method: 'POST', headers: auth(), body: new FormData(ui.upload) });
+  const form = new FormData(ui.upload);
+  for (const name of ['transcript', 'name']) if (form.get(name) === '') form.delete(name); // empty means none
+  const response = await fetch('/v1/voices', { method: 'POST', headers: auth(), body: form });
   const body = await response.json();
   if (!response.ok) {
     ui.uploadStatus.textContent = '';

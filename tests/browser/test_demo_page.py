@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
+import soundfile
+from aiohttp import web
+
+from voxstream.serving.keys import SERVICE_KEY
 
 from .conftest import DemoServer
 
@@ -57,6 +63,29 @@ Object.defineProperty(window, 'voxstreamClient', {
     },
 });
 """
+
+
+# A slow uplink: the page's `cancel` reaches the server 300 ms late, so frames of the cancelled
+# utterance keep coming meanwhile and the client must drop them by their utterance number.
+DELAY_CANCEL = """
+const send = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) {
+    if (typeof data === 'string' && data.includes('"type":"cancel"')) setTimeout(() => send.call(this, data), 300);
+    else send.call(this, data);
+};
+"""
+
+
+def slow_down(app: web.Application, seconds: float) -> None:
+    """Every engine step takes at least ``seconds``: still faster than real time, but live when the test acts."""
+    runner = app[SERVICE_KEY].runner
+    execute = runner.execute
+
+    def slow_execute(plan: object) -> object:
+        time.sleep(seconds)
+        return execute(plan)
+
+    runner.execute = slow_execute  # type: ignore[method-assign]
 
 
 async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
@@ -112,7 +141,10 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
 
 async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
+    slow_down(server.app, 0.05)  # 0.16 s of audio a step: generation is still going when Stop is clicked
+    await page.add_init_script(DELAY_CANCEL)
     await open_demo(page, server)
+    ARTIFACTS.mkdir(exist_ok=True)
     await page.fill("#text", PARAGRAPH)
     await page.click("#play")
     await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {RATE // 2}", timeout=WAIT_MS)
@@ -121,8 +153,10 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     await page.wait_for_function("() => window.voxstreamStats.playedAtCancel !== null", timeout=WAIT_MS)
     await page.wait_for_timeout(1000)  # late frames of the cancelled utterance arrive and must stay silent
     result = await stats(page)
+    (ARTIFACTS / "demo_cancel_stats.json").write_text(json.dumps(result, indent=1))
     assert result["samplesPlayed"] - result["playedAtCancel"] <= FADE_SAMPLES + QUANTUM
     assert result["bufferedSamples"] == 0
+    assert result["framesDropped"] > 0  # late frames came, and none of them played
     dones = await page.evaluate("() => window.dones")
     assert [done["finish_reason"] for done in dones] == ["cancelled"]
 
@@ -167,4 +201,25 @@ async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer
     assert ready["format"] == "pcm_f32le" and result["decoder"] == "pcm" and result["packetsDecoded"] == 0
     assert result["samplesPlayed"] == round(dones[0]["audio_s"] * ready["sample_rate"])
     assert result["underruns"] == 0 and result["firstAudio"]["latencyMs"] > 0
+    assert page.errors == []
+
+
+async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServer, tmp_path: Path) -> None:
+    server = await demo_server(api_keys=(KEY,))
+    t = np.arange(16_000) / 16_000
+    soundfile.write(tmp_path / "me.wav", (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t)).astype(np.float32), 16_000)
+    await open_demo(page, server)
+    await page.set_input_files("#clip", tmp_path / "me.wav")
+    await page.fill("#upload input[name=name]", "Me")
+    await page.click("#upload button")
+    saved = "() => document.querySelector('#upload-status').textContent.startsWith('saved')"
+    await page.wait_for_function(saved, timeout=WAIT_MS)
+    voice = await page.input_value("#voice")
+    assert voice.startswith("voice_") and (await page.text_content("#voice option:checked")) == "Me (1.0 s)"
+
+    await page.fill("#text", SENTENCE)
+    await page.click("#play")
+    await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
+    assert (await page.evaluate("() => window.voxstreamClient.settings.voice")) == voice
+    assert (await page.evaluate("() => window.dones[0].finish_reason")) in ("stop", "length")
     assert page.errors == []
