@@ -169,3 +169,10 @@ async def test_store_resolves_default_names_and_enforces_its_limit() -> None:
     await store.delete(info.id)
     with pytest.raises(UnknownVoiceError):
         await store.delete(info.id)
+
+
+async def test_an_empty_transcript_field_means_no_transcript(client: TestClient) -> None:
+    """Browser forms send empty fields: an empty transcript makes a reference voice, not an error."""
+    status, voice = await upload(client, clip(0.5), transcript="  ", name="From a form")
+    assert status == 201, voice
+    assert await speak_with(client, voice["id"]) == 200

@@ -18,10 +18,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import WSCloseCode, web
-from aiohttp.typedefs import Handler
 
 from voxstream.engine import SynthesisParams
-from voxstream.serving.auth import auth_middleware
+from voxstream.serving.auth import DEMO_FILES_PREFIX, auth_middleware
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.http_api import add_http_routes, error_middleware
 from voxstream.serving.keys import (
@@ -48,7 +47,6 @@ _JSON_OVERHEAD = 64 * 1024
 
 CLIENT_DIR = Path(__file__).resolve().parents[3] / "client_js"
 """The browser library and demo page (the repository's ``client_js/``, found from an editable install)."""
-CLIENT_PREFIX = "/client/"
 _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 
 
@@ -60,7 +58,7 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
-    app = web.Application(middlewares=[error_middleware, _public_demo_or_auth], client_max_size=body_limit)
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
@@ -100,17 +98,10 @@ def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None
         return web.FileResponse(path)
 
     app.router.add_get("/", index)
-    app.router.add_get(CLIENT_PREFIX + "{name}", client_file)
+    app.router.add_get(DEMO_FILES_PREFIX + "{name}", client_file)
 
 
 @web.middleware
-async def _public_demo_or_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The demo page and its modules are public (static, no secrets); the API they call needs the key."""
-    if request.method in ("GET", "HEAD") and (request.path == "/" or request.path.startswith(CLIENT_PREFIX)):
-        return await handler(request)
-    return await auth_middleware(request, handler)
-
-
 def load_configured_model(config: ServerConfig) -> VoxCPM:
     """Load ``config.model`` (``demo``, the default, is a tiny random checkpoint that speaks noise)."""
     from voxstream.loader import load_model

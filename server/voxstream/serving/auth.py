@@ -19,12 +19,22 @@ from voxstream.serving.keys import CONFIG_KEY
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
 """Probes that load balancers and orchestrators call without credentials."""
+DEMO_PAGE = "/"
+DEMO_FILES_PREFIX = "/client/"
+"""The demo page and its static modules: public (they hold no secrets); the API they call needs the key."""
+
+
+def is_public(request: web.Request) -> bool:
+    if request.path in OPEN_PATHS:
+        return True
+    static = request.path == DEMO_PAGE or request.path.startswith(DEMO_FILES_PREFIX)
+    return static and request.method in (hdrs.METH_GET, hdrs.METH_HEAD)
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG_KEY]
-    if config.api_keys and request.path not in OPEN_PATHS:
+    if config.api_keys and not is_public(request):
         check_api_key(request, config.api_keys)
     if config.allowed_origins and is_websocket_upgrade(request):
         check_origin(request, config.allowed_origins)

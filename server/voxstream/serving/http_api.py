@@ -280,7 +280,9 @@ async def create_voice(request: web.Request) -> web.Response:
     clip, transcript, name = fields.get("file"), fields.get("transcript"), fields.get("name")
     if clip is None:
         raise ApiError(400, "invalid_request", "the upload needs a 'file' part holding the voice clip")
-    if transcript is None and service.info.architecture != "voxcpm2":
+    # An empty transcript field is the same as none (forms send empty fields).
+    text = None if transcript is None else transcript.decode("utf-8", errors="replace").strip() or None
+    if text is None and service.info.architecture != "voxcpm2":
         raise ApiError(400, "transcript_required", "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
     try:
@@ -292,7 +294,6 @@ async def create_voice(request: web.Request) -> web.Response:
         raise ApiError(
             400, "clip_too_long", f"the clip lasts {duration:.1f} s; the limit is {config.max_clip_seconds} s"
         )
-    text = None if transcript is None else transcript.decode("utf-8", errors="replace").strip()
     prompt = await service.encode_voice(
         text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
     )
