@@ -40,3 +40,8 @@ def test_gpu_check_smoke_on_cpu(tmp_path: Path) -> None:
 def test_bench_engine_smoke() -> None:
     result = run_script("bench_engine.py", "--patches", "3", "--sessions", "1,2", "--arrival-sessions", "2")
     assert "| 2 |" in result.stdout and "worst" in result.stdout
+
+
+def test_bench_server_smoke() -> None:
+    result = run_script("bench_server.py", "--sessions", "1", "--utterances", "1")
+    assert "| 1 |" in result.stdout and "| 48000 | 7680 |" in result.stdout
