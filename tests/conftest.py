@@ -1,6 +1,11 @@
-"""Shared test configuration: the GPU marker is skipped automatically where CUDA is absent."""
+"""Shared test configuration: the GPU marker is skipped automatically where CUDA is absent; fixtures that
+several test packages use."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -18,3 +23,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def slow_down() -> Callable[[Any, float], None]:
+    """``slow_down(app, seconds)``: every engine step of a served app takes at least ``seconds``, still faster
+    than real time but slow enough that an utterance is live when a test acts on it."""
+    from voxstream.serving.keys import SERVICE_KEY
+
+    def apply(app: Any, seconds: float) -> None:
+        runner = app[SERVICE_KEY].runner
+        execute = runner.execute
+
+        def slow_execute(plan: object) -> object:
+            time.sleep(seconds)
+            return execute(plan)
+
+        runner.execute = slow_execute
+
+    return apply

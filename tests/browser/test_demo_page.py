@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,6 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile
-from aiohttp import web
-
-from voxstream.serving.keys import SERVICE_KEY
 
 from .conftest import DemoServer
 
@@ -76,18 +72,6 @@ WebSocket.prototype.send = function (data) {
 """
 
 
-def slow_down(app: web.Application, seconds: float) -> None:
-    """Every engine step takes at least ``seconds``: still faster than real time, but live when the test acts."""
-    runner = app[SERVICE_KEY].runner
-    execute = runner.execute
-
-    def slow_execute(plan: object) -> object:
-        time.sleep(seconds)
-        return execute(plan)
-
-    runner.execute = slow_execute  # type: ignore[method-assign]
-
-
 async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
     await page.add_init_script(RECORD_DONE)
     await page.goto(str(server.make_url(f"/?token={KEY}")))
@@ -139,7 +123,7 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     assert page.errors == []
 
 
-async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer) -> None:
+async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer, slow_down) -> None:
     server = await demo_server()
     slow_down(server.app, 0.05)  # 0.16 s of audio a step: generation is still going when Stop is clicked
     await page.add_init_script(DELAY_CANCEL)

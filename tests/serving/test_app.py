@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 from collections.abc import Callable
 
 import aiohttp
@@ -21,18 +20,6 @@ from voxstream.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE
 pytestmark = pytest.mark.asyncio
 
 SPEECH = {"model": "tts-1", "input": "A sentence to speak.", "voice": "alloy", "response_format": "wav", "seed": 5}
-
-
-def slow_down(app: web.Application, seconds: float) -> None:
-    """Make every engine step take at least ``seconds``, so an utterance is still live when a test acts."""
-    runner = app[SERVICE_KEY].runner
-    execute = runner.execute
-
-    def slow_execute(plan: object) -> object:
-        time.sleep(seconds)
-        return execute(plan)
-
-    runner.execute = slow_execute  # type: ignore[method-assign]
 
 
 async def status_and_code(client: TestClient, method: str, path: str, **kwargs: object) -> tuple[int, str | None]:
@@ -101,7 +88,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
     await asyncio.wait_for(poll(), timeout)
 
 
-async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient) -> None:
+async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient, slow_down) -> None:
     app = client.server.app
     slow_down(app, 0.2)
     response = await client.post("/v1/audio/speech", json={**SPEECH, "response_format": "pcm"})
@@ -112,7 +99,7 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient
     assert (await scrape(client))['voxstream_dropped_sessions_total{reason="client_disconnected"}'] == 1
 
 
-async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohttp_client) -> None:
+async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohttp_client, slow_down) -> None:
     client = await aiohttp_client(await serve(drain_timeout_s=30.0))
     app = client.server.app
     slow_down(app, 0.1)
@@ -131,7 +118,7 @@ async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohtt
         await anext(app[SERVICE_KEY].speak("late", "Too late.", SynthesisParams()))
 
 
-async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client) -> None:
+async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client, slow_down) -> None:
     client = await aiohttp_client(await serve(drain_timeout_s=0.2))
     app = client.server.app
     slow_down(app, 0.3)
