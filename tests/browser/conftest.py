@@ -73,9 +73,12 @@ async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny
         settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, **overrides}
         app = make_app(ServerConfig(**settings), tts=tiny_tts)
         server = await aiohttp_server(app)
-        async with asyncio.timeout(READY_TIMEOUT_S):
+
+        async def accepting() -> None:
             while not app[STATE_KEY].accepting:
                 await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(accepting(), READY_TIMEOUT_S)  # asyncio.timeout needs Python 3.11
         return server
 
     return start
