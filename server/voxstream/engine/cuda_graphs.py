@@ -57,7 +57,7 @@ class StepGraphs:
         self.zero_init = torch.ones(slots, dtype=torch.long, device=device)
         self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[Callable[[], object], StepResult]] = {}
-        self.eager_runs: dict[tuple[int, int], int] = {}
+        self.warmed_up: set[tuple[int, int]] = set()  # keys that already ran once eagerly
 
     def bucket(self, count: int) -> int:
         return next(size for size in self.buckets if size >= count)
@@ -67,8 +67,8 @@ class StepGraphs:
         bucket, timesteps = self.bucket(count), schedule.max_steps
         key = (bucket, timesteps)
         static = self._load(count, bucket, noise, cfg, schedule)
-        if key not in self.graphs and self.eager_runs.get(key, 0) < 1:
-            self.eager_runs[key] = 1
+        if key not in self.graphs and key not in self.warmed_up:
+            self.warmed_up.add(key)
             outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], static)
         else:
             if key not in self.graphs:

@@ -59,7 +59,7 @@ class SpeechService:
             tokens += len(self.tts.tokenizer.encode(voice.text))
             for patches in (voice.audio_patches, voice.reference_patches):
                 tokens += 0 if patches is None else patches.shape[0] + 2
-        return max(tokens, 1)
+        return tokens
 
     def speak(
         self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
