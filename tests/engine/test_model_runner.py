@@ -246,3 +246,17 @@ def test_graph_replay_bookkeeping_matches_eager(tts: VoxCPM, monkeypatch: pytest
 
 def arrivals_ids(arrivals: dict[int, list[Request]]) -> list[str]:
     return [r.request_id for requests in arrivals.values() for r in requests]
+
+
+def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> None:
+    """Issue 8, D1: whatever a slot's previous occupant left in the KV pool (here: NaN everywhere, as a
+    poisoned voice leaves it), the next session in that slot sounds exactly as it does alone."""
+    target = request("target", "Hello there.", tts, seed=1, max_len=12)
+    alone = audio(run(make_engine(tts)[0], {0: [target]})["target"])
+    engine, runner = make_engine(tts)
+    run(engine, {0: [request("before", "A longer sentence that fills more of the slot.", tts, seed=9, max_len=20)]})
+    for pool in (runner.base.tensor, runner.residual.tensor):
+        pool.fill_(float("nan"))
+    after = audio(run(engine, {0: [target]})["target"])
+    assert np.isfinite(after).all()
+    np.testing.assert_allclose(after, alone, atol=1e-4, rtol=0)

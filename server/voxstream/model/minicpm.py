@@ -133,7 +133,11 @@ class MiniCPMAttention(nn.Module):
         q, k, v = self._qkv(x.unsqueeze(1), rope)
         cache.write(positions, k[:, :, 0], v[:, :, 0])
         mask = cache.mask(positions)
-        attn = F.scaled_dot_product_attention(q, cache.keys, cache.values, attn_mask=mask, enable_gqa=True)
+        # Positions past a row's length hold whatever a previous occupant left (NaN included); a masked score
+        # still multiplies its value (0 x NaN = NaN), so they are zeroed, not just masked.
+        live = mask[:, :, 0, :, None]
+        keys, values = cache.keys.masked_fill(~live, 0.0), cache.values.masked_fill(~live, 0.0)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self._out(attn)[:, 0]
 
 
