@@ -33,6 +33,7 @@ from voxcpm.core import VoxCPM as ReferenceVoxCPM
 import voxstream
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
+from voxstream.model.voxcpm import PrefillBatch
 from voxstream.prompt import build_sequence
 from voxstream.sampling import NoiseStream
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
@@ -66,10 +67,10 @@ def voxstream_decode_steps(tts: voxstream.tts.VoxCPM, steps: int) -> Iterator[ob
     config, model = tts.config, tts.model
     sequence = build_sequence(tts.tokenizer, config, TEXT, None)
     caches = [
-        KVCache(lm, 1, sequence.length + steps, tts.device, tts.dtype).rows(0, 1)
+        KVCache.dedicated(lm, 1, sequence.length + steps, tts.device, tts.dtype)
         for lm in (config.lm_config, config.residual_lm)
     ]
-    state = model.prefill(tts.prefill_batch([sequence]), *caches)
+    state = model.prefill(PrefillBatch.from_sequences([sequence], tts.device, tts.dtype), *caches)
     noise = NoiseStream(0, config.feat_dim, config.patch_size, tts.dtype, tts.device)
     schedule = CfmSchedule.build([10], tts.dtype, tts.device)
     cfg = torch.tensor([2.0])

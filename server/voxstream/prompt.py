@@ -78,6 +78,18 @@ def length_cap(target_tokens: int, max_len: int) -> int:
     return min(int(target_tokens * 6.0 + 10), max_len)
 
 
+def sequence_length_cap(sequence: InputSequence, max_len: int, max_length: int) -> int:
+    """Patches a request may generate when its prompt and patches share ``max_length`` positions."""
+    room = max_length - sequence.length
+    if room < 1:
+        raise InvalidInputError(
+            f"the input takes {sequence.length} positions but the model holds {max_length}: "
+            "shorten the text or the voice prompt"
+        )
+    # The reference would fail with "KV cache is full" past max_length; stop at the cache's end instead.
+    return min(length_cap(sequence.target_tokens, max_len), room)
+
+
 def build_sequence(
     tokenizer: TextTokenizer, config: ModelConfig, text: str, prompt: VoicePrompt | None
 ) -> InputSequence:

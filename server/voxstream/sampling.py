@@ -8,6 +8,7 @@ same seed gives the reference's audio, and batching never changes a request's no
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import torch
@@ -31,3 +32,12 @@ class NoiseStream:
 
     def next(self) -> torch.Tensor:
         return torch.randn(self.shape, dtype=self.dtype, device=self.device, generator=self.generator)
+
+    def take(self, count: int) -> torch.Tensor:
+        """The next ``count`` draws as one (count, D, P) tensor, equal to ``count`` calls of ``next``."""
+        if self.device.type == "cpu" and math.prod(self.shape) % 16 == 0:
+            # The CPU generator fills normals 16 at a time from one uniform stream, so a single draw of
+            # whole patches consumes the stream exactly as patch-by-patch draws do (one call, not count).
+            shape = (count, *self.shape[1:])
+            return torch.randn(shape, dtype=self.dtype, device=self.device, generator=self.generator)
+        return torch.cat([self.next() for _ in range(count)])

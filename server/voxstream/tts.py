@@ -18,11 +18,11 @@ from voxstream.audio.clip import AudioSource, load_clip
 from voxstream.config import ModelConfig
 from voxstream.engine.request import SynthesisParams
 from voxstream.errors import InvalidInputError
-from voxstream.model.audio_vae import StreamingVAEDecoder, VAEStreamState
+from voxstream.model.audio_vae import StreamingVAEDecoder
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
 from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
-from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, length_cap
+from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
 from voxstream.text.tokenizer import TextTokenizer
 
@@ -144,15 +144,15 @@ class VoxCPM:
 
     @torch.inference_mode()
     def _run(self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool) -> Iterator[Chunk]:
-        cap = self.length_cap(sequence, params, self.config.max_length)
-        # A cache exactly as long as this utterance can get: attention reads only the positions it may use.
+        cap = sequence_length_cap(sequence, params.max_len, self.config.max_length)
+        # A cache exactly as long as this utterance can get.
         base, residual = (
-            KVCache(lm, 1, sequence.length + cap, self.device, self.dtype).rows(0, 1)
+            KVCache.dedicated(lm, 1, sequence.length + cap, self.device, self.dtype)
             for lm in (self.config.lm_config, self.config.residual_lm)
         )
-        state = self.model.prefill(self.prefill_batch([sequence]), base, residual)
+        state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
         vae_state = self.vae_decoder.new_state(1)
-        self.warm_vae(sequence, vae_state)
+        self.vae_decoder.warm(sequence.decode_context, self.dtype, vae_state)
         noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
         schedule = CfmSchedule.build([params.inference_timesteps], self.dtype, self.device)
         cfg = torch.tensor([params.cfg_value], dtype=torch.float32, device=self.device)
@@ -168,42 +168,3 @@ class VoxCPM:
             yield Chunk(audio[0].cpu().numpy(), patch[0].float().cpu(), stopped)
             if stopped:
                 return
-
-    # ---- pieces the batching engine's runner shares with the one-utterance path ----
-    def length_cap(self, sequence: InputSequence, params: SynthesisParams, max_length: int) -> int:
-        """Patches this request may generate in a KV cache of ``max_length`` positions."""
-        room = max_length - sequence.length
-        if room < 1:
-            raise InvalidInputError(
-                f"the input takes {sequence.length} positions but the model holds {max_length}: "
-                "shorten the text or the voice prompt"
-            )
-        # The reference would fail with "KV cache is full" past max_length; stop at the cache's end instead.
-        return min(length_cap(sequence.target_tokens, params.max_len), room)
-
-    def prefill_batch(self, sequences: list[InputSequence]) -> PrefillBatch:
-        """Right-pad sequences into one batch on the model's device."""
-        width = max(sequence.length for sequence in sequences)
-
-        def stack(field: str, dtype: torch.dtype) -> torch.Tensor:
-            rows = [getattr(sequence, field) for sequence in sequences]
-            padded = [torch.nn.functional.pad(r, (0, 0) * (r.dim() - 1) + (0, width - r.size(0))) for r in rows]
-            return torch.stack(padded).to(device=self.device, dtype=dtype)
-
-        return PrefillBatch(
-            text_tokens=stack("tokens", torch.long),
-            feats=stack("feats", self.dtype),
-            text_mask=stack("text_mask", self.dtype),
-            audio_mask=stack("audio_mask", self.dtype),
-            lengths=torch.tensor([sequence.length for sequence in sequences], device=self.device),
-        )
-
-    def warm_vae(self, sequence: InputSequence, state: VAEStreamState) -> None:
-        """Run a fresh one-row decoder state over the prompt's context patches and discard their audio.
-
-        The reference decodes these patches in front of the generated ones and cuts their samples; a
-        causal decoder gives the same audio by starting from their state instead.
-        """
-        if sequence.decode_context.numel():
-            context = sequence.decode_context.to(self.dtype).float().to(self.device)  # rounded like the LM input
-            self.vae_decoder.decode(context.reshape(1, -1, self.config.feat_dim).transpose(1, 2), state)

@@ -2,7 +2,8 @@
 
 ``FakeRunner`` keeps one owner per row and one state per request, exactly like the real runner's
 KV/VAE pool, and asserts the plan contract on every step: released rows are freed, moves go from
-an occupied row to a free one, prefills never land on an occupied row (no double allocation), the
+an occupied row to a free one, prefills never land on an occupied row (no double allocation) and
+get KV blocks no running request holds, enough for every position they can reach, the
 decode rows are exactly ``0..n-1`` in the plan's order, and each row's step index continues where
 that request left off. Chunks are a pure function of (request id, step index), so tests can check
 exactly which chunk each session received.
@@ -38,6 +39,9 @@ def text_length_cap(request: Request) -> int:
 @dataclass
 class FakeRunner:
     num_slots: int = 8
+    num_kv_blocks: int = 1 << 20
+    block_size: int = 16
+    graph_captures: int = 0
     stop: Callable[[str, int], bool] = lambda rid, i: False
     length_cap: Callable[[Request], int] = text_length_cap
     prefill_error: Callable[[Request], str | None] = lambda request: None
@@ -48,6 +52,8 @@ class FakeRunner:
     rows: list[str | None] = field(init=False)
     # Per request: the step index it will decode next (its "KV length").
     state: dict[str, int] = field(default_factory=dict)
+    # Per running request: the KV blocks its prefill was given.
+    blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_slots
@@ -55,6 +61,9 @@ class FakeRunner:
     @property
     def is_empty(self) -> bool:
         return not self.state and all(owner is None for owner in self.rows)
+
+    def kv_positions(self, request: Request) -> int:
+        return request.prefill_tokens + self.length_cap(request)
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         assert not plan.is_empty, "the engine passed an empty plan"
@@ -74,6 +83,7 @@ class FakeRunner:
     def _housekeep(self, plan: StepPlan) -> None:
         for rid in plan.released:
             self.state.pop(rid, None)
+            self.blocks.pop(rid, None)
             self.rows = [None if owner == rid else owner for owner in self.rows]
         for move in plan.moves:
             assert self.rows[move.src] is not None and self.rows[move.dst] is None, (move, self.rows)
@@ -83,6 +93,11 @@ class FakeRunner:
             assert item.request_id not in self.state, f"{item.request_id} prefilled twice"
             self.rows[item.slot] = item.request_id
             self.state[item.request_id] = 0
+            held = {block for blocks in self.blocks.values() for block in blocks}
+            assert not held & set(item.blocks), f"blocks {item.blocks} of {item.request_id} are still in use"
+            assert 0 not in item.blocks and len(item.blocks) * self.block_size >= self.kv_positions(item.request)
+            assert max(item.blocks, default=0) < self.num_kv_blocks
+            self.blocks[item.request_id] = item.blocks
 
     def _output(self, plan: StepPlan) -> RunnerOutput:
         caps: dict[str, int] = {}

@@ -113,9 +113,15 @@ class _ScriptedRunner:
     """Answers every plan with ``respond(plan)``, right or wrong."""
 
     num_slots = 4
+    num_kv_blocks = 1024
+    block_size = 16
+    graph_captures = 0
 
     def __init__(self, respond) -> None:
         self.respond = respond
+
+    def kv_positions(self, request) -> int:
+        return request.prefill_tokens
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         return self.respond(plan)

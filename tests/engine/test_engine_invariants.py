@@ -53,6 +53,8 @@ class Checked:
         running = set(scheduler.slots.owners)
         waiting = [s.request for s in scheduler.waiting]
         free = self.engine.num_free_slots
+        blocks = scheduler.blocks
+        head_fits = bool(scheduler.waiting) and blocks.blocks_for(scheduler.waiting[0].kv_positions) <= blocks.num_free
         plans_before = len(self.runner.plans)
         outputs = self.engine.step()
         new_plans = self.runner.plans[plans_before:]
@@ -61,7 +63,8 @@ class Checked:
         tokens = [r.prefill_tokens for r in waiting[: len(admitted)]]
         assert len(admitted) == 1 or sum(tokens) <= config.max_prefill_tokens_per_step
         assert len(admitted) <= free and len(running) + len(admitted) <= config.max_running
-        assert admitted or not (waiting and free), "a slot stayed idle while a request waited"
+        assert admitted or not (waiting and free and head_fits), "a slot stayed idle while a request waited"
+        assert blocks.num_used == sum(len(s.blocks) for s in scheduler.sessions.values()), "a KV block leaked"
         ids = [o.request_id for o in outputs]
         assert len(ids) == len(set(ids)), "two outputs for one session in one step"
         assert running | set(admitted) <= set(ids), "a running session got no output this step"
@@ -88,14 +91,17 @@ class Checked:
         assert not self.engine.has_work()
         assert self.engine.num_running == self.engine.num_waiting == 0
         assert self.engine.num_free_slots == self.engine.config.max_running
+        assert self.engine.kv_blocks_used == 0, "every KV block is back in the pool"
         assert not self.engine.scheduler.sessions
         assert self.runner.is_empty, f"runner still holds {self.runner.rows} / {self.runner.state}"
         assert sorted(self.finals.elements()) == sorted(self.accepted), "each request ends exactly once"
 
 
-def _chaotic_engine(make_engine, num_slots: int, budget: int):
+def _chaotic_engine(make_engine, num_slots: int, budget: int, kv_blocks: int = 1 << 20):
+    """``kv_blocks``: a small pool makes admission wait for blocks (every request here needs <= 5)."""
     return make_engine(
         num_slots=num_slots,
+        num_kv_blocks=kv_blocks,
         stop=lambda rid, i: _pseudo("stop", rid, i) < 10,
         prefill_error=lambda r: "no tokens" if _pseudo("prefill", r.request_id) < 5 else None,
         row_error=lambda rid, i: "bad row" if _pseudo("row", rid, i) < 2 else None,
@@ -107,7 +113,9 @@ def _chaotic_engine(make_engine, num_slots: int, budget: int):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_thousand_random_events_leak_nothing(seed, make_engine, make_request, chunk_of):
     rng = random.Random(seed)
-    engine, runner = _chaotic_engine(make_engine, num_slots=rng.randint(1, 6), budget=rng.randint(1, 60))
+    engine, runner = _chaotic_engine(
+        make_engine, num_slots=rng.randint(1, 6), budget=rng.randint(1, 60), kv_blocks=rng.randint(6, 24)
+    )
     checked = Checked(engine, runner, chunk_of)
     serial = 0
     while checked.events < 1000:
@@ -130,9 +138,9 @@ _ops = st.lists(
 
 # The fixtures only hand out pure helper functions, so sharing them across examples is safe.
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=_ops, num_slots=st.integers(1, 4), budget=st.integers(1, 50))
-def test_invariants_hold_for_any_interleaving(ops, num_slots, budget, make_engine, make_request, chunk_of):
-    engine, runner = _chaotic_engine(make_engine, num_slots, budget)
+@given(ops=_ops, num_slots=st.integers(1, 4), budget=st.integers(1, 50), kv_blocks=st.integers(6, 24))
+def test_invariants_hold_for_any_interleaving(ops, num_slots, budget, kv_blocks, make_engine, make_request, chunk_of):
+    engine, runner = _chaotic_engine(make_engine, num_slots, budget, kv_blocks)
     checked = Checked(engine, runner, chunk_of)
     for serial, (op, pick, tokens) in enumerate(ops):
         if op == "add":

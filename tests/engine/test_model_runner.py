@@ -14,7 +14,10 @@ from safetensors.torch import load_file
 
 import voxstream
 from voxstream.engine import Engine, EngineConfig, FinishReason, Request, StepOutput, SynthesisParams
+from voxstream.engine.cuda_graphs import StepGraphs
+from voxstream.engine.outputs import PrefillItem, StepPlan
 from voxstream.engine.runner import ModelRunner
+from voxstream.errors import InvalidInputError
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
 from voxstream.tts import VoxCPM
 
@@ -119,7 +122,7 @@ def test_abort_mid_stream_frees_the_slot_and_silences_the_session(tts: VoxCPM) -
     assert all(o.chunk.size == 0 for o in seen if o.request_id == "a")
     assert seen[-1].request_id == "b" and seen[-1].finished
     engine.step()  # delivers the last release to the runner
-    assert runner.requests == {} and engine.num_free_slots == 2
+    assert not runner.requests and engine.num_free_slots == 2
 
 
 def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
@@ -138,7 +141,7 @@ def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
     assert outputs["huge"][-1].finish_reason is FinishReason.ERROR and "positions" in outputs["huge"][-1].error
     assert outputs["bad-prompt"][-1].finish_reason is FinishReason.ERROR
     assert outputs["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    assert runner.requests == {}
+    assert not runner.requests
 
 
 def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
@@ -174,7 +177,7 @@ def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
             if out.finished:
                 finals[out.request_id] = finals.get(out.request_id, 0) + 1
     assert set(finals.values()) == {1}
-    assert runner.requests == {} and engine.num_free_slots == 4 and engine.num_waiting == 0
+    assert not runner.requests and engine.num_free_slots == 4 and engine.num_waiting == 0
 
 
 def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
@@ -191,42 +194,94 @@ def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
     np.testing.assert_allclose(through_engine, direct, atol=1e-5, rtol=0)
 
 
-def test_memory_per_slot_is_reported(tts: VoxCPM) -> None:
-    per_slot = ModelRunner.bytes_per_slot(tts, max_length=256)
-    runner = ModelRunner(tts, num_slots=3, max_length=256)
-    pool = runner.base.tensor.nbytes + runner.residual.tensor.nbytes
-    pool += sum(t.nbytes for t in runner.state.as_tuple()) + sum(b.nbytes for b in runner.vae_state.buffers)
-    assert pool == 3 * per_slot
-
-
-def test_slot_count_from_a_memory_budget(tts: VoxCPM) -> None:
-    per_slot = ModelRunner.bytes_per_slot(tts, max_length=256)
-    assert ModelRunner.slots_for_memory(tts, 5 * per_slot + per_slot // 2, max_length=256) == 5
+def test_the_kv_pool_is_sized_by_memory_not_by_sessions_times_max_length(tts: VoxCPM) -> None:
+    per_block = 16 * ModelRunner.bytes_per_position(tts)
+    runner = ModelRunner(tts, num_slots=64, max_length=512, kv_cache_bytes=10 * per_block + per_block // 2)
+    pool = runner.base.tensor.nbytes + runner.residual.tensor.nbytes + runner.noise.nbytes
+    assert pool == 10 * per_block and runner.num_kv_blocks == 10
+    dense = 64 * 512 * ModelRunner.bytes_per_position(tts)
+    assert pool * 50 < dense
     with pytest.raises(ValueError, match="holds no session"):
-        ModelRunner.slots_for_memory(tts, per_slot - 1, max_length=256)
+        ModelRunner(tts, num_slots=2, kv_cache_bytes=per_block)
 
 
-def test_graph_replay_bookkeeping_matches_eager(tts: VoxCPM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA-graph path (static input buffers, batch buckets with padding rows, masked time grids) gives the
-    eager step's audio. Capture is emulated on CPU: recording must not run the step (the pool is restored),
-    and a replay re-runs it on whatever the static buffers hold then, as a real graph would."""
-    from voxstream.engine.cuda_graphs import StepGraphs
+def test_a_request_longer_than_the_pool_is_refused_at_add(tts: VoxCPM) -> None:
+    runner = ModelRunner(tts, num_slots=2, max_length=512, kv_cache_bytes=4 * 16 * ModelRunner.bytes_per_position(tts))
+    engine = Engine(runner, EngineConfig(max_running=2))
+    with pytest.raises(InvalidInputError, match="KV pool holds 48"):
+        engine.add(request("long", "A sentence long enough to need more than the pool.", tts, seed=1))
 
-    def fake_capture(self: StepGraphs, bucket: int, schedule):
+
+def test_admission_waits_for_blocks_and_every_session_sounds_as_alone(tts: VoxCPM) -> None:
+    """A pool with room for one of these sessions at a time: the second waits for the first's blocks
+    (no running stream ever lacks one), then both sound exactly as they do alone."""
+    texts = {"a": "First in line.", "b": "Second, waiting for blocks."}
+    requests = {rid: request(rid, text, tts, seed=i, max_len=10) for i, (rid, text) in enumerate(texts.items())}
+    alone = {rid: audio(run(make_engine(tts)[0], {0: [req]})[rid]) for rid, req in requests.items()}
+    runner = ModelRunner(tts, num_slots=2, max_length=512, kv_cache_bytes=3 * 16 * ModelRunner.bytes_per_position(tts))
+    engine = Engine(runner, EngineConfig(max_running=2))
+    for req in requests.values():
+        assert runner.kv_positions(req) <= 32  # one session fits, two do not
+        engine.add(req)
+    [first] = engine.step()
+    assert (engine.num_running, engine.num_waiting) == (1, 1)
+    assert engine.kv_blocks_used == 2 and engine.kv_blocks_total == 2
+    outputs = run(engine, {})
+    outputs["a"].insert(0, first)
+    for rid in requests:
+        np.testing.assert_allclose(audio(outputs[rid]), alone[rid], atol=1e-4, rtol=0)
+    assert engine.kv_blocks_used == 0
+
+
+def test_decode_slots_may_be_any_subset_of_the_occupied_slots(tts: VoxCPM) -> None:
+    """A scheduler may skip rows: decoding slots {2, 0} only, then all three, gives each session the audio
+    of an every-step schedule (state is gathered by slot and scattered back)."""
+    texts = ["One voice here.", "Another voice, a bit longer.", "Third."]
+    reqs = [request(f"r{i}", text, tts, seed=10 + i, min_len=6, max_len=6) for i, text in enumerate(texts)]
+    every_step = run(make_engine(tts, slots=4)[0], {0: list(reqs)})
+    runner = ModelRunner(tts, num_slots=4, max_length=256)
+    blocks = iter(range(1, runner.num_kv_blocks))
+    items = []
+    for slot, req in enumerate(reqs):
+        need = -(-runner.kv_positions(req) // runner.block_size)
+        items.append(PrefillItem(req.request_id, slot, req, tuple(next(blocks) for _ in range(need))))
+    ids = tuple(r.request_id for r in reqs)
+    got: dict[str, list[np.ndarray]] = {rid: [] for rid in ids}
+    first = runner.execute(
+        StepPlan(prefills=tuple(items), request_ids=ids, step_indices=(0, 0, 0), decode_slots=(0, 1, 2))
+    )
+    for rid, chunk in zip(ids, first.chunks, strict=True):
+        got[rid].append(chunk)
+    subset = runner.execute(StepPlan(request_ids=("r2", "r0"), step_indices=(1, 1), decode_slots=(2, 0)))
+    for rid, chunk in zip(("r2", "r0"), subset.chunks, strict=True):
+        got[rid].append(chunk)
+    for _ in range(2):
+        result = runner.execute(StepPlan(request_ids=ids, step_indices=(0, 0, 0), decode_slots=(0, 1, 2)))
+        for rid, chunk in zip(ids, result.chunks, strict=True):
+            got[rid].append(chunk)
+    for rid in ids:
+        count = len(got[rid])
+        np.testing.assert_allclose(np.concatenate(got[rid]), audio(every_step[rid][:count]), atol=1e-4, rtol=0)
+
+
+def test_graphs_are_captured_up_front_and_replays_match_eager(tts: VoxCPM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA-graph path (static index buffer, batch buckets with padding rows, timestep counts rounded up
+    to a captured one) gives the eager step's audio, and nothing is captured while serving. Capture is
+    emulated on CPU: recording must not change the pool, and a replay re-runs the step on whatever the
+    buffers hold then, as a real graph would."""
+
+    def fake_capture(self: StepGraphs, bucket: int, timesteps: int):
         runner = self.step.__self__
         pool = [runner.base.tensor, runner.residual.tensor, *runner.state.as_tuple(), *runner.vae_state.buffers]
         saved = [t.clone() for t in pool]
-        outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule)
+        output = self.step(bucket, timesteps)
         for tensor, value in zip(pool, saved, strict=True):
             tensor.copy_(value)
 
         def replay() -> None:
-            for out, new in zip(
-                outputs, self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule), strict=True
-            ):
-                out.copy_(new)
+            output.copy_(self.step(bucket, timesteps))
 
-        return replay, outputs
+        return replay, output
 
     monkeypatch.setattr(StepGraphs, "_capture", fake_capture)
     arrivals = {
@@ -235,10 +290,12 @@ def test_graph_replay_bookkeeping_matches_eager(tts: VoxCPM, monkeypatch: pytest
         4: [request("c", "Third voice, 第三个。", tts, seed=3, cfg_value=3.0, max_len=7)],
     }
     eager = run(make_engine(tts, slots=4)[0], arrivals)
-    graph_engine, graph_runner = make_engine(tts, slots=4)
-    graph_runner.graphs = StepGraphs(graph_runner._step, graph_runner.state.positions, (64, 4), tts.dtype, 16)
-    graphed = run(graph_engine, arrivals)
-    assert graph_runner.graphs.graphs, "no step was replayed from a captured graph"
+    graph_runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    graph_runner.capture_graphs()
+    captured = graph_runner.graph_captures
+    assert captured == len(graph_runner.graphs.buckets) * 2  # timesteps 10 and 16 for buckets 1, 2, 4
+    graphed = run(Engine(graph_runner, EngineConfig(max_running=4)), arrivals)
+    assert graph_runner.graph_captures == captured
     for rid in arrivals_ids(arrivals):
         # Padding rows change the GEMM shapes, so fp32 rounding may differ: the batch-independence bound.
         np.testing.assert_allclose(audio(graphed[rid]), audio(eager[rid]), atol=1e-4, rtol=0)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from voxstream.engine import DuplicateRequestError, EngineConfig, QueueFullError
+from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.scheduler import Scheduler, admit_count
 
 
@@ -37,7 +38,7 @@ def test_admit_count_invariants(tokens, free, budget):
 
 
 def _scheduler(**config) -> Scheduler:
-    return Scheduler(EngineConfig(**{"max_running": 2, "max_waiting": 3, **config}))
+    return Scheduler(EngineConfig(**{"max_running": 2, "max_waiting": 3, **config}), BlockAllocator(1 << 16, 16))
 
 
 def test_queue_full_rejects_with_a_clear_error(make_request):

@@ -135,7 +135,7 @@ def test_prefill_and_step_rows_are_independent(v2: VoxCPM) -> None:
             torch.tensor([sequences[i].length for i in indices]),
         )
         caches = [
-            KVCache(lm, len(indices), config.max_length, v2.device, v2.dtype).rows(0, len(indices))
+            KVCache.dedicated(lm, len(indices), config.max_length, v2.device, v2.dtype)
             for lm in (config.lm_config, config.residual_lm)
         ]
         state = model.prefill(batch, *caches)

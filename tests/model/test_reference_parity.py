@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import voxstream
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
+from voxstream.model.voxcpm import PrefillBatch
 from voxstream.prompt import build_sequence
 from voxstream.sampling import NoiseStream
 from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest
@@ -74,11 +75,9 @@ def test_modules_match_reference_fp32(name: str, tmp_root: str) -> None:
         hidden, kvs = lm(ref[f"{prefix}.input"], is_causal=True)
         assert_relative(hidden, ref[f"{prefix}.output"], 1e-5)
         lm_config = config.lm_config if lm_name == "base_lm" else config.residual_lm
-        cache = KVCache(lm_config, 2, config.max_length, torch.device("cpu"), torch.float32)
-        rows = cache.rows(0, 2)
-        for layer, (k, v) in zip(rows, kvs, strict=True):
-            layer.fill(k, v)
-        step = lm.forward_step(ref[f"{prefix}.step_input"], torch.tensor([7, 7]), rows)
+        cache = KVCache.dedicated(lm_config, 2, config.max_length, torch.device("cpu"), torch.float32)
+        cache.fill(kvs)
+        step = lm.forward_step(ref[f"{prefix}.step_input"], torch.tensor([7, 7]), cache)
         assert_relative(step, ref[f"{prefix}.step_output"], 1e-5)
     assert_relative(model.feat_encoder(ref["module.feat_encoder.input"]), ref["module.feat_encoder.output"], 1e-5)
     estimator = model.feat_decoder.estimator(
@@ -153,10 +152,10 @@ def test_bf16_steps_match_reference_teacher_forced(name: str, case: dict, tmp_ro
     }
     sequence = build_sequence(tts.tokenizer, config, case["text"], make_prompt(tts, name, case["prompt"]))
     caches = [
-        KVCache(lm, 1, config.max_length, torch.device("cpu"), torch.bfloat16).rows(0, 1)
+        KVCache.dedicated(lm, 1, config.max_length, torch.device("cpu"), torch.bfloat16)
         for lm in (config.lm_config, config.residual_lm)
     ]
-    state = model.prefill(tts.prefill_batch([sequence]), *caches)
+    state = model.prefill(PrefillBatch.from_sequences([sequence], tts.device, tts.dtype), *caches)
     schedule = CfmSchedule.build([10], torch.bfloat16, torch.device("cpu"))
     cfg = torch.tensor([2.0])
     for step in range(case["steps"]):

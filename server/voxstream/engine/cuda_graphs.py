@@ -1,115 +1,93 @@
-"""Decode steps replayed as CUDA graphs: one graph per (batch bucket, CFM timestep count).
+"""Decode steps replayed as CUDA graphs: one graph per (batch bucket, CFM timestep count), all captured
+before serving starts.
 
-A batch of n live rows runs as the smallest bucket b >= n (powers of two up to the slot count), on
-views ``[:b]`` of the runner's pool, so the shapes and the pool's addresses are fixed per bucket: what
-graph capture needs. A graph holds the whole step, every CFM timestep, LocEnc, both LM steps and the
-streaming VAE decode of the new patch, so a step costs one launch instead of thousands (nano-vLLM's
-main speed-up, here extended to the diffusion loop and the VAE).
+A batch of n rows runs as the smallest bucket b >= n (``bucket_sizes``: powers of two up to 32, then
+steps of at most 1/8 of the size, so padding stays <= 12.5% above 32). A graph holds the whole step:
+gathering the rows' state, every CFM timestep, LocEnc, both LM steps with paged attention, the
+streaming VAE decode, and scattering the state back. Its inputs are device buffers the runner fills
+before a replay (the batch's slot indices) and per-slot tables written at prefill, so shapes and
+addresses are fixed per key: what capture needs.
 
-Inputs that change per step (noise, guidance strength, time grids) are copied into static buffers
-before a replay. Rows ``n..b-1`` are padding: they compute on zero noise at position 0 of free slots
-and their results are never read. Every row's time grid is padded to the graph's timestep count and
-masked (``CfmSchedule.ragged``), so rows with fewer timesteps share the graph.
-
-The first use of a graph key runs eagerly (warming up lazily created kernels and workspaces); the
-second captures, then every use replays. On CPU none of this is used: the same step runs eagerly.
+A step with T timesteps replays the graph of the smallest captured count >= T; rows with fewer are
+masked (``CfmSchedule.ragged``). ``capture_all`` warms up and captures every key once; a key missing
+at run time (never, when ``capture_all`` ran) is captured then and counted in ``captures``, which the
+server exports so a capture while serving is visible. On CPU none of this is used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 
 import torch
 
-from voxstream.model.cfm import CfmSchedule
-
-StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # patch (b, P, D), stop logits (b, 2), audio (b, S)
-StepFunction = Callable[[int, torch.Tensor, torch.Tensor, CfmSchedule], StepResult]
+StepFunction = Callable[[int, int], torch.Tensor]
+"""step(bucket, timesteps) -> the step's packed output (bucket, F)."""
 
 
-def buckets_for(num_slots: int) -> tuple[int, ...]:
-    """Powers of two below ``num_slots``, and ``num_slots`` itself."""
-    sizes = [1 << k for k in range(num_slots.bit_length()) if (1 << k) < num_slots]
-    return (*sizes, num_slots)
+def bucket_sizes(max_rows: int) -> tuple[int, ...]:
+    """Batch sizes graphs are captured for: 1, 2, 4, ..., 32, then steps of 4 to 64, 8 to 128, 16 to
+    256 and 32 beyond (each step at most 1/8 of the bucket), ending at ``max_rows``."""
+    sizes: list[int] = []
+    size = 1
+    while size < max_rows:
+        sizes.append(size)
+        size = size * 2 if size < 32 else size + min(32, 1 << (size.bit_length() - 4))
+    return (*sizes, max_rows)
 
 
 class StepGraphs:
-    """Captures and replays ``step(bucket, noise, cfg, schedule)`` per (bucket, timesteps)."""
+    """Captures ``step(bucket, timesteps)`` per key and replays it."""
 
-    def __init__(
-        self,
-        step: StepFunction,
-        positions: torch.Tensor,
-        noise_shape: tuple[int, int],
-        dtype: torch.dtype,
-        max_timesteps: int,
-    ) -> None:
-        """``positions`` is the pool's (slots,) position buffer (padding rows are parked at 0)."""
+    def __init__(self, step: StepFunction, buckets: Sequence[int], timesteps: Sequence[int]) -> None:
         self.step = step
-        self.positions = positions
-        slots, device = positions.size(0), positions.device
-        self.buckets = buckets_for(slots)
-        self.noise = torch.zeros((slots, *noise_shape), dtype=dtype, device=device)
-        self.cfg = torch.zeros(slots, dtype=torch.float32, device=device)
-        self.times = torch.zeros(slots, max_timesteps, dtype=dtype, device=device)
-        self.deltas = torch.zeros(slots, max_timesteps, dtype=dtype, device=device)
-        self.steps = torch.ones(slots, dtype=torch.long, device=device)
-        self.zero_init = torch.ones(slots, dtype=torch.long, device=device)
+        self.buckets = tuple(buckets)
+        self.timestep_counts = tuple(sorted(timesteps))
         self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
-        self.graphs: dict[tuple[int, int], tuple[Callable[[], object], StepResult]] = {}
-        self.warmed_up: set[tuple[int, int]] = set()  # keys that already ran once eagerly
+        self.graphs: dict[tuple[int, int], tuple[Callable[[], object], torch.Tensor]] = {}
+        self.captures = 0
 
     def bucket(self, count: int) -> int:
-        return next(size for size in self.buckets if size >= count)
+        return self.buckets[bisect.bisect_left(self.buckets, count)]
 
-    def run(self, count: int, noise: torch.Tensor, cfg: torch.Tensor, schedule: CfmSchedule) -> StepResult:
-        """Run rows ``0..count-1``; returns their patch, stop logits and audio (views of static outputs)."""
-        bucket, timesteps = self.bucket(count), schedule.max_steps
-        key = (bucket, timesteps)
-        static = self._load(count, bucket, noise, cfg, schedule)
-        if key not in self.graphs and key not in self.warmed_up:
-            self.warmed_up.add(key)
-            outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], static)
-        else:
-            if key not in self.graphs:
-                self.graphs[key] = self._capture(bucket, static)
-            replay, outputs = self.graphs[key]
-            replay()
-        return tuple(t[:count] for t in outputs)  # type: ignore[return-value]
+    def timesteps_for(self, timesteps: int) -> int:
+        """The smallest captured timestep count >= ``timesteps``."""
+        return self.timestep_counts[bisect.bisect_left(self.timestep_counts, timesteps)]
 
-    def _capture(self, bucket: int, schedule: CfmSchedule) -> tuple[Callable[[], object], StepResult]:
-        """Record the step without running it; returns the replay function and the static outputs."""
+    def capture_all(self) -> None:
+        """Capture every (bucket, timesteps) key, largest first (the shared pool is sized by the first).
+
+        Each key runs once eagerly first (initialising lazily created kernels and workspaces outside the
+        capture), on whatever the input buffers hold: the caller points them at padding rows."""
+        for bucket in reversed(self.buckets):
+            for timesteps in reversed(self.timestep_counts):
+                if (bucket, timesteps) not in self.graphs:
+                    self.step(bucket, timesteps)
+                    self._add(bucket, timesteps)
+
+    def run(self, bucket: int, timesteps: int) -> torch.Tensor:
+        """Run the key's step; returns its output (a graph's static output is overwritten by its next replay).
+
+        A key never captured runs eagerly (this step's work) and is captured for next time."""
+        graph = self.graphs.get((bucket, timesteps))
+        if graph is None:
+            output = self.step(bucket, timesteps)
+            self._add(bucket, timesteps)
+            return output
+        replay, output = graph
+        replay()
+        return output
+
+    def _add(self, bucket: int, timesteps: int) -> None:
+        self.graphs[(bucket, timesteps)] = self._capture(bucket, timesteps)
+        self.captures += 1
+
+    def _capture(self, bucket: int, timesteps: int) -> tuple[Callable[[], object], torch.Tensor]:
+        """Record the step without running it; returns the replay function and the static output."""
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (voice encoding) may use the GPU while this thread captures.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            outputs = self.step(bucket, self.noise[:bucket], self.cfg[:bucket], schedule)
-        return graph.replay, outputs
-
-    def _load(
-        self, count: int, bucket: int, noise: torch.Tensor, cfg: torch.Tensor, schedule: CfmSchedule
-    ) -> CfmSchedule:
-        """Copy this step's inputs into the static buffers; park padding rows; return the static schedule."""
-        timesteps = schedule.max_steps
-        self.noise[:count].copy_(noise)
-        self.noise[count:bucket].zero_()
-        self.cfg[:count].copy_(cfg)
-        self.positions[count:bucket].zero_()
-        self.times[:count, :timesteps].copy_(schedule.times)
-        self.deltas[:count, :timesteps].copy_(schedule.deltas)
-        self.steps[:count].copy_(schedule.steps)
-        self.zero_init[:count].copy_(schedule.zero_init)
-        self.steps[count:bucket].fill_(1)
-        self.zero_init[count:bucket].fill_(1)
-        # Always masked and never skipping more than the first step (every row skips at least one), so
-        # one graph serves any mix of rows with up to ``timesteps`` steps.
-        return CfmSchedule(
-            times=self.times[:bucket, :timesteps],
-            deltas=self.deltas[:bucket, :timesteps],
-            steps=self.steps[:bucket],
-            zero_init=self.zero_init[:bucket],
-            max_steps=timesteps,
-            uniform_zero_init=1,
-            ragged=True,
-        )
+            output = self.step(bucket, timesteps)
+        return graph.replay, output

@@ -12,10 +12,12 @@ import logging
 
 import numpy as np
 
+from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.config import EngineConfig
 from voxstream.engine.outputs import EMPTY_CHUNK, Runner, RunnerOutput, StepOutput, StepPlan
 from voxstream.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
 from voxstream.engine.scheduler import Scheduler
+from voxstream.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +37,27 @@ class Engine:
                 f"the runner has only {runner.num_slots} slots"
             )
         self.runner = runner
-        self.scheduler = Scheduler(self.config)
+        self.scheduler = Scheduler(self.config, BlockAllocator(runner.num_kv_blocks, runner.block_size))
 
     def add(self, request: Request) -> None:
         """Queue ``request``; its outputs appear in later ``step()`` results.
 
         Raises:
             ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
+            InvalidInputError: the request can reach more KV positions than the whole pool holds.
             DuplicateRequestError: the id is in use by an unfinished request.
             QueueFullError: the waiting queue is full.
         """
         self.config.limits.check(request.params)
-        self.scheduler.add(request)
+        positions = self.runner.kv_positions(request)
+        blocks = self.scheduler.blocks
+        if blocks.blocks_for(positions) > blocks.num_total:
+            raise InvalidInputError(
+                f"request {request.request_id!r} can reach {positions} KV positions but the whole KV pool holds "
+                f"{blocks.num_total * blocks.block_size}: lower max_len, shorten the text, or give the KV cache "
+                "more memory (--kv-cache-gb)"
+            )
+        self.scheduler.add(request, positions)
 
     def abort(self, request_id: str) -> bool:
         """Abort a waiting or running request; its final ``aborted`` output comes with the next step.
@@ -78,6 +89,14 @@ class Engine:
     @property
     def num_free_slots(self) -> int:
         return self.scheduler.slots.num_free
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.scheduler.blocks.num_used
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.scheduler.blocks.num_total
 
     def step(self) -> list[StepOutput]:
         """Run one batched step; return the outputs it produced, at most one per request."""

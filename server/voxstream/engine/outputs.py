@@ -28,35 +28,43 @@ EMPTY_CHUNK.flags.writeable = False
 
 @dataclass(frozen=True, slots=True)
 class PrefillItem:
-    """A request admitted this step: reset row ``slot`` and prefill it with ``request``."""
+    """A request admitted this step: reset row ``slot`` and prefill it with ``request``.
+
+    ``blocks`` are the KV blocks the request owns from now until it is released, in position order
+    (position p lives in ``blocks[p // block_size]``): every position it can reach, prompt included."""
 
     request_id: str
     slot: int
     request: Request
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
     """One step's work for the runner, to be applied in field order.
 
-    1. ``released``: forget any per-request state kept for these ids (their rows are free; the
-       ids may include requests whose prefill never completed).
-    2. ``moves``: copy each row ``src`` to ``dst``, in order (slot compaction after releases).
-    3. ``prefills``: reset each row and prefill it.
-    4. Decode one patch for every row ``0..n-1`` (``decode_slots``), running and just-prefilled alike.
+    1. ``released``: forget any per-request state kept for these ids (their rows are free, their
+       KV blocks back in the pool; the ids may include requests whose prefill never completed).
+    2. ``moves``: copy each row ``src`` to ``dst``, in order (slot compaction after releases). A row's
+       KV blocks stay where they are: only its small per-row state and block table move.
+    3. ``prefills``: reset each row and prefill it into its blocks.
+    4. Decode one patch for each slot of ``decode_slots`` (running and just-prefilled alike).
+
+    ``decode_slots`` may be any subset of the occupied slots, in any order: a scheduler may leave out
+    rows that are far enough ahead of their listener. The runner gathers those rows into a batch and
+    scatters their state back, so it never assumes ``0..n-1``. A prefilled request is always decoded
+    in the step that prefills it.
     """
 
     released: tuple[str, ...] = ()
     moves: tuple[SlotMove, ...] = ()
     prefills: tuple[PrefillItem, ...] = ()
     request_ids: tuple[str, ...] = ()
-    """Owner of each decode row; row r is slot r."""
+    """Owner of each decode row."""
     step_indices: tuple[int, ...] = ()
     """Per decode row, the index of the patch to generate (0 for a row prefilled this step)."""
-
-    @property
-    def decode_slots(self) -> tuple[int, ...]:
-        return tuple(range(len(self.request_ids)))
+    decode_slots: tuple[int, ...] = ()
+    """Per decode row, the slot that holds its state (aligned with ``request_ids``)."""
 
     @property
     def is_empty(self) -> bool:
@@ -88,7 +96,8 @@ class RunnerOutput:
 
 
 class Runner(Protocol):
-    """Owns the model and the state pool of ``num_slots`` rows; the only part that touches tensors.
+    """Owns the model, the state pool of ``num_slots`` rows and the KV block pool; the only part that
+    touches tensors.
 
     ``execute`` may raise: the engine then fails every session of that plan with
     ``FinishReason.ERROR`` and releases them. So apply ``released`` and ``moves`` before anything
@@ -98,6 +107,26 @@ class Runner(Protocol):
 
     @property
     def num_slots(self) -> int: ...
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the KV pool, the null block 0 included (the engine hands out ``1..n-1``)."""
+        ...
+
+    @property
+    def block_size(self) -> int:
+        """Positions per KV block."""
+        ...
+
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graphs captured so far (0 where none are used)."""
+        ...
+
+    def kv_positions(self, request: Request) -> int:
+        """KV positions ``request`` can reach: its prompt plus its length cap. A request the runner will
+        refuse at prefill may report 1 (its prefill then fails with the reason)."""
+        ...
 
     def execute(self, plan: StepPlan) -> RunnerOutput: ...
 

@@ -146,6 +146,10 @@ class Session:
     """Index of the next patch to generate (the ``i`` of the finish rule)."""
     length_cap: int | None = None
     """Set by the runner at prefill: min(text-length bound, max_len)."""
+    kv_positions: int = 1
+    """KV positions the request can reach (prompt + length cap), as the runner reported on ``add``."""
+    blocks: tuple[int, ...] = ()
+    """The KV blocks it owns while running."""
 
     @property
     def request_id(self) -> str:

@@ -1,19 +1,30 @@
 """``ModelRunner``: the engine's ``Runner`` over a loaded VoxCPM model; the only engine module that
 touches torch devices.
 
-It owns a preallocated pool of ``num_slots`` rows: base-LM and residual-LM KV caches
-(``max_length`` positions each), decode-state rows, and streaming-VAE state rows. Row r belongs to
-whichever request the plan puts in slot r, and the scheduler keeps the live rows compacted at
-``0..n-1``, so a step runs on views ``[:n]`` of the pool: no gathering, one shape per batch size.
+State it owns, all preallocated on the model's device:
 
-Per request it keeps only host-side values: the noise stream of its seed (the seed contract, so a
-request's audio does not depend on its neighbours), its guidance strength and timestep count.
+* the KV block pool (``KVCache`` for the base LM and for the residual LM, one block id space), sized
+  by memory (``kv_cache_bytes``), not by sessions x max_length. Each block also holds one noise patch
+  per position (see below);
+* per slot (``num_slots`` rows plus one padding row): decode state, streaming-VAE state, block table,
+  guidance strength and CFM timestep count.
 
-Rows with different ``inference_timesteps`` share one step: the CFM sampler gives each row its own
-time grid and masks a row once its grid is exhausted (``CfmSchedule``), so the step costs the longest
-row's timesteps and nobody waits for a second pass. A step reads the device once, at its end (stop
-flags, audio and patches together). On CUDA the step is replayed as a CUDA graph per batch bucket
-(``cuda_graphs.StepGraphs``); on CPU the same step runs eagerly.
+A step decodes the plan's ``decode_slots``, any subset of occupied slots: their rows are gathered
+into a batch (padded to a bucket size with the padding row), the model runs on the batch, and the
+rows are scattered back. The KV is not gathered: attention reads each row's blocks in place, only
+up to the row's length (``model.paged_attention``).
+
+The seed contract without per-step generator calls: at prefill a request's whole noise stream (one
+patch per step it may take, ``NoiseStream.take``) is drawn once and stored in its KV blocks, at the
+position each step writes; the step gathers every row's noise by its position on the device.
+
+CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
+of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
+
+Per step the host uploads one small array (the batch's slot indices) and reads one array back (stop
+flags, audio and patches of every row together). On CUDA every (bucket, timesteps) step is captured
+as a CUDA graph at construction (``cuda_graphs.StepGraphs``), before the server reports ready; on
+CPU the same step runs eagerly and reads only the live blocks of the batch's longest row.
 """
 
 from __future__ import annotations
@@ -23,26 +34,28 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voxstream.engine.cuda_graphs import StepGraphs, StepResult
+from voxstream.engine.blocks import blocks_for
+from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
 from voxstream.engine.outputs import EMPTY_CHUNK, PrefillItem, RunnerOutput, StepPlan
-from voxstream.engine.slots import SlotMove
+from voxstream.engine.request import Request
 from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import VAEStreamState
 from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import DecodeState
-from voxstream.prompt import InputSequence, VoicePrompt, build_sequence
+from voxstream.model.kv_cache import NULL_BLOCK, KVCache
+from voxstream.model.voxcpm import DecodeState, PrefillBatch
+from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
 from voxstream.tts import VoxCPM
 
+DEFAULT_BLOCK_SIZE = 16
 
-@dataclass
-class _RowRequest:
-    """Host-side per-request values the decode step needs."""
 
-    noise: NoiseStream
-    cfg_value: float
-    timesteps: int
+@dataclass(frozen=True, slots=True)
+class KVPoolSize:
+    """How a runner's block pool is sized: ``bytes`` of device memory in blocks of ``block_size``."""
+
+    bytes: int
+    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 class ModelRunner:
@@ -54,167 +67,321 @@ class ModelRunner:
         num_slots: int,
         max_length: int | None = None,
         *,
+        kv_cache_bytes: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        gpu_memory_utilization: float = 0.9,
         cuda_graphs: bool | None = None,
         max_timesteps: int = 100,
+        graph_timesteps: tuple[int, ...] = (10,),
     ) -> None:
-        """``cuda_graphs``: replay decode steps as CUDA graphs (default: on CUDA devices); ``max_timesteps``:
-        the most CFM timesteps a request may ask for (sizes the graphs' static buffers)."""
+        """
+        Args:
+            num_slots: most sessions decoded together (batch rows).
+            max_length: most LM positions one session may reach (prompt + patches); default the model's.
+            kv_cache_bytes: device memory of the KV block pool. Default: on CUDA, what is free after the
+                weights and a profiled step at the largest batch, times ``gpu_memory_utilization``; on
+                other devices, room for every slot at ``max_length`` (the dense equivalent).
+            block_size: positions per KV block.
+            cuda_graphs: replay decode steps as CUDA graphs (default: on CUDA devices).
+            max_timesteps: the most CFM timesteps a request may ask for.
+            graph_timesteps: timestep counts graphs are captured for besides ``max_timesteps``; a step
+                runs the smallest one that covers its rows.
+        """
         config = tts.config
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots} is invalid: must be >= 1")
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
         self.tts = tts
+        self.block_size = block_size
         self.max_length = min(max_length or config.max_length, config.max_length)
+        self.pad_slot = num_slots  # the extra row padding rows gather from and scatter to
         device, dtype = tts.device, tts.dtype
-        self.base = KVCache(config.lm_config, num_slots, self.max_length, device, dtype)
-        self.residual = KVCache(config.residual_lm, num_slots, self.max_length, device, dtype)
+        rows = num_slots + 1
         hidden = config.lm_config.hidden_size
         self.state = DecodeState(
-            lm_hidden=torch.zeros(num_slots, hidden, device=device, dtype=dtype),
-            residual_hidden=torch.zeros(num_slots, hidden, device=device, dtype=dtype),
-            cond=torch.zeros(num_slots, config.patch_size, config.feat_dim, device=device, dtype=dtype),
-            positions=torch.zeros(num_slots, dtype=torch.long, device=device),
+            lm_hidden=torch.zeros(rows, hidden, device=device, dtype=dtype),
+            residual_hidden=torch.zeros(rows, hidden, device=device, dtype=dtype),
+            cond=torch.zeros(rows, config.patch_size, config.feat_dim, device=device, dtype=dtype),
+            positions=torch.zeros(rows, dtype=torch.long, device=device),
         )
         with torch.inference_mode():
-            self.vae_state = tts.vae_decoder.new_state(num_slots)
-        self.requests: dict[str, _RowRequest] = {}
-        self._schedules: dict[tuple[int, ...], CfmSchedule] = {}
+            self.vae_state = tts.vae_decoder.new_state(rows)
+        self.table_width = blocks_for(self.max_length, block_size)
+        self.block_tables = torch.zeros(rows, self.table_width, dtype=torch.int32, device=device)
+        self.cfg = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.timesteps = torch.ones(rows, dtype=torch.long, device=device)
+        # Host mirrors of what the step's shape depends on: the next position and timesteps per slot.
+        self._positions = np.zeros(rows, dtype=np.int64)
+        self._timesteps = np.ones(rows, dtype=np.int64)
+        self.requests: set[str] = set()  # requests whose state this runner holds
+        self._build_schedule_tables(max_timesteps)
+        self.index = torch.full((num_slots,), self.pad_slot, dtype=torch.long, device=device)
+        self._index_host = torch.empty(num_slots, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.max_timesteps = max_timesteps
         use_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        noise_shape = (config.feat_dim, config.patch_size)
         self.graphs = (
-            StepGraphs(self._step, self.state.positions, noise_shape, dtype, max_timesteps) if use_graphs else None
+            StepGraphs(self._graph_step, bucket_sizes(num_slots), sorted({*graph_timesteps, max_timesteps}))
+            if use_graphs
+            else None
         )
+        if kv_cache_bytes is None:
+            kv_cache_bytes = self._default_kv_bytes(num_slots, gpu_memory_utilization)
+        self._allocate_pool(kv_cache_bytes)
+        if self.graphs is not None and device.type == "cuda":
+            self.capture_graphs()
 
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """Capture every step graph now (the constructor does on CUDA, so none is captured while serving)."""
+        assert self.graphs is not None, "this runner does not use CUDA graphs"
+        self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
+        self.graphs.capture_all()
+
+    # ---- sizes ----
     @property
     def num_slots(self) -> int:
-        return self.base.num_slots
+        return self.pad_slot
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.base.num_blocks
+
+    @property
+    def graph_captures(self) -> int:
+        return 0 if self.graphs is None else self.graphs.captures
 
     @staticmethod
-    def bytes_per_slot(tts: VoxCPM, max_length: int | None = None) -> int:
-        """Device memory one session's slot holds: both KV caches, decode state and VAE stream state."""
+    def bytes_per_position(tts: VoxCPM) -> int:
+        """Pool memory one position of one session takes: both LMs' keys and values, and a noise value."""
         config, dtype = tts.config, tts.dtype
-        length = min(max_length or config.max_length, config.max_length)
         element = torch.empty((), dtype=dtype).element_size()
-        kv = sum(KVCache.bytes_per_slot(lm, length, dtype) for lm in (config.lm_config, config.residual_lm))
+        kv = sum(KVCache.bytes_per_position(lm, dtype) for lm in (config.lm_config, config.residual_lm))
+        return kv + config.feat_dim * config.patch_size * element
+
+    @staticmethod
+    def bytes_per_slot(tts: VoxCPM) -> int:
+        """Memory one batch row holds outside the block pool: decode state, VAE state, table and settings."""
+        config, dtype = tts.config, tts.dtype
+        element = torch.empty((), dtype=dtype).element_size()
         state = (2 * config.lm_config.hidden_size + config.patch_size * config.feat_dim) * element + 8
         with torch.inference_mode():
             vae = tts.vae_decoder.new_state(1).nbytes_per_stream
-        return kv + state + vae
+        return state + vae
 
-    @classmethod
-    def slots_for_memory(cls, tts: VoxCPM, budget_bytes: int, max_length: int | None = None) -> int:
-        """How many session slots fit in ``budget_bytes`` of device memory (at least one)."""
-        per_slot = cls.bytes_per_slot(tts, max_length)
-        if budget_bytes < per_slot:
+    def _default_kv_bytes(self, num_slots: int, utilization: float) -> int:
+        per_block = self.block_size * self.bytes_per_position(self.tts)
+        if self.tts.device.type != "cuda":
+            return per_block * (1 + num_slots * self.table_width)
+        # Profile the largest step on a minimal pool, so the pool is sized with the activations (and the
+        # graphs' shared memory pool, which the largest step bounds) already taken out of the free memory.
+        self._allocate_pool(2 * per_block)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.inference_mode():
+            self.index.fill_(self.pad_slot)
+            self._step(num_slots, self.max_timesteps, self.table_width)
+        torch.cuda.synchronize()
+        activations = torch.cuda.max_memory_allocated() - before
+        del self.base, self.residual, self.noise
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        budget = int(free - (1 - utilization) * total) - 2 * activations
+        if budget < 2 * per_block:
             raise ValueError(
-                f"a memory budget of {budget_bytes} bytes holds no session: one slot needs {per_slot} bytes "
-                "(lower max_length or raise the budget)"
+                f"no device memory left for the KV cache ({free} bytes free, {activations} needed for activations): "
+                "lower --max-sessions or raise --gpu-memory-utilization"
             )
-        return budget_bytes // per_slot
+        return budget
 
+    def _allocate_pool(self, kv_cache_bytes: int) -> None:
+        per_block = self.block_size * self.bytes_per_position(self.tts)
+        num_blocks = kv_cache_bytes // per_block
+        if num_blocks < 2:
+            raise ValueError(
+                f"a KV cache of {kv_cache_bytes} bytes holds no session: one block of {self.block_size} positions "
+                f"takes {per_block} bytes and one more is reserved (raise --kv-cache-gb)"
+            )
+        config, device, dtype = self.tts.config, self.tts.device, self.tts.dtype
+        self.base = KVCache(config.lm_config, num_blocks, self.block_size, device, dtype)
+        self.residual = KVCache(config.residual_lm, num_blocks, self.block_size, device, dtype)
+        self.noise = torch.zeros(
+            num_blocks * self.block_size, config.feat_dim, config.patch_size, device=device, dtype=dtype
+        )
+
+    def _build_schedule_tables(self, max_timesteps: int) -> None:
+        """Row k of each table is the CFM grid of a request with k timesteps (row 0 unused)."""
+        device, dtype = self.tts.device, self.tts.dtype
+        full = CfmSchedule.build(list(range(1, max_timesteps + 1)), dtype, device)
+        self.times_table = torch.cat([torch.zeros_like(full.times[:1]), full.times])
+        self.deltas_table = torch.cat([torch.zeros_like(full.deltas[:1]), full.deltas])
+        self.zero_init_table = torch.cat([torch.ones_like(full.zero_init[:1]), full.zero_init])
+
+    # ---- admission ----
+    def kv_positions(self, request: Request) -> int:
+        try:
+            sequence, cap = self._sequence(request)
+        except InvalidInputError:
+            return 1  # the prefill fails with the reason
+        return sequence.length + cap
+
+    def _sequence(self, request: Request) -> tuple[InputSequence, int]:
+        prompt = request.prompt
+        if prompt is not None and not isinstance(prompt, VoicePrompt):
+            raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
+        sequence = build_sequence(self.tts.tokenizer, self.tts.config, request.text, prompt)
+        return sequence, sequence_length_cap(sequence, request.params.max_len, self.max_length)
+
+    # ---- plan phases ----
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        for request_id in plan.released:
-            self.requests.pop(request_id, None)
-        for move in plan.moves:
-            self._move(move)
+        self.requests.difference_update(plan.released)
+        if plan.moves:
+            self._move([move.src for move in plan.moves], [move.dst for move in plan.moves])
         length_caps, errors = self._prefill(plan.prefills)
         if not plan.request_ids:
             return RunnerOutput(length_caps=length_caps, errors=errors)
-        chunks, stop_flags, patches = self._decode(plan.request_ids, errors)
-        return RunnerOutput(chunks, stop_flags, length_caps, errors, patches)
+        return self._decode(plan, length_caps, errors)
 
-    # ---- plan phases ----
-    def _move(self, move: SlotMove) -> None:
-        src = torch.tensor([move.src], device=self.tts.device)
-        dst = torch.tensor([move.dst], device=self.tts.device)
-        self.base.move_rows(src, dst)
-        self.residual.move_rows(src, dst)
-        for buffer in self.state.as_tuple():
-            buffer[dst] = buffer[src]
-        self.vae_state.move_rows(src, dst)
+    def _move(self, sources: list[int], targets: list[int]) -> None:
+        # In order: a later move may read a row an earlier one wrote.
+        for src, dst in zip(sources, targets, strict=True):
+            for buffer in (
+                *self.state.as_tuple(),
+                *self.vae_state.buffers,
+                self.block_tables,
+                self.cfg,
+                self.timesteps,
+            ):
+                buffer[dst] = buffer[src]
+            self._positions[dst], self._timesteps[dst] = self._positions[src], self._timesteps[src]
 
     def _prefill(self, items: tuple[PrefillItem, ...]) -> tuple[dict[str, int], dict[str, str]]:
-        """Prefill every admitted request in one right-padded batch; a bad request fails alone."""
+        """Prefill every admitted request in one right-padded batch, straight into its blocks; a bad
+        request fails alone (its slot gets no blocks, so its decode row is skipped)."""
         caps: dict[str, int] = {}
         errors: dict[str, str] = {}
         ready: list[tuple[PrefillItem, InputSequence]] = []
         for item in items:
             try:
-                sequence, caps[item.request_id] = self._sequence(item)
+                sequence, cap = self._sequence(item.request)
+                if sequence.length + cap > len(item.blocks) * self.block_size:
+                    raise InvalidInputError(f"request {item.request_id!r} was given too few KV blocks")
             except InvalidInputError as exc:
                 errors[item.request_id] = str(exc)
                 continue
+            caps[item.request_id] = cap
             ready.append((item, sequence))
         if not ready:
             return caps, errors
+        device = self.tts.device
+        tables = torch.full((len(ready), self.table_width), NULL_BLOCK, dtype=torch.int32)
+        for row, (item, _) in enumerate(ready):
+            tables[row, : len(item.blocks)] = torch.tensor(item.blocks, dtype=torch.int32)
+        tables = tables.to(device)
+        slots = torch.tensor([item.slot for item, _ in ready], device=device)
         sequences = [sequence for _, sequence in ready]
-        slots = torch.tensor([item.slot for item, _ in ready], device=self.tts.device)
-        width = max(sequence.length for sequence in sequences)
-        config, device, dtype = self.tts.config, self.tts.device, self.tts.dtype
-        scratch = [KVCache(lm, len(ready), width, device, dtype) for lm in (config.lm_config, config.residual_lm)]
-        state = self.tts.model.prefill(
-            self.tts.prefill_batch(sequences), scratch[0].rows(0, len(ready)), scratch[1].rows(0, len(ready))
-        )
-        for pool, fresh in zip((self.base, self.residual), scratch, strict=True):
-            pool.tensor[:, :, slots, :, :width] = fresh.tensor
+        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype)
+        state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
             buffer[slots] = fresh_rows
+        self.block_tables[slots] = tables
         self.vae_state.reset_rows(slots)
-        for (_, sequence), slot in zip(ready, slots.tolist(), strict=True):
-            self.tts.warm_vae(sequence, VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]))
+        for item, sequence in ready:
+            request, slot, cap = item.request, item.slot, caps[item.request_id]
+            self.tts.vae_decoder.warm(
+                sequence.decode_context,
+                self.tts.dtype,
+                VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
+            )
+            self._store_noise(item, sequence.length, cap)
+            self.cfg[slot] = request.params.cfg_value
+            self.timesteps[slot] = request.params.inference_timesteps
+            self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
+            self.requests.add(item.request_id)
         return caps, errors
 
-    def _sequence(self, item: PrefillItem) -> tuple[InputSequence, int]:
-        request = item.request
-        prompt = request.prompt
-        if prompt is not None and not isinstance(prompt, VoicePrompt):
-            raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
-        sequence = build_sequence(self.tts.tokenizer, self.tts.config, request.text, prompt)
-        cap = self.tts.length_cap(sequence, request.params, self.max_length)
-        seed = request.params.seed if request.params.seed is not None else random_seed()
-        config = self.tts.config
-        self.requests[item.request_id] = _RowRequest(
-            noise=NoiseStream(seed, config.feat_dim, config.patch_size, self.tts.dtype, self.tts.device),
-            cfg_value=request.params.cfg_value,
-            timesteps=request.params.inference_timesteps,
+    def _store_noise(self, item: PrefillItem, length: int, cap: int) -> None:
+        """Draw the request's noise for every step it may take and store step i's at position length + i."""
+        config, seed = self.tts.config, item.request.params.seed
+        stream = NoiseStream(
+            random_seed() if seed is None else seed, config.feat_dim, config.patch_size, self.tts.dtype, self.tts.device
         )
-        return sequence, cap
+        positions = np.arange(length, length + cap)
+        blocks = np.asarray(item.blocks, dtype=np.int64)[positions // self.block_size]
+        flat = torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.tts.device)
+        self.noise[flat] = stream.take(cap)
 
-    def _decode(
-        self, request_ids: tuple[str, ...], errors: dict[str, str]
-    ) -> tuple[tuple[np.ndarray, ...], tuple[bool, ...], tuple[np.ndarray, ...]]:
-        """One patch for rows 0..n-1. A row whose prefill failed computes on zero noise and is ignored."""
-        count = len(request_ids)
-        config, device, dtype = self.tts.config, self.tts.device, self.tts.dtype
-        rows = [self.requests.get(rid) for rid in request_ids]
-        zero = torch.zeros((1, config.feat_dim, config.patch_size), dtype=dtype, device=device)
-        noise = torch.cat([row.noise.next() if row is not None else zero for row in rows])
-        cfg = torch.tensor([row.cfg_value if row is not None else 0.0 for row in rows], device=device)
-        schedule = self._schedule(tuple(row.timesteps if row is not None else 1 for row in rows))
-        run = self.graphs.run if self.graphs is not None else self._step
-        patch, stop_logits, audio = run(count, noise, cfg, schedule)
-        stops = (stop_logits.argmax(dim=-1) == 1).tolist()  # the step's one device read, with the audio below
-        # Copies: with CUDA graphs these are views of static outputs that the next replay overwrites.
-        audio_rows = audio.to("cpu", copy=True).numpy()
-        patch_rows = patch.to("cpu", dtype=torch.float32, copy=True).numpy()
-        chunks = tuple(EMPTY_CHUNK if rid in errors else audio_rows[i] for i, rid in enumerate(request_ids))
-        return chunks, tuple(bool(s) for s in stops), tuple(patch_rows)
+    def _decode(self, plan: StepPlan, caps: dict[str, int], errors: dict[str, str]) -> RunnerOutput:
+        """One patch for every decode row whose prefill did not fail; failed rows get an empty chunk."""
+        rows = [i for i, rid in enumerate(plan.request_ids) if rid not in errors]
+        slots = np.asarray(plan.decode_slots, dtype=np.int64)[rows]
+        count = len(rows)
+        chunks: list[np.ndarray] = [EMPTY_CHUNK] * len(plan.request_ids)
+        stops = [False] * len(plan.request_ids)
+        patches: list[np.ndarray] = [np.zeros((0,), np.float32)] * len(plan.request_ids)
+        if count:
+            packed = self._run(slots)
+            config = self.tts.config
+            audio_end = 1 + config.samples_per_patch
+            for row, values in zip(rows, packed, strict=True):
+                stops[row] = bool(values[0])
+                chunks[row] = values[1:audio_end]
+                patches[row] = values[audio_end:].reshape(config.patch_size, config.feat_dim)
+        return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patches))
 
-    def _step(self, count: int, noise: torch.Tensor, cfg: torch.Tensor, schedule: CfmSchedule) -> StepResult:
-        """The batched step on pool rows ``0..count-1``: patch, stop logits, and the patch's audio."""
+    def _run(self, slots: np.ndarray) -> np.ndarray:
+        """Run the batch of ``slots``; returns (n, 1 + samples + P*D) float32: stop flag, audio, patch."""
+        count = len(slots)
+        timesteps = int(self._timesteps[slots].max())
+        self._index_host[:count] = torch.from_numpy(slots)
+        if self.graphs is not None:
+            bucket = self.graphs.bucket(count)
+            self._index_host[count:bucket] = self.pad_slot
+            self.index[:bucket].copy_(self._index_host[:bucket], non_blocking=True)  # the step's one upload
+            out = self.graphs.run(bucket, self.graphs.timesteps_for(timesteps))[:count]
+        else:
+            self.index[:count].copy_(self._index_host[:count])
+            # Eager: read only the blocks the batch's longest row has reached.
+            width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
+            out = self._step(count, timesteps, width)[:count]
+        self._positions[slots] += 1
+        # The step's one read; a copy, since graph outputs are overwritten by the next replay and the
+        # chunks outlive this step. Rows are views of this one array.
+        return out.to("cpu", copy=True).numpy()
+
+    def _graph_step(self, bucket: int, timesteps: int) -> torch.Tensor:
+        return self._step(bucket, timesteps, self.table_width)
+
+    def _step(self, bucket: int, timesteps: int, width: int) -> torch.Tensor:
+        """The batched step on the slots in ``index[:bucket]``, gathered and scattered back in place.
+
+        Uses only device-side inputs (the index buffer and the per-slot tables), so a CUDA graph can
+        capture it. Returns (bucket, 1 + samples + P*D) float32: stop flag, audio, patch per row."""
+        index = self.index[:bucket]
+        state = DecodeState(*(t.index_select(0, index) for t in self.state.as_tuple()))
+        tables = self.block_tables.index_select(0, index)[:, :width]
+        vae = VAEStreamState([b.index_select(0, index) for b in self.vae_state.buffers])
+        steps = self.timesteps.index_select(0, index)
+        schedule = CfmSchedule(
+            times=self.times_table[steps, :timesteps],
+            deltas=self.deltas_table[steps, :timesteps],
+            steps=steps,
+            zero_init=self.zero_init_table[steps],
+            max_steps=timesteps,
+            uniform_zero_init=1,  # every row skips at least its first step (CFG-Zero*)
+            ragged=True,
+        )
+        flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
+        noise = self.noise[flat + state.positions % self.block_size]
         patch, stop_logits = self.tts.model.decode_step(
-            self.state.rows(0, count), self.base.rows(0, count), self.residual.rows(0, count), noise, cfg, schedule
+            state, self.base.view(tables), self.residual.view(tables), noise, self.cfg.index_select(0, index), schedule
         )
-        return (
-            patch,
-            stop_logits,
-            self.tts.vae_decoder.decode(patch.float().transpose(1, 2), self.vae_state.rows(count)),
-        )
-
-    def _schedule(self, steps: tuple[int, ...]) -> CfmSchedule:
-        schedule = self._schedules.get(steps)
-        if schedule is None:
-            if len(self._schedules) > 256:  # batch compositions vary; keep the cache bounded
-                self._schedules.clear()
-            schedule = self._schedules[steps] = CfmSchedule.build(list(steps), self.tts.dtype, self.tts.device)
-        return schedule
+        audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
+        pools, batch = (*self.state.as_tuple(), *self.vae_state.buffers), (*state.as_tuple(), *vae.buffers)
+        for pool, rows in zip(pools, batch, strict=True):
+            pool.index_copy_(0, index, rows)
+            pool[self.pad_slot].zero_()  # padding rows start every step from zeros
+        stopped = (stop_logits.argmax(dim=-1) == 1).float()
+        return torch.cat([stopped[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)

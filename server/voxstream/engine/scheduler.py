@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import islice
 
+from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.config import EngineConfig
 from voxstream.engine.errors import DuplicateRequestError, QueueFullError
 from voxstream.engine.outputs import PrefillItem, StepPlan
@@ -50,10 +52,14 @@ class Scheduler:
     streams is bounded by ``max_prefill_tokens_per_step`` (plus at most one over-budget request).
     The batch never exceeds ``max_running`` rows, and the waiting queue never exceeds
     ``max_waiting`` requests.
+
+    KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
+    the first waiting request whose blocks are not free (it waits; nothing overtakes it).
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, blocks: BlockAllocator) -> None:
         self.config = config
+        self.blocks = blocks
         self.slots = SlotTable(config.max_running)
         self.waiting: deque[Session] = deque()
         # Every request whose final output has not been emitted yet (waiting, running, aborted).
@@ -64,8 +70,8 @@ class Scheduler:
         self._released: list[str] = []
         self._moves: list[SlotMove] = []
 
-    def add(self, request: Request) -> None:
-        """Append ``request`` to the waiting queue.
+    def add(self, request: Request, kv_positions: int = 1) -> None:
+        """Append ``request`` to the waiting queue; ``kv_positions``: the KV positions it can reach.
 
         Raises:
             DuplicateRequestError: a request with the same id has not finished yet.
@@ -79,7 +85,7 @@ class Scheduler:
                 f"request {rid!r} rejected: the waiting queue is full "
                 f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running)"
             )
-        session = Session(request)
+        session = Session(request, kv_positions=kv_positions)
         self.waiting.append(session)
         self.sessions[rid] = session
 
@@ -110,10 +116,11 @@ class Scheduler:
         self._moves.clear()
         tokens = (session.request.prefill_tokens for session in self.waiting)
         admitted = admit_count(tokens, self.slots.num_free, self.config.max_prefill_tokens_per_step)
+        admitted = self._fit_blocks(admitted)
         prefills = tuple(self._admit(self.waiting.popleft()) for _ in range(admitted))
         request_ids = self.slots.owners
         step_indices = tuple(self.sessions[rid].step_index for rid in request_ids)
-        return StepPlan(released, moves, prefills, request_ids, step_indices)
+        return StepPlan(released, moves, prefills, request_ids, step_indices, tuple(range(len(request_ids))))
 
     def finish(self, results: Iterable[tuple[Session, RequestStatus]]) -> None:
         """Record the final status of running sessions and free their slots."""
@@ -134,9 +141,23 @@ class Scheduler:
     def _admit(self, session: Session) -> PrefillItem:
         session.status = RequestStatus.RUNNING
         slot = self.slots.allocate(session.request_id)
-        return PrefillItem(session.request_id, slot, session.request)
+        session.blocks = self.blocks.allocate(self.blocks.blocks_for(session.kv_positions))
+        return PrefillItem(session.request_id, slot, session.request, session.blocks)
+
+    # ---- KV blocks (the admission gate; see blocks.py) ----
+    def _fit_blocks(self, count: int) -> int:
+        """How many of the first ``count`` waiting requests, in FIFO order, the free KV blocks hold."""
+        free = self.blocks.num_free
+        for fitted, session in enumerate(islice(self.waiting, count)):
+            need = self.blocks.blocks_for(session.kv_positions)
+            if need > free:
+                return fitted
+            free -= need
+        return count
 
     def _release(self, session: Session) -> None:
+        self.blocks.free(session.blocks)
+        session.blocks = ()
         move = self.slots.release(session.request_id)
         self._released.append(session.request_id)
         if move is not None:

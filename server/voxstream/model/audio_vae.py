@@ -392,6 +392,19 @@ class StreamingVAEDecoder:
         )
 
     @torch.no_grad()
+    def warm(self, context: Tensor, lm_dtype: torch.dtype, state: VAEStreamState) -> None:
+        """Run a fresh one-row state over a prompt's context patches (C, P, D) and discard their audio.
+
+        The reference decodes these patches in front of the generated ones and cuts their samples; a
+        causal decoder gives the same audio by starting from their state instead. The patches are
+        rounded to ``lm_dtype`` first, as the reference's LM input is.
+        """
+        if context.numel():
+            device = self.vae.decoder.model[0].weight.device
+            latents = context.to(lm_dtype).float().to(device)
+            self.decode(latents.reshape(1, -1, context.size(-1)).transpose(1, 2), state)
+
+    @torch.no_grad()
     def decode(self, latents: Tensor, state: VAEStreamState) -> Tensor:
         """latents: (B, latent_dim, F), F >= 1 -> the F·decoder_hop new samples per stream: (B, F·decoder_hop)."""
         if latents.shape[0] != state.batch_size:

@@ -5,7 +5,7 @@ Attribute names equal the checkpoint keys (``layers.{i}.self_attn.q_proj.weight`
 
 * ``forward`` runs a whole sequence (prefill, or a LocEnc/LocDiT call) and returns every layer's
   post-RoPE keys and values so the caller can fill a KV cache;
-* ``forward_step`` runs one new token per batch row against a KV cache, at a per-row position.
+* ``forward_step`` runs one new token per batch row against a paged KV cache, at a per-row position.
 
 Numerics follow the reference exactly (see the spec, section 11): RMSNorm in fp32 cast back before
 the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA.
@@ -14,13 +14,15 @@ the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA wi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from voxstream.config import MiniCPM4Config
-from voxstream.model.kv_cache import LayerCache
+from voxstream.model.kv_cache import PagedKV
+from voxstream.model.paged_attention import decode_attention
 
 
 class MiniCPMRMSNorm(nn.Module):
@@ -90,6 +92,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class DecodeKV:
+    """What one layer's decode step needs of the cache: the pools, which layer, and each row's position."""
+
+    cache: PagedKV
+    layer: int
+    positions: torch.Tensor  # (B,) long: where this step's token is written
+    seq_lens: torch.Tensor  # (B,) int32: positions + 1, the live length attention reads
+
+
 class MiniCPMAttention(nn.Module):
     def __init__(self, config: MiniCPM4Config) -> None:
         super().__init__()
@@ -126,19 +138,17 @@ class MiniCPMAttention(nn.Module):
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
         return self._out(attn), k, v
 
-    def forward_step(
-        self, x: torch.Tensor, rope: RopeTables | None, positions: torch.Tensor, cache: LayerCache
-    ) -> torch.Tensor:
-        """x (B, H): one token per row, written into the cache at positions (B,) -> output (B, H)."""
+    def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
+        """x (B, H): one token per row, written into the paged cache at the step's positions -> output (B, H).
+
+        Attention reads only each row's live positions (``paged_attention``)."""
         q, k, v = self._qkv(x.unsqueeze(1), rope)
-        cache.write(positions, k[:, :, 0], v[:, :, 0])
-        mask = cache.mask(positions)
-        # Positions past a row's length hold whatever a previous occupant left (NaN included); a masked score
-        # still multiplies its value (0 x NaN = NaN), so they are zeroed, not just masked.
-        live = mask[:, :, 0, :, None]
-        keys, values = cache.keys.masked_fill(~live, 0.0), cache.values.masked_fill(~live, 0.0)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self._out(attn)[:, 0]
+        step.cache.write(step.layer, step.positions, k[:, :, 0], v[:, :, 0])
+        pools = step.cache.layers[step.layer]
+        attn = decode_attention(
+            q[:, :, 0], pools.keys, pools.values, step.cache.block_tables, step.seq_lens, 1.0 / math.sqrt(self.head_dim)
+        )
+        return self.o_proj(attn.reshape(x.size(0), self.num_heads * self.head_dim))
 
 
 class MiniCPMMLP(nn.Module):
@@ -172,10 +182,8 @@ class MiniCPMDecoderLayer(nn.Module):
         x = self._residual(x, attn)
         return self._residual(x, self.mlp(self.post_attention_layernorm(x))), k, v
 
-    def forward_step(
-        self, x: torch.Tensor, rope: RopeTables | None, positions: torch.Tensor, cache: LayerCache
-    ) -> torch.Tensor:
-        x = self._residual(x, self.self_attn.forward_step(self.input_layernorm(x), rope, positions, cache))
+    def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
+        x = self._residual(x, self.self_attn.forward_step(self.input_layernorm(x), rope, step))
         return self._residual(x, self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -206,15 +214,14 @@ class MiniCPMModel(nn.Module):
             kvs.append((k, v))
         return self.norm(hidden), kvs
 
-    def forward_step(
-        self, inputs_embeds: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache]
-    ) -> torch.Tensor:
+    def forward_step(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: PagedKV) -> torch.Tensor:
         """inputs_embeds (B, H), positions (B,) -> hidden (B, H); writes each layer's k/v at the positions."""
         rope = None
         if self.rope_emb is not None:
             cos, sin = self.rope_emb(positions)
             rope = (cos[:, None, None, :], sin[:, None, None, :])
+        seq_lens = (positions + 1).to(torch.int32)
         hidden = inputs_embeds
-        for layer, cache in zip(self.layers, caches, strict=True):
-            hidden = layer.forward_step(hidden, rope, positions, cache)
+        for index, layer in enumerate(self.layers):
+            hidden = layer.forward_step(hidden, rope, DecodeKV(cache, index, positions, seq_lens))
         return self.norm(hidden)

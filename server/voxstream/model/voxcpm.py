@@ -1,8 +1,8 @@
 """The VoxCPM network: every sub-module under its checkpoint name, and the two batched functions the
 one-utterance API and the batching engine both call.
 
-* ``prefill`` consumes a right-padded batch of whole input sequences, fills their KV-cache rows and
-  returns each row's decode state;
+* ``prefill`` consumes a right-padded batch of whole input sequences, writes their keys and values
+  straight into their KV blocks and returns each row's decode state;
 * ``decode_step`` makes one latent patch per row (the CFM sampler conditioned on both LMs), reports
   each row's stop logits, and advances both LMs by the new patch, all in place on static buffers.
 
@@ -24,10 +24,11 @@ from voxstream.config import ModelConfig
 from voxstream.model.audio_vae import AudioVAE
 from voxstream.model.cfm import CfmSchedule, UnifiedCFM
 from voxstream.model.fsq import ScalarQuantizationLayer
-from voxstream.model.kv_cache import LayerCache
+from voxstream.model.kv_cache import PagedKV
 from voxstream.model.local_dit import VoxCPMLocDiT
 from voxstream.model.local_encoder import VoxCPMLocEnc
 from voxstream.model.minicpm import MiniCPMModel
+from voxstream.prompt import InputSequence
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,24 @@ class PrefillBatch:
     text_mask: torch.Tensor  # (B, T) model dtype, 1 at text-token positions
     audio_mask: torch.Tensor  # (B, T) model dtype, 1 at audio-patch positions
     lengths: torch.Tensor  # (B,) long, real length of each row (>= 1)
+
+    @classmethod
+    def from_sequences(cls, sequences: list[InputSequence], device: torch.device, dtype: torch.dtype) -> PrefillBatch:
+        """Right-pad sequences into one batch on ``device`` (feats and masks in ``dtype``)."""
+        width = max(sequence.length for sequence in sequences)
+
+        def stack(field: str, field_dtype: torch.dtype) -> torch.Tensor:
+            rows = [getattr(sequence, field) for sequence in sequences]
+            padded = [F.pad(r, (0, 0) * (r.dim() - 1) + (0, width - r.size(0))) for r in rows]
+            return torch.stack(padded).to(device=device, dtype=field_dtype)
+
+        return cls(
+            text_tokens=stack("tokens", torch.long),
+            feats=stack("feats", dtype),
+            text_mask=stack("text_mask", dtype),
+            audio_mask=stack("audio_mask", dtype),
+            lengths=torch.tensor([sequence.length for sequence in sequences], device=device),
+        )
 
 
 @dataclass(frozen=True)
@@ -104,9 +123,7 @@ class VoxCPMModel(nn.Module):
             return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embeds), dim=-1))
         return lm_hidden + audio_embeds
 
-    def prefill(
-        self, batch: PrefillBatch, base_cache: list[LayerCache], residual_cache: list[LayerCache]
-    ) -> DecodeState:
+    def prefill(self, batch: PrefillBatch, base_cache: PagedKV, residual_cache: PagedKV) -> DecodeState:
         """Run both LMs over whole sequences, fill the cache rows, return the state for step 0."""
         audio_mask, text_mask = batch.audio_mask.unsqueeze(-1), batch.text_mask.unsqueeze(-1)
         audio_embeds = self.embed_patches(batch.feats)
@@ -114,12 +131,12 @@ class VoxCPMModel(nn.Module):
         if self.embed_scale != 1.0:
             text_embeds = text_embeds * self.embed_scale
         hidden, kvs = self.base_lm(text_mask * text_embeds + audio_mask * audio_embeds, is_causal=True)
-        _fill(base_cache, kvs)
+        base_cache.fill(kvs)
         # FSQ applies at audio positions only: the last position is token 101 (unquantised) in zero-shot and
         # reference modes, a prompt patch (quantised) in continuation mode.
         hidden = self.fsq_layer(hidden) * audio_mask + hidden * text_mask
         residual, kvs = self.residual_lm(self._residual_input(hidden, audio_mask * audio_embeds), is_causal=True)
-        _fill(residual_cache, kvs)
+        residual_cache.fill(kvs)
         rows = torch.arange(hidden.size(0), device=hidden.device)
         last = batch.lengths - 1
         return DecodeState(
@@ -141,8 +158,8 @@ class VoxCPMModel(nn.Module):
     def decode_step(
         self,
         state: DecodeState,
-        base_cache: list[LayerCache],
-        residual_cache: list[LayerCache],
+        base_cache: PagedKV,
+        residual_cache: PagedKV,
         noise: torch.Tensor,
         cfg_value: torch.Tensor,
         schedule: CfmSchedule,
@@ -151,7 +168,7 @@ class VoxCPMModel(nn.Module):
 
         Args:
             state: rows' decode state, advanced in place.
-            base_cache, residual_cache: per-layer cache views of the same rows.
+            base_cache, residual_cache: the paged caches with the same rows' block tables.
             noise: (B, D, P) model dtype, this step's CFM starting noise per row.
             cfg_value: (B,) float32 guidance strength per row.
             schedule: per-row CFM time grids.
@@ -171,17 +188,10 @@ class VoxCPMModel(nn.Module):
         patch = self.feat_decoder(noise, self.dit_condition(state), state.cond.transpose(1, 2), cfg_value, schedule)
         return patch.transpose(1, 2)
 
-    def advance(
-        self, state: DecodeState, patch: torch.Tensor, base_cache: list[LayerCache], residual_cache: list[LayerCache]
-    ) -> None:
+    def advance(self, state: DecodeState, patch: torch.Tensor, base_cache: PagedKV, residual_cache: PagedKV) -> None:
         """Feed each row's patch (B, P, D) to both LMs at the row's position and move the state on, in place."""
         audio_embed = self.embed_patches(patch.unsqueeze(1))[:, 0]
         lm_hidden = self.fsq_layer(self.base_lm.forward_step(audio_embed, state.positions, base_cache))
         residual_input = self._residual_input(lm_hidden, audio_embed)
         residual = self.residual_lm.forward_step(residual_input, state.positions, residual_cache)
         state.copy_(DecodeState(lm_hidden, residual, patch, state.positions + 1))
-
-
-def _fill(caches: list[LayerCache], kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for cache, (k, v) in zip(caches, kvs, strict=True):
-        cache.fill(k, v)

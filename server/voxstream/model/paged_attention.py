@@ -1,0 +1,76 @@
+"""Decode attention over a paged KV cache: one query token per row, reading only that row's live positions.
+
+Two implementations share one signature, ``(q (B, Hq, D), k_cache and v_cache (num_blocks, block_size,
+Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
+
+* ``paged_decode_torch``: plain torch, any device. It gathers the blocks named by ``block_tables`` (pass a
+  table sliced to the batch's longest row to read only live blocks), zeroes keys and values past each
+  row's length (a stale value is never multiplied by a zero weight: 0 x NaN = NaN), and runs SDPA with
+  the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA a mask
+  with ``enable_gqa`` forces the slow MATH backend). It is the CPU path and the oracle of the kernel.
+* the Triton kernel ``voxstream.kernels.paged_decode.paged_decode_attention`` on CUDA, when installed.
+
+``decode_attention`` picks one; ``attention_path`` names the one a device gets (for reports).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+PagedDecode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def paged_decode_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, q_heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    width = block_tables.size(1) * block_size
+    blocks = block_tables.long()
+    # (B, W*bs, Hkv, D) -> (B, Hkv, W*bs, D)
+    keys = k_cache[blocks].view(batch, width, kv_heads, dim).transpose(1, 2)
+    values = v_cache[blocks].view(batch, width, kv_heads, dim).transpose(1, 2)
+    live = torch.arange(width, device=q.device)[None, :] < seq_lens[:, None]  # (B, W*bs)
+    dead = ~live[:, None, :, None]
+    keys, values = keys.masked_fill(dead, 0.0), values.masked_fill(dead, 0.0)
+    # The query heads sharing a KV head become that head's "query positions": GQA without repeating K/V.
+    grouped = q.view(batch, kv_heads, q_heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=live[:, None, None, :], scale=scale)
+    return out.reshape(batch, q_heads, dim)
+
+
+@functools.cache
+def _triton_kernel() -> PagedDecode | None:
+    try:
+        from voxstream.kernels.paged_decode import paged_decode_attention  # type: ignore[import-not-found]
+    except ImportError:  # the kernel module or Triton is not installed
+        return None
+    return paged_decode_attention  # type: ignore[no-any-return]
+
+
+def attention_path(device: torch.device) -> str:
+    """Which implementation decode attention uses on ``device``."""
+    if device.type == "cuda" and _triton_kernel() is not None:
+        return "triton-paged"
+    return "torch-paged"
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    kernel = _triton_kernel() if q.device.type == "cuda" else None
+    return (kernel or paged_decode_torch)(q, k_cache, v_cache, block_tables, seq_lens, scale)

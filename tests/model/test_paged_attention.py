@@ -1,0 +1,96 @@
+"""Paged decode attention: equal to plain attention over each row's own positions, whatever lies past them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import voxstream
+from voxstream.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxstream.engine.runner import ModelRunner
+from voxstream.model.paged_attention import attention_path, decode_attention, paged_decode_torch
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+
+
+def dense_oracle(q, k_cache, v_cache, tables, seq_lens, scale):
+    """Row by row, in float64: softmax(q K^T * scale) V over the row's first seq_len positions."""
+    batch, q_heads, dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(batch, q_heads, dim, dtype=torch.float64)
+    for row in range(batch):
+        length = int(seq_lens[row])
+        positions = torch.arange(length)
+        blocks = tables[row, positions // block_size].long()
+        keys = k_cache[blocks, positions % block_size].double()  # (L, Hkv, D)
+        values = v_cache[blocks, positions % block_size].double()
+        group = q_heads // kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[row].double(), keys) * scale
+        out[row] = torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), values)
+    return out
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(4, 4), (4, 2), (8, 1), (16, 2)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_paged_attention_equals_the_dense_oracle(q_heads: int, kv_heads: int, block_size: int) -> None:
+    generator = torch.Generator().manual_seed(q_heads * 100 + kv_heads * 10 + block_size)
+    dim, num_blocks, width = 32, 64, 12
+    # Mixed lengths: one position, exactly one block, one past a boundary, a full table, and a tail.
+    lengths = [1, block_size, block_size + 1, width * block_size, 2 * block_size - 1, 3]
+    lengths = [min(length, width * block_size) for length in lengths]
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator)
+    order = torch.randperm(num_blocks - 1, generator=generator) + 1
+    tables = torch.zeros(len(lengths), width, dtype=torch.int32)  # empty tails point at the null block 0
+    used = 0
+    for row, length in enumerate(lengths):
+        count = math.ceil(length / block_size)
+        tables[row, :count] = order[used : used + count]
+        used += count
+        # Stale values past the row's length in its own last block, and garbage in the null block.
+        blocks, offset = tables[row, count - 1], length % block_size
+        if offset:
+            k_cache[blocks, offset:] = float("nan")
+            v_cache[blocks, offset:] = float("nan")
+    k_cache[0], v_cache[0] = float("nan"), float("inf")
+    q = torch.randn(len(lengths), q_heads, dim, generator=generator)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    scale = 1 / math.sqrt(dim)
+    expected = dense_oracle(q, k_cache, v_cache, tables, seq_lens, scale)
+    got = paged_decode_torch(q, k_cache, v_cache, tables, seq_lens, scale)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+    # A table sliced to the blocks the longest row reached (what the CPU runner passes) gives the same.
+    live = math.ceil(max(lengths) / block_size)
+    torch.testing.assert_close(paged_decode_torch(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
+
+
+def test_cpu_decode_uses_the_torch_path() -> None:
+    assert attention_path(torch.device("cpu")) == "torch-paged"
+    q, cache = torch.randn(1, 2, 8), torch.randn(3, 4, 1, 8)
+    tables, lens = torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    torch.testing.assert_close(
+        decode_attention(q, cache, cache, tables, lens, 0.3), paged_decode_torch(q, cache, cache, tables, lens, 0.3)
+    )
+
+
+def test_no_sdpa_call_on_the_decode_path_has_both_a_mask_and_enable_gqa(tmp_path, monkeypatch) -> None:
+    """On CUDA that combination silently falls back to the MATH backend (fp32 copies, K/V repeated)."""
+    tts = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
+    engine = Engine(ModelRunner(tts, num_slots=2, max_length=128), EngineConfig(max_running=2))
+    for rid, text in (("a", "Short."), ("b", "A rather longer sentence than the first.")):
+        engine.add(Request(rid, text, prefill_tokens=8, params=SynthesisParams(seed=1, max_len=4)))
+    engine.step()  # both prefilled, first patches decoded
+    calls: list[tuple[bool, bool]] = []
+    original = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is not None, bool(kwargs.get("enable_gqa", False))))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    engine.step()  # decode only: rows of different lengths
+    assert any(mask for mask, _ in calls), "the decode step made no masked attention call"
+    assert not any(mask and gqa for mask, gqa in calls)
