@@ -78,6 +78,8 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     assert after["voxstream_engine_step_seconds_sum"] > 0
     for gauge in ("voxstream_sessions_active", "voxstream_sessions_queued", "voxstream_websocket_connections"):
         assert after[gauge] == 0
+    assert after["voxstream_kv_blocks_used"] == 0 and after["voxstream_kv_blocks_total"] > 0
+    assert after["voxstream_graph_captures_total"] == before["voxstream_graph_captures_total"] == 0  # CPU: no graphs
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

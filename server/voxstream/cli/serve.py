@@ -69,6 +69,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default = getattr(defaults, name)
         kind = float if isinstance(default, float) else int
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default, help=help_text)
+    parser.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        help="device memory of the KV block pool, GiB (default: on CUDA what is free after weights and "
+        "activations times --gpu-memory-utilization; elsewhere room for --max-sessions at --max-length)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=defaults.gpu_memory_utilization,
+        help="fraction of the GPU's memory the server may use (sizes the default KV cache)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.set_defaults(func=run)
 
@@ -88,6 +100,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),
         allowed_origins=tuple(args.allowed_origin),
         voices_dir=args.voices_dir,
+        kv_cache_gb=args.kv_cache_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         **{name: getattr(args, name) for name in _LIMITS},
     )
 

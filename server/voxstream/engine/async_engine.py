@@ -44,6 +44,12 @@ class EngineStats:
     """Steps run since start."""
     step_seconds: float = 0.0
     """Total wall time spent in those steps."""
+    kv_blocks_used: int = 0
+    """KV blocks held by running requests."""
+    kv_blocks_total: int = 0
+    """KV blocks in the pool."""
+    graph_captures: int = 0
+    """CUDA graphs the runner has captured since start (all before serving, when it captures up front)."""
 
 
 class AsyncEngine:
@@ -69,7 +75,7 @@ class AsyncEngine:
         self._channels: dict[str, _Channel] = {}
         self._closed_reason: str | None = None
         # Replaced whole by the engine thread: readers on any thread see one consistent snapshot.
-        self._stats = EngineStats()
+        self._stats = EngineStats(kv_blocks_total=engine.kv_blocks_total, graph_captures=engine.runner.graph_captures)
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()
@@ -194,7 +200,15 @@ class AsyncEngine:
     def _record_step(self, seconds: float) -> None:
         last = self._stats
         engine = self._engine
-        self._stats = EngineStats(engine.num_running, engine.num_waiting, last.steps + 1, last.step_seconds + seconds)
+        self._stats = EngineStats(
+            engine.num_running,
+            engine.num_waiting,
+            last.steps + 1,
+            last.step_seconds + seconds,
+            engine.kv_blocks_used,
+            engine.kv_blocks_total,
+            engine.runner.graph_captures,
+        )
 
     def _add(self, request: Request) -> None:
         try:

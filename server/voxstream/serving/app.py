@@ -54,7 +54,14 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     """Build the server's application; ``tts`` is loaded from ``config`` (blocking) unless given (tests)."""
     if tts is None:
         tts = load_configured_model(config)
-    service = SpeechService(tts, config.engine_config(), num_slots=config.max_sessions, max_length=config.max_length)
+    service = SpeechService(
+        tts,
+        config.engine_config(),
+        num_slots=config.max_sessions,
+        max_length=config.max_length,
+        kv_cache_bytes=config.kv_cache_bytes,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+    )
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD

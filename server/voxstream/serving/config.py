@@ -58,6 +58,12 @@ class ServerConfig:
     """LM positions per slot (prompt + generated patches); None uses the model's ``max_length``."""
     max_inference_timesteps: int = 50
     """Largest ``inference_timesteps`` a client may ask for (each one is a diffusion pass per patch)."""
+    kv_cache_gb: float | None = None
+    """Device memory of the KV block pool, in GiB (sessions share it by the positions they reach). None:
+    on CUDA, what is free after the weights and activations, times ``gpu_memory_utilization``; on other
+    devices, room for ``max_sessions`` sessions at ``max_length``."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of the GPU's memory the server may use in all (for the default ``kv_cache_gb``)."""
 
     # ---- per-connection and per-request limits ----
     max_connections: int = 256
@@ -102,12 +108,22 @@ class ServerConfig:
         _check("port", self.port, _is_int(self.port) and 0 <= self.port <= 65535, "an int in [0, 65535]")
         length = self.max_length
         _check("max_length", length, length is None or (_is_int(length) and length > 0), "None or an int > 0")
+        gb = self.kv_cache_gb
+        number = isinstance(gb, (int, float)) and not isinstance(gb, bool)
+        _check("kv_cache_gb", gb, gb is None or (number and math.isfinite(gb) and gb > 0), "None or a number > 0")
+        share = self.gpu_memory_utilization
+        number = isinstance(share, (int, float)) and not isinstance(share, bool)
+        _check("gpu_memory_utilization", share, number and 0 < share <= 1, "a number in (0, 1]")
         delay = self.max_buffer_delay_ms
         _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
             _check(name, values, ok, "a tuple of non-empty strings")
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
 
     def engine_config(self) -> EngineConfig:
         """The engine's knobs, derived from this configuration."""

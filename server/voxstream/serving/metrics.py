@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from voxstream.engine import EngineStats
@@ -81,6 +81,15 @@ class _LoadCollector(Collector):
         )
         yield GaugeMetricFamily("voxstream_sessions_queued", "Utterances waiting for an engine slot.", stats.waiting)
         yield GaugeMetricFamily("voxstream_websocket_connections", "Open WebSocket connections.", self._connections())
+        yield GaugeMetricFamily(
+            "voxstream_kv_blocks_used", "KV cache blocks held by running utterances.", stats.kv_blocks_used
+        )
+        yield GaugeMetricFamily("voxstream_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total)
+        yield CounterMetricFamily(
+            "voxstream_graph_captures",
+            "CUDA graphs captured; all are captured before /ready, so this does not move while serving.",
+            stats.graph_captures,
+        )
         yield SummaryMetricFamily(
             "voxstream_engine_step_seconds",
             "Wall time of engine steps (one batched decode of every running session).",

@@ -36,9 +36,24 @@ class ModelInfo:
 class SpeechService:
     """Async facade over one model and its engine. Start it inside the event loop that will use it."""
 
-    def __init__(self, tts: VoxCPM, engine_config: EngineConfig, num_slots: int, max_length: int | None = None):
+    def __init__(
+        self,
+        tts: VoxCPM,
+        engine_config: EngineConfig,
+        num_slots: int,
+        max_length: int | None = None,
+        kv_cache_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+    ):
         self.tts = tts
-        self.runner = ModelRunner(tts, num_slots=num_slots, max_length=max_length)
+        self.runner = ModelRunner(
+            tts,
+            num_slots=num_slots,
+            max_length=max_length,
+            kv_cache_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_timesteps=engine_config.limits.max_inference_timesteps,
+        )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
         self._ids = itertools.count()
