@@ -131,8 +131,9 @@ class Runner(Protocol):
     def execute(self, plan: StepPlan) -> RunnerOutput: ...
 
 
-# eq=False: the fields hold arrays, which have no single truth value to compare by.
-@dataclass(frozen=True, slots=True, eq=False)
+# eq=False: the fields hold arrays, which have no single truth value to compare by. Not frozen: one is
+# made per row per step on the engine thread's hot path, and a frozen init costs 3x; never mutate one.
+@dataclass(slots=True, eq=False)
 class StepOutput:
     """One session's share of a step: its new chunk and, on its last output, why it finished.
 

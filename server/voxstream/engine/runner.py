@@ -181,7 +181,7 @@ class ModelRunner:
         before = torch.cuda.memory_allocated()
         with torch.inference_mode():
             self.index.fill_(self.pad_slot)
-            self._step(num_slots, self.max_timesteps, self.table_width)
+            self._graph_step(num_slots, self.max_timesteps)
         torch.cuda.synchronize()
         activations = torch.cuda.max_memory_allocated() - before
         del self.base, self.residual, self.noise
@@ -315,50 +315,64 @@ class ModelRunner:
 
     def _decode(self, plan: StepPlan, caps: dict[str, int], errors: dict[str, str]) -> RunnerOutput:
         """One patch for every decode row whose prefill did not fail; failed rows get an empty chunk."""
-        rows = [i for i, rid in enumerate(plan.request_ids) if rid not in errors]
-        slots = np.asarray(plan.decode_slots, dtype=np.int64)[rows]
-        count = len(rows)
-        chunks: list[np.ndarray] = [EMPTY_CHUNK] * len(plan.request_ids)
-        stops = [False] * len(plan.request_ids)
-        patches: list[np.ndarray] = [np.zeros((0,), np.float32)] * len(plan.request_ids)
-        if count:
-            packed = self._run(slots)
-            config = self.tts.config
-            audio_end = 1 + config.samples_per_patch
-            for row, values in zip(rows, packed, strict=True):
-                stops[row] = bool(values[0])
-                chunks[row] = values[1:audio_end]
-                patches[row] = values[audio_end:].reshape(config.patch_size, config.feat_dim)
-        return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patches))
+        if errors:
+            rows = [i for i, rid in enumerate(plan.request_ids) if rid not in errors]
+            slots = np.asarray(plan.decode_slots, dtype=np.int64)[rows]
+        else:
+            rows, slots = list(range(len(plan.request_ids))), np.asarray(plan.decode_slots, dtype=np.int64)
+        if not rows:
+            empty = len(plan.request_ids)
+            return RunnerOutput((EMPTY_CHUNK,) * empty, (False,) * empty, caps, errors)
+        stopped, audio, patch = self._run(slots)
+        patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
+        if len(rows) == len(plan.request_ids):
+            return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
+        chunks, stops = [EMPTY_CHUNK] * len(plan.request_ids), [False] * len(plan.request_ids)
+        patch_rows: list[np.ndarray] = [np.zeros_like(patches[0])] * len(plan.request_ids)
+        for out_row, row in enumerate(rows):
+            chunks[row], stops[row], patch_rows[row] = audio[out_row], bool(stopped[out_row]), patches[out_row]
+        return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patch_rows))
 
-    def _run(self, slots: np.ndarray) -> np.ndarray:
-        """Run the batch of ``slots``; returns (n, 1 + samples + P*D) float32: stop flag, audio, patch."""
+    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Run the batch of ``slots``; returns its stop flags (n,) bool, audio (n, samples) and patches
+        (n, P*D), float32 arrays whose rows outlive the step."""
         count = len(slots)
         timesteps = int(self._timesteps[slots].max())
-        self._index_host[:count] = torch.from_numpy(slots)
-        if self.graphs is not None:
-            bucket = self.graphs.bucket(count)
-            self._index_host[count:bucket] = self.pad_slot
-            self.index[:bucket].copy_(self._index_host[:bucket], non_blocking=True)  # the step's one upload
-            out = self.graphs.run(bucket, self.graphs.timesteps_for(timesteps))[:count]
-        else:
-            self.index[:count].copy_(self._index_host[:count])
+        if self.graphs is None:
+            self.index[:count].copy_(torch.from_numpy(slots))
             # Eager: read only the blocks the batch's longest row has reached.
             width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
-            out = self._step(count, timesteps, width)[:count]
+            stopped, audio, patch = self._step(count, timesteps, width)
+            self._positions[slots] += 1
+            # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy.
+            return stopped.numpy(), audio.numpy(), patch.reshape(count, -1).float().numpy()
+        bucket = self.graphs.bucket(count)
+        self._index_host[:count] = torch.from_numpy(slots)
+        self._index_host[count:bucket] = self.pad_slot
+        self.index[:bucket].copy_(self._index_host[:bucket], non_blocking=True)  # the step's one upload
+        packed = self.graphs.run(bucket, self.graphs.timesteps_for(timesteps))[:count]
+        # The step's one read, into a fresh pinned buffer (the host allocator recycles it once the chunks,
+        # which are views of it, are gone): the graph's output is overwritten by the next replay.
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=packed.is_cuda)
+        host.copy_(packed, non_blocking=True)
+        if packed.is_cuda:
+            torch.cuda.current_stream().synchronize()
         self._positions[slots] += 1
-        # The step's one read; a copy, since graph outputs are overwritten by the next replay and the
-        # chunks outlive this step. Rows are views of this one array.
-        return out.to("cpu", copy=True).numpy()
+        values = host.numpy()
+        audio_end = 1 + self.tts.config.samples_per_patch
+        return values[:, 0] != 0, values[:, 1:audio_end], values[:, audio_end:]
 
     def _graph_step(self, bucket: int, timesteps: int) -> torch.Tensor:
-        return self._step(bucket, timesteps, self.table_width)
+        """The step with its outputs packed into one (bucket, 1 + samples + P*D) float32 tensor."""
+        stopped, audio, patch = self._step(bucket, timesteps, self.table_width)
+        return torch.cat([stopped.float()[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
 
-    def _step(self, bucket: int, timesteps: int, width: int) -> torch.Tensor:
+    def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step on the slots in ``index[:bucket]``, gathered and scattered back in place.
 
         Uses only device-side inputs (the index buffer and the per-slot tables), so a CUDA graph can
-        capture it. Returns (bucket, 1 + samples + P*D) float32: stop flag, audio, patch per row."""
+        capture it. Returns each row's stop flag (bucket,) bool, audio (bucket, samples) float32 and
+        patch (bucket, P, D)."""
         index = self.index[:bucket]
         state = DecodeState(*(t.index_select(0, index) for t in self.state.as_tuple()))
         tables = self.block_tables.index_select(0, index)[:, :width]
@@ -383,5 +397,4 @@ class ModelRunner:
         for pool, rows in zip(pools, batch, strict=True):
             pool.index_copy_(0, index, rows)
             pool[self.pad_slot].zero_()  # padding rows start every step from zeros
-        stopped = (stop_logits.argmax(dim=-1) == 1).float()
-        return torch.cat([stopped[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
+        return stop_logits.argmax(dim=-1) == 1, audio, patch
