@@ -248,3 +248,36 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
         await waiting.aclose()
     status, _, _ = await speech(client)
     assert status == 200
+
+
+async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClient, monkeypatch) -> None:
+    service = client.server.app[SERVICE_KEY]
+    texts: list[str] = []
+    speak = service.speak
+
+    def recording(request_id: str, text: str, *args: object) -> object:
+        texts.append(text)
+        return speak(request_id, text, *args)
+
+    monkeypatch.setattr(service, "speak", recording)
+    sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+    audio = await sdk.audio.speech.create(
+        model="tts-1", voice="alloy", input="It costs $12.50.", response_format="pcm", extra_body={"normalize": True}
+    )
+    await sdk.close()
+    assert len(audio.content) > 0
+    status, _, _ = await speech(client, input="It costs $12.50.")
+    assert status == 200
+    assert texts == ["It costs twelve dollars and fifty cents.", "It costs $12.50."]  # off by default
+    assert await error_code(client, 400, normalize="yes") == "invalid_request"
+
+
+async def test_normalize_without_the_extra_is_a_clear_400(client: TestClient, monkeypatch) -> None:
+    from voxstream.serving import http_api
+
+    monkeypatch.setattr(http_api, "normalizer_available", lambda: False)
+    status, _, body = await speech(client, normalize=True)
+    assert status == 400
+    error = json.loads(body)["error"]
+    assert error["code"] == "normalize_unavailable"
+    assert "pip install 'voxstream[normalize]'" in error["message"]

@@ -7,7 +7,7 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
 400    ``invalid_json``, ``invalid_request`` (shape, types, form parts), ``unknown_field``,
        ``empty_input``, ``text_too_long``, ``unsupported_format``,
        ``unsupported_speed``, ``unsupported_instructions``, ``unsupported_stream_format``,
-       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``invalid_audio``,
+       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``normalize_unavailable``, ``invalid_audio``,
        ``clip_too_long``, ``transcript_required``
 401    ``unauthorized``; 403 ``forbidden_origin``; 404 ``not_found``, ``unknown_voice``;
        405 ``method_not_allowed``; 409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
@@ -46,6 +46,7 @@ from voxstream.errors import InvalidInputError
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError
+from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
 logger = logging.getLogger(__name__)
 
@@ -158,11 +159,13 @@ class SpeechRequest:
     params: SynthesisParams
     sse: bool = False
     """``stream_format: "sse"``: the audio as OpenAI's ``speech.audio.delta`` events instead of a raw body."""
+    normalize: bool = False
+    """Read numbers, dates and money as words before speaking (``voxstream[normalize]``)."""
 
 
 _SPEECH_FIELDS = frozenset(
     {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
-    | {"seed", "cfg_value", "inference_timesteps"}  # voxstream extras
+    | {"seed", "cfg_value", "inference_timesteps", "normalize"}  # voxstream extras
 )
 
 
@@ -192,12 +195,18 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     stream_format = _field(body, "stream_format", str) or "audio"
     if stream_format not in ("audio", "sse"):
         raise ApiError(400, "unsupported_stream_format", "stream_format is 'audio' (a raw body) or 'sse' (events)")
+    normalize = body.get("normalize") or False
+    if not isinstance(normalize, bool):
+        raise ApiError(400, "invalid_request", f"'normalize' has the wrong type ({type(normalize).__name__})")
+    if normalize and not normalizer_available():
+        raise ApiError(400, "normalize_unavailable", f"'normalize' is not available on this server: {EXTRA_HINT}")
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
     except InvalidInputError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from exc
-    return SpeechRequest(text, _field(body, "voice", str), response_format, params, sse=stream_format == "sse")
+    voice = _field(body, "voice", str)
+    return SpeechRequest(text, voice, response_format, params, sse=stream_format == "sse", normalize=normalize)
 
 
 def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
@@ -220,10 +229,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
+    text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        outputs = service.speak(service.new_request_id("http"), speech.text, speech.params, voice)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice)
         async with contextlib.aclosing(outputs):
-            input_tokens = service.prefill_tokens(speech.text, voice)
+            input_tokens = service.prefill_tokens(text, voice)
             return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
 
 

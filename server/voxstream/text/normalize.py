@@ -37,10 +37,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from voxstream.errors import VoxstreamError
+
 EXTRA_HINT = "text normalization needs the optional extra: pip install 'voxstream[normalize]' (wetext, inflect, regex)"
 
 
-class NormalizerUnavailableError(RuntimeError):
+class NormalizerUnavailableError(VoxstreamError):
     """The ``normalize`` extra is not installed."""
 
 
