@@ -38,6 +38,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [cfgValue]
  * @property {number} [inferenceTimesteps]
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
+ * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxstream[normalize]`)
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  */
 
@@ -136,7 +137,7 @@ export class VoxstreamClient extends EventTarget {
    */
   async configure(changes) {
     Object.assign(this.options, changes);
-    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs } = this.options;
+    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize } = this.options;
     const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
     const ready = this.#nextReady();
     this.#send({
@@ -147,6 +148,7 @@ export class VoxstreamClient extends EventTarget {
       cfg_value: cfgValue,
       inference_timesteps: inferenceTimesteps,
       max_buffer_delay_ms: maxBufferDelayMs,
+      normalize,
     });
     this.settings = await ready;
     await this.#ensurePlayer(this.settings);

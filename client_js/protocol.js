@@ -48,7 +48,7 @@ export class ProtocolError extends Error {
 }
 
 /**
- * @typedef {'string' | 'int' | 'float'} FieldType
+ * @typedef {'string' | 'int' | 'float' | 'boolean'} FieldType
  * @typedef {{type: FieldType, optional: boolean}} FieldSpec
  * @typedef {Record<string, FieldSpec>} MessageSpec
  */
@@ -59,6 +59,7 @@ const float = { type: 'float', optional: false };
 const optStr = { type: 'string', optional: true };
 const optInt = { type: 'int', optional: true };
 const optFloat = { type: 'float', optional: true };
+const optBool = { type: 'boolean', optional: true };
 
 /**
  * Fields of each message type, in the server's order (encoders write them in this order).
@@ -72,6 +73,7 @@ const CLIENT_MESSAGES = {
     cfg_value: optFloat,
     inference_timesteps: optInt,
     max_buffer_delay_ms: optInt,
+    normalize: optBool,
   },
   text: { text: str },
   flush: {},
@@ -94,7 +96,7 @@ const SERVER_MESSAGES = {
     inference_timesteps: int,
     max_buffer_delay_ms: int,
   },
-  segment: { utterance: int, index: int, text: str, start_sample: int },
+  segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str },
   done: {
     utterance: int,
     finish_reason: str,
@@ -216,11 +218,11 @@ function checkField(kind, name, value, field) {
     if (value === undefined) throw new ProtocolError(ErrorCode.INVALID_FIELD, `'${kind}' needs the field '${name}'`);
   }
   const ok =
-    field.type === 'string'
-      ? typeof value === 'string'
+    field.type === 'string' || field.type === 'boolean'
+      ? typeof value === field.type
       : typeof value === 'number' && (field.type === 'float' || Number.isInteger(value));
   if (!ok) {
-    const wanted = { string: 'a string', int: 'an integer', float: 'a number' }[field.type];
+    const wanted = { string: 'a string', int: 'an integer', float: 'a number', boolean: 'a boolean' }[field.type];
     const allowed = wanted + (field.optional ? ' or null' : '');
     throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} must be ${allowed}, got ${jsonType(value)}`);
   }

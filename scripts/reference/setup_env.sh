@@ -7,7 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-${VOXSTREAM_REFERENCE_VENV:-.venv-reference}}"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q torch==2.13.0 transformers einops pydantic safetensors tqdm soundfile soxr librosa numpy tokenizers huggingface_hub
+"$venv/bin/pip" install -q torch==2.13.0 transformers einops pydantic safetensors tqdm soundfile soxr librosa numpy tokenizers huggingface_hub wetext inflect regex
 # voxcpm's declared dependencies pull gradio, funasr, modelscope and torchaudio: install it alone.
 "$venv/bin/pip" install -q --no-deps voxcpm==2.0.3
 # voxstream itself, without its dependencies (they are installed above), for scripts/bench_model.py.

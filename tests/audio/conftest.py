@@ -15,7 +15,13 @@ import pytest
 import soundfile
 import soxr
 
-PACKAGES = {"espeak-ng": "espeak-ng", "ffmpeg": "ffmpeg", "opusdec": "opus-tools", "opusinfo": "opus-tools"}
+PACKAGES = {
+    "espeak-ng": "espeak-ng",
+    "ffmpeg": "ffmpeg",
+    "ffprobe": "ffmpeg",
+    "opusdec": "opus-tools",
+    "opusinfo": "opus-tools",
+}
 SPEECH_TEXT = (
     "The quick brown fox jumps over the lazy dog. "
     "Streaming speech must sound the same whether it arrives in one piece or in many."

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import soundfile
 from aiohttp.test_utils import TestClient
 
 from voxstream.engine import SynthesisParams
-from voxstream.serving.keys import SERVICE_KEY
+from voxstream.serving.keys import SERVICE_KEY, STATE_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -64,24 +66,107 @@ async def test_formats_agree_on_the_audio_of_one_seed(client: TestClient, tmp_pa
     samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
     assert np.abs(samples).max() > 0
 
-    _, _, flac = await speech(client, response_format="flac")
-    decoded, rate = soundfile.read(io.BytesIO(flac), dtype="float32")
-    assert rate == info.sample_rate
-    np.testing.assert_allclose(decoded, reference, atol=1 / 32768)  # both are the same s16 samples
+    _, content_type, flac = await speech(client, response_format="flac")
+    assert content_type == "audio/flac"
+    path = tmp_path / "speech.flac"
+    path.write_bytes(flac)
+    # ffmpeg: a streamed FLAC's length is "unknown" in its header, which libsndfile cannot read to the end
+    decoded = np.frombuffer(_ffmpeg_decode(path, "s16le", info.sample_rate), dtype="<i2")
+    np.testing.assert_array_equal(decoded, np.frombuffer(wav[44:], dtype="<i2"))  # the same s16 samples
 
     _, content_type, ogg = await speech(client, response_format="opus")
     assert content_type.startswith("audio/ogg")
     path = tmp_path / "speech.opus"
     path.write_bytes(ogg)
     subprocess.run(["opusinfo", str(path)], check=True, capture_output=True)
-    decoded_opus = _ffmpeg_decode(path)
+    decoded_opus = np.frombuffer(_ffmpeg_decode(path, "f32le", 48000), dtype="<f4")
     assert abs(decoded_opus.size / 48000 - reference.size / info.sample_rate) < 0.03
 
 
-def _ffmpeg_decode(path: Path) -> np.ndarray:
-    command = ["ffmpeg", "-v", "error", "-i", str(path), "-f", "f32le", "-ac", "1", "-ar", "48000", "-"]
-    result = subprocess.run(command, check=True, capture_output=True)
-    return np.frombuffer(result.stdout, dtype="<f4")
+def _ffmpeg_decode(path: Path, sample_format: str, rate: int) -> bytes:
+    command = ["ffmpeg", "-v", "error", "-i", str(path), "-f", sample_format, "-ac", "1", "-ar", str(rate), "-"]
+    return subprocess.run(command, check=True, capture_output=True).stdout
+
+
+def _ffprobe(path: Path) -> tuple[str, float]:
+    """(codec name, duration in seconds) as ffprobe reads them; the duration counts whole codec frames."""
+    command = ["ffprobe", "-v", "error", "-count_packets", "-show_streams", "-show_format", "-of", "json", str(path)]
+    info = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    (stream,) = info["streams"]
+    if stream["codec_name"] == "aac":  # ADTS has no length, and its size says little: count the frames
+        return "aac", int(stream["nb_read_packets"]) * 1024 / int(stream["sample_rate"])
+    return stream["codec_name"], float(info["format"]["duration"])
+
+
+async def _wav_seconds(client: TestClient) -> float:
+    _, _, wav = await speech(client, response_format="wav")
+    audio, rate = soundfile.read(io.BytesIO(wav), dtype="float32")
+    return audio.size / rate
+
+
+@pytest.mark.parametrize(
+    ("response_format", "codec", "content_type"), [(None, "mp3", "audio/mpeg"), ("aac", "aac", "audio/aac")]
+)
+async def test_the_openai_sdk_gets_mp3_by_default_and_aac_on_request(
+    client: TestClient, tmp_path: Path, response_format: str | None, codec: str, content_type: str
+) -> None:
+    sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+    chosen = {} if response_format is None else {"response_format": response_format}
+    async with sdk.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=TEXT, extra_body={"seed": 3}, **chosen
+    ) as response:
+        assert response.headers["Content-Type"] == content_type
+        audio = b"".join([block async for block in response.iter_bytes()])
+    await sdk.close()
+    path = tmp_path / f"speech.{codec}"
+    path.write_bytes(audio)
+    got_codec, duration = _ffprobe(path)
+    expected = await _wav_seconds(client)  # the same seed: the same speech
+    assert got_codec == codec
+    # The codec adds its delay and pads its last frame: a few frames (26 ms for mp3, 21 ms for aac at 48 kHz).
+    assert 0 <= duration - expected < 0.15, (duration, expected)
+
+
+def _sse_events(body: bytes) -> list[dict]:
+    """Parse a ``text/event-stream`` body: each event is ``data: <json>`` and a blank line."""
+    assert body.endswith(b"\n\n")
+    events = []
+    for message in body.decode().split("\n\n")[:-1]:
+        (line,) = message.split("\n")
+        assert line.startswith("data: ")
+        events.append(json.loads(line.removeprefix("data: ")))
+    return events
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "pcm"])
+async def test_sse_events_concatenate_to_the_raw_body(client: TestClient, response_format: str) -> None:
+    _, _, raw = await speech(client, response_format=response_format)
+    status, content_type, body = await speech(client, response_format=response_format, stream_format="sse")
+    assert status == 200 and content_type == "text/event-stream"
+    *deltas, done = _sse_events(body)
+    assert len(deltas) > 1, "the audio leaves in several events, as it is generated"
+    assert {event["type"] for event in deltas} == {"speech.audio.delta"}
+    assert b"".join(base64.b64decode(event["audio"]) for event in deltas) == raw
+    assert done["type"] == "speech.audio.done"
+    usage = done["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+async def test_flac_first_bytes_arrive_before_the_utterance_ends(serve, aiohttp_client, slow_down) -> None:
+    client = await aiohttp_client(await serve())
+    app = client.server.app
+    slow_down(app, 0.1)
+    body = {"model": "tts-1", "input": TEXT, "response_format": "flac", "seed": 3}
+    async with client.post("/v1/audio/speech", json=body) as response:
+        first = await response.content.readany()
+        first_at = time.perf_counter()
+        assert first.startswith(b"fLaC")
+        assert app[STATE_KEY].live_utterances == 1, "the header and first frames came while still speaking"
+        rest = await response.read()
+        waited = time.perf_counter() - first_at
+    assert len(rest) > 0
+    assert waited > 0.1, "at least one more step (0.1 s each) ran after the first bytes came"
 
 
 async def test_the_openai_sdk_streams_pcm_and_sees_typed_errors(client: TestClient) -> None:
@@ -92,19 +177,18 @@ async def test_the_openai_sdk_streams_pcm_and_sees_typed_errors(client: TestClie
         pcm = b"".join([block async for block in response.iter_bytes()])
     assert len(pcm) > 0 and len(pcm) % 2 == 0
     with pytest.raises(openai.BadRequestError) as refused:
-        await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="mp3")
-    assert refused.value.code == "unsupported_format"
+        await sdk.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, speed=2.0)
+    assert refused.value.code == "unsupported_speed"
     await sdk.close()
 
 
 @pytest.mark.parametrize(
     ("fields", "code"),
     [
-        pytest.param({"response_format": "mp3"}, "unsupported_format", id="mp3"),
-        pytest.param({"response_format": "aac"}, "unsupported_format", id="aac"),
+        pytest.param({"response_format": "vorbis"}, "unsupported_format", id="vorbis"),
         pytest.param({"speed": 1.5}, "unsupported_speed", id="speed"),
         pytest.param({"instructions": "whisper"}, "unsupported_instructions", id="instructions"),
-        pytest.param({"stream_format": "sse"}, "unsupported_stream_format", id="sse"),
+        pytest.param({"stream_format": "ndjson"}, "unsupported_stream_format", id="ndjson"),
         pytest.param({"input": ""}, "empty_input", id="empty-input"),
         pytest.param({"input": "   "}, "empty_input", id="blank-input"),
         pytest.param({"input": 42}, "invalid_request", id="input-not-a-string"),
@@ -164,3 +248,36 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
         await waiting.aclose()
     status, _, _ = await speech(client)
     assert status == 200
+
+
+async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClient, monkeypatch) -> None:
+    service = client.server.app[SERVICE_KEY]
+    texts: list[str] = []
+    speak = service.speak
+
+    def recording(request_id: str, text: str, *args: object) -> object:
+        texts.append(text)
+        return speak(request_id, text, *args)
+
+    monkeypatch.setattr(service, "speak", recording)
+    sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
+    audio = await sdk.audio.speech.create(
+        model="tts-1", voice="alloy", input="It costs $12.50.", response_format="pcm", extra_body={"normalize": True}
+    )
+    await sdk.close()
+    assert len(audio.content) > 0
+    status, _, _ = await speech(client, input="It costs $12.50.")
+    assert status == 200
+    assert texts == ["It costs twelve dollars and fifty cents.", "It costs $12.50."]  # off by default
+    assert await error_code(client, 400, normalize="yes") == "invalid_request"
+
+
+async def test_normalize_without_the_extra_is_a_clear_400(client: TestClient, monkeypatch) -> None:
+    from voxstream.serving import http_api
+
+    monkeypatch.setattr(http_api, "normalizer_available", lambda: False)
+    status, _, body = await speech(client, normalize=True)
+    assert status == 400
+    error = json.loads(body)["error"]
+    assert error["code"] == "normalize_unavailable"
+    assert "pip install 'voxstream[normalize]'" in error["message"]

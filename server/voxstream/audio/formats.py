@@ -11,23 +11,27 @@ are never empty. Per format:
 - ``pcm_s16le`` / ``pcm_f32le``: raw little-endian mono samples.
 - ``wav``: s16le with a streaming header (0xFFFFFFFF sizes) first; ``final_header()`` gives
   the header with real sizes for a consumer that can seek back and patch its file.
-- ``flac``: not streamed; the whole stream is encoded with soundfile (libsndfile) at
-  ``finish``, because FLAC's STREAMINFO wants the length and flac is for whole-file requests.
+- ``flac``: ``fLaC`` and a STREAMINFO with the length unknown first, then each FLAC frame as
+  soon as it is encoded (``audio/flac.py``).
+- ``mp3``: constant bit rate MPEG audio frames (``audio/mp3.py``); ``aac``: AAC-LC in ADTS
+  frames (``audio/aac.py``). Both, like flac, go through PyAV's FFmpeg and hold back at most one
+  codec frame.
 
-``output_rate`` resamples PCM-family output (OpenAI's ``pcm`` is 24 kHz s16le) and, for the
-Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz).
+``output_rate`` resamples PCM-family and PyAV-encoded output (OpenAI's ``pcm`` is 24 kHz s16le)
+and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz).
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from enum import Enum
 from typing import Protocol
 
 import numpy as np
-import soundfile
 
+from voxstream.audio.aac import AacStream
+from voxstream.audio.flac import FlacStream
+from voxstream.audio.mp3 import Mp3Stream
 from voxstream.audio.ogg import OggOpusMuxer
 from voxstream.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
 from voxstream.audio.pcm import to_f32le, to_s16le, wav_header
@@ -41,12 +45,16 @@ class AudioFormat(str, Enum):
     PCM_F32LE = "pcm_f32le"
     WAV = "wav"
     FLAC = "flac"
+    MP3 = "mp3"
+    AAC = "aac"
 
 
 OPENAI_RESPONSE_FORMATS: dict[str, tuple[AudioFormat, int | None]] = {
     "opus": (AudioFormat.OGG_OPUS, None),
     "wav": (AudioFormat.WAV, None),
     "flac": (AudioFormat.FLAC, None),
+    "mp3": (AudioFormat.MP3, None),
+    "aac": (AudioFormat.AAC, None),
     "pcm": (AudioFormat.PCM_S16LE, 24000),
 }
 """OpenAI ``response_format`` -> (format, output rate); ``None`` keeps the model's rate."""
@@ -145,30 +153,6 @@ class WavStream:
         return [wav_header(self.sample_rate), *blocks]
 
 
-class FlacStream:
-    """16-bit FLAC, encoded whole at ``finish``."""
-
-    content_type = "audio/flac"
-
-    def __init__(self, input_rate: int, output_rate: int) -> None:
-        self.sample_rate = output_rate
-        self._resampler = StreamResampler(input_rate, output_rate)
-        self._parts: list[np.ndarray] = []
-
-    def encode(self, chunk: np.ndarray) -> list[bytes]:
-        self._parts.append(self._resampler.process(chunk))
-        return []
-
-    def finish(self) -> list[bytes]:
-        self._parts.append(self._resampler.flush())
-        # quantise here rather than in libsndfile, whose float scale (32768) differs from the PCM formats'
-        samples = np.frombuffer(to_s16le(np.concatenate(self._parts)), dtype="<i2")
-        self._parts = []
-        buffer = io.BytesIO()
-        soundfile.write(buffer, samples, self.sample_rate, format="FLAC", subtype="PCM_16")
-        return [buffer.getvalue()]
-
-
 def make_encoder(
     fmt: AudioFormat | str,
     input_rate: int,
@@ -190,4 +174,8 @@ def make_encoder(
         return PcmStream(input_rate, rate, to_f32le, "f32le")
     if fmt is AudioFormat.WAV:
         return WavStream(input_rate, rate)
+    if fmt is AudioFormat.MP3:
+        return Mp3Stream(input_rate, rate)
+    if fmt is AudioFormat.AAC:
+        return AacStream(input_rate, rate)
     return FlacStream(input_rate, rate)

@@ -24,6 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-audio", type=Path, help="voice clip to continue (needs --prompt-text)")
     parser.add_argument("--prompt-text", help="transcript of --prompt-audio")
     parser.add_argument("--reference-audio", type=Path, help="voice clip to clone in isolation (VoxCPM2)")
+    parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help="read numbers, dates and money as words first (needs pip install 'voxstream[normalize]')",
+    )
     parser.add_argument("--seed", type=int, help="random seed (same seed, same audio)")
     parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance strength (default 2.0)")
     parser.add_argument("--steps", type=int, default=10, help="diffusion steps per patch (default 10)")
@@ -43,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from voxstream.loader import load_model
 
     text = args.text if args.text is not None else sys.stdin.read()
+    if args.normalize:
+        from voxstream.text.normalize import normalize
+
+        text = normalize(text)
     if (args.prompt_audio is None) != (args.prompt_text is None):
         raise InvalidInputError("--prompt-audio and --prompt-text go together")
     if args.out.suffix.lower() not in (".wav", ".flac", ".ogg"):

@@ -5,9 +5,9 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
 
 =====  ===========================================================================================
 400    ``invalid_json``, ``invalid_request`` (shape, types, form parts), ``unknown_field``,
-       ``empty_input``, ``text_too_long``, ``unsupported_format`` (mp3, aac...),
+       ``empty_input``, ``text_too_long``, ``unsupported_format``,
        ``unsupported_speed``, ``unsupported_instructions``, ``unsupported_stream_format``,
-       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``invalid_audio``,
+       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``normalize_unavailable``, ``invalid_audio``,
        ``clip_too_long``, ``transcript_required``
 401    ``unauthorized``; 403 ``forbidden_origin``; 404 ``not_found``, ``unknown_voice``;
        405 ``method_not_allowed``; 409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
@@ -27,7 +27,9 @@ per-request channel holds at most that utterance's audio.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -44,6 +46,7 @@ from voxstream.errors import InvalidInputError
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError
+from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
 logger = logging.getLogger(__name__)
 
@@ -154,11 +157,15 @@ class SpeechRequest:
     voice: str | None
     response_format: str
     params: SynthesisParams
+    sse: bool = False
+    """``stream_format: "sse"``: the audio as OpenAI's ``speech.audio.delta`` events instead of a raw body."""
+    normalize: bool = False
+    """Read numbers, dates and money as words before speaking (``voxstream[normalize]``)."""
 
 
 _SPEECH_FIELDS = frozenset(
     {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
-    | {"seed", "cfg_value", "inference_timesteps"}  # voxstream extras
+    | {"seed", "cfg_value", "inference_timesteps", "normalize"}  # voxstream extras
 )
 
 
@@ -176,7 +183,7 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     if len(text) > config.max_text_chars_per_utterance:
         limit = config.max_text_chars_per_utterance
         raise ApiError(400, "text_too_long", f"'input' has {len(text)} characters; the limit is {limit}")
-    response_format = _field(body, "response_format", str) or "wav"
+    response_format = _field(body, "response_format", str) or "mp3"  # OpenAI's default, which its SDKs rely on
     if response_format not in OPENAI_RESPONSE_FORMATS:
         supported = ", ".join(OPENAI_RESPONSE_FORMATS)
         raise ApiError(400, "unsupported_format", f"response_format {response_format!r} is not served; use {supported}")
@@ -185,14 +192,21 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
         raise ApiError(400, "unsupported_speed", f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)")
     if _field(body, "instructions", str):
         raise ApiError(400, "unsupported_instructions", "'instructions' (voice direction prompts) are not supported")
-    if _field(body, "stream_format", str) not in (None, "audio"):
-        raise ApiError(400, "unsupported_stream_format", "only stream_format 'audio' (a raw audio body) is served")
+    stream_format = _field(body, "stream_format", str) or "audio"
+    if stream_format not in ("audio", "sse"):
+        raise ApiError(400, "unsupported_stream_format", "stream_format is 'audio' (a raw body) or 'sse' (events)")
+    normalize = body.get("normalize") or False
+    if not isinstance(normalize, bool):
+        raise ApiError(400, "invalid_request", f"'normalize' has the wrong type ({type(normalize).__name__})")
+    if normalize and not normalizer_available():
+        raise ApiError(400, "normalize_unavailable", f"'normalize' is not available on this server: {EXTRA_HINT}")
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
     except InvalidInputError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from exc
-    return SpeechRequest(text, _field(body, "voice", str), response_format, params)
+    voice = _field(body, "voice", str)
+    return SpeechRequest(text, voice, response_format, params, sse=stream_format == "sse", normalize=normalize)
 
 
 def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
@@ -215,14 +229,31 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
+    text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        outputs = service.speak(service.new_request_id("http"), speech.text, speech.params, voice)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice)
         async with contextlib.aclosing(outputs):
-            return await _stream_speech(request, speech, outputs)
+            input_tokens = service.prefill_tokens(text, voice)
+            return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
+
+
+def _sse_event(event: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _sse_delta(block: bytes) -> bytes:
+    """One encoded block as OpenAI's ``speech.audio.delta`` event (base64 audio)."""
+    return _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(block).decode("ascii")})
+
+
+def _sse_done(input_tokens: int, output_tokens: int) -> bytes:
+    """OpenAI's closing ``speech.audio.done`` event; tokens are prompt positions and generated patches."""
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    return _sse_event({"type": "speech.audio.done", "usage": usage})
 
 
 async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[StepOutput, None]
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[StepOutput, None], *, input_tokens: int
 ) -> web.StreamResponse:
     app = request.app
     service, config, metrics = app[SERVICE_KEY], app[CONFIG_KEY], app[METRICS_KEY]
@@ -235,15 +266,18 @@ async def _stream_speech(
     if output.finish_reason is FinishReason.ERROR:
         raise ApiError(422, "synthesis_failed", f"the engine could not synthesize this input: {output.error}")
     metrics.observe_first_audio(time.perf_counter() - started)
-    response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: encoder.content_type})
+    content_type = "text/event-stream" if speech.sse else encoder.content_type
+    frame = _sse_delta if speech.sse else bytes
+    response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: content_type})
     response.enable_chunked_encoding()
     await response.prepare(request)
-    samples = 0
+    samples = patches = 0
     try:
         while True:
             samples += output.chunk.size
+            patches += int(output.chunk.size > 0)
             for block in encoder.encode(output.chunk):
-                await response.write(block)
+                await response.write(frame(block))
             if output.finished:
                 break
             output = await anext(outputs)
@@ -261,7 +295,9 @@ async def _stream_speech(
         metrics.count_dropped("shutdown" if reason is FinishReason.ABORTED else "synthesis_failed")
         raise ConnectionAbortedError(f"utterance ended early: {reason.value} {output.error or ''}")
     for block in encoder.finish():
-        await response.write(block)
+        await response.write(frame(block))
+    if speech.sse:
+        await response.write(_sse_done(input_tokens, patches))
     await response.write_eof()
     return response
 

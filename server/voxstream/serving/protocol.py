@@ -152,6 +152,8 @@ class Start:
     inference_timesteps: int | None = None
     max_buffer_delay_ms: int | None = None
     """How long an incomplete sentence waits for more text before it is spoken; 0 speaks each text at once."""
+    normalize: bool | None = None
+    """Read numbers, dates and money as words (``voxstream[normalize]``), per sentence; default off."""
 
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
@@ -223,6 +225,8 @@ class Segment:
     start_sample: int
     """Offset of its first sample in the utterance's audio, at ``ready.sample_rate`` (Opus: before pre-skip
     is applied, i.e. in the encoder's input timeline)."""
+    spoken: str
+    """What was spoken: ``text`` normalized when ``start.normalize`` is on, else ``text`` itself."""
 
 
 @dataclass(frozen=True)
@@ -323,14 +327,14 @@ def _fields_of(cls: type[Any], obj: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-_JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number"}
+_JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
 def _typed(kind: str, name: str, value: Any, hint: Any, optional: bool) -> Any:
     if value is None and optional:
         return None
     base = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-    ok = isinstance(value, base) and not isinstance(value, bool)
+    ok = isinstance(value, base) and (base is bool or not isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if base is str and ok and not _is_unicode(value):

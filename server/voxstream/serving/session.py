@@ -55,6 +55,7 @@ from voxstream.serving.protocol import (
 from voxstream.serving.service import SpeechService
 from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
+from voxstream.text.normalize import normalize_in_worker
 from voxstream.text.segmenter import SentenceSegmenter
 
 logger = logging.getLogger(__name__)
@@ -310,11 +311,14 @@ class Session:
         prompt, reason, index = base, FinishReason.STOP, 0
         try:
             while (text := await utterance.next_segment()) is not None:
-                finish, patches = await self._speak_segment(utterance, index, text, prompt)
+                spoken = await self._spoken(utterance, text)
+                if not any(char.isalnum() for char in spoken):
+                    continue  # normalization left nothing to say (e.g. only a code span)
+                finish, patches = await self._speak_segment(utterance, index, text, spoken, prompt)
                 if finish is EngineFinish.LENGTH:
                     reason = FinishReason.LENGTH
                 # A segment cut at its length cap does not match its text: continue from the voice alone.
-                prompt = continuation(base, text, patches) if finish is EngineFinish.STOP and patches else base
+                prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
                 index += 1
             self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
         except _SegmentFailed as exc:
@@ -325,10 +329,20 @@ class Session:
             return
         self._finish(utterance, reason)
 
+    async def _spoken(self, utterance: Utterance, text: str) -> str:
+        """The sentence as it is to be spoken: normalized on the normalization thread when asked for."""
+        if not utterance.settings.normalize:
+            return text
+        try:
+            return await normalize_in_worker(text)
+        except Exception:  # a normalizer failure costs this sentence its normalization, not the utterance
+            logger.exception("normalization failed; speaking the sentence as written")
+            return text
+
     async def _speak_segment(
-        self, utterance: Utterance, index: int, text: str, prompt: VoicePrompt | None
+        self, utterance: Utterance, index: int, text: str, spoken: str, prompt: VoicePrompt | None
     ) -> tuple[EngineFinish, list[Patch]]:
-        """One sentence through the engine; its audio goes to the outbox as it comes."""
+        """One sentence through the engine (``spoken``); its audio goes to the outbox as it comes."""
         params = utterance.settings.segment_params(index)
         request_id = self.service.new_request_id("ws")
         if utterance.first_request_at is None:
@@ -337,11 +351,11 @@ class Session:
         patches: list[Patch] = []
         final: StepOutput | None = None
         try:
-            async with contextlib.aclosing(self.service.speak(request_id, text, params, prompt)) as stream:
+            async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
                 async for final in stream:
                     if final.chunk.size:
                         if utterance.samples == start:  # this sentence's first audio
-                            self._announce(utterance, index, text)
+                            self._announce(utterance, index, text, spoken)
                         self._on_chunk(utterance, final.chunk)
                     if final.patch is not None:
                         patches.append(final.patch)
@@ -358,9 +372,9 @@ class Session:
             raise _SegmentFailed(ErrorCode.UNAVAILABLE, "the engine stopped (the server is shutting down)")
         return final.finish_reason, patches
 
-    def _announce(self, utterance: Utterance, index: int, text: str) -> None:
+    def _announce(self, utterance: Utterance, index: int, text: str, spoken: str) -> None:
         utterance.started += 1
-        self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample))
+        self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample, spoken))
 
     def _on_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
         now = self._last_activity = time.monotonic()

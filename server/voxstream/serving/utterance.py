@@ -35,6 +35,7 @@ from voxstream.serving.protocol import (
 )
 from voxstream.serving.service import ModelInfo
 from voxstream.serving.voices import UnknownVoiceError, VoiceStore
+from voxstream.text.normalize import EXTRA_HINT, normalizer_available
 
 DEFAULT_FORMAT = "opus"
 
@@ -50,6 +51,8 @@ class Settings:
     params: SynthesisParams
     """``params.seed`` is the utterance's base seed (segment k uses seed + k)."""
     max_buffer_delay_ms: int
+    normalize: bool = False
+    """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
@@ -73,7 +76,9 @@ def resolve_settings(start: Start, voices: VoiceStore, limits: ParamLimits, defa
     except ValueError as exc:
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, str(exc)) from None
     delay = default_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
-    return Settings(start.voice, prompt, start.format or DEFAULT_FORMAT, params, delay)
+    if start.normalize and not normalizer_available():
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
+    return Settings(start.voice, prompt, start.format or DEFAULT_FORMAT, params, delay, bool(start.normalize))
 
 
 def new_encoder(settings: Settings, model_rate: int, opus_bitrate: int) -> StreamEncoder:

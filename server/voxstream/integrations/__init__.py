@@ -1,0 +1,1 @@
+"""Voice-agent framework services over the WebSocket protocol (optional extras: pipecat, livekit)."""

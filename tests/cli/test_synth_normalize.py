@@ -1,0 +1,38 @@
+"""``voxstream synth --normalize``: the text is normalized before synthesis; without the extra, a clear error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from voxstream.cli.main import main
+from voxstream.text import normalize as normalize_module
+from voxstream.tts import VoxCPM
+
+
+def test_synth_speaks_the_normalized_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spoken: list[str] = []
+    generate = VoxCPM.generate
+
+    def recording(self: VoxCPM, text: str, **kwargs: object) -> object:
+        spoken.append(text)
+        return generate(self, text, **{**kwargs, "max_len": 4})
+
+    monkeypatch.setattr(VoxCPM, "generate", recording)
+    out = tmp_path / "speech.wav"
+    argv = ["synth", "--model", "demo", "--normalize", "--text", "It costs $12.50.", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    assert spoken == ["It costs twelve dollars and fifty cents."]
+    assert out.stat().st_size > 44
+
+
+def test_synth_without_the_extra_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "wetext", None)
+    monkeypatch.setattr(normalize_module, "_normalizer", None)  # not loaded yet in this process
+    argv = ["synth", "--model", "demo", "--normalize", "--text", "1 2 3", "--out", str(tmp_path / "x.wav")]
+    assert main(argv) == 2
+    assert "pip install 'voxstream[normalize]'" in capsys.readouterr().err

@@ -1,0 +1,36 @@
+"""LiveKit Agents' own OpenAI TTS plugin, with its default arguments, against our OpenAI endpoint.
+
+Its defaults ask for mp3 and ``stream_format: "sse"`` (for every model but tts-1/tts-1-hd); the
+plugin decodes the mp3 with its own decoder into 24 kHz frames.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile
+from aiohttp.test_utils import TestClient
+from livekit.plugins import openai as livekit_openai
+
+pytestmark = pytest.mark.asyncio
+
+TEXT = "Hello from the test."
+
+
+async def test_default_plugin_synthesizes(client: TestClient) -> None:
+    tts = livekit_openai.TTS(base_url=str(client.make_url("/v1")), api_key="unused")
+    try:
+        async with tts.synthesize(TEXT) as stream:
+            frames = [event.frame async for event in stream]
+    finally:
+        await tts.aclose()
+    samples = np.concatenate([np.frombuffer(frame.data, dtype=np.int16) for frame in frames])
+    assert {frame.sample_rate for frame in frames} == {24000}
+    body = {"model": "tts-1", "input": TEXT, "response_format": "wav"}
+    async with client.post("/v1/audio/speech", json=body) as response:
+        audio, rate = soundfile.read(io.BytesIO(await response.read()), dtype="float32")
+    # the plugin's decoder resamples to 24 kHz; the codec adds its delay and pads its last frame
+    assert abs(samples.size / 24000 - audio.size / rate) < 0.15
+    assert np.abs(samples).max() > 0

@@ -1,0 +1,74 @@
+"""``start.normalize``: each sentence is normalized after segmentation, off the event loop; ``segment`` carries
+the text as written and as spoken, and the engine is given the spoken form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from voxstream.serving import utterance as utterance_module
+from voxstream.serving.keys import SERVICE_KEY
+from voxstream.serving.protocol import End, Ready, Start, Text
+
+from .conftest import Connect
+
+pytestmark = pytest.mark.asyncio
+
+
+def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    service = app[SERVICE_KEY]  # type: ignore[index]
+    texts: list[str] = []
+    speak = service.speak
+
+    def recording(request_id: str, text: str, *args: object, **kwargs: object) -> object:
+        texts.append(text)
+        return speak(request_id, text, *args, **kwargs)
+
+    monkeypatch.setattr(service, "speak", recording)
+    return texts
+
+
+async def test_a_number_split_across_messages_is_normalized_whole(
+    ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await ws_server()
+    engine_texts = record_engine_texts(server.app, monkeypatch)
+    stream = await connect(server)
+    await stream.send(Start(normalize=True, max_buffer_delay_ms=60_000))
+    await stream.expect(Ready)
+    for piece in ("It costs $12.", "50 today. Call 555-123-4567", " now."):
+        await stream.send(Text(piece))
+    await stream.send(End())
+    heard = await stream.heard()
+    assert [(s.text, s.spoken) for s in heard.segments] == [
+        ("It costs $12.50 today.", "It costs twelve dollars and fifty cents today."),
+        ("Call 555-123-4567 now.", "Call five five five, one two three, four five six seven now."),
+    ]
+    assert engine_texts == [s.spoken for s in heard.segments]
+    assert heard.done is not None and heard.done.finish_reason == "stop"
+
+
+async def test_off_by_default_spoken_is_the_text(
+    ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await ws_server()
+    engine_texts = record_engine_texts(server.app, monkeypatch)
+    stream = await connect(server)
+    await stream.send(Text("It costs $12.50 today."))
+    await stream.send(End())
+    heard = await stream.heard()
+    assert [(s.text, s.spoken) for s in heard.segments] == [("It costs $12.50 today.",) * 2]
+    assert engine_texts == ["It costs $12.50 today."]
+
+
+async def test_without_the_extra_start_normalize_is_refused_clearly(
+    ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(utterance_module, "normalizer_available", lambda: False)
+    stream = await connect(await ws_server())
+    await stream.send(Start(normalize=True))
+    error = await stream.error("out_of_range")
+    assert "pip install 'voxstream[normalize]'" in error.message
+    await stream.send(Start(normalize=False))  # the session goes on
+    assert (await stream.expect(Ready)).format == "opus"
