@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
     parser.add_argument("--allowed-origin", action="append", default=[], help="Origin allowed to open a WebSocket")
     parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
+    parser.add_argument(
+        "--replica-id", help="name sent in every response's X-Voxstream-Replica header (default: the hostname)"
+    )
     for name, help_text in _LIMITS.items():
         default = getattr(defaults, name)
         kind = float if isinstance(default, float) else int
@@ -102,6 +105,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         voices_dir=args.voices_dir,
         kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        **({"replica_id": args.replica_id} if args.replica_id else {}),
         **{name: getattr(args, name) for name in _LIMITS},
     )
 

@@ -76,9 +76,18 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     add_http_routes(app)
     add_ws_routes(app)
     add_demo_routes(app)
+    app.on_response_prepare.append(_name_replica)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)
     return app
+
+
+REPLICA_HEADER = "X-Voxstream-Replica"
+
+
+async def _name_replica(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response (errors and the WebSocket 101 too) says which replica answered, for behind a balancer."""
+    response.headers[REPLICA_HEADER] = request.app[CONFIG_KEY].replica_id
 
 
 def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None:

@@ -8,7 +8,9 @@ that an operator might want to change.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from voxstream.audio.opus import DEFAULT_BITRATE
@@ -38,6 +40,8 @@ class ServerConfig:
     """Torch device; None picks CUDA when available, else CPU."""
     dtype: str | None = None
     """Dtype of the transformer parts; None picks bfloat16 on CUDA, float32 elsewhere."""
+    replica_id: str = field(default_factory=socket.gethostname)
+    """Names this server in every response's ``X-Voxstream-Replica`` header (which replica a balancer chose)."""
 
     # ---- access ----
     api_keys: tuple[str, ...] = ()
@@ -67,7 +71,7 @@ class ServerConfig:
 
     # ---- per-connection and per-request limits ----
     max_connections: int = 256
-    """WebSocket connections open at once; the next one is refused as ``busy`` (close code 1013)."""
+    """WebSocket connections open at once; the next one is refused as ``busy`` (HTTP 503)."""
     max_message_bytes: int = 64 * 1024
     """Largest WebSocket message a client may send."""
     max_text_chars_per_message: int = 4096
@@ -116,6 +120,7 @@ class ServerConfig:
         _check("gpu_memory_utilization", share, number and 0 < share <= 1, "a number in (0, 1]")
         delay = self.max_buffer_delay_ms
         _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
+        _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-128 letters, digits or ._:-")
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
@@ -137,6 +142,11 @@ class ServerConfig:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token(value: object) -> bool:
+    """Safe as an HTTP header value and in logs: no spaces or control characters."""
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", value) is not None
 
 
 def _check(name: str, value: object, ok: bool, rule: str) -> None:

@@ -12,8 +12,9 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
 401    ``unauthorized``; 403 ``forbidden_origin``; 404 ``not_found``, ``unknown_voice``;
        405 ``method_not_allowed``; 409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
 422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
-503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full; ``Retry-After``),
-       ``engine_unavailable``; 500 ``internal_error``
+503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``engine_unavailable``;
+       a speech request refused before it starts has ``Retry-After`` (a balancer may retry it
+       elsewhere, see ``admission.py``); 500 ``internal_error``
 =====  ===========================================================================================
 
 Handlers are thin: they parse (``parse_speech``), hand the work to the ``SpeechService`` or the
@@ -43,6 +44,7 @@ from voxstream.audio.clip import load_clip
 from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxstream.engine import EngineDeadError, FinishReason, QueueFullError, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
+from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError
@@ -146,6 +148,13 @@ def require_accepting(app: web.Application) -> None:
         raise ApiError(503, "shutting_down", "the server is shutting down")
 
 
+def require_admission(app: web.Application, *, connection: bool) -> None:
+    """Raise 503 with ``Retry-After`` unless this replica takes new work now (see ``admission.refusal``)."""
+    refused = refusal(app, connection=connection)
+    if refused is not None:
+        raise ApiError(503, refused.code, refused.message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+
+
 # ---- speech ------------------------------------------------------------------------------------
 
 
@@ -221,7 +230,7 @@ def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ..
 async def create_speech(request: web.Request) -> web.StreamResponse:
     """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated."""
     app = request.app
-    require_accepting(app)
+    require_admission(app, connection=False)
     try:
         body = await request.json()
     except ValueError as exc:

@@ -82,7 +82,7 @@ class ErrorCode(str, enum.Enum):
     UTTERANCE_IN_PROGRESS = "utterance_in_progress"
     """``start`` while an utterance has text but no ``end`` yet."""
     BUSY = "busy"
-    """Too many connections (then close code 1013) or a full engine queue (the utterance fails)."""
+    """A full engine queue (the utterance fails); a new connection over capacity is refused with HTTP 503."""
     UNAVAILABLE = "unavailable"
     """The server is starting or shutting down and takes no new utterances."""
     SYNTHESIS_FAILED = "synthesis_failed"
@@ -103,6 +103,7 @@ class CloseCode(enum.IntEnum):
     """A message far over ``max_message_bytes`` (refused before it is read; smaller excesses get an error)."""
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
+    """Not sent by this server (it refuses new connections with HTTP 503); clients retry it like a 503."""
     """Too many connections."""
     SLOW_CONSUMER = 4001
     """The client did not read audio fast enough; more than ``max_unsent_audio_s`` was waiting."""

@@ -1,21 +1,22 @@
 """The WebSocket endpoint ``/v1/tts/stream``: admission, then frames in and out of a ``Session``.
 
-This module only adapts aiohttp to the session: it refuses connections over the limit or while the
-server is not ready, registers the socket for shutdown, feeds each client frame to the ``Session``
-(which holds every rule of the protocol, see ``session.py`` and ``protocol.py``) and gives the
-session a close that cannot hang on a client that stopped reading. Authentication and the Origin
-check happen before, in ``auth.auth_middleware``.
+This module only adapts aiohttp to the session: it refuses a connection with HTTP 503 before the
+upgrade while the replica is not ready, draining or full (``admission.py``: a balancer can retry a
+503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
+frame to the ``Session`` (which holds every rule of the protocol, see ``session.py`` and
+``protocol.py``) and gives the session a close that cannot hang on a client that stopped reading.
+Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from aiohttp import WSMsgType, web
 
+from voxstream.serving.http_api import require_admission
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY
-from voxstream.serving.protocol import CloseCode, Error, ErrorCode, encode
+from voxstream.serving.protocol import CloseCode
 from voxstream.serving.session import Session
 
 STREAM_PATH = "/v1/tts/stream"
@@ -61,22 +62,18 @@ class _Socket:
 async def stream(request: web.Request) -> web.WebSocketResponse:
     app = request.app
     config = app[CONFIG_KEY]
+    # Refused before the 101 (an HTTP 503 with Retry-After), so a load balancer can try another replica.
+    require_admission(app, connection=True)
     # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
     ws = web.WebSocketResponse(
         heartbeat=config.ping_interval_s, max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes, compress=False
     )
-    await ws.prepare(request)
-    socket = _Socket(ws, request)
-    refusal = _refusal(app)
-    if refusal is not None:
-        code, error, text = refusal
-        with contextlib.suppress(ConnectionError):
-            await ws.send_str(encode(Error(error.value, text)))
-        await socket.close(code, f"{error.value}: {text}")
-        return ws
     sessions = app[SESSIONS_KEY]
+    # Counted from the admission check on (no await in between), so concurrent upgrades cannot exceed the limit.
     sessions.add(ws)
     try:
+        await ws.prepare(request)
+        socket = _Socket(ws, request)
         session = Session(app[SERVICE_KEY], config, app[VOICES_KEY], app[STATE_KEY], socket, app.get(METRICS_KEY))
         async with session:
             async for message in ws:
@@ -87,13 +84,3 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     finally:
         sessions.discard(ws)
     return ws
-
-
-def _refusal(app: web.Application) -> tuple[CloseCode, ErrorCode, str] | None:
-    """Why a new connection cannot be served now, if it cannot."""
-    if not app[STATE_KEY].accepting:
-        return CloseCode.TRY_AGAIN_LATER, ErrorCode.UNAVAILABLE, "the server is starting or shutting down"
-    limit = app[CONFIG_KEY].max_connections
-    if len(app[SESSIONS_KEY]) >= limit:
-        return CloseCode.TRY_AGAIN_LATER, ErrorCode.BUSY, f"the server has its maximum of {limit} connections"
-    return None

@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import ClientSession, WSMsgType, WSServerHandshakeError
+from aiohttp.test_utils import TestServer
 
 from voxstream.serving.app import drain
-from voxstream.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 from voxstream.serving.protocol import CloseCode, Done, End, Ready, Segment, Start, Text, encode
 from voxstream.serving.ws import STREAM_PATH
 
@@ -113,14 +114,16 @@ async def test_bad_input_on_one_connection_is_not_noticed_by_another(ws_server: 
     np.testing.assert_array_equal(heard, expected)
 
 
-async def test_connections_past_the_limit_get_busy_and_1013(ws_server: Callable, connect: Connect) -> None:
+async def test_connections_past_the_limit_are_refused_with_503_before_the_upgrade(
+    ws_server: Callable, connect: Connect
+) -> None:
     server = await ws_server(max_connections=2)
     await connect(server)
-    await connect(server)
-    third = await connect(server, read_ready=False)
-    await third.error("busy")
-    code, reason = await third.closed()
-    assert code == CloseCode.TRY_AGAIN_LATER and reason.startswith("busy")
+    second = await connect(server)
+    await refused_upgrade(connect, server, "busy")
+    await second.ws.close()
+    await until(lambda: len(server.app[SESSIONS_KEY]) == 1)
+    await connect(server)  # a freed place is taken again
 
 
 async def test_no_new_connection_or_utterance_while_the_server_is_not_ready(
@@ -129,12 +132,32 @@ async def test_no_new_connection_or_utterance_while_the_server_is_not_ready(
     server = await ws_server()
     early = await connect(server)
     server.app[STATE_KEY].phase = Phase.DRAINING
-    late = await connect(server, read_ready=False)
-    await late.error("unavailable")
-    assert (await late.closed())[0] == CloseCode.TRY_AGAIN_LATER
+    await refused_upgrade(connect, server, "shutting_down")
     await early.send(Text("A new utterance."))
     await early.error("unavailable")
+    server.app[STATE_KEY].phase = Phase.STARTING
+    await refused_upgrade(connect, server, "not_ready")
     server.app[STATE_KEY].phase = Phase.READY
+
+
+async def refused_upgrade(connect: Connect, server: TestServer, code: str) -> None:
+    """The upgrade is answered 503 with Retry-After and the error envelope: no 101, so a balancer may retry."""
+    with pytest.raises(WSServerHandshakeError) as refused:
+        await connect(server, read_ready=False)
+    assert refused.value.status == 503
+    assert refused.value.headers is not None and refused.value.headers["Retry-After"] == "1"
+    assert refused.value.headers["X-Voxstream-Replica"] == server.app[CONFIG_KEY].replica_id
+    async with ClientSession() as http, http.get(server.make_url(STREAM_PATH), headers=UPGRADE) as response:
+        assert response.status == 503
+        assert (await response.json())["error"]["code"] == code
+
+
+UPGRADE = {
+    "Connection": "Upgrade",
+    "Upgrade": "websocket",
+    "Sec-WebSocket-Version": "13",
+    "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
+}
 
 
 async def test_shutdown_lets_a_live_utterance_finish_then_closes_with_1001(
