@@ -104,7 +104,6 @@ class CloseCode(enum.IntEnum):
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
     """Not sent by this server (it refuses new connections with HTTP 503); clients retry it like a 503."""
-    """Too many connections."""
     SLOW_CONSUMER = 4001
     """The client did not read audio fast enough; more than ``max_unsent_audio_s`` was waiting."""
     IDLE_TIMEOUT = 4002
