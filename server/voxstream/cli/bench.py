@@ -24,6 +24,7 @@ player that starts after --player-buffer-ms of audio and plays in real time."""
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from voxstream.client.bench.measure import BENCH_FORMATS
     from voxstream.client.connection import DEFAULT_SERVER, TOKEN_ENV
+    from voxstream.client.retry import RetryPolicy
 
     parser = subparsers.add_parser(
         "bench",
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--seed", type=int, help="synthesis seed")
     parser.add_argument("--player-buffer-ms", type=float, default=200.0, help="simulated player's lead (default 200)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before one utterance counts as failed")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=RetryPolicy().retries,
+        help="times a refused connection (HTTP 503, close 1013) is tried again, with backoff",
+    )
     parser.add_argument("--find-max", action="store_true", help="search the highest concurrency meeting the SLO")
     parser.add_argument("--slo-p99-ttfa-ms", type=float, help="SLO for --find-max (also marks levels in the report)")
     parser.add_argument("--max-concurrency", type=int, default=256, help="upper bound for --find-max (default 256)")
@@ -80,11 +87,16 @@ def run(args: argparse.Namespace) -> int:
     from voxstream.client.bench.texts import load_texts
     from voxstream.client.connection import token_from_env
     from voxstream.client.errors import ClientError
+    from voxstream.client.retry import RetryPolicy
     from voxstream.errors import InvalidInputError
 
     if args.find_max and args.slo_p99_ttfa_ms is None:
         raise InvalidInputError("--find-max needs --slo-p99-ttfa-ms")
     texts = load_texts(args.texts)
+    try:
+        retry = RetryPolicy(retries=args.retries)
+    except ValueError as exc:
+        raise InvalidInputError(f"--retries: {exc}") from None
 
     async def bench() -> dict[str, Any]:
         async def against(server: str) -> dict[str, Any]:
@@ -100,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                 player_buffer_ms=args.player_buffer_ms,
                 utterance_timeout_s=args.timeout,
                 progress=not args.quiet,
+                retry=retry,
             )
             plan = BenchPlan(
                 config, args.concurrency, args.rate or (), args.find_max, args.slo_p99_ttfa_ms, args.max_concurrency

@@ -12,13 +12,19 @@ _EPILOG = """examples:
   voxstream say --out - --format pcm_s16le "Hi" | aplay -f S16_LE -r 48000 -c 1
   llm-tool | voxstream say -                           # speak each line as it arrives
 
+A busy, starting or draining server (HTTP 503, close 1013) is tried again with backoff (--retries). A connection
+lost mid-utterance (1001, 1006) is reported; the text not yet sent is spoken on a new connection, the rest of the
+lost utterance is skipped (no audio is played twice), and the exit code is 6.
+
 exit codes: 0 spoken, 1 other client error, 2 bad arguments or no audio output, 3 server unreachable,
-4 authentication failed, 5 the server reported an error (its code is printed), 130 interrupted"""
+4 authentication failed, 5 the server reported an error (its code is printed), 6 a connection was lost
+mid-utterance (part of the text was not spoken), 7 the server stayed busy (retries exhausted), 130 interrupted"""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from voxstream.client.connection import DEFAULT_SERVER, TOKEN_ENV
     from voxstream.client.output import OUTPUT_FORMATS
+    from voxstream.client.retry import RetryPolicy
 
     parser = subparsers.add_parser(
         "say",
@@ -51,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "unfinished sentence before speaking it (default: the server's)",
     )
     parser.add_argument(
+        "--retries",
+        type=int,
+        default=RetryPolicy().retries,
+        help="times a refused connection (server busy, starting or draining) is tried again, with backoff",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="report time to first audio and segments on stderr"
     )
     parser.set_defaults(func=run)
@@ -61,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from voxstream.client.connection import token_from_env
     from voxstream.client.errors import ClientError
     from voxstream.client.output import choose_sink, format_for
-    from voxstream.client.say import one_text, say
+    from voxstream.client.retry import RetryPolicy
+    from voxstream.client.say import SayResult, one_text, say
     from voxstream.errors import InvalidInputError
 
     from_stdin = args.text in ([], ["-"])
@@ -70,12 +83,20 @@ def run(args: argparse.Namespace) -> int:
 
     def log(line: str) -> None:
         if args.verbose:
-            print(f"voxstream say: {line}", file=sys.stderr, flush=True)
+            warn(line)
 
-    async def speak() -> None:
+    def warn(line: str) -> None:
+        print(f"voxstream say: {line}", file=sys.stderr, flush=True)
+
+    try:
+        policy = RetryPolicy(retries=args.retries)
+    except ValueError as exc:
+        raise InvalidInputError(f"--retries: {exc}") from None
+
+    async def speak() -> SayResult:
         sink = choose_sink(args.out, format_for(args.out, args.format))
         texts = lines_of(sys.stdin) if from_stdin else one_text(" ".join(args.text))
-        await say(
+        return await say(
             args.server,
             texts,
             sink,
@@ -83,12 +104,18 @@ def run(args: argparse.Namespace) -> int:
             voice=args.voice,
             seed=args.seed,
             max_buffer_delay_ms=args.max_buffer_delay_ms,
+            retry=policy,
             log=log,
+            warn=warn,
         )
 
     try:
-        asyncio.run(speak())
+        result = asyncio.run(speak())
     except ClientError as exc:
         print(f"voxstream say: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if result.interruptions:
+        lost = result.interruptions[-1]
+        print(f"voxstream say: error: {len(result.interruptions)} connection(s) lost mid-utterance", file=sys.stderr)
+        return lost.exit_code
     return 0

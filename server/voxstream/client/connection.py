@@ -6,6 +6,7 @@ The bytes on the wire are ``voxstream.serving.protocol``'s; this module adds the
 
 from __future__ import annotations
 
+import json
 import os
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
@@ -13,12 +14,20 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from voxstream.client.errors import AuthenticationError, ServerError, ServerUnreachableError
+from voxstream.client.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    ServerBusyError,
+    ServerError,
+    ServerUnreachableError,
+)
 from voxstream.errors import InvalidInputError
 from voxstream.serving.protocol import (
     AudioFrame,
     ClientMessage,
+    CloseCode,
     Error,
+    ErrorCode,
     ProtocolError,
     Ready,
     ServerMessage,
@@ -35,6 +44,11 @@ TOKEN_ENV = "VOXSTREAM_TOKEN"
 """Environment variable holding the API key, so it stays out of ``ps`` output and shell history."""
 
 OPEN_TIMEOUT_S = 10.0
+
+RETRY_STATUSES = frozenset({502, 503, 504})
+"""Upgrade answers that mean "not now": a refusing replica (503) or a balancer with no replica to offer."""
+_REFUSALS = frozenset({ErrorCode.BUSY.value, ErrorCode.UNAVAILABLE.value})
+"""Error codes a server refuses a new connection with before its first ``ready`` (then closes with 1013)."""
 
 Received = ServerMessage | AudioFrame
 
@@ -74,6 +88,10 @@ class Connection:
                 raise AuthenticationError(
                     f"{url} refused the connection (HTTP {status}): check --token or ${TOKEN_ENV}"
                 ) from None
+            if status in RETRY_STATUSES:
+                raise ServerBusyError(
+                    f"{url} refused the connection for now (HTTP {status}{_reason(exc)})", _retry_after(exc)
+                ) from None
             raise ServerUnreachableError(
                 f"{url} answered HTTP {status}, not a WebSocket: is it a voxstream server?"
             ) from None
@@ -81,10 +99,21 @@ class Connection:
             raise ServerUnreachableError(f"cannot connect to {url}: {exc or type(exc).__name__}") from None
         try:
             ready = await _expect_ready(ws)
+        except ServerError as exc:
+            await ws.close()
+            if exc.code in _REFUSALS:
+                raise ServerBusyError(f"{url} refused the connection for now ({exc.code}: {exc.message})") from None
+            raise
         except BaseException:
             await ws.close()
             raise
         return cls(ws, ready)
+
+    @property
+    def replica(self) -> str | None:
+        """The replica that took this connection (its ``X-Voxstream-Replica`` header), when the server names it."""
+        response = self.ws.response
+        return None if response is None else response.headers.get("X-Voxstream-Replica")
 
     async def __aenter__(self) -> Connection:
         return self
@@ -135,9 +164,35 @@ async def _expect_ready(ws: ClientConnection) -> Ready:
 
 
 def _closed(exc: ConnectionClosed) -> ServerError:
-    """The close frame as an error: the server's close reason starts with its ``ErrorCode``."""
+    """The close frame as an error: the server's close reason starts with its ``ErrorCode``.
+
+    No close frame (1006) or 1001 is a ``ConnectionLostError``: the session was cut, not refused."""
     frame = exc.rcvd
     if frame is None:
-        return ServerError("connection_lost", "the connection broke without a close frame")
+        return ConnectionLostError("connection_lost", "the connection broke without a close frame (1006)", 1006)
+    if frame.code == CloseCode.GOING_AWAY:
+        reason = frame.reason or "the server went away"
+        return ConnectionLostError("going_away", f"{reason} (1001)", CloseCode.GOING_AWAY)
     code, _, text = frame.reason.partition(": ")
-    return ServerError(code or f"closed_{frame.code}", text or f"the server closed the connection ({frame.code})")
+    if not code:
+        code = ErrorCode.BUSY.value if frame.code == CloseCode.TRY_AGAIN_LATER else f"closed_{frame.code}"
+    return ServerError(code, text or f"the server closed the connection ({frame.code})")
+
+
+def _retry_after(exc: InvalidStatus) -> float | None:
+    """The ``Retry-After`` seconds of a refused upgrade (the HTTP-date form is not used by voxstream)."""
+    value = exc.response.headers.get("Retry-After", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _reason(exc: InvalidStatus) -> str:
+    """``: code`` from the JSON error envelope of a refused upgrade, when it has one."""
+    try:
+        code = json.loads(exc.response.body or b"")["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return f": {code}" if isinstance(code, str) else ""

@@ -38,3 +38,26 @@ class ServerError(ClientError):
         super().__init__(f"server error {code}: {message}")
         self.code = code
         self.message = message
+
+
+class ServerBusyError(ClientError):
+    """The server (or every replica behind its balancer) refused the connection for now: HTTP 502/503/504 on
+    the upgrade, or a ``busy``/``unavailable`` refusal closed with 1013. Worth retrying after ``retry_after_s``."""
+
+    exit_code = 7
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ConnectionLostError(ServerError):
+    """The connection ended mid-session without the server finishing: 1001 (the server went away, e.g. a drain
+    that ran out of time) or 1006 (the connection broke: a killed replica, a network fault). ``code`` is
+    ``going_away`` or ``connection_lost``; the utterance in progress is cut short."""
+
+    exit_code = 6
+
+    def __init__(self, code: str, message: str, close_code: int) -> None:
+        super().__init__(code, message)
+        self.close_code = close_code

@@ -4,6 +4,12 @@ The text goes out as ``text`` messages, one per line as soon as the line is read
 segments sentences and speaks them while more text arrives. Audio frames are read eagerly into a queue and
 written by a separate task, so a sink that blocks (speakers play in real time) never stalls the socket,
 which the server would otherwise cut off as a slow consumer.
+
+A refused connection (a busy, warming-up or draining server: HTTP 503 or close 1013) is tried again with
+backoff (``retry.py``). A connection lost mid-utterance (1001, 1006: a replica that was killed or ran out
+of drain time) is reported, and the text not yet sent is spoken as a new utterance on a new connection;
+what was already sent is not sent again, so no audio is ever played twice (the lost utterance's rest is
+skipped).
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import TracebackType
 
 from voxstream.client.aio import together
 from voxstream.client.connection import Connection
-from voxstream.client.errors import ServerError
+from voxstream.client.errors import ConnectionLostError, ServerError
 from voxstream.client.output import AudioSink
+from voxstream.client.retry import RetryPolicy, open_with_retry
 from voxstream.errors import InvalidInputError
 from voxstream.serving.protocol import AudioFrame, Done, End, Error, Segment, Start, Text
 
@@ -25,9 +33,12 @@ from voxstream.serving.protocol import AudioFrame, Done, End, Error, Segment, St
 class SayResult:
     """What one ``say`` heard: ``ttfa_s`` is from the first text sent to the first audio frame received."""
 
-    done: Done
+    done: Done | None
+    """The last utterance's ``done``; None when the connection was lost after all the text had been sent."""
     ttfa_s: float | None
     audio_bytes: int
+    interruptions: tuple[ConnectionLostError, ...] = field(default=())
+    """Connections lost mid-utterance; each cut its utterance short (the text after it was still spoken)."""
 
 
 async def say(
@@ -39,26 +50,123 @@ async def say(
     voice: str | None = None,
     seed: int | None = None,
     max_buffer_delay_ms: int | None = None,
+    retry: RetryPolicy | None = None,
     log: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> SayResult:
-    """Speak ``texts`` (pieces of one utterance, sent as they come) into ``sink``. Raises ``ClientError``s."""
+    """Speak ``texts`` (pieces of one utterance, sent as they come) into ``sink``. Raises ``ClientError``s.
+
+    ``log`` gets progress notes, ``warn`` the reports of lost connections (both default to nothing)."""
     note = log or (lambda _: None)
+    report = warn or (lambda _: None)
+    policy = retry or RetryPolicy()
     start = Start(voice=voice, format=sink.wire_format, seed=seed, max_buffer_delay_ms=max_buffer_delay_ms)
-    async with await Connection.open(server, token) as connection:
-        ready = await connection.configure(start)
-        note(f"connected: model {ready.model}, {ready.format} at {ready.sample_rate} Hz, voice {ready.voice}")
-        sink.open(ready.sample_rate)
+    clock = _Clock()
+    audio: asyncio.Queue[bytes | None] = asyncio.Queue()
+    writer: asyncio.Task[int] | None = None
+    rate: int | None = None
+    interruptions: list[ConnectionLostError] = []
+    done: Done | None = None
+    try:
+        async with _Pieces(texts) as pieces:
+            while True:
+                async with await open_with_retry(server, token, policy, log=note) as connection:
+                    ready = await connection.configure(start)
+                    replica = f" (replica {connection.replica})" if connection.replica else ""
+                    note(
+                        f"connected{replica}: model {ready.model}, {ready.format} at {ready.sample_rate} Hz, "
+                        f"voice {ready.voice}"
+                    )
+                    if rate is None:
+                        rate = ready.sample_rate
+                        sink.open(rate)
+                        writer = asyncio.ensure_future(_write(audio, sink))
+                    elif ready.sample_rate != rate:
+                        raise ServerError(
+                            "sample_rate_changed",
+                            f"the new connection speaks at {ready.sample_rate} Hz, the audio so far is at {rate} Hz",
+                        )
+                    resumed = bool(interruptions)
+                    try:
+                        _, done = await together(
+                            _send(connection, pieces, clock, resumed=resumed), _receive(connection, audio, clock, note)
+                        )
+                        break
+                    except _NothingLeft:
+                        break
+                    except ConnectionLostError as exc:
+                        interruptions.append(exc)
+                        done = None
+                        more = "" if pieces.finished else "; the text after it goes to a new connection"
+                        report(
+                            f"connection lost during utterance {len(interruptions)} ({exc.code}, close code "
+                            f"{exc.close_code}): the rest of that utterance is skipped{more}"
+                        )
+                        if pieces.finished:
+                            break
+    finally:
+        audio.put_nowait(None)
+        written = 0 if writer is None else await writer
+        sink.close()
+    if done is not None:
+        note(f"done: {done.finish_reason}, {done.audio_s:.2f} s of audio, {done.segments} segment(s)")
+    return SayResult(done, clock.ttfa_s, written, tuple(interruptions))
+
+
+class _NothingLeft(Exception):
+    """After a lost connection, the text still to come turned out to be only whitespace: nothing to resume."""
+
+
+class _Pieces:
+    """The text pieces, read ahead by a task of their own so a connection that breaks while waiting for the next
+    piece loses none; ``peek`` holds a piece until ``taken``, so a piece a broken connection did not send goes
+    to the next connection."""
+
+    def __init__(self, texts: AsyncIterable[str]) -> None:
+        self._texts = texts
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._held: str | None = None
+        self._ended = False
+        self._failure: BaseException | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Pieces:
+        self._pump = asyncio.ensure_future(self._read())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+
+    async def _read(self) -> None:
         try:
-            clock = _Clock()
-            audio: asyncio.Queue[bytes | None] = asyncio.Queue()
-            _, done, written = await together(
-                _send(connection, texts, clock), _receive(connection, audio, clock, note), _write(audio, sink)
-            )
+            async for text in self._texts:
+                self._queue.put_nowait(text)
+        except Exception as exc:  # raised to the sender, where it ends the run
+            self._failure = exc
         finally:
-            sink.close()
-    ttfa = clock.ttfa_s
-    note(f"done: {done.finish_reason}, {done.audio_s:.2f} s of audio, {done.segments} segment(s)")
-    return SayResult(done, ttfa, written)
+            self._queue.put_nowait(None)
+
+    async def peek(self) -> str | None:
+        """The next piece (the same one until ``taken``), or None when there are no more."""
+        if self._held is None and not self._ended:
+            self._held = await self._queue.get()
+            if self._held is None:
+                self._ended = True
+                if self._failure is not None:
+                    raise self._failure
+        return self._held
+
+    def taken(self) -> None:
+        self._held = None
+
+    @property
+    def finished(self) -> bool:
+        """Every piece has been sent (or skipped as blank)."""
+        return self._ended and self._held is None
 
 
 class _Clock:
@@ -80,16 +188,18 @@ class _Clock:
         return self.ttfa_s
 
 
-async def _send(connection: Connection, texts: AsyncIterable[str], clock: _Clock) -> None:
+async def _send(connection: Connection, pieces: _Pieces, clock: _Clock, *, resumed: bool) -> None:
     spoken = False
-    async for text in texts:
+    while (text := await pieces.peek()) is not None:
         # Whitespace alone would open an utterance with nothing to say (the server refuses its end).
-        if not spoken and not text.strip():
-            continue
-        clock.text_sent()
-        await connection.send(Text(text))
-        spoken = True
+        if spoken or text.strip():
+            clock.text_sent()
+            await connection.send(Text(text))
+            spoken = True
+        pieces.taken()
     if not spoken:
+        if resumed:
+            raise _NothingLeft
         raise InvalidInputError("nothing to say: the text is empty")
     await connection.send(End())
 

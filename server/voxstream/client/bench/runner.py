@@ -3,7 +3,11 @@
 
 Each utterance is measured from its first ``text`` sent; with ``words_per_second`` its text is sent a word
 at a time, as a language model would write it. A failed utterance is recorded with its error code (the
-run goes on); only a refused API key or an unreachable server before the run stops it.
+run goes on); only a refused API key or an unreachable server before the run stops it. A refused connection
+(HTTP 503 or close 1013: a busy, starting or draining server) is tried again with backoff and jitter before it
+counts as failed (``busy`` after the last retry); a connection lost mid-utterance (1001, 1006) fails that
+utterance (``going_away``, ``connection_lost``) and a closed-loop user goes on with its next text on a new
+connection.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from voxstream.client.aio import together
 from voxstream.client.bench.measure import AudioMeter, UtteranceRecord, percentiles
 from voxstream.client.bench.texts import words
 from voxstream.client.connection import Connection
-from voxstream.client.errors import ClientError, ServerError
+from voxstream.client.errors import ClientError, ServerBusyError, ServerError
+from voxstream.client.retry import RetryPolicy, open_with_retry
 from voxstream.serving.protocol import AudioFrame, Done, End, Error, Start, Text
 
 RECONNECT_PAUSE_S = 0.2
@@ -41,6 +46,7 @@ class BenchConfig:
     player_buffer_ms: float = 200.0
     utterance_timeout_s: float = 120.0
     progress: bool = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @property
     def start(self) -> Start:
@@ -60,7 +66,7 @@ class LevelResult:
 
 async def check_server(config: BenchConfig) -> None:
     """Connect once before the run, so a wrong address, key or setting fails fast with its typed error."""
-    async with await Connection.open(config.server, config.token) as connection:
+    async with await open_with_retry(config.server, config.token, config.retry) as connection:
         await connection.configure(config.start)
 
 
@@ -179,7 +185,7 @@ async def _visitor(config: BenchConfig, text: str, result: LevelResult, progress
 
 async def _connect(config: BenchConfig, record: UtteranceRecord) -> Connection:
     started = time.perf_counter()
-    connection = await Connection.open(config.server, config.token)
+    connection = await open_with_retry(config.server, config.token, config.retry)
     try:
         await connection.configure(config.start)
     except BaseException:
@@ -234,6 +240,8 @@ async def _measure(connection: Connection, text: str, config: BenchConfig, recor
 
 
 def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, ServerBusyError):
+        return "busy"
     if isinstance(exc, ServerError):
         return exc.code
     return "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
