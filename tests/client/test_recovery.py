@@ -54,12 +54,13 @@ async def stderr_until(process: asyncio.subprocess.Process, needle: str) -> str:
 
 
 def test_backoff_doubles_honours_retry_after_and_stays_capped() -> None:
-    policy = RetryPolicy(first_delay_s=0.25, max_delay_s=8.0, jitter=0.5, rng=random.Random(0))
+    policy = RetryPolicy(first_delay_s=0.25, max_delay_s=8.0, jitter=0.5)
+    rng = random.Random(0)
     for retry, base in enumerate([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0]):
-        assert base <= policy.delay_s(retry, None) <= base * 1.5
-    assert 3.0 <= policy.delay_s(0, 3.0) <= 4.5  # never sooner than the server asked
-    assert policy.delay_s(0, 60.0) <= 12.0  # nor longer than the cap (with its jitter)
-    spread = {round(policy.delay_s(2, None), 6) for _ in range(20)}
+        assert base <= policy.delay_s(retry, None, rng) <= base * 1.5
+    assert 3.0 <= policy.delay_s(0, 3.0, rng) <= 4.5  # never sooner than the server asked
+    assert policy.delay_s(0, 60.0, rng) <= 12.0  # nor longer than the cap (with its jitter)
+    spread = {round(policy.delay_s(2, None, rng), 6) for _ in range(20)}
     assert len(spread) > 10, "clients refused together must not all come back together"
     with pytest.raises(ValueError):
         RetryPolicy(retries=-1)

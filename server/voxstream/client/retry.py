@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from voxstream.client.connection import Connection
 from voxstream.client.errors import ServerBusyError
@@ -30,7 +30,6 @@ class RetryPolicy:
     """No wait is longer, whatever ``Retry-After`` says."""
     jitter: float = 0.5
     """Each wait is stretched by a random factor in [1, 1 + jitter]."""
-    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -40,11 +39,12 @@ class RetryPolicy:
         if self.jitter < 0:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
 
-    def delay_s(self, retry: int, retry_after_s: float | None) -> float:
-        """The wait before retry number ``retry`` (0-based)."""
+    def delay_s(self, retry: int, retry_after_s: float | None, rng: random.Random | None = None) -> float:
+        """The wait before retry number ``retry`` (0-based); ``rng`` draws the jitter (default: ``random``'s)."""
         backoff = self.first_delay_s * 2**retry
         floor = 0.0 if retry_after_s is None else retry_after_s
-        return min(self.max_delay_s, max(backoff, floor)) * self.rng.uniform(1.0, 1.0 + self.jitter)
+        stretch = (rng or random).uniform(1.0, 1.0 + self.jitter)
+        return min(self.max_delay_s, max(backoff, floor)) * stretch
 
 
 async def open_with_retry(
