@@ -15,13 +15,23 @@
  * `segment` (a sentence starts), `firstAudio` ({utterance, latencyMs, receivedMs, decodedMs}:
  * milliseconds from the utterance's first `text()` to its first sample played, first frame
  * received, first audio decoded), `done` (the `done` message), `underrun` ({utterance}), `error`
- * (the server's `error` message, or {code, message} for local failures), `close` ({code, reason}).
+ * (the server's `error` message, or {code, message} for local failures), `close` ({code, reason}),
+ * `retry` ({retry, delayMs, reason}: a refused connection is tried again), `interrupted`
+ * ({utterances, code, reason}: the connection was lost (1001, 1006) before these utterances were
+ * done; what was received still plays, the rest of them is skipped), `reconnect` ({}: a new
+ * connection took over; text sent meanwhile went to it).
+ *
+ * Recovery: `connect()` retries a refused connection (a busy, starting or draining server) with
+ * backoff and jitter (`retry` option). A lost session reconnects on its own (`reconnect: false`
+ * turns it off); `text()` and the rest wait for the new connection, and the next utterance is
+ * spoken there. Utterance numbers are the client's: they keep counting across connections.
  *
  * @module client
  */
 
 import { ProtocolError, decodeFrame, decodeServer, encodeClient } from './protocol.js';
 import { Player, supportsOpus } from './player.js';
+import { DEFAULT_RETRY, RefusedError, isLoss, isRefusal, withRetry } from './reconnect.js';
 
 export { ProtocolError } from './protocol.js';
 export { supportsOpus } from './player.js';
@@ -40,6 +50,8 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
  * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxstream[normalize]`)
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
+ * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
+ * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
  */
 
 /**
@@ -95,6 +107,14 @@ export class VoxstreamClient extends EventTarget {
     this.lead = null;
     /** @type {{resolve: (ready: any) => void, reject: (error: Error) => void}[]} */
     this.readyWaiters = [];
+    /** The client's number of the current connection's utterance 0 (the server counts per connection). */
+    this.base = 0;
+    /** @type {Promise<void> | null} a lost session's replacement, while it connects */
+    this.reconnecting = null;
+    /** @type {object[]} messages sent while reconnecting, in order */
+    this.queued = [];
+    /** Set by `close()`: a close we asked for is not a loss. */
+    this.closing = false;
   }
 
   /** Whether an utterance is not done yet or its audio is still playing (a `cancel()` would cut something). */
@@ -113,21 +133,9 @@ export class VoxstreamClient extends EventTarget {
    * @returns {Promise<any>}
    */
   async connect() {
-    const socket = new WebSocket(streamUrl(this.options.url, this.options.token));
-    socket.binaryType = 'arraybuffer';
-    this.socket = socket;
-    socket.onmessage = (event) => this.#receive(event.data);
-    socket.onclose = (event) => {
-      for (const waiter of this.readyWaiters.splice(0)) waiter.reject(new Error(`closed: ${event.code} ${event.reason}`));
-      this.dispatchEvent(new CustomEvent('close', { detail: { code: event.code, reason: event.reason } }));
-    };
-    const greeting = this.#nextReady(); // the server greets every connection with its defaults
-    await new Promise((resolve, reject) => {
-      socket.onopen = resolve;
-      socket.onerror = () => reject(new Error(`cannot open ${socket.url.replace(/token=[^&]*/, 'token=…')}`));
-    });
-    await greeting;
-    return this.configure({});
+    this.closing = false;
+    await this.#openWithRetry();
+    return this.#apply({});
   }
 
   /**
@@ -136,11 +144,17 @@ export class VoxstreamClient extends EventTarget {
    * @returns {Promise<any>}
    */
   async configure(changes) {
+    await this.reconnecting;
+    return this.#apply(changes);
+  }
+
+  /** @param {ClientOptions} changes */
+  async #apply(changes) {
     Object.assign(this.options, changes);
     const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize } = this.options;
     const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
     const ready = this.#nextReady();
-    this.#send({
+    this.#write({
       type: 'start',
       voice,
       format,
@@ -193,15 +207,106 @@ export class VoxstreamClient extends EventTarget {
 
   /** Close the connection and the audio context. */
   async close() {
+    this.closing = true;
     this.socket?.close(1000);
     await this.player?.close();
     this.player = null;
   }
 
-  /** @param {import('./protocol.js').Message} message */
+  /**
+   * Send now, or after the reconnection in progress.
+   * @param {import('./protocol.js').Message} message
+   */
   #send(message) {
+    if (this.reconnecting) this.queued.push(message);
+    else this.#write(message);
+  }
+
+  /** @param {import('./protocol.js').Message} message */
+  #write(message) {
     if (this.socket?.readyState !== WebSocket.OPEN) throw new Error('not connected: call connect() first');
     this.socket.send(encodeClient(message));
+  }
+
+  #openWithRetry() {
+    const onRetry = (/** @type {any} */ detail) => this.dispatchEvent(new CustomEvent('retry', { detail }));
+    return withRetry(() => this.#open(), { ...DEFAULT_RETRY, ...this.options.retry }, { onRetry });
+  }
+
+  /** Open a socket and wait for the server's greeting (its defaults); a refusal rejects with a `RefusedError`. */
+  async #open() {
+    const socket = new WebSocket(streamUrl(this.options.url, this.options.token));
+    socket.binaryType = 'arraybuffer';
+    this.socket = socket;
+    let opened = false;
+    socket.onopen = () => {
+      opened = true;
+    };
+    socket.onmessage = (event) => this.#receive(event.data);
+    socket.onclose = (event) => this.#closed(socket, event, opened);
+    try {
+      await this.#nextReady();
+    } catch (error) {
+      if (isRefusal(/** @type {any} */ (error))) throw new RefusedError(error.message);
+      throw error;
+    }
+  }
+
+  /**
+   * @param {WebSocket} socket
+   * @param {CloseEvent} event
+   * @param {boolean} opened
+   */
+  #closed(socket, event, opened) {
+    socket.onmessage = null;
+    const where = socket.url.replace(/token=[^&]*/, 'token=…');
+    const text = opened ? `closed: ${event.code} ${event.reason}` : `cannot open ${where} (${event.code})`;
+    const error = Object.assign(new Error(text), { closeCode: event.code });
+    for (const waiter of this.readyWaiters.splice(0)) waiter.reject(error);
+    this.dispatchEvent(new CustomEvent('close', { detail: { code: event.code, reason: event.reason } }));
+    const established = this.settings !== null && socket === this.socket && !this.reconnecting;
+    if (!established || this.closing || !isLoss(event.code) || this.options.reconnect === false) return;
+    this.#interrupted(event);
+    this.#reconnect();
+  }
+
+  /**
+   * The utterances not done when the session was lost end here: what was received plays out, nothing is
+   * asked again (so nothing is heard twice).
+   * @param {CloseEvent} event
+   */
+  #interrupted(event) {
+    const cut = [];
+    for (let utterance = this.stats.utterancesDone; utterance < this.nextUtterance; utterance += 1) cut.push(utterance);
+    this.openUtterance = null;
+    this.stats.utterancesDone = this.nextUtterance;
+    this.segmentStarts.clear();
+    for (const utterance of cut) {
+      this.timings.delete(utterance);
+      this.player?.finish(utterance, utterance === this.nextUtterance - 1);
+    }
+    if (cut.length > 0) {
+      const detail = { utterances: cut, code: event.code, reason: event.reason };
+      this.dispatchEvent(new CustomEvent('interrupted', { detail }));
+    }
+  }
+
+  /** A new connection with the same settings; messages sent meanwhile wait for it. */
+  #reconnect() {
+    this.base = this.nextUtterance;
+    this.reconnecting = (async () => {
+      try {
+        await this.#openWithRetry();
+        await this.#apply({});
+        for (const message of this.queued.splice(0)) this.#write(message);
+        this.dispatchEvent(new CustomEvent('reconnect', { detail: {} }));
+      } catch (error) {
+        this.queued.length = 0;
+        this.#fail('reconnect_failed', `the session was lost and could not be resumed: ${error.message}`);
+      } finally {
+        this.reconnecting = null;
+      }
+    })();
   }
 
   #nextReady() {
@@ -246,6 +351,7 @@ export class VoxstreamClient extends EventTarget {
       this.#fail(error.code, error.message);
       return;
     }
+    if (typeof message.utterance === 'number') message = { ...message, utterance: this.base + message.utterance };
     switch (message.type) {
       case 'ready':
         this.readyWaiters.shift()?.resolve(message);
@@ -280,14 +386,15 @@ export class VoxstreamClient extends EventTarget {
       return;
     }
     this.stats.framesReceived += 1;
-    if (frame.utterance < this.dropBelow || this.player === null) {
+    const utterance = this.base + frame.utterance;
+    if (utterance < this.dropBelow || this.player === null) {
       this.stats.framesDropped += 1;
       return;
     }
-    const timing = this.timings.get(frame.utterance);
+    const timing = this.timings.get(utterance);
     if (timing) timing.receivedAt ??= performance.now();
-    const segmentStart = this.segmentStarts.delete(frame.utterance);
-    this.player.play(frame, { segmentStart });
+    const segmentStart = this.segmentStarts.delete(utterance);
+    this.player.play({ ...frame, utterance }, { segmentStart });
   }
 
   /**
