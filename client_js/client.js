@@ -15,7 +15,8 @@
  * `segment` (a sentence starts), `firstAudio` ({utterance, latencyMs, receivedMs, decodedMs}:
  * milliseconds from the utterance's first `text()` to its first sample played, first frame
  * received, first audio decoded), `done` (the `done` message), `underrun` ({utterance}), `error`
- * (the server's `error` message, or {code, message} for local failures), `close` ({code, reason}),
+ * (the server's `error` message, or {code, message} for local failures; `reconnect_failed` when a lost
+ * session could not be resumed), `close` ({code, reason, reconnecting}),
  * `retry` ({retry, delayMs, reason}: a refused connection is tried again), `interrupted`
  * ({utterances, code, reason}: the connection was lost (1001, 1006) before these utterances were
  * done; what was received still plays, the rest of them is skipped), `reconnect` ({}: a new
@@ -263,9 +264,10 @@ export class VoxstreamClient extends EventTarget {
     const text = opened ? `closed: ${event.code} ${event.reason}` : `cannot open ${where} (${event.code})`;
     const error = Object.assign(new Error(text), { closeCode: event.code });
     for (const waiter of this.readyWaiters.splice(0)) waiter.reject(error);
-    this.dispatchEvent(new CustomEvent('close', { detail: { code: event.code, reason: event.reason } }));
     const established = this.settings !== null && socket === this.socket && !this.reconnecting;
-    if (!established || this.closing || !isLoss(event.code) || this.options.reconnect === false) return;
+    const reconnecting = established && !this.closing && isLoss(event.code) && this.options.reconnect !== false;
+    this.dispatchEvent(new CustomEvent('close', { detail: { code: event.code, reason: event.reason, reconnecting } }));
+    if (!reconnecting) return;
     this.#interrupted(event);
     this.#reconnect();
   }

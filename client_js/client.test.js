@@ -114,7 +114,7 @@ function fresh(plan, options = {}) {
   FakeSocket.plan = plan;
   const client = new VoxstreamClient({ url: 'ws://replica.test', format: 'pcm_s16le', retry: FAST, ...options });
   /** @type {Record<string, any[]>} */
-  const events = { retry: [], interrupted: [], reconnect: [], error: [] };
+  const events = { retry: [], interrupted: [], reconnect: [], error: [], close: [] };
   for (const name of Object.keys(events)) client.addEventListener(name, (event) => events[name].push(event.detail));
   return { client, events };
 }
@@ -171,6 +171,7 @@ test('a session lost mid-utterance is reported, and the next utterance goes to a
   first.frame(0, 0);
   first.frame(0, 1);
   first.drop(1006); // the replica was killed: no done for utterance 0
+  assert.deepEqual(events.close, [{ code: 1006, reason: '', reconnecting: true }]);
   assert.deepEqual(events.interrupted, [{ utterances: [0], code: 1006, reason: '' }]);
   client.text('The next one. '); // while reconnecting: it waits for the new connection
   client.end();
@@ -200,6 +201,7 @@ test('a close the client asked for, or reconnect: false, does not reconnect', as
   await new Promise((resolve) => setTimeout(resolve, 10));
   assert.equal(FakeSocket.all.length, 1);
   assert.equal(events.interrupted.length, 0);
+  assert.equal(events.close[0].reconnecting, false);
   const closing = fresh([accept]);
   await closing.client.connect();
   await closing.client.close();

@@ -94,13 +94,27 @@ function listen(tts) {
     item.scrollIntoView({ block: 'nearest' });
   });
   tts.addEventListener('error', (e) => showError(`${e.detail.code}: ${e.detail.message}`));
+  tts.addEventListener('interrupted', (e) => showError(`connection lost (${e.detail.code}): the rest of that utterance is skipped`));
+  tts.addEventListener('reconnect', () => setStatus('connected', 'on'));
   tts.addEventListener('close', (e) => {
-    setStatus(`closed (${e.detail.code})`, 'off');
-    if (client === tts) {
-      client = null; // the next utterance reconnects
-      connection = null;
+    if (e.detail.reconnecting) {
+      setStatus(`reconnecting (${e.detail.code})`, 'off'); // the client resumes on a new connection
+      return;
     }
+    setStatus(`closed (${e.detail.code})`, 'off');
+    forget(tts);
   });
+  tts.addEventListener('error', (e) => {
+    if (e.detail.code === 'reconnect_failed') forget(tts);
+  });
+}
+
+/** The next utterance opens a new client (this one is closed for good). @param {VoxstreamClient} tts */
+function forget(tts) {
+  if (client === tts) {
+    client = null;
+    connection = null;
+  }
 }
 
 async function play() {
