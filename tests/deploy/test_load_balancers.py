@@ -60,7 +60,9 @@ async def _scenario(running: Fleet) -> None:
     on_killed = [index for index, outcome in enumerate(outcomes) if outcome.replica == killed.name]
     assert on_killed and len(on_killed) < STREAMS, _where(outcomes)
     for index, outcome in enumerate(outcomes):
-        if index not in on_killed:
+        if index in on_killed:
+            assert outcome.error is not None and "connection_lost" in outcome.error, (index, outcome.error)
+        else:
             assert outcome.error is None, (index, outcome.replica, outcome.error)
             assert_same_audio(outcome, solo[index], index)
 
