@@ -40,6 +40,6 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
         return Refusal("shutting_down", "the server is shutting down, retry on another replica")
     if connection and len(app[SESSIONS_KEY]) >= config.max_connections:
         return Refusal("busy", f"the server has its maximum of {config.max_connections} connections")
-    if app[SERVICE_KEY].engine.stats().waiting >= config.max_waiting:
+    if app[SERVICE_KEY].queue_full:
         return Refusal("busy", f"the engine queue is full ({config.max_waiting} waiting)")
     return None

@@ -55,6 +55,7 @@ class SpeechService:
             max_timesteps=engine_config.limits.max_inference_timesteps,
         )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
+        self._max_waiting = engine_config.max_waiting
         self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
         self._ids = itertools.count()
 
@@ -63,6 +64,11 @@ class SpeechService:
 
     async def stop(self) -> None:
         await self.engine.stop()
+
+    @property
+    def queue_full(self) -> bool:
+        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
+        return self.engine.stats().waiting >= self._max_waiting
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"

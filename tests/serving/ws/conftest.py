@@ -188,6 +188,9 @@ async def engine_idle(app: web.Application, timeout: float = TIMEOUT_S) -> None:
 class ClipService:
     """Plays ``clip`` for every request, ``patch`` samples per step, ``step_s`` apart; records aborted requests."""
 
+    queue_full = False
+    """Never full: every request is played at once."""
+
     def __init__(self, clip: np.ndarray, rate: int, patch: int, step_s: float = 0.0) -> None:
         self.clip = clip.astype(np.float32)
         self.info = ModelInfo("clip", "voxcpm2", rate, patch)
