@@ -120,7 +120,7 @@ class ServerConfig:
         _check("gpu_memory_utilization", share, number and 0 < share <= 1, "a number in (0, 1]")
         delay = self.max_buffer_delay_ms
         _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
-        _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-128 letters, digits or ._:-")
+        _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
@@ -146,7 +146,7 @@ def _is_int(value: object) -> bool:
 
 def _is_token(value: object) -> bool:
     """Safe as an HTTP header value and in logs: no spaces or control characters."""
-    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", value) is not None
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:-]{1,253}", value) is not None
 
 
 def _check(name: str, value: object, ok: bool, rule: str) -> None:
