@@ -1,4 +1,4 @@
-"""``voxstream.integrations.livekit.VoxstreamTTS`` in LiveKit Agents' own TTS machinery, against the server in process."""
+"""``voxstream.integrations.livekit.VoxstreamTTS`` in LiveKit Agents' own TTS machinery, with the server in process."""
 
 from __future__ import annotations
 
