@@ -45,8 +45,14 @@ _WARM_UP_TEXT = "Warming up."
 _JSON_OVERHEAD = 64 * 1024
 """Room for the JSON around an utterance's text in a request body."""
 
-CLIENT_DIR = Path(__file__).resolve().parents[3] / "client_js"
-"""The browser library and demo page (the repository's ``client_js/``, found from an editable install)."""
+_PACKAGED_CLIENT_DIR = Path(__file__).resolve().parents[1] / "web"
+CLIENT_DIR = (
+    _PACKAGED_CLIENT_DIR
+    if (_PACKAGED_CLIENT_DIR / "index.html").is_file()
+    else Path(__file__).resolve().parents[3] / "client_js"
+)
+"""The browser library and demo page: ``voxstream/web/`` in a wheel (copied from ``client_js/`` by setup.py's
+build step), else the repository's ``client_js/`` (an editable install)."""
 _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 
 
@@ -96,7 +102,7 @@ def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None
     Only top-level page and module files are served (not tests, ``package.json`` or ``node_modules``).
     """
     if not (client_dir / "index.html").is_file():
-        logger.info("no demo page: %s is not there (a non-editable install)", client_dir)
+        logger.info("no demo page: %s is not there", client_dir)
         return
     files = {
         path.name: path

@@ -1,0 +1,95 @@
+"""A built wheel works on its own: installed in a fresh virtual environment, ``voxstream serve`` serves the demo
+page and its modules (copied from client_js/ by setup.py's build step)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+START_TIMEOUT_S = 180.0
+
+pytestmark = pytest.mark.slow
+
+
+def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
+    # Nothing from this checkout may leak in: the venv must import the wheel's copy.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    dist = tmp_path / "dist"
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", ROOT, "-w", dist,
+        cwd=tmp_path, env=env)  # fmt: skip
+    (wheel,) = dist.glob("voxstream-*.whl")
+    venv = tmp_path / "venv"
+    # torch and the other dependencies come from this interpreter's site-packages: nothing is downloaded
+    run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path, env=env)
+    python = venv / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path, env=env)
+    location = run(python, "-c", "import voxstream; print(voxstream.__file__)", cwd=tmp_path, env=env)
+    assert Path(location.strip()).is_relative_to(venv), location
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [venv / "bin" / "voxstream", "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while get_status(base + "/ready") != 200:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.5)
+        status, page = get(base + "/")
+        assert status == 200 and page == (ROOT / "client_js" / "index.html").read_bytes()
+        # the page's own files, then every module they reach by a relative URL ('./client.js', './worklet.js')
+        pending = re.findall(r'(?:src|href)="/client/([\w.]+)"', page.decode())
+        served: set[str] = set()
+        while pending:
+            name = pending.pop()
+            if name in served:
+                continue
+            status, body = get(f"{base}/client/{name}")
+            assert status == 200 and body == (ROOT / "client_js" / name).read_bytes(), name
+            served.add(name)
+            pending += re.findall(r"'\./([\w.]+\.js)'", body.decode())
+        assert {"demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js"} <= served
+        assert get(base + "/client/protocol.test.js")[0] == 404
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def get_status(url: str) -> int:
+    try:
+        return get(url)[0]
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
