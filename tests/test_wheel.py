@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,8 +45,15 @@ def get(url: str) -> tuple[int, bytes]:
 def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
     # Nothing from this checkout may leak in: the venv must import the wheel's copy.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    # Build from a copy of the sources, so the build leaves nothing in the checkout.
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info")
+    for folder in ("server", "client_js"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
     dist = tmp_path / "dist"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", ROOT, "-w", dist,
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", source, "-w", dist,
         cwd=tmp_path, env=env)  # fmt: skip
     (wheel,) = dist.glob("voxstream-*.whl")
     venv = tmp_path / "venv"
