@@ -1,0 +1,74 @@
+"""``SpeechSession``, the protocol bookkeeping the framework services share, against the server in process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from voxstream.integrations.session import Audio, SessionOptions, SpeechSession
+from voxstream.serving.keys import SERVICE_KEY
+from voxstream.serving.protocol import AudioFrame, Done, Segment
+
+pytestmark = pytest.mark.asyncio
+
+TIMEOUT_S = 60.0
+
+
+async def next_event(events, kind: type) -> object:  # type: ignore[no-untyped-def]
+    while True:
+        event = await asyncio.wait_for(anext(events), TIMEOUT_S)
+        if isinstance(event, kind):
+            return event
+
+
+def record_raw_frames(session: SpeechSession) -> list[int]:
+    """The utterance number of every audio frame the connection receives from now on."""
+    numbers: list[int] = []
+    receive = session.connection.receive
+
+    async def recording() -> object:
+        received = await receive()
+        if isinstance(received, AudioFrame):
+            numbers.append(received.utterance)
+        return received
+
+    session.connection.receive = recording  # type: ignore[method-assign]
+    return numbers
+
+
+async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
+    server = await serve()
+    slow_down(server.app, 0.05)
+    options = SessionOptions(server=str(server.make_url("/")), seed=3)
+    async with await SpeechSession.open(options, output_rate=24000) as session:
+        assert session.model_rate == server.app[SERVICE_KEY].info.sample_rate
+        events = session.events()
+        assert await session.text("This sentence keeps speaking for a while. ") == 0
+        assert await session.text("And another one follows it.") == 0  # same utterance until it ends
+        first = await next_event(events, Audio)
+        assert first.utterance == 0
+        await asyncio.sleep(0.3)  # frames pile up unread, as they do when a barge-in comes
+        raw_after_cancel = record_raw_frames(session)
+        assert await session.cancel() == {0}
+        # whatever the server had already sent of utterance 0 is dropped; its done still comes
+        after_cancel = []
+        while not isinstance(event := await asyncio.wait_for(anext(events), TIMEOUT_S), Done):
+            after_cancel.append(event)
+        assert not [e for e in after_cancel if isinstance(e, (Audio, Segment))]
+        assert 0 in raw_after_cancel, "late frames of utterance 0 did arrive, and were dropped"
+        assert (event.utterance, event.finish_reason) == (0, "cancelled")
+        assert not session.speaking
+
+        assert await session.text("Next.") == 1
+        assert await session.end() == 1
+        heard: list[Audio] = []
+        while not isinstance(event := await asyncio.wait_for(anext(events), TIMEOUT_S), Done):
+            if isinstance(event, Audio):
+                heard.append(event)
+        assert event.utterance == 1 and event.finish_reason in ("stop", "length")
+        assert {a.utterance for a in heard} == {1}
+        audio = np.concatenate([a.samples for a in heard])
+        assert audio.dtype == np.float32 and audio.size > 0
+        assert await session.end() is None  # nothing open: nothing sent
