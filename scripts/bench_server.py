@@ -1,6 +1,6 @@
-"""Benchmark (not a test): what the server adds on top of the engine, and what Opus encoding costs.
+"""Benchmark (not a test): what the server adds on top of the engine, and what encoding costs.
 
-    python scripts/bench_server.py [--sessions 1,32] [--utterances 3]
+    python scripts/bench_server.py [--sessions 1,32] [--utterances 3] [--encode-only]
 
 1. Server overhead: the real app runs in process on a free port with the tiny ``voxcpm2`` model (CPU);
    n WebSocket clients each speak short utterances (one sentence, ``end`` right after). For every
@@ -8,8 +8,9 @@
    ``buffer_s`` (waiting for a complete sentence) and ``engine_ttfc_s`` (the engine's own time to its
    first chunk); the server's overhead is ``ttfa_s - buffer_s - engine_ttfc_s``: parsing, segmenting,
    queueing into the engine thread, encoding and handing the first frame to the socket.
-2. Opus encode cost: a per-session encoder fed model-sized chunks (the path every streamed chunk
-   takes), in milliseconds of CPU per second of audio, at each model output rate.
+2. Encode cost: a per-session encoder fed model-sized chunks (the path every streamed chunk takes), in
+   milliseconds of CPU per second of audio, at each model output rate: Opus (the WebSocket default) and
+   the PyAV formats of the HTTP API (mp3, aac, flac).
 """
 
 from __future__ import annotations
@@ -85,20 +86,28 @@ async def server_overhead(sessions: list[int], utterances: int) -> None:
         await runner.cleanup()
 
 
-def opus_cost(seconds: float = 10.0) -> None:
-    print("\n| model rate | samples per chunk | Opus encode, ms of CPU per audio second |\n|---|---|---|")
+ENCODED_FORMATS = (AudioFormat.OPUS, AudioFormat.MP3, AudioFormat.AAC, AudioFormat.FLAC)
+
+
+def encode_cost(seconds: float = 10.0) -> None:
+    names = " | ".join(fmt.value for fmt in ENCODED_FORMATS)
+    print(f"\n| model rate | samples per chunk | {names} (ms of CPU per audio second) |")
+    print("|---|---|" + "---|" * len(ENCODED_FORMATS))
     rng = np.random.default_rng(0)
     for rate, chunk in ((16000, 1280), (44100, 7056), (48000, 7680)):
         t = np.arange(int(seconds * rate)) / rate
         audio = (
             0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2 + 0.02 * rng.standard_normal(t.size)
         ).astype(np.float32)
-        encoder = make_encoder(AudioFormat.OPUS, rate)
-        start = time.process_time()
-        for begin in range(0, audio.size, chunk):
-            encoder.encode(audio[begin : begin + chunk])
-        encoder.finish()
-        print(f"| {rate} | {chunk} | {(time.process_time() - start) / seconds * 1e3:.1f} |")
+        costs = []
+        for fmt in ENCODED_FORMATS:
+            encoder = make_encoder(fmt, rate)
+            start = time.process_time()
+            for begin in range(0, audio.size, chunk):
+                encoder.encode(audio[begin : begin + chunk])
+            encoder.finish()
+            costs.append(f"{(time.process_time() - start) / seconds * 1e3:.1f}")
+        print(f"| {rate} | {chunk} | {' | '.join(costs)} |")
 
 
 def _free_port() -> int:
@@ -108,12 +117,14 @@ def _free_port() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="server overhead and Opus encode cost")
+    parser = argparse.ArgumentParser(description="server overhead and encode cost")
     parser.add_argument("--sessions", default="1,32")
     parser.add_argument("--utterances", type=int, default=3, help="utterances per client")
+    parser.add_argument("--encode-only", action="store_true", help="only the encode cost table")
     args = parser.parse_args()
-    asyncio.run(server_overhead([int(s) for s in args.sessions.split(",")], args.utterances))
-    opus_cost()
+    if not args.encode_only:
+        asyncio.run(server_overhead([int(s) for s in args.sessions.split(",")], args.utterances))
+    encode_cost()
 
 
 if __name__ == "__main__":
