@@ -55,7 +55,7 @@ from voxstream.serving.protocol import (
 from voxstream.serving.service import SpeechService
 from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
-from voxstream.text.normalize import normalize_in_worker
+from voxstream.text.normalize import normalize_in_worker, preload_in_worker
 from voxstream.text.segmenter import SentenceSegmenter
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,8 @@ class Session:
         if self.phase is SessionPhase.OPEN:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
         self.settings = resolve_settings(start, self.voices, self._limits, self.config.max_buffer_delay_ms)
+        if self.settings.normalize:
+            self._spawn(preload_in_worker())  # the first sentence need not wait for the normalizer's load
         self.outbox.put(self._ready())
 
     def _text(self, text: str) -> None:

@@ -32,12 +32,15 @@ server calls ``normalize_in_worker``, which runs it on one worker thread, off th
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from voxstream.errors import VoxstreamError
+
+logger = logging.getLogger(__name__)
 
 EXTRA_HINT = "text normalization needs the optional extra: pip install 'voxstream[normalize]' (wetext, inflect, regex)"
 
@@ -194,8 +197,21 @@ async def normalize_in_worker(text: str) -> str:
     One thread for the process: sentences from every session are normalized one at a time, which
     keeps wetext's FST state off concurrent threads; a sentence takes milliseconds.
     """
+    return await asyncio.get_running_loop().run_in_executor(_normalization_thread(), normalize, text)
+
+
+async def preload_in_worker() -> None:
+    """Load the normalizer on the normalization thread now (about 1 s, once per process), so that a
+    session's first sentence does not wait for it. A failure is only logged: each sentence retries."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(_normalization_thread(), load_normalizer)
+    except Exception:
+        logger.exception("could not load the text normalizer")
+
+
+def _normalization_thread() -> ThreadPoolExecutor:
     global _worker
     with _lock:
         if _worker is None:
             _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxstream-normalize")
-    return await asyncio.get_running_loop().run_in_executor(_worker, normalize, text)
+        return _worker

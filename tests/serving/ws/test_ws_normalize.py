@@ -10,8 +10,9 @@ import pytest
 from voxstream.serving import utterance as utterance_module
 from voxstream.serving.keys import SERVICE_KEY
 from voxstream.serving.protocol import End, Ready, Start, Text
+from voxstream.text import normalize as normalize_module
 
-from .conftest import Connect
+from .conftest import Connect, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,3 +73,13 @@ async def test_without_the_extra_start_normalize_is_refused_clearly(
     assert "pip install 'voxstream[normalize]'" in error.message
     await stream.send(Start(normalize=False))  # the session goes on
     assert (await stream.expect(Ready)).format == "opus"
+
+
+async def test_start_normalize_loads_the_normalizer_before_any_text(
+    ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(normalize_module, "_normalizer", None)  # as in a fresh server process
+    stream = await connect(await ws_server())
+    await stream.send(Start(normalize=True))
+    await stream.expect(Ready)
+    await until(lambda: normalize_module._normalizer is not None, timeout=30.0)
