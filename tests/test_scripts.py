@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,30 @@ def test_bench_engine_smoke() -> None:
 def test_bench_server_smoke() -> None:
     result = run_script("bench_server.py", "--sessions", "1", "--utterances", "1")
     assert "| 1 |" in result.stdout and "| 48000 | 7680 |" in result.stdout
+
+
+def _simulate(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "load.json"
+    window = ("--warmup-s", "5", "--duration-s", "10", "--tail-s", "5")
+    run_script("simulate_load.py", "--streams", "4,8", *window, "--json", str(out), *args)
+    return json.loads(out.read_text())
+
+
+def test_simulate_load_reports_each_level_for_both_policies(tmp_path: Path) -> None:
+    result = _simulate(tmp_path, "--cost", "4ms+0.17ms/row+9.2us/token")
+    keys = {"streams", "ttfa_p50_ms", "ttfa_p99_ms", "late_chunks", "mean_batch"}
+    for levels in (result["levels"], result["baseline"]["levels"]):
+        assert [level["streams"] for level in levels] == [4, 8]
+        for level in levels:
+            assert keys <= set(level)
+            assert level["chunks"] > 0 and level["late_chunks"] == 0 and level["mean_batch"] >= 1
+            # No first chunk before one step: 4 ms + one row + the prefill of at least 64 prompt tokens.
+            assert level["ttfa_p50_ms"] >= 4.7 and level["ttfa_p99_ms"] >= level["ttfa_p50_ms"]
+
+
+def test_simulate_load_counts_late_chunks_when_a_step_outlasts_its_audio(tmp_path: Path) -> None:
+    # A 200 ms step for 160 ms of audio: no policy can keep up, and the report must say so.
+    result = _simulate(tmp_path, "--cost", "200ms+1ms/row", "--only-realtime")
+    assert "baseline" not in result
+    for level in result["levels"]:
+        assert level["late_chunks"] > 0 and level["ttfa_p50_ms"] >= 200

@@ -3,10 +3,11 @@
 ``FakeRunner`` keeps one owner per row and one state per request, exactly like the real runner's
 KV/VAE pool, and asserts the plan contract on every step: released rows are freed, moves go from
 an occupied row to a free one, prefills never land on an occupied row (no double allocation) and
-get KV blocks no running request holds, enough for every position they can reach, the
-decode rows are exactly ``0..n-1`` in the plan's order, and each row's step index continues where
-that request left off. Chunks are a pure function of (request id, step index), so tests can check
-exactly which chunk each session received.
+get KV blocks no running request holds, enough for every position they can reach, the occupied
+rows stay ``0..n-1``, the decode rows are all of them (what the FIFO policy plans) or, for
+``RealtimeFakeRunner``, an ascending subset that includes every row just prefilled, and each row's
+step index continues where that request left off. Chunks are a pure function of (request id, step
+index), so tests can check exactly which chunk each session received.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from voxstream.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
+from voxstream.engine.cost_model import StepCost
 from voxstream.engine.outputs import EMPTY_CHUNK, Chunk
 
 PATCH = 4  # samples per chunk in these tests
@@ -48,6 +50,8 @@ class FakeRunner:
     row_error: Callable[[str, int], str | None] = lambda rid, i: None
     fail: Callable[[StepPlan], bool] = lambda plan: False
     delay: float = 0.0
+    subsets: bool = False
+    """Whether a plan may decode a subset of the occupied rows (the real-time policy's runners)."""
     plans: list[StepPlan] = field(default_factory=list)
     rows: list[str | None] = field(init=False)
     # Per request: the step index it will decode next (its "KV length").
@@ -69,10 +73,16 @@ class FakeRunner:
         assert not plan.is_empty, "the engine passed an empty plan"
         self.plans.append(plan)
         self._housekeep(plan)
-        n = len(plan.request_ids)
-        assert plan.decode_slots == tuple(range(n))
-        assert tuple(self.rows[:n]) == plan.request_ids, f"rows {self.rows} vs plan {plan.request_ids}"
-        assert all(owner is None for owner in self.rows[n:]), f"stale rows beyond {n}: {self.rows}"
+        used = sum(owner is not None for owner in self.rows)
+        assert all(owner is None for owner in self.rows[used:]), f"rows not compacted: {self.rows}"
+        slots = plan.decode_slots
+        if self.subsets:
+            assert list(slots) == sorted(set(slots)) and all(0 <= slot < used for slot in slots), slots
+            assert {item.slot for item in plan.prefills} <= set(slots), "a prefilled row does not decode"
+        else:
+            assert slots == tuple(range(used)), f"decode slots {slots} are not all {used} rows"
+        owners = tuple(self.rows[slot] for slot in slots)
+        assert owners == plan.request_ids, f"rows {self.rows} vs plan {plan.decode_slots} {plan.request_ids}"
         assert tuple(self.state[rid] for rid in plan.request_ids) == plan.step_indices
         if self.delay:
             time.sleep(self.delay)
@@ -81,12 +91,16 @@ class FakeRunner:
         return self._output(plan)
 
     def _housekeep(self, plan: StepPlan) -> None:
+        freed = {slot for slot, owner in enumerate(self.rows) if owner in plan.released}
         for rid in plan.released:
             self.state.pop(rid, None)
             self.blocks.pop(rid, None)
             self.rows = [None if owner == rid else owner for owner in self.rows]
         for move in plan.moves:
-            assert self.rows[move.src] is not None and self.rows[move.dst] is None, (move, self.rows)
+            # A session moved and then released before this step leaves a move whose source was
+            # freed by this plan: copying that stale row is harmless, its destination is refilled.
+            assert self.rows[move.src] is not None or move.src in freed, (move, self.rows)
+            assert self.rows[move.dst] is None, (move, self.rows)
             self.rows[move.dst], self.rows[move.src] = self.rows[move.src], None
         for item in plan.prefills:
             assert self.rows[item.slot] is None, f"double allocation of slot {item.slot}: {self.rows}"
@@ -122,8 +136,26 @@ class FakeRunner:
         return RunnerOutput(chunks, stops, caps, errors)
 
 
-def new_request(rid: str, text: str = "hello world", prefill_tokens: int = 10, **params: object) -> Request:
-    return Request(rid, text, prefill_tokens, SynthesisParams(**params))  # type: ignore[arg-type]
+@dataclass
+class RealtimeFakeRunner(FakeRunner):
+    """A ``RealtimeRunner``: decodes any subset of rows and states a step cost and a chunk duration."""
+
+    subsets: bool = True
+    step_cost: StepCost = field(default_factory=lambda: StepCost.parse("4ms+1ms/row+0.1ms/token"))
+    chunk_seconds: float = 0.16
+
+
+def new_request(
+    rid: str,
+    text: str = "hello world",
+    prefill_tokens: int = 10,
+    *,
+    playback_lead_s: float | None = None,
+    playback_due: float | None = None,
+    **params: object,
+) -> Request:
+    synthesis = SynthesisParams(**params)  # type: ignore[arg-type]
+    return Request(rid, text, prefill_tokens, synthesis, playback_lead_s=playback_lead_s, playback_due=playback_due)
 
 
 def build_engine(config: dict[str, object] | None = None, **runner_kwargs: object) -> tuple[Engine, FakeRunner]:
@@ -133,12 +165,26 @@ def build_engine(config: dict[str, object] | None = None, **runner_kwargs: objec
     return engine, runner
 
 
+def build_realtime_engine(
+    cost: str = "4ms+1ms/row+0.1ms/token", config: dict[str, object] | None = None, **runner_kwargs: object
+) -> tuple[Engine, RealtimeFakeRunner]:
+    """An engine with the real-time policy around a fresh ``RealtimeFakeRunner`` of step cost ``cost``."""
+    runner = RealtimeFakeRunner(step_cost=StepCost.parse(cost), **runner_kwargs)  # type: ignore[arg-type]
+    settings = {"max_running": runner.num_slots, "realtime": True, **(config or {})}
+    return Engine(runner, EngineConfig(**settings)), runner  # type: ignore[arg-type]
+
+
 # Test modules cannot import this file (pytest's importlib mode), so the helpers travel as fixtures.
 
 
 @pytest.fixture
 def make_engine() -> Callable[..., tuple[Engine, FakeRunner]]:
     return build_engine
+
+
+@pytest.fixture
+def make_realtime_engine() -> Callable[..., tuple[Engine, RealtimeFakeRunner]]:
+    return build_realtime_engine
 
 
 @pytest.fixture

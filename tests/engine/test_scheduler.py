@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from voxstream.engine import DuplicateRequestError, EngineConfig, QueueFullError
 from voxstream.engine.blocks import BlockAllocator
-from voxstream.engine.scheduler import Scheduler, admit_count
+from voxstream.engine.policy import admit_count
+from voxstream.engine.scheduler import Scheduler
 
 
 @pytest.mark.parametrize(

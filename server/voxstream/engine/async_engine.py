@@ -1,6 +1,6 @@
 """``AsyncEngine``: runs an ``Engine`` in one dedicated thread and streams its outputs to asyncio.
 
-The event loop never executes a step: ``Engine.step()`` runs in a named engine thread, which is
+The event loop never executes a step: ``Engine.step(now)`` runs in a named engine thread, which is
 the only thread that touches the ``Engine``. Callers on the loop post commands (add, abort, stop)
 that the engine thread applies between steps, and each session receives its outputs through its
 own channel, fed with ``loop.call_soon_threadsafe``. This module does not encode audio or apply
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -180,8 +181,11 @@ class AsyncEngine:
     def _serve_once(self) -> bool:
         """Apply pending commands, then run one step if there is work; False once stopped."""
         with self._wakeup:
-            while not (self._commands or self._stopping or self._engine.has_work()):
-                self._wakeup.wait()
+            while not (self._commands or self._stopping):
+                wait_s = self._engine.next_step_at(time.monotonic()) - time.monotonic()
+                if wait_s <= 0:
+                    break
+                self._wakeup.wait(None if wait_s == math.inf else wait_s)
             commands = list(self._commands)
             self._commands.clear()
             stopping = self._stopping
@@ -190,11 +194,14 @@ class AsyncEngine:
         if stopping:
             self._engine.abort_all()
         if self._engine.has_work():
-            started = time.perf_counter()
-            outputs = self._engine.step()
-            self._record_step(time.perf_counter() - started)
+            started = time.monotonic()
+            outputs = self._engine.step(started)
             if outputs:
                 self._post(self._dispatch, outputs)
+            # The chunks are handed to the loop now: the listeners' playback clocks start here.
+            ended = time.monotonic()
+            self._engine.mark_sent(ended)
+            self._record_step(ended - started)
         return not stopping
 
     def _record_step(self, seconds: float) -> None:

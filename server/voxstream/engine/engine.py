@@ -1,9 +1,10 @@
 """``Engine``: the synchronous, sans-I/O core of the streaming micro-batcher.
 
-One ``step()`` is schedule → execute → update: the scheduler plans the step, the runner runs it
+One ``step(now)`` is schedule → execute → update: the scheduler plans the step, the runner runs it
 as one batched forward pass, and the engine turns the runner's raw output into one ``StepOutput``
 per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
-drives this class from its own thread, and tests drive it with a fake runner.
+drives this class from its own thread, and tests drive it with a fake runner. Time is an argument:
+``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 
 from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.config import EngineConfig
-from voxstream.engine.outputs import EMPTY_CHUNK, Runner, RunnerOutput, StepOutput, StepPlan
+from voxstream.engine.outputs import EMPTY_CHUNK, RealtimeRunner, Runner, RunnerOutput, StepOutput, StepPlan
+from voxstream.engine.policy import RealtimePolicy
 from voxstream.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
 from voxstream.engine.scheduler import Scheduler
 from voxstream.errors import InvalidInputError
@@ -37,7 +39,10 @@ class Engine:
                 f"the runner has only {runner.num_slots} slots"
             )
         self.runner = runner
-        self.scheduler = Scheduler(self.config, BlockAllocator(runner.num_kv_blocks, runner.block_size))
+        blocks = BlockAllocator(runner.num_kv_blocks, runner.block_size)
+        self.scheduler = Scheduler(self.config, blocks, _realtime_policy(runner, self.config))
+        # Sessions whose first chunk the last step produced, until mark_sent stamps them.
+        self._unsent: list[Session] = []
 
     def add(self, request: Request) -> None:
         """Queue ``request``; its outputs appear in later ``step()`` results.
@@ -78,6 +83,12 @@ class Engine:
         """Whether ``step()`` would do anything: unfinished requests or runner housekeeping."""
         return self.scheduler.has_unfinished() or self.scheduler.has_housekeeping()
 
+    def next_step_at(self, now: float) -> float:
+        """When ``step`` would next do any work (``now`` if it would now; ``inf`` if only new requests
+        can give it some): under the real-time policy, sessions far enough ahead of their listeners
+        make a step idle, and the caller should sleep until then rather than spin."""
+        return self.scheduler.next_step_at(now)
+
     @property
     def num_running(self) -> int:
         return self.scheduler.slots.num_used
@@ -98,10 +109,16 @@ class Engine:
     def kv_blocks_total(self) -> int:
         return self.scheduler.blocks.num_total
 
-    def step(self) -> list[StepOutput]:
-        """Run one batched step; return the outputs it produced, at most one per request."""
+    def step(self, now: float | None = None) -> list[StepOutput]:
+        """Run one batched step; return the outputs it produced, at most one per request.
+
+        ``now`` is when the step starts, on the caller's clock; the real-time policy requires it.
+        """
+        if self.scheduler.realtime is not None and now is None:
+            raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
+        self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
         outputs = [StepOutput(s.request_id, EMPTY_CHUNK, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return outputs
         rows = [self.scheduler.sessions[rid] for rid in plan.request_ids]
@@ -109,10 +126,21 @@ class Engine:
             result = self.runner.execute(plan)
             _check_output(plan, result)
         except Exception as exc:
-            # TGI's rule: after a failed forward pass no row's state can be trusted.
-            logger.exception("runner failed a step of %d sessions", len(rows))
-            return outputs + self._fail(rows, f"runner failed: {type(exc).__name__}: {exc}")
+            # TGI's rule: after a failed forward pass no row's state can be trusted, including the
+            # rows that skipped this step.
+            holding = [self.scheduler.sessions[rid] for rid in self.scheduler.slots.owners]
+            logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
+            return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
         return outputs + self._update(plan, rows, result)
+
+    def mark_sent(self, now: float) -> None:
+        """The outputs of the last ``step`` left at ``now``: first chunks start their listeners' clocks.
+
+        Call it after each step (the real-time policy treats a first chunk not yet marked as due now).
+        """
+        for session in self._unsent:
+            session.first_sent_at = now
+        self._unsent.clear()
 
     def _fail(self, rows: list[Session], message: str) -> list[StepOutput]:
         self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
@@ -135,6 +163,8 @@ class Engine:
                 outputs.append(StepOutput(rid, EMPTY_CHUNK, FinishReason.ERROR, error))
                 continue
             status = session.status_after(stop_flag)
+            if session.step_index == 0:
+                self._unsent.append(session)
             session.step_index += 1
             if status is running:
                 outputs.append(StepOutput(rid, chunk, None, None, patch))
@@ -143,6 +173,17 @@ class Engine:
                 outputs.append(StepOutput(rid, chunk, FINISH_REASONS[status], None, patch))
         self.scheduler.finish(finished)
         return outputs
+
+
+def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | None:
+    if not config.realtime:
+        return None
+    if not isinstance(runner, RealtimeRunner):
+        raise ValueError(
+            f"EngineConfig.realtime needs a runner that states its step cost (step_cost, chunk_seconds); "
+            f"{type(runner).__name__} does not"
+        )
+    return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s)
 
 
 def _check_output(plan: StepPlan, result: RunnerOutput) -> None:

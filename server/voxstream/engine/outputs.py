@@ -8,11 +8,12 @@ gets back (vLLM's SchedulerOutput / ModelRunnerOutput split); ``StepOutput`` is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from voxstream.engine.cost_model import StepCost
 from voxstream.engine.request import FinishReason, Request
 from voxstream.engine.slots import SlotMove
 
@@ -76,8 +77,8 @@ class StepPlan:
 class RunnerOutput:
     """What the runner produced for one ``StepPlan``.
 
-    ``chunks`` and ``stop_flags`` are aligned with ``plan.request_ids``. Every request prefilled
-    this step has a length cap unless it is in ``errors``. A request in ``errors`` (a failed
+    ``chunks`` and ``stop_flags`` are aligned with ``plan.decode_slots`` (and ``plan.request_ids``).
+    Every request prefilled this step has a length cap unless it is in ``errors``. A request in ``errors`` (a failed
     prefill, e.g. a text that tokenizes to nothing, or a failure of that row alone) finishes with
     ``FinishReason.ERROR`` and its slot is freed; its chunk and stop flag are ignored (an empty
     chunk is customary). A failed prefill still has a decode row in the plan, because the plan is
@@ -129,6 +130,22 @@ class Runner(Protocol):
         ...
 
     def execute(self, plan: StepPlan) -> RunnerOutput: ...
+
+
+@runtime_checkable
+class RealtimeRunner(Runner, Protocol):
+    """A runner the real-time policy (``EngineConfig.realtime``) may schedule: one that states what a
+    step costs, which the policy budgets steps with. A real runner would measure its ``step_cost`` at
+    start-up; a simulated one is given it.
+    """
+
+    @property
+    def step_cost(self) -> StepCost: ...
+
+    @property
+    def chunk_seconds(self) -> float:
+        """Seconds of audio in one chunk: the real-time budget of a step."""
+        ...
 
 
 # eq=False: the fields hold arrays, which have no single truth value to compare by. Not frozen: one is

@@ -58,6 +58,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisParams:
     """Per-request generation settings; defaults are the reference ``VoxCPM.generate`` defaults.
@@ -127,6 +131,13 @@ class Request:
     params: SynthesisParams = field(default_factory=SynthesisParams)
     prompt: Any = None
     """Voice prompt (e.g. cached prompt latents); opaque to the engine, interpreted by the runner."""
+    playback_lead_s: float | None = None
+    """Audio the listener buffers before it plays (the client's announced lead); None: the engine's
+    ``EngineConfig.playback_lead_s``. Only the real-time policy reads it."""
+    playback_due: float | None = None
+    """For a sentence continuing a stream that is already playing: when its first chunk must have left
+    (the listener's buffer runs dry), on the clock ``Engine.step`` is given. None: a new stream, whose
+    listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
 
     def __post_init__(self) -> None:
         rid = self.request_id
@@ -134,6 +145,12 @@ class Request:
         _require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
         tokens = self.prefill_tokens
         _require(_is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
+        lead = self.playback_lead_s
+        lead_ok = lead is None or (_is_number(lead) and 0 <= lead < math.inf)
+        _require(lead_ok, "playback_lead_s", lead, "must be None or a finite number >= 0")
+        due = self.playback_due
+        due_ok = due is None or (_is_number(due) and math.isfinite(due))
+        _require(due_ok, "playback_due", due, "must be None or a finite number")
 
 
 @dataclass(slots=True, eq=False)
@@ -150,10 +167,23 @@ class Session:
     """KV positions the request can reach (prompt + length cap), as the runner reported on ``add``."""
     blocks: tuple[int, ...] = ()
     """The KV blocks it owns while running."""
+    serial: int = 0
+    """Arrival order among the engine's requests: FIFO among equals."""
+    first_sent_at: float | None = None
+    """When its first chunk left (``Engine.mark_sent``); the real-time policy's playback clock."""
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    def playback_start(self, default_lead_s: float) -> float | None:
+        """When its listener starts playing chunk 0; None while the first chunk has not been sent."""
+        if self.request.playback_due is not None:
+            return self.request.playback_due
+        if self.first_sent_at is None:
+            return None
+        lead = self.request.playback_lead_s
+        return self.first_sent_at + (default_lead_s if lead is None else lead)
 
     def status_after(self, stop_flag: bool) -> RequestStatus:
         """Status after emitting the chunk of step ``step_index``, given the runner's raw stop flag.

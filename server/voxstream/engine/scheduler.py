@@ -1,13 +1,15 @@
 """Which sessions the runner serves in each step, and in which rows.
 
 The scheduler owns the bounded FIFO waiting queue, the running sessions and their slots, and the
-housekeeping (released ids, slot moves) the runner must apply before the next step. It does not
-run the model, build outputs, or decide when a stream ends: ``Engine`` does, and reports the
-sessions that finished through ``Scheduler.finish``.
+housekeeping (released ids, slot moves) the runner must apply before the next step. Whom to admit
+and whom to decode is decided by the rules of ``engine.policy``; this module applies the decision.
+It does not run the model, build outputs, or decide when a stream ends: ``Engine`` does, and
+reports the sessions that finished through ``Scheduler.finish``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
@@ -16,50 +18,31 @@ from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.config import EngineConfig
 from voxstream.engine.errors import DuplicateRequestError, QueueFullError
 from voxstream.engine.outputs import PrefillItem, StepPlan
+from voxstream.engine.policy import RealtimePolicy, admit_count, playback_deadline
 from voxstream.engine.request import Request, RequestStatus, Session
 from voxstream.engine.slots import SlotMove, SlotTable
-
-
-def admit_count(prefill_tokens: Iterable[int], free_slots: int, token_budget: int) -> int:
-    """The admission rule: how many requests at the head of the waiting queue join this step.
-
-    Walk the waiting queue in FIFO order. Admit a request while a slot is free and the prefill
-    tokens admitted so far plus its own stay within ``token_budget``. The first request is admitted
-    whenever a slot is free, even if it alone exceeds the budget, so a long prompt cannot starve.
-    Stop at the first request that does not fit: nothing overtakes it, so admission stays FIFO.
-
-    Args:
-        prefill_tokens: The ``prefill_tokens`` estimate of each waiting request, queue head first.
-        free_slots: Slots left under ``max_running`` after this step's releases.
-        token_budget: ``EngineConfig.max_prefill_tokens_per_step``.
-    """
-    count = used = 0
-    for tokens in prefill_tokens:
-        if count == free_slots or (count > 0 and used + tokens > token_budget):
-            break
-        count += 1
-        used += tokens
-    return count
 
 
 class Scheduler:
     """Builds one ``StepPlan`` per step and keeps the slot table compacted.
 
-    Admission policy. Every step decodes *all* running sessions, one patch each. Requests from the
-    waiting queue are admitted by ``admit_count`` into the same step: they are prefilled and then
-    decoded with everyone else, so a new session gets its first chunk in the step that admits it.
-    Arrivals therefore never take a step away from a running session; what they cost the running
-    streams is bounded by ``max_prefill_tokens_per_step`` (plus at most one over-budget request).
-    The batch never exceeds ``max_running`` rows, and the waiting queue never exceeds
-    ``max_waiting`` requests.
+    Requests admitted from the waiting queue are prefilled and then decoded in the same step, so a
+    new session gets its first chunk in the step that admits it. Without ``realtime`` (no policy
+    given) every step decodes *all* running sessions and admission is ``policy.admit_count``; with a
+    ``RealtimePolicy``, ``schedule(now)`` lets sessions ahead of their listener skip the step. The
+    batch never exceeds ``max_running`` rows, and the waiting queue never exceeds ``max_waiting``.
 
     KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
     the first waiting request whose blocks are not free (it waits; nothing overtakes it).
     """
 
-    def __init__(self, config: EngineConfig, blocks: BlockAllocator) -> None:
+    def __init__(self, config: EngineConfig, blocks: BlockAllocator, realtime: RealtimePolicy | None = None) -> None:
+        if config.realtime != (realtime is not None):
+            raise ValueError("EngineConfig.realtime needs a RealtimePolicy, and only it takes one")
         self.config = config
         self.blocks = blocks
+        self.realtime = realtime
+        self._serial = 0
         self.slots = SlotTable(config.max_running)
         self.waiting: deque[Session] = deque()
         # Every request whose final output has not been emitted yet (waiting, running, aborted).
@@ -85,7 +68,8 @@ class Scheduler:
                 f"request {rid!r} rejected: the waiting queue is full "
                 f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running)"
             )
-        session = Session(request, kv_positions=kv_positions)
+        self._serial += 1
+        session = Session(request, kv_positions=kv_positions, serial=self._serial)
         self.waiting.append(session)
         self.sessions[rid] = session
 
@@ -109,18 +93,54 @@ class Scheduler:
             del self.sessions[session.request_id]
         return aborted
 
-    def schedule(self) -> StepPlan:
-        """Admit from the waiting queue and describe this step's work (see the class docstring)."""
+    def schedule(self, now: float | None = None) -> StepPlan:
+        """Admit from the waiting queue and describe this step's work (see the class docstring).
+
+        ``now`` (the caller's clock, the one ``Engine.mark_sent`` stamps with) is required by the
+        real-time policy and ignored otherwise.
+        """
         released, moves = tuple(self._released), tuple(self._moves)
         self._released.clear()
         self._moves.clear()
-        tokens = (session.request.prefill_tokens for session in self.waiting)
-        admitted = admit_count(tokens, self.slots.num_free, self.config.max_prefill_tokens_per_step)
-        admitted = self._fit_blocks(admitted)
+        admitted, decode = self._decide(now)
         prefills = tuple(self._admit(self.waiting.popleft()) for _ in range(admitted))
-        request_ids = self.slots.owners
+        # Admitted rows take the slots after the running ones, so the slots stay ascending.
+        slots = decode + tuple(item.slot for item in prefills)
+        owners = self.slots.owners
+        request_ids = tuple(owners[slot] for slot in slots)
         step_indices = tuple(self.sessions[rid].step_index for rid in request_ids)
-        return StepPlan(released, moves, prefills, request_ids, step_indices, tuple(range(len(request_ids))))
+        return StepPlan(released, moves, prefills, request_ids, step_indices, slots)
+
+    def _decide(self, now: float | None) -> tuple[int, tuple[int, ...]]:
+        """How many waiting requests to admit, and which used slots decode (ascending)."""
+        free = self._admissible()
+        tokens = (session.request.prefill_tokens for session in self.waiting)
+        if self.realtime is None:
+            return admit_count(tokens, free, self.config.max_prefill_tokens_per_step), tuple(range(self.slots.num_used))
+        if now is None:
+            raise ValueError("the real-time policy schedules by the clock: pass schedule(now)")
+        running = sorted((self.sessions[rid] for rid in self.slots.owners), key=lambda s: s.serial)
+        deadlines = [self._deadline(session, self.realtime) for session in running]
+        decision = self.realtime.decide(now, deadlines, tokens, free)
+        return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
+
+    def next_step_at(self, now: float) -> float:
+        """When a step would next do any work: ``now`` if it would now, ``inf`` if only new requests can
+        make it. Under the real-time policy a step whose running sessions are all far enough ahead
+        decodes nothing; the caller should wait until this time instead."""
+        if self._released or self._moves or self._aborted or self._admissible():
+            return now
+        if not self.slots.num_used:
+            return math.inf
+        if self.realtime is None:
+            return now
+        policy = self.realtime
+        earliest = min(self._deadline(self.sessions[rid], policy) for rid in self.slots.owners)
+        return max(now, policy.runs_from(earliest))
+
+    def _deadline(self, session: Session, policy: RealtimePolicy) -> float:
+        start = session.playback_start(self.config.playback_lead_s)
+        return playback_deadline(start, session.step_index, policy.chunk_s)
 
     def finish(self, results: Iterable[tuple[Session, RequestStatus]]) -> None:
         """Record the final status of running sessions and free their slots."""
@@ -144,7 +164,12 @@ class Scheduler:
         session.blocks = self.blocks.allocate(self.blocks.blocks_for(session.kv_positions))
         return PrefillItem(session.request_id, slot, session.request, session.blocks)
 
-    # ---- KV blocks (the admission gate; see blocks.py) ----
+    # ---- the admission gate: slots and KV blocks (see blocks.py) ----
+    def _admissible(self) -> int:
+        """How many requests at the head of the queue have both a free slot and their KV blocks. The
+        policy is given this bound, so the gate never undoes a decision it budgeted a step on."""
+        return self._fit_blocks(min(self.slots.num_free, len(self.waiting)))
+
     def _fit_blocks(self, count: int) -> int:
         """How many of the first ``count`` waiting requests, in FIFO order, the free KV blocks hold."""
         free = self.blocks.num_free
