@@ -196,12 +196,13 @@ class AsyncEngine:
         if self._engine.has_work():
             started = time.monotonic()
             outputs = self._engine.step(started)
+            ended = time.monotonic()
+            # Stats first: a consumer woken by these outputs must see the load after this step.
+            self._record_step(ended - started)
             if outputs:
                 self._post(self._dispatch, outputs)
             # The chunks are handed to the loop now: the listeners' playback clocks start here.
-            ended = time.monotonic()
             self._engine.mark_sent(ended)
-            self._record_step(ended - started)
         return not stopping
 
     def _record_step(self, seconds: float) -> None:
