@@ -3,7 +3,7 @@
 Sans-I/O: no clock is read here. Time comes in as ``now``, on whatever clock the caller drives the
 engine with (``time.monotonic()`` in the server, a virtual clock in ``scripts/simulate_load.py``).
 
-**FIFO** (``admit_count``; the default, for runners that decode only contiguous rows). Every running
+**FIFO** (``admit_count``; the default, for runners that do not state a step cost). Every running
 session decodes every step. Admission walks the waiting queue in order while a slot is free and the
 prefill tokens stay within ``max_prefill_tokens_per_step``; the head is admitted whenever a slot is
 free, and nothing overtakes a request that does not fit.
@@ -21,10 +21,11 @@ free, and nothing overtakes a request that does not fit.
 3. *Due rows always run.* A session with slack up to ``2 * chunk_s`` (skipped now, its next chance
    ends one more step later, and it would run late) decodes this step whatever the budget: skipping
    it would guarantee a late chunk, so overload shows as longer steps, not as starved streams.
-4. *Admission.* The waiting queue is FIFO: requests are admitted in order while a slot is free and the
-   step's estimated cost stays within the budget; nothing overtakes one that does not fit, and the
-   head is admitted whenever a slot is free (no starvation). An admitted session decodes in the step
-   that admits it, so its first chunk comes with that step.
+4. *Admission.* The waiting queue is FIFO: requests are admitted in order while a slot (and the
+   scheduler's KV blocks) is free and the step's estimated cost stays within the budget; nothing
+   overtakes one that does not fit, and the head is admitted whenever a slot is free (no
+   starvation). An admitted session decodes in the step that admits it, so its first chunk comes
+   with that step.
 5. *Rows ahead yield first.* The other running sessions join in order of slack, least first (FIFO by
    arrival among equal slack), while the cost stays within the budget and their slack is at most
    ``max_ahead_s``. The walk stops at the first that does not fit, so the decoded running sessions
@@ -122,7 +123,7 @@ class RealtimePolicy:
             now: The current time, on the clock the deadlines are on.
             deadlines: Per running session, its next chunk's deadline, in arrival (FIFO) order.
             waiting_tokens: The ``prefill_tokens`` of each waiting request, queue head first.
-            free_slots: Slots a new session may take this step.
+            free_slots: How many waiting requests, from the head, have a slot and KV blocks free.
         """
         # Stable sort: equal deadlines keep arrival order.
         order = sorted(range(len(deadlines)), key=deadlines.__getitem__)
