@@ -78,11 +78,11 @@ class RunnerOutput:
     """What the runner produced for one ``StepPlan``.
 
     ``chunks`` and ``stop_flags`` are aligned with ``plan.decode_slots`` (and ``plan.request_ids``).
-    Every request prefilled this step has a length cap unless it is in ``errors``. A request in ``errors`` (a failed
-    prefill, e.g. a text that tokenizes to nothing, or a failure of that row alone) finishes with
-    ``FinishReason.ERROR`` and its slot is freed; its chunk and stop flag are ignored (an empty
-    chunk is customary). A failed prefill still has a decode row in the plan, because the plan is
-    made before the runner finds the failure; the runner may skip computing that row.
+    Every request prefilled this step has a length cap unless it is in ``errors``. A request in
+    ``errors`` (a failed prefill, e.g. a text that tokenizes to nothing, or a failure of that row
+    alone) finishes with ``FinishReason.ERROR`` and its slot is freed; its chunk and stop flag are
+    ignored (an empty chunk is customary). A failed prefill still has a decode row in the plan,
+    because the plan is made before the runner finds the failure; the runner may skip computing it.
     """
 
     chunks: tuple[Chunk, ...] = ()
