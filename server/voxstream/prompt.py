@@ -17,7 +17,9 @@ reference + continuation    103 R[0..Nr-1] 104 tok(prompt_text + text) 101 A[0..
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -50,6 +52,18 @@ class VoicePrompt:
         if self.audio_patches is None and self.reference_patches is None:
             raise InvalidInputError("a voice prompt needs prompt audio, a reference clip, or both")
 
+    @cached_property
+    def digest(self) -> str:
+        """A digest of the voice's patches (not of its transcript, which LocEnc never sees), computed once per
+        voice object: what a runner's voice cache is keyed by."""
+        digest = hashlib.blake2b(digest_size=16)
+        for name, patches in (("reference", self.reference_patches), ("audio", self.audio_patches)):
+            if patches is not None:
+                values = patches.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                digest.update(f"{name}{tuple(values.shape)}".encode())
+                digest.update(values.numpy())
+        return digest.hexdigest()
+
     def continued(self, text: str, patches: torch.Tensor) -> VoicePrompt:
         """This voice followed by an utterance just generated (text and its (N, P, D) patches), so the next
         utterance continues the same voice. The reference clip, if any, is kept."""
@@ -59,7 +73,8 @@ class VoicePrompt:
 
 @dataclass(frozen=True)
 class InputSequence:
-    """One request's model input, before batching."""
+    """One request's model input, before batching. Every audio position holds a patch of the request's voice,
+    its reference clip first, then its prompt audio."""
 
     tokens: torch.Tensor  # (T,) long
     feats: torch.Tensor  # (T, P, D) float32

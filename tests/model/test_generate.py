@@ -122,18 +122,7 @@ def test_prefill_and_step_rows_are_independent(v2: VoxCPM) -> None:
     sequences = [build_sequence(v2.tokenizer, config, t, None) for t in texts]
 
     def run(indices: list[int], count: int) -> list[torch.Tensor]:
-        width = max(sequences[i].length for i in indices)
-
-        def pad(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, width - t.size(0)))
-
-        batch = PrefillBatch(
-            torch.stack([pad(sequences[i].tokens) for i in indices]),
-            torch.stack([pad(sequences[i].feats) for i in indices]),
-            torch.stack([pad(sequences[i].text_mask) for i in indices]),
-            torch.stack([pad(sequences[i].audio_mask) for i in indices]),
-            torch.tensor([sequences[i].length for i in indices]),
-        )
+        batch = PrefillBatch.from_sequences([sequences[i] for i in indices], v2.device, v2.dtype)
         caches = [
             KVCache.dedicated(lm, len(indices), config.max_length, v2.device, v2.dtype)
             for lm in (config.lm_config, config.residual_lm)

@@ -22,7 +22,7 @@ from voxstream.tts import VoxCPM
 def test_serve_arguments_and_environment_make_the_config() -> None:
     args = build_parser().parse_args(
         ["serve", "--port", "9000", "--api-key", "a", "--allowed-origin", "https://x.example", "--max-sessions", "3",
-         "--max-clip-seconds", "12.5", "--voices-dir", "/tmp/v"]
+         "--max-clip-seconds", "12.5", "--voices-dir", "/tmp/v", "--voice-cache-mb", "64"]
     )  # fmt: skip
     config = config_from_args(args, environ={"VOXSTREAM_API_KEYS": "b, c,,a"})
     assert (config.port, config.max_sessions, config.max_clip_seconds) == (9000, 3, 12.5)
@@ -30,11 +30,14 @@ def test_serve_arguments_and_environment_make_the_config() -> None:
     assert config.allowed_origins == ("https://x.example",)
     assert str(config.voices_dir) == "/tmp/v"
     assert config.engine_config().max_running == 3
+    assert config.voice_cache_bytes == 64 * 2**20
 
 
 def test_an_invalid_limit_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--max-sessions", "0"]) == 2
     assert "max_sessions=0" in capsys.readouterr().err
+    assert main(["serve", "--voice-cache-mb", "-1"]) == 2
+    assert "voice_cache_mb=-1" in capsys.readouterr().err
 
 
 def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:

@@ -33,6 +33,7 @@ _LIMITS: dict[str, str] = {
     "max_upload_bytes": "largest voice-clip upload",
     "max_clip_seconds": "longest voice clip",
     "max_voices": "voices kept in the store",
+    "voice_cache_mb": "device memory for encoded voices, MiB, least recently used dropped first (0: none)",
     "idle_timeout_s": "close a WebSocket idle this long",
     "ping_interval_s": "WebSocket ping period",
     "max_unsent_audio_s": "audio a session may have unsent before it is cut off as too slow",

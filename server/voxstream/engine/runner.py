@@ -38,6 +38,7 @@ from voxstream.engine.blocks import blocks_for
 from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
 from voxstream.engine.outputs import EMPTY_CHUNK, PrefillItem, RunnerOutput, StepPlan
 from voxstream.engine.request import Request
+from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
 from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import VAEStreamState
 from voxstream.model.cfm import CfmSchedule
@@ -73,6 +74,7 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         max_timesteps: int = 100,
         graph_timesteps: tuple[int, ...] = (10,),
+        voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
     ) -> None:
         """
         Args:
@@ -86,6 +88,7 @@ class ModelRunner:
             max_timesteps: the most CFM timesteps a request may ask for.
             graph_timesteps: timestep counts graphs are captured for besides ``max_timesteps``; a step
                 runs the smallest one that covers its rows.
+            voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
         """
         config = tts.config
         if num_slots < 1:
@@ -115,6 +118,7 @@ class ModelRunner:
         self._positions = np.zeros(rows, dtype=np.int64)
         self._timesteps = np.ones(rows, dtype=np.int64)
         self.requests: set[str] = set()  # requests whose state this runner holds
+        self.voice_cache = VoiceCache(voice_cache_bytes)
         self._build_schedule_tables(max_timesteps)
         self.index = torch.full((num_slots,), self.pad_slot, dtype=torch.long, device=device)
         self._index_host = torch.empty(num_slots, dtype=torch.long, pin_memory=device.type == "cuda")
@@ -282,7 +286,8 @@ class ModelRunner:
         tables = tables.to(device)
         slots = torch.tensor([item.slot for item, _ in ready], device=device)
         sequences = [sequence for _, sequence in ready]
-        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype)
+        audio_embeds = self._voice_embeds([(item.request.prompt, sequence) for item, sequence in ready])
+        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, audio_embeds)
         state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
             buffer[slots] = fresh_rows
@@ -301,6 +306,22 @@ class ModelRunner:
             self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
             self.requests.add(item.request_id)
         return caps, errors
+
+    def _voice_embeds(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
+        """The embeddings of every audio position of the batch, row by row, from the voice cache or encoded
+        now. Each voice is encoded by itself, so its embeddings never depend on which other requests share
+        the prefill, and a cached copy equals what encoding it again would give, bit for bit."""
+        parts = []
+        for voice, sequence in rows:
+            if voice is None:
+                continue
+            embeds = self.voice_cache.get(voice.digest)
+            if embeds is None:
+                patches = sequence.feats[sequence.audio_mask.bool()].to(self.tts.device, self.tts.dtype)
+                embeds = self.tts.model.embed_patches(patches.unsqueeze(0))[0]
+                self.voice_cache.put(voice.digest, embeds)
+            parts.append(embeds)
+        return torch.cat(parts) if parts else None
 
     def _store_noise(self, item: PrefillItem, length: int, cap: int) -> None:
         """Draw the request's noise for every step it may take and store step i's at position length + i."""

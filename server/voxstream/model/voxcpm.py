@@ -40,11 +40,27 @@ class PrefillBatch:
     text_mask: torch.Tensor  # (B, T) model dtype, 1 at text-token positions
     audio_mask: torch.Tensor  # (B, T) model dtype, 1 at audio-patch positions
     lengths: torch.Tensor  # (B,) long, real length of each row (>= 1)
+    # Flat index (row * T + position) of every audio position, row by row: the only positions LocEnc runs on.
+    audio_positions: torch.Tensor  # (N,) long
+    # LM-space embeddings of those positions, in that order, when the caller has them (a runner's voice
+    # cache); None: ``prefill`` encodes them.
+    audio_embeds: torch.Tensor | None = None
 
     @classmethod
-    def from_sequences(cls, sequences: list[InputSequence], device: torch.device, dtype: torch.dtype) -> PrefillBatch:
-        """Right-pad sequences into one batch on ``device`` (feats and masks in ``dtype``)."""
+    def from_sequences(
+        cls,
+        sequences: list[InputSequence],
+        device: torch.device,
+        dtype: torch.dtype,
+        audio_embeds: torch.Tensor | None = None,
+    ) -> PrefillBatch:
+        """Right-pad sequences into one batch on ``device`` (feats and masks in ``dtype``); ``audio_embeds``
+        (N, H), if given, are the embeddings of the sequences' audio positions, row by row."""
         width = max(sequence.length for sequence in sequences)
+        # Found on the host, from the unpadded masks, so the prefill never waits for the device to find them.
+        audio_positions = torch.cat(
+            [row * width + sequence.audio_mask.nonzero().squeeze(1) for row, sequence in enumerate(sequences)]
+        )
 
         def stack(field: str, field_dtype: torch.dtype) -> torch.Tensor:
             rows = [getattr(sequence, field) for sequence in sequences]
@@ -57,6 +73,8 @@ class PrefillBatch:
             text_mask=stack("text_mask", dtype),
             audio_mask=stack("audio_mask", dtype),
             lengths=torch.tensor([sequence.length for sequence in sequences], device=device),
+            audio_positions=audio_positions.to(device),
+            audio_embeds=audio_embeds,
         )
 
 
@@ -118,6 +136,19 @@ class VoxCPMModel(nn.Module):
         """patches (B, T, P, D) -> LM-space audio embeddings (B, T, H)."""
         return self.enc_to_lm_proj(self.feat_encoder(patches))
 
+    def embed_audio_positions(self, batch: PrefillBatch) -> torch.Tensor:
+        """LM-space audio embeddings (B, T, H) of a prefill batch: LocEnc runs on the audio positions only and
+        every other position's embedding is zero (text and padding positions are masked out anyway)."""
+        flat_feats = batch.feats.flatten(0, 1)
+        embeds = flat_feats.new_zeros(flat_feats.size(0), self.config.lm_config.hidden_size)
+        if batch.audio_positions.numel() == 0:  # zero-shot rows only
+            return embeds.view(*batch.feats.shape[:2], -1)
+        encoded = batch.audio_embeds
+        if encoded is None:
+            encoded = self.embed_patches(flat_feats[batch.audio_positions].unsqueeze(0))[0]
+        embeds.index_copy_(0, batch.audio_positions, encoded)
+        return embeds.view(*batch.feats.shape[:2], -1)
+
     def _residual_input(self, lm_hidden: torch.Tensor, audio_embeds: torch.Tensor) -> torch.Tensor:
         if self.is_v2:
             return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embeds), dim=-1))
@@ -126,16 +157,16 @@ class VoxCPMModel(nn.Module):
     def prefill(self, batch: PrefillBatch, base_cache: PagedKV, residual_cache: PagedKV) -> DecodeState:
         """Run both LMs over whole sequences, fill the cache rows, return the state for step 0."""
         audio_mask, text_mask = batch.audio_mask.unsqueeze(-1), batch.text_mask.unsqueeze(-1)
-        audio_embeds = self.embed_patches(batch.feats)
+        audio_embeds = self.embed_audio_positions(batch)  # zero wherever audio_mask is 0
         text_embeds = self.base_lm.embed_tokens(batch.text_tokens)
         if self.embed_scale != 1.0:
             text_embeds = text_embeds * self.embed_scale
-        hidden, kvs = self.base_lm(text_mask * text_embeds + audio_mask * audio_embeds, is_causal=True)
+        hidden, kvs = self.base_lm(text_mask * text_embeds + audio_embeds, is_causal=True)
         base_cache.fill(kvs)
         # FSQ applies at audio positions only: the last position is token 101 (unquantised) in zero-shot and
         # reference modes, a prompt patch (quantised) in continuation mode.
         hidden = self.fsq_layer(hidden) * audio_mask + hidden * text_mask
-        residual, kvs = self.residual_lm(self._residual_input(hidden, audio_mask * audio_embeds), is_causal=True)
+        residual, kvs = self.residual_lm(self._residual_input(hidden, audio_embeds), is_causal=True)
         residual_cache.fill(kvs)
         rows = torch.arange(hidden.size(0), device=hidden.device)
         last = batch.lengths - 1

@@ -67,6 +67,7 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
         max_length=config.max_length,
         kv_cache_bytes=config.kv_cache_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        voice_cache_bytes=config.voice_cache_bytes,
     )
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.

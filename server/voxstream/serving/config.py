@@ -68,6 +68,9 @@ class ServerConfig:
     devices, room for ``max_sessions`` sessions at ``max_length``."""
     gpu_memory_utilization: float = 0.9
     """Fraction of the GPU's memory the server may use in all (for the default ``kv_cache_gb``)."""
+    voice_cache_mb: int = 256
+    """Device memory, in MiB, for the encoded patches of recently used voices, so sessions with the same
+    voice skip re-encoding it (least recently used voices are dropped first; 0 keeps none)."""
 
     # ---- per-connection and per-request limits ----
     max_connections: int = 256
@@ -118,6 +121,8 @@ class ServerConfig:
         share = self.gpu_memory_utilization
         number = isinstance(share, (int, float)) and not isinstance(share, bool)
         _check("gpu_memory_utilization", share, number and 0 < share <= 1, "a number in (0, 1]")
+        cache = self.voice_cache_mb
+        _check("voice_cache_mb", cache, _is_int(cache) and cache >= 0, "an int >= 0")
         delay = self.max_buffer_delay_ms
         _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
         _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
@@ -129,6 +134,10 @@ class ServerConfig:
     @property
     def kv_cache_bytes(self) -> int | None:
         return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
+
+    @property
+    def voice_cache_bytes(self) -> int:
+        return self.voice_cache_mb * 2**20
 
     def engine_config(self) -> EngineConfig:
         """The engine's knobs, derived from this configuration."""

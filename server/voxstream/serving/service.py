@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from voxstream.audio.clip import AudioSource
 from voxstream.engine import AsyncEngine, Engine, EngineConfig, Request, StepOutput, SynthesisParams
 from voxstream.engine.runner import ModelRunner
+from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES
 from voxstream.prompt import VoicePrompt
 from voxstream.tts import VoxCPM
 
@@ -44,6 +45,7 @@ class SpeechService:
         max_length: int | None = None,
         kv_cache_bytes: int | None = None,
         gpu_memory_utilization: float = 0.9,
+        voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
     ):
         self.tts = tts
         self.runner = ModelRunner(
@@ -53,6 +55,7 @@ class SpeechService:
             kv_cache_bytes=kv_cache_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
             max_timesteps=engine_config.limits.max_inference_timesteps,
+            voice_cache_bytes=voice_cache_bytes,
         )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self._max_waiting = engine_config.max_waiting
