@@ -73,3 +73,12 @@ def test_simulate_load_counts_late_chunks_when_a_step_outlasts_its_audio(tmp_pat
     assert "baseline" not in result
     for level in result["levels"]:
         assert level["late_chunks"] > 0 and level["ttfa_p50_ms"] >= 200
+
+
+def test_count_prefill_cost_counts_less_for_audio_only_locenc_and_cached_voices(tmp_path: Path) -> None:
+    out = tmp_path / "prefill.json"
+    run_script("count_prefill_cost.py", "--config", "voxcpm2", "--prompt-seconds", "2", "--json", str(out))
+    cloned, zero_shot = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert cloned["audio_positions"] > 0 and zero_shot["audio_positions"] == 0
+    assert cloned["gflop_locenc_every_position"] > cloned["gflop_locenc_audio_only"] > cloned["gflop_voice_cached"]
+    assert zero_shot["gflop_locenc_every_position"] > zero_shot["gflop_locenc_audio_only"]
