@@ -19,9 +19,11 @@ the same bytes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 
 from voxstream.config import ModelConfig
 from voxstream.kernels import ops
+from voxstream.model import minicpm
 from voxstream.model.audio_vae import StreamingVAEDecoder
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
@@ -163,6 +166,36 @@ class AttentionAsOneKernel(TorchFunctionMode):
         return out
 
 
+@contextmanager
+def paged_kernel_decode(counter: CostCounter) -> Iterator[None]:
+    """Decode attention as the paged Triton kernel runs it on CUDA: one launch reading q, each row's live
+    K/V (its ``seq_len`` positions) and its block table, writing the output. (Off CUDA the model gathers
+    the blocks and calls SDPA, which is what the counter would otherwise see.)"""
+
+    def one_kernel(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        # Meta tensors hold no lengths: every row is taken to be as long as the table is wide.
+        positions = q.size(0) * min(block_tables.size(1) * k_cache.size(1), k_cache.size(0) * k_cache.size(1))
+        live_kv = 2 * positions * k_cache.size(2) * k_cache.size(3) * k_cache.element_size()
+        out = torch.empty_like(q)
+        moved = 2 * _tensor_bytes(q) + live_kv + _tensor_bytes((block_tables, seq_lens))
+        counter.record("paged_decode_attention", moved, matmul=True)
+        return out
+
+    original = minicpm.decode_attention
+    minicpm.decode_attention = one_kernel
+    try:
+        yield
+    finally:
+        minicpm.decode_attention = original
+
+
 def count_step(config: ModelConfig, batch: int, context: int, timesteps: int, fused: bool) -> dict[str, StepCost]:
     """The cost of one decode step of ``batch`` rows at ``context`` cached positions each, for its two
     phases: ``model`` (the decode step) and ``vae`` (the streaming decode of the new patch)."""
@@ -174,8 +207,8 @@ def count_step(config: ModelConfig, batch: int, context: int, timesteps: int, fu
     if fused:
         model.fuse_projections()
         model.audio_vae.to(torch.float16)
-    base = KVCache(config.lm_config, batch, context + 1, device, dtype)
-    residual = KVCache(config.residual_lm, batch, context + 1, device, dtype)
+    base = KVCache.dedicated(config.lm_config, batch, context + 1, device, dtype)
+    residual = KVCache.dedicated(config.residual_lm, batch, context + 1, device, dtype)
     hidden = config.lm_config.hidden_size
     state = DecodeState(
         lm_hidden=torch.empty(batch, hidden, device=device, dtype=dtype),
@@ -185,13 +218,19 @@ def count_step(config: ModelConfig, batch: int, context: int, timesteps: int, fu
     )
     noise = torch.empty(batch, config.feat_dim, config.patch_size, device=device, dtype=dtype)
     cfg = torch.empty(batch, device=device)
-    # The runner builds a schedule once per batch mix and reuses it: not part of the step.
-    schedule = CfmSchedule.build([timesteps] * batch, dtype, device)
+    # Built outside the step (the runner reads it from device tables), ragged as the runner's always is.
+    schedule = dataclasses.replace(CfmSchedule.build([timesteps] * batch, dtype, device), ragged=True)
     vae = StreamingVAEDecoder(model.audio_vae)
     vae_state = vae.new_state(batch)
     counter = CostCounter()
-    with torch.no_grad(), ops.fused_on_meta(fused), counter, AttentionAsOneKernel(counter):
-        patch, _ = model.decode_step(state, base.rows(0, batch), residual.rows(0, batch), noise, cfg, schedule)
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(ops.fused_on_meta(fused))
+        if fused:
+            stack.enter_context(paged_kernel_decode(counter))
+        stack.enter_context(counter)
+        stack.enter_context(AttentionAsOneKernel(counter))
+        patch, _ = model.decode_step(state, base, residual, noise, cfg, schedule)
         counter.phase = "vae"
         vae.decode(patch.float().transpose(1, 2), vae_state)  # as the runner calls it
     return counter.costs

@@ -19,10 +19,35 @@ import torch
 import triton
 import triton.language as tl
 
-from voxstream.kernels.paged_decode_reference import check_paged_shapes
-
 # tl.dot needs every operand dimension to be at least 16: the query group is padded up to this.
 _MIN_DOT = 16
+# Positions per loop iteration: one block of 16 or 32, or 32 positions of a larger block (bounds registers).
+_MAX_TILE = 32
+
+
+def check_paged_shapes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    """Raise ValueError unless the arguments form a consistent paged-decode call."""
+    if q.ndim != 3 or k_cache.ndim != 4:
+        raise ValueError(
+            "q must be (B, Hq, D) and k_cache (num_blocks, block_size, Hkv, D), "
+            f"got {tuple(q.shape)} and {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.size(2)
+    if k_cache.size(3) != head_dim:
+        raise ValueError(f"head_dim of q ({head_dim}) and of the cache ({k_cache.size(3)}) differ")
+    if q_heads % kv_heads:
+        raise ValueError(f"{q_heads} query heads are not a multiple of {kv_heads} kv heads")
+    if block_tables.ndim != 2 or block_tables.size(0) != batch or seq_lens.shape != (batch,):
+        raise ValueError(f"block_tables must be ({batch}, max_blocks) and seq_lens ({batch},)")
 
 
 @triton.jit
@@ -34,6 +59,7 @@ def _paged_decode_kernel(
     lens_ptr,
     out_ptr,
     scale,
+    block_size,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -47,7 +73,7 @@ def _paged_decode_kernel(
     stride_oh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -56,7 +82,7 @@ def _paged_decode_kernel(
     length = tl.load(lens_ptr + row)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
-    s = tl.arange(0, BLOCK_SIZE)
+    s = tl.arange(0, TILE)
     heads = kv_head * GROUP + g
     in_group = g < GROUP
     q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=in_group[:, None], other=0.0)
@@ -65,16 +91,20 @@ def _paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for i in range(0, tl.cdiv(length, BLOCK_SIZE)):
-        block = tl.load(tables_ptr + row * stride_tb + i).to(tl.int64)
-        live = i * BLOCK_SIZE + s < length
+    for start in range(0, length, TILE):
+        # A tile of TILE positions; each looks its block up in the table (one block per tile when
+        # block_size == TILE, several when blocks are smaller). Masked lanes read neither table nor cache.
+        positions = start + s
+        live = positions < length
+        block = tl.load(tables_ptr + row * stride_tb + positions // block_size, mask=live, other=0).to(tl.int64)
+        offset = positions % block_size
         k = tl.load(
-            k_ptr + block * stride_kb + s[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
+            k_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh + d[None, :],
             mask=live[:, None],
             other=0.0,
         ).to(tl.float32)
         v = tl.load(
-            v_ptr + block * stride_vb + s[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
+            v_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs + kv_head * stride_vh + d[None, :],
             mask=live[:, None],
             other=0.0,
         ).to(tl.float32)
@@ -104,18 +134,19 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as ``paged_decode_attention_reference``: q (B, Hq, D), caches (num_blocks,
-    block_size, Hkv, D), block_tables (B, max_blocks) int32, seq_lens (B,) int32 -> (B, Hq, D).
+    """Same contract as ``voxstream.model.paged_attention.paged_decode_torch`` (the CPU path, and this
+    kernel's test oracle): q (B, Hq, D), caches (num_blocks, block_size, Hkv, D), block_tables
+    (B, max_blocks) int32, seq_lens (B,) int32 -> (B, Hq, D); query head h reads kv head h // (Hq // Hkv);
+    a row with seq_len 0 gets zeros.
 
-    Head dim and block size must be powers of two of at least 16 (every VoxCPM stack's head dim is).
+    Any block size; the head dim must be a power of two of at least 16 (every VoxCPM stack's is).
     Launch shapes depend on B, Hkv and the dtypes only, so the call can be captured in a CUDA graph.
     """
     check_paged_shapes(q, k_cache, v_cache, block_tables, seq_lens)
     batch, q_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.size(1), k_cache.size(2)
-    for name, value in (("head_dim", head_dim), ("block_size", block_size)):
-        if value < _MIN_DOT or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= {_MIN_DOT}, got {value}")
+    if head_dim < _MIN_DOT or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= {_MIN_DOT}, got {head_dim}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
         raise ValueError("q, the caches and block_tables must be contiguous in their last dimension")
     group = q_heads // kv_heads
@@ -129,6 +160,7 @@ def paged_decode_attention(
         seq_lens,
         out,
         scale,
+        block_size,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -142,7 +174,7 @@ def paged_decode_attention(
         out.stride(1),
         GROUP=group,
         GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
-        BLOCK_SIZE=block_size,
+        TILE=min(_MAX_TILE, max(_MIN_DOT, triton.next_power_of_2(block_size))),
         HEAD_DIM=head_dim,
         PRECISION=precision,
     )

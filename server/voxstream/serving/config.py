@@ -43,7 +43,7 @@ class ServerConfig:
     replica_id: str = field(default_factory=socket.gethostname)
     """Names this server in every response's ``X-Voxstream-Replica`` header (which replica a balancer chose)."""
     vae_dtype: str | None = None
-    """Dtype of the AudioVAE; None is float32 (bfloat16: less memory traffic, error bound in README)."""
+    """Dtype of the AudioVAE; None is float32 (float16 halves its memory traffic; error bounds in README)."""
 
     # ---- access ----
     api_keys: tuple[str, ...] = ()
