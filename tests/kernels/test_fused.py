@@ -28,58 +28,65 @@ def assert_matches(got: torch.Tensor, expected: torch.Tensor) -> None:
         torch.testing.assert_close(got.float(), expected.float(), atol=2 * eps, rtol=2 * eps)
 
 
+def on(device: torch.device, kernel, *tensors: torch.Tensor, **options):
+    """Run ``kernel`` on ``device`` (see conftest) with the tensors moved there; outputs back on the CPU."""
+    out = kernel(*(t.to(device) for t in tensors), **options)
+    return tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm(dtype: torch.dtype) -> None:
+def test_rms_norm(dtype: torch.dtype, device: torch.device) -> None:
     x, weight = randn(2, 3, 48, dtype=dtype), randn(48, dtype=dtype, seed=1)
-    assert_matches(fused.rms_norm(x, weight, 1e-5), reference.rms_norm(x, weight, 1e-5))
+    assert_matches(on(device, fused.rms_norm, x, weight, eps=1e-5), reference.rms_norm(x, weight, 1e-5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm(dtype: torch.dtype) -> None:
+def test_add_rms_norm(dtype: torch.dtype, device: torch.device) -> None:
     x, residual, weight = randn(5, 40, dtype=dtype), randn(5, 40, dtype=dtype, seed=1), randn(40, dtype=dtype, seed=2)
-    normed, hidden = fused.add_rms_norm(x, residual, weight, 1e-6)
+    normed, hidden = on(device, fused.add_rms_norm, x, residual, weight, eps=1e-6)
     expected_normed, expected_hidden = reference.add_rms_norm(x, residual, weight, 1e-6)
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 and device.type == "cpu":
         assert_matches(hidden, expected_hidden)  # the interpreter's bf16 rounding, see assert_matches
     else:
         assert torch.equal(hidden, expected_hidden)  # one rounded add: exact
     assert_matches(normed, expected_normed)
 
 
-def test_rms_norm_reads_strided_rows() -> None:
+def test_rms_norm_reads_strided_rows(device: torch.device) -> None:
     """Rows of a wider tensor (a GEMM output's slice) are normalised in place of a contiguous copy."""
-    wide, weight = randn(4, 64), randn(32, seed=1)
-    x = wide[:, 16:48]
-    assert_matches(fused.rms_norm(x, weight, 1e-5), reference.rms_norm(x, weight, 1e-5))
+    wide, weight = randn(4, 64).to(device), randn(32, seed=1).to(device)
+    got = fused.rms_norm(wide[:, 16:48], weight, 1e-5).cpu()
+    assert_matches(got, reference.rms_norm(wide[:, 16:48].cpu(), weight.cpu(), 1e-5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_on_gemm_halves(dtype: torch.dtype) -> None:
+def test_silu_mul_on_gemm_halves(dtype: torch.dtype, device: torch.device) -> None:
     """gate and up as the two halves of one gate/up GEMM output, longer than one kernel block."""
-    gate, up = randn(3, 2, 2 * 1100, dtype=dtype).chunk(2, dim=-1)
-    assert_matches(fused.silu_mul(gate, up), reference.silu_mul(gate, up))
+    gate_up = randn(3, 2, 2 * 1100, dtype=dtype)
+    got = fused.silu_mul(*gate_up.to(device).chunk(2, dim=-1)).cpu()
+    assert_matches(got, reference.silu_mul(*gate_up.chunk(2, dim=-1)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_snake(dtype: torch.dtype) -> None:
+def test_snake(dtype: torch.dtype, device: torch.device) -> None:
     """Computed in fp32 and rounded once: for half types the oracle is the fp32 definition, rounded (torch
     in half precision rounds five times and is itself several steps off)."""
     x = 3 * randn(2, 5, 1500, dtype=dtype)
     alpha = (0.05 + torch.rand(1, 5, 1, generator=torch.Generator().manual_seed(1))).to(dtype)
-    assert_matches(fused.snake(x, alpha), reference.snake(x.float(), alpha.float()).to(dtype))
+    assert_matches(on(device, fused.snake, x, alpha), reference.snake(x.float(), alpha.float()).to(dtype))
 
 
-def test_snake_tiny_alpha_uses_the_epsilon() -> None:
+def test_snake_tiny_alpha_uses_the_epsilon(device: torch.device) -> None:
     """alpha = 0 is finite through the 1e-9 guard, exactly as the VAE computes it."""
     x, alpha = randn(1, 2, 8), torch.tensor([[[0.0], [1e-12]]])
-    got = fused.snake(x, alpha)
+    got = on(device, fused.snake, x, alpha)
     assert torch.isfinite(got).all()
     assert_matches(got, reference.snake(x, alpha))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_row_positions", [False, True])
-def test_rope_qk(dtype: torch.dtype, per_row_positions: bool) -> None:
+def test_rope_qk(dtype: torch.dtype, per_row_positions: bool, device: torch.device) -> None:
     """q and k stacked along heads in a q/k/v GEMM output (strided), with a (T, hd) table (LocEnc/LocDiT) or
     per-row positions (B, 1, 1, hd) (a decode step)."""
     batch, q_heads, kv_heads, head_dim = 3, 4, 2, 16
@@ -90,8 +97,10 @@ def test_rope_qk(dtype: torch.dtype, per_row_positions: bool) -> None:
     cos, sin = randn(*table_shape, dtype=dtype, seed=1), randn(*table_shape, dtype=dtype, seed=2)
     expected_q, expected_k = reference.rope_qk(q_and_k, cos, sin, q_heads)
     table = (batch, 1, length, head_dim)
+    q_and_k, cos, sin = (t.to(device) for t in (q_and_k, cos, sin))
     q, k = fused.rope_qk(q_and_k, cos.expand(table), sin.expand(table), q_heads)
     assert q.is_contiguous() and k.is_contiguous()
+    q, k = q.cpu(), k.cpu()
     assert_matches(q, expected_q)
     assert_matches(k, expected_k)
 

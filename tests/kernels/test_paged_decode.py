@@ -51,52 +51,57 @@ def oracle(q, k_cache, v_cache, tables, seq_lens, scale) -> torch.Tensor:
     return paged_decode_torch(*args).to(q.dtype)
 
 
+def run_kernel(case: tuple[torch.Tensor, ...], scale: float, device: torch.device) -> torch.Tensor:
+    """The kernel on ``device`` (see conftest), its output brought back to the CPU."""
+    return paged_decode_attention(*(t.to(device) for t in case), scale).cpu()
+
+
 MIXED = [0, 1, 15, 16, 17, 32, 33, 47, 64]
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_kernel_equals_torch_path_fp32(group: int, block_size: int) -> None:
+def test_kernel_equals_torch_path_fp32(group: int, block_size: int, device: torch.device) -> None:
     """Mixed lengths: zero, one, both sides of and exactly at block boundaries, with empty table tails."""
     case = make_case(MIXED, group, block_size, torch.float32)
     scale = HEAD_DIM**-0.5
     expected = oracle(*case, scale)
-    got = paged_decode_attention(*case, scale)
+    got = run_kernel(case, scale, device)
     assert not got.isnan().any()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 12, 64])
-def test_kernel_takes_any_block_size(block_size: int) -> None:
+def test_kernel_takes_any_block_size(block_size: int, device: torch.device) -> None:
     """Blocks smaller than a tile (several per tile, not a power of two) and larger (several tiles each)."""
     case = make_case([0, 1, 5, 12, 16, 17, 64, 70], 4, block_size, torch.float32, seed=block_size)
     expected = oracle(*case, 0.25)
-    torch.testing.assert_close(paged_decode_attention(*case, 0.25), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(run_kernel(case, 0.25, device), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_kernel_equals_torch_path_half(dtype: torch.dtype) -> None:
+def test_kernel_equals_torch_path_half(dtype: torch.dtype, device: torch.device) -> None:
     """Half-precision caches accumulate in fp32: the outputs agree to within the output dtype's rounding."""
     case = make_case(MIXED, 4, 16, dtype, seed=1)
     expected = oracle(*case, 0.3)
-    got = paged_decode_attention(*case, 0.3)
+    got = run_kernel(case, 0.3, device)
     assert got.dtype == dtype
     resolution = torch.finfo(dtype).eps
     torch.testing.assert_close(got.float(), expected.float(), atol=2 * resolution, rtol=2 * resolution)
 
 
-def test_seq_len_zero_rows_are_zero() -> None:
+def test_seq_len_zero_rows_are_zero(device: torch.device) -> None:
     case = make_case([0, 5, 0], 2, 16, torch.float32)
-    got = paged_decode_attention(*case, 0.25)
+    got = run_kernel(case, 0.25, device)
     assert torch.equal(got[0], torch.zeros_like(got[0])) and torch.equal(got[2], torch.zeros_like(got[2]))
     assert got[1].abs().sum() > 0
 
 
-def test_kernel_reads_rows_independently() -> None:
+def test_kernel_reads_rows_independently(device: torch.device) -> None:
     """A row's output does not depend on the rest of the batch."""
     q, k_cache, v_cache, tables, seq_lens = make_case(MIXED, 2, 16, torch.float32, seed=3)
-    batch = paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.25)
-    alone = paged_decode_attention(q[4:5], k_cache, v_cache, tables[4:5], seq_lens[4:5], 0.25)
+    batch = run_kernel((q, k_cache, v_cache, tables, seq_lens), 0.25, device)
+    alone = run_kernel((q[4:5], k_cache, v_cache, tables[4:5], seq_lens[4:5]), 0.25, device)
     torch.testing.assert_close(batch[4:5], alone, atol=1e-6, rtol=1e-6)
 
 
