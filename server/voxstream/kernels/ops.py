@@ -8,6 +8,7 @@ the CUDA path (one launch per fused op) rather than the reference's chain of ops
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,8 @@ import torch
 from voxstream.kernels import reference
 
 _fused_meta = False
+# CUDA builds of torch ship Triton; without it (an unusual install) CUDA runs the plain-torch definitions.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @contextmanager
@@ -30,7 +33,7 @@ def fused_on_meta(enabled: bool = True) -> Iterator[None]:
 
 
 def _fused(x: torch.Tensor) -> bool:
-    if x.is_cuda or (_fused_meta and x.is_meta):
+    if (x.is_cuda and _HAS_TRITON) or (_fused_meta and x.is_meta):
         import voxstream.kernels.custom_ops  # noqa: F401  (registers torch.ops.voxstream)
 
         return True
