@@ -63,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--port", type=int, default=defaults.port, help="TCP port")
     parser.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument("--vae-dtype", help="dtype of the AudioVAE: float32 (default) or bfloat16 (see README)")
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
     parser.add_argument("--allowed-origin", action="append", default=[], help="Origin allowed to open a WebSocket")
     parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
@@ -101,6 +102,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        vae_dtype=args.vae_dtype,
         api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),
         allowed_origins=tuple(args.allowed_origin),
         voices_dir=args.voices_dir,

@@ -11,7 +11,8 @@ convolutions. Module attribute names equal the keys of the published ``audiovae.
 Because every decoder layer is causal, decoding a latent sequence chunk by chunk while carrying each
 layer's last input frames gives exactly the samples of one decode of the whole sequence.
 ``StreamingVAEDecoder`` does that for many streams at once with preallocated, batch-first state.
-The VAE always runs in float32.
+The VAE runs in float32 unless cast (``AudioVAE.to(torch.bfloat16)``, the CUDA option; see README for the
+measured error against float32): inputs and stream state take the VAE's dtype, audio comes out float32.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from voxstream.config import ARCHITECTURES, AudioVAEConfig
+from voxstream.kernels import ops
 
 # Stream state of a decode: one buffer per context-carrying layer, indexed by the layer's state_slot.
 # ``None`` means a whole-sequence decode that starts from silence.
@@ -64,8 +66,7 @@ class Snake1d(nn.Module):
 
     def forward(self, x: Tensor, states: StreamBuffers = None) -> Tensor:
         """x: (B, C, L) -> (B, C, L); ``states`` is unused (pointwise in time)."""
-        # Same operation order as the reference (reciprocal, then product) to stay bit-close.
-        return x + torch.reciprocal(self.alpha + 1e-9) * torch.sin(self.alpha * x).pow(2)
+        return ops.snake(x, self.alpha)
 
 
 class CausalConv1d(_CausalContext, nn.Conv1d):
@@ -308,12 +309,17 @@ class AudioVAE(nn.Module):
         if audio.ndim != 2:
             raise ValueError(f"encode expects audio of shape (B, N), got {tuple(audio.shape)}")
         pad = -audio.shape[-1] % self.encoder_hop
-        audio = F.pad(audio.to(torch.float32), (0, pad))
+        audio = F.pad(audio.to(self.dtype), (0, pad))
         return self.encoder(audio.unsqueeze(1))
 
     def decode(self, latents: Tensor) -> Tensor:
         """latents: (B, latent_dim, T) -> audio: (B, T·decoder_hop) at ``output_sample_rate``, in [-1, 1]."""
-        return self.decoder(latents.to(torch.float32)).squeeze(1)
+        return self.decoder(latents.to(self.dtype)).squeeze(1).float()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the VAE computes in (its weights')."""
+        return self.decoder.model[0].weight.dtype
 
 
 def _check_supported(config: AudioVAEConfig, architecture: str) -> None:
@@ -338,7 +344,8 @@ def _check_supported(config: AudioVAEConfig, architecture: str) -> None:
 
 
 class VAEStreamState:
-    """Decoder state of a pool of streams: one row per stream, every buffer (rows, channels, frames), fp32.
+    """Decoder state of a pool of streams: one row per stream, every buffer (rows, channels, frames), in the
+    VAE's dtype.
 
     Every update is in place, so views (``rows``) and CUDA graphs that captured the buffers stay valid.
     """
@@ -386,7 +393,7 @@ class StreamingVAEDecoder:
         device = self.vae.decoder.model[0].weight.device
         return VAEStreamState(
             [
-                torch.zeros(batch_size, channels, frames, device=device, dtype=torch.float32)
+                torch.zeros(batch_size, channels, frames, device=device, dtype=self.vae.dtype)
                 for channels, frames in self.vae.decoder.stream_state_shapes
             ]
         )
@@ -409,7 +416,7 @@ class StreamingVAEDecoder:
         """latents: (B, latent_dim, F), F >= 1 -> the F·decoder_hop new samples per stream: (B, F·decoder_hop)."""
         if latents.shape[0] != state.batch_size:
             raise ValueError(f"latents have {latents.shape[0]} rows but the state has {state.batch_size}")
-        return self.vae.decoder(latents.to(torch.float32), state.buffers).squeeze(1)
+        return self.vae.decoder(latents.to(self.vae.dtype), state.buffers).squeeze(1).float()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxstream.config import MiniCPM4Config
+from voxstream.kernels import ops
+from voxstream.kernels.reference import apply_rope
 from voxstream.model.kv_cache import PagedKV
 from voxstream.model.paged_attention import decode_attention
 
@@ -31,10 +33,12 @@ class MiniCPMRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        variance = hidden.to(torch.float32).pow(2).mean(dim=-1, keepdim=True)
-        # The product is fp32 (promotion) and is rounded to the activation dtype before the weight.
-        return (hidden * torch.rsqrt(variance + self.eps)).to(hidden.dtype) * self.weight
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normalise ``hidden``; with ``residual``, normalise ``residual + hidden`` and return it too
+        (one fused kernel on CUDA; see ``voxstream.kernels.reference.rms_norm`` for the exact math)."""
+        return ops.rms_norm(hidden, self.weight, self.eps, residual)
 
 
 class MiniCPMLongRoPE(nn.Module):
@@ -77,19 +81,51 @@ class MiniCPMLongRoPE(nn.Module):
         """position_ids (...,) -> cos, sin (..., head_dim)."""
         return self.cos_cached[position_ids], self.sin_cached[position_ids]
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, heads, T, hd) rotated in fp32 and returned in its own dtype; cos/sin broadcast to it."""
-    x32 = x.to(torch.float32)
-    return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)
+    def prefix(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (length, head_dim) of positions 0..length-1: views of the precomputed tables, so a
+        whole-sequence call (every LocEnc/LocDiT call) launches nothing to get them."""
+        if length > self.num_positions:
+            raise ValueError(f"{length} positions requested but the RoPE tables hold {self.num_positions}")
+        return self.cos_cached[:length], self.sin_cached[:length]
 
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+class _FusedLinear:
+    """Bias-free ``nn.Linear`` layers that read the same input, run as one GEMM.
+
+    ``fuse`` moves their weights into one ``(sum of outputs, input)`` tensor and makes each layer's
+    weight a view of its rows: no second copy of the weights, ``load_state_dict`` (which copies in
+    place) keeps the fused weight current, and parameter names and the state dict are unchanged.
+    Calling returns ``None`` (the caller then runs the layers one by one) until ``fuse`` ran, or once a
+    layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor (the
+    module was moved or cast).
+    """
+
+    def __init__(self) -> None:
+        self.weight: torch.Tensor | None = None
+        self.layers: tuple[nn.Linear, ...] = ()
+        self.addresses: tuple[int, ...] = ()
+
+    def fuse(self, *layers: nn.Linear) -> None:
+        if any(layer.bias is not None for layer in layers):
+            raise ValueError("only bias-free projections are fused")
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        start = 0
+        for layer in layers:
+            rows = layer.weight.size(0)
+            layer.weight = nn.Parameter(weight[start : start + rows], requires_grad=layer.weight.requires_grad)
+            start += rows
+        self.weight, self.layers = weight, layers
+        self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
+
+    def __call__(self, x: torch.Tensor, *layers: nn.Module) -> torch.Tensor | None:
+        if self.weight is None or any(mine is not theirs for mine, theirs in zip(self.layers, layers, strict=True)):
+            return None
+        if any(layer.weight.data_ptr() != address for layer, address in zip(layers, self.addresses, strict=True)):
+            return None
+        return F.linear(x, self.weight)
 
 
 @dataclass(frozen=True)
@@ -113,10 +149,29 @@ class MiniCPMAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self._fused = _FusedLinear()
+
+    def fuse_qkv(self) -> None:
+        """Store q/k/v_proj's weights in one buffer so the three projections run as one GEMM (see
+        ``_FusedLinear``); the parameters and the state dict keep their names and shapes."""
+        self._fused.fuse(self.q_proj, self.k_proj, self.v_proj)
 
     def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, H) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q and k."""
         batch, length, _ = x.shape
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
+        if qkv is not None:
+            # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the
+            # values are those of the separate projections (checked bit for bit on CPU).
+            q_and_k, v = (
+                qkv.view(batch, length, -1, self.head_dim).transpose(1, 2).split([heads[0] + heads[1], heads[2]], 1)
+            )
+            if rope is None:
+                q, k = q_and_k.split(heads[:2], 1)
+            else:
+                q, k = ops.rope_qk(q_and_k, *rope, self.num_heads)
+            return q, k, v
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -157,9 +212,16 @@ class MiniCPMMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self._fused = _FusedLinear()
+
+    def fuse_gate_up(self) -> None:
+        """gate_proj and up_proj as one GEMM (see ``_FusedLinear``)."""
+        self._fused.fuse(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self._fused(x, self.gate_proj, self.up_proj)
+        gate, up = gate_up.chunk(2, dim=-1) if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(ops.silu_mul(gate, up))
 
 
 class MiniCPMDecoderLayer(nn.Module):
@@ -172,19 +234,38 @@ class MiniCPMDecoderLayer(nn.Module):
         # muP depth scaling; every released config has use_mup=false, so this is 1.0 in practice.
         self.residual_scale = config.scale_depth / math.sqrt(config.num_hidden_layers) if config.use_mup else 1.0
 
-    def _residual(self, residual: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        return residual + branch * self.residual_scale if self.residual_scale != 1.0 else residual + branch
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        return branch * self.residual_scale if self.residual_scale != 1.0 else branch
+
+    # The residual stream is carried as (x, pending): ``pending`` is the previous layer's MLP branch, not yet
+    # added, so each residual add runs fused with the norm that follows it (one kernel on CUDA). The sums
+    # are the same additions in the same order as adding first, so every value is unchanged.
+
+    def _input_norm(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (input_layernorm(x + pending), x + pending); pending is None before the first layer."""
+        if pending is None:
+            return self.input_layernorm(x), x
+        return self.input_layernorm(pending, residual=x)
+
+    def _attention_then_mlp(self, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (x + attn, the MLP branch on it, pending)."""
+        normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
+        return x, self._scaled(self.mlp(normed))
 
     def forward(
-        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attn, k, v = self.self_attn(self.input_layernorm(x), rope, is_causal)
-        x = self._residual(x, attn)
-        return self._residual(x, self.mlp(self.post_attention_layernorm(x))), k, v
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, is_causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, pending) -> (x, pending) after this layer, and its keys and values."""
+        normed, x = self._input_norm(x, pending)
+        attn, k, v = self.self_attn(normed, rope, is_causal)
+        return *self._attention_then_mlp(x, attn), k, v
 
-    def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
-        x = self._residual(x, self.self_attn.forward_step(self.input_layernorm(x), rope, step))
-        return self._residual(x, self.mlp(self.post_attention_layernorm(x)))
+    def forward_step(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, step: DecodeKV
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, pending) of one token per row -> (x, pending) after this layer; writes the layer's k/v."""
+        normed, x = self._input_norm(x, pending)
+        return self._attention_then_mlp(x, self.self_attn.forward_step(normed, rope, step))
 
 
 class MiniCPMModel(nn.Module):
@@ -200,19 +281,23 @@ class MiniCPMModel(nn.Module):
         self.norm = MiniCPMRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope_emb = None if config.no_rope else MiniCPMLongRoPE(config, rope_positions)
 
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up of every layer as one GEMM each; call once the weights are loaded."""
+        for layer in self.layers:
+            layer.self_attn.fuse_qkv()
+            layer.mlp.fuse_gate_up()
+
     def forward(
         self, inputs_embeds: torch.Tensor, is_causal: bool
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """inputs_embeds (B, T, H) at positions 0..T-1 -> hidden (B, T, H) and per-layer (k, v) (B, nkv, T, hd)."""
-        rope = None
-        if self.rope_emb is not None:
-            rope = self.rope_emb(torch.arange(inputs_embeds.size(1), device=inputs_embeds.device))
-        hidden = inputs_embeds
+        rope = None if self.rope_emb is None else self.rope_emb.prefix(inputs_embeds.size(1))
+        hidden, pending = inputs_embeds, None
         kvs = []
         for layer in self.layers:
-            hidden, k, v = layer(hidden, rope, is_causal)
+            hidden, pending, k, v = layer(hidden, pending, rope, is_causal)
             kvs.append((k, v))
-        return self.norm(hidden), kvs
+        return self._final_norm(hidden, pending), kvs
 
     def forward_step(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: PagedKV) -> torch.Tensor:
         """inputs_embeds (B, H), positions (B,) -> hidden (B, H); writes each layer's k/v at the positions."""
@@ -221,7 +306,11 @@ class MiniCPMModel(nn.Module):
             cos, sin = self.rope_emb(positions)
             rope = (cos[:, None, None, :], sin[:, None, None, :])
         seq_lens = (positions + 1).to(torch.int32)
-        hidden = inputs_embeds
+        hidden, pending = inputs_embeds, None
         for index, layer in enumerate(self.layers):
-            hidden = layer.forward_step(hidden, rope, DecodeKV(cache, index, positions, seq_lens))
-        return self.norm(hidden)
+            hidden, pending = layer.forward_step(hidden, pending, rope, DecodeKV(cache, index, positions, seq_lens))
+        return self._final_norm(hidden, pending)
+
+    def _final_norm(self, hidden: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
+        """The final norm of ``hidden + pending`` (the last layer's MLP branch, added here)."""
+        return self.norm(hidden) if pending is None else self.norm(pending, residual=hidden)[0]

@@ -132,6 +132,12 @@ class VoxCPMModel(nn.Module):
             if name != "audio_vae":
                 child.to(dtype)
 
+    def fuse_projections(self) -> None:
+        """Every transformer's q/k/v and gate/up as one GEMM each (checkpoint keys unchanged); call after
+        the weights are loaded and the model is on its device in its dtype."""
+        for stack in (self.base_lm, self.residual_lm, self.feat_encoder.encoder, self.feat_decoder.estimator.decoder):
+            stack.fuse_projections()
+
     def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
         """patches (B, T, P, D) -> LM-space audio embeddings (B, T, H)."""
         return self.enc_to_lm_proj(self.feat_encoder(patches))

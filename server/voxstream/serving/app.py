@@ -129,7 +129,7 @@ def load_configured_model(config: ServerConfig) -> VoxCPM:
     """Load ``config.model`` (``demo``, the default, is a tiny random checkpoint that speaks noise)."""
     from voxstream.loader import load_model
 
-    return load_model(config.model, device=config.device, dtype=config.dtype)
+    return load_model(config.model, device=config.device, dtype=config.dtype, vae_dtype=config.vae_dtype)
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

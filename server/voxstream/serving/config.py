@@ -42,6 +42,8 @@ class ServerConfig:
     """Dtype of the transformer parts; None picks bfloat16 on CUDA, float32 elsewhere."""
     replica_id: str = field(default_factory=socket.gethostname)
     """Names this server in every response's ``X-Voxstream-Replica`` header (which replica a balancer chose)."""
+    vae_dtype: str | None = None
+    """Dtype of the AudioVAE; None is float32 (float16 halves its memory traffic; error bounds in README)."""
 
     # ---- access ----
     api_keys: tuple[str, ...] = ()

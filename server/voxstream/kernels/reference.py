@@ -1,0 +1,60 @@
+"""The plain-torch definitions of the fused ops: the CPU path of the model and the kernels' test oracles.
+
+Each follows the model's operation order and intermediate roundings exactly (a bf16 model rounds where
+these functions round), so routing the model through them changes no bit on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Snake's guard against alpha = 0, as the VAE checkpoints were trained with.
+SNAKE_EPS = 1e-9
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """MiniCPM's RMSNorm over the last dim: statistics in fp32, the normalised value rounded to x's dtype
+    before the weight (the product is fp32 by promotion, then rounded)."""
+    variance = x.to(torch.float32).pow(2).mean(dim=-1, keepdim=True)
+    return (x * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + x`` (in their dtype) -> (rms_norm(h), h): a pre-norm block's residual add and the
+    next norm in one op."""
+    hidden = residual + x
+    return rms_norm(hidden, weight, eps), hidden
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, heads, T, hd) rotated in fp32 and returned in its own dtype; cos/sin broadcast to it."""
+    x32 = x.to(torch.float32)
+    return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)
+
+
+def rope_qk(
+    q_and_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_and_k (B, Hq + Hkv, T, hd), any strides -> RoPE-rotated q (B, Hq, T, hd) and k (B, Hkv, T, hd),
+    both contiguous. One rotation for both: elementwise, so each value is what rotating q and k apart gives."""
+    q, k = apply_rope(q_and_k, cos, sin).split([q_heads, q_and_k.size(1) - q_heads], dim=1)
+    return q.contiguous(), k.contiguous()
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The gated MLP's ``silu(gate) * up`` (silu rounded to the dtype before the product)."""
+    return F.silu(gate) * up
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The VAE's Snake ``x + sin²(αx) / (α + 1e-9)``, x (B, C, L), alpha (1, C, 1); the reference's order of
+    operations (reciprocal, then product)."""
+    return x + torch.reciprocal(alpha + SNAKE_EPS) * torch.sin(alpha * x).pow(2)
