@@ -67,6 +67,29 @@ def test_paged_attention_equals_the_dense_oracle(q_heads: int, kv_heads: int, bl
     torch.testing.assert_close(paged_decode_torch(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
 
 
+def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
+    """FSQ after the base LM turns a 1e-7 difference into a different patch now and then, so a session's
+    attention must not depend at all on the other rows of its batch or on how far they reach."""
+    generator = torch.Generator().manual_seed(3)
+    block_size, dim = 16, 64
+    k_cache = torch.randn(200, block_size, 2, dim, generator=generator)
+    v_cache = torch.randn(200, block_size, 2, dim, generator=generator)
+    lengths = [21, 300, 5, 150, 77, 999, 16, 64] * 6
+    tables = torch.zeros(len(lengths), 64, dtype=torch.int32)
+    for row, length in enumerate(lengths):
+        count = math.ceil(length / block_size)
+        tables[row, :count] = torch.randint(1, 200, (count,), generator=generator, dtype=torch.int32)
+    q = torch.randn(len(lengths), 8, dim, generator=generator)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    together = paged_decode_torch(q, k_cache, v_cache, tables, seq_lens, 0.125)
+    for row in (0, 2, 7):
+        width = math.ceil(lengths[row] / block_size)
+        alone = paged_decode_torch(
+            q[row : row + 1], k_cache, v_cache, tables[row : row + 1, :width], seq_lens[row : row + 1], 0.125
+        )
+        assert torch.equal(alone[0], together[row]), row
+
+
 def test_cpu_decode_uses_the_torch_path() -> None:
     assert attention_path(torch.device("cpu")) == "torch-paged"
     q, cache = torch.randn(1, 2, 8), torch.randn(3, 4, 1, 8)
