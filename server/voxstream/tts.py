@@ -16,12 +16,12 @@ import torch
 
 from voxstream.audio.clip import AudioSource, load_clip
 from voxstream.config import ModelConfig
-from voxstream.engine.request import SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import StreamingVAEDecoder
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
 from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxstream.params import SynthesisParams
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
 from voxstream.text.tokenizer import TextTokenizer

@@ -1,7 +1,8 @@
 """What a synthesis request is, and the per-request state the engine keeps while serving it.
 
-``Request`` and ``SynthesisParams`` are immutable values a caller builds and validates up front;
-``Session`` is the engine's mutable record of one request (status, slot, step counter). The finish
+``Request`` and ``SynthesisParams`` (defined in the leaf module ``voxstream.params``) are immutable
+values a caller builds and validates up front; ``Session`` is the engine's mutable record of one
+request (status, slot, step counter, KV blocks). The finish
 rule of a decode step lives here (``Session.status_after``) because it depends only on the request.
 This module does not tokenize (the runner reports each session's length cap) and does not schedule.
 """
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from voxstream.errors import InvalidInputError
+from voxstream.params import SynthesisParams, is_int, require
 
 
 class RequestStatus(enum.IntEnum):
@@ -48,49 +49,8 @@ FINISH_REASONS: dict[RequestStatus, FinishReason] = {
 }
 
 
-def _require(ok: bool, name: str, value: object, rule: str) -> None:
-    if not ok:
-        raise InvalidInputError(f"{name}={value!r} is invalid: {rule}")
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass, but True as a step count is always a caller's mistake.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, slots=True)
-class SynthesisParams:
-    """Per-request generation settings; defaults are the reference ``VoxCPM.generate`` defaults.
-
-    ``__post_init__`` rejects values no server could accept; the server-configurable upper bounds
-    are checked by ``ParamLimits.check`` when the request is added to an engine.
-    """
-
-    cfg_value: float = 2.0
-    """Classifier-free guidance scale of the local diffusion."""
-    inference_timesteps: int = 10
-    """Euler steps of the diffusion sampler per patch."""
-    min_len: int = 2
-    """The stop head is ignored while the step index is <= min_len."""
-    max_len: int = 4096
-    """Hard cap on patches (steps); the runner lowers it further from the text length."""
-    seed: int | None = None
-    """Noise seed for reproducible output; None draws a fresh one."""
-
-    def __post_init__(self) -> None:
-        cfg = self.cfg_value
-        _require(isinstance(cfg, (int, float)) and not isinstance(cfg, bool), "cfg_value", cfg, "must be a number")
-        _require(math.isfinite(cfg), "cfg_value", cfg, "must be finite")
-        _require(_is_int(self.inference_timesteps), "inference_timesteps", self.inference_timesteps, "must be an int")
-        _require(self.inference_timesteps >= 1, "inference_timesteps", self.inference_timesteps, "must be >= 1")
-        _require(_is_int(self.min_len) and self.min_len >= 0, "min_len", self.min_len, "must be an int >= 0")
-        _require(_is_int(self.max_len) and self.max_len >= 1, "max_len", self.max_len, "must be an int >= 1")
-        seed_ok = self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63)
-        _require(seed_ok, "seed", self.seed, "must be None or an int in [0, 2**63)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +64,19 @@ class ParamLimits:
 
     def __post_init__(self) -> None:
         lo, hi = self.min_cfg_value, self.max_cfg_value
-        _require(math.isfinite(lo), "min_cfg_value", lo, "must be finite")
-        _require(math.isfinite(hi), "max_cfg_value", hi, "must be finite")
-        _require(lo <= hi, "min_cfg_value", lo, f"must be <= max_cfg_value={hi}")
+        require(math.isfinite(lo), "min_cfg_value", lo, "must be finite")
+        require(math.isfinite(hi), "max_cfg_value", hi, "must be finite")
+        require(lo <= hi, "min_cfg_value", lo, f"must be <= max_cfg_value={hi}")
         steps = self.max_inference_timesteps
-        _require(_is_int(steps) and steps >= 1, "max_inference_timesteps", steps, "must be an int >= 1")
+        require(is_int(steps) and steps >= 1, "max_inference_timesteps", steps, "must be an int >= 1")
 
     def check(self, params: SynthesisParams) -> None:
         """Raise ``ValueError`` naming the first field of ``params`` outside these limits."""
         lo, hi = self.min_cfg_value, self.max_cfg_value
-        _require(lo <= params.cfg_value <= hi, "cfg_value", params.cfg_value, f"must be in [{lo}, {hi}]")
+        require(lo <= params.cfg_value <= hi, "cfg_value", params.cfg_value, f"must be in [{lo}, {hi}]")
         steps = self.max_inference_timesteps
         ok = params.inference_timesteps <= steps
-        _require(ok, "inference_timesteps", params.inference_timesteps, f"must be <= {steps}")
+        require(ok, "inference_timesteps", params.inference_timesteps, f"must be <= {steps}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +101,16 @@ class Request:
 
     def __post_init__(self) -> None:
         rid = self.request_id
-        _require(isinstance(rid, str) and rid != "", "request_id", rid, "must be a non-empty str")
-        _require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
+        require(isinstance(rid, str) and rid != "", "request_id", rid, "must be a non-empty str")
+        require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
         tokens = self.prefill_tokens
-        _require(_is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
+        require(is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
         lead = self.playback_lead_s
         lead_ok = lead is None or (_is_number(lead) and 0 <= lead < math.inf)
-        _require(lead_ok, "playback_lead_s", lead, "must be None or a finite number >= 0")
+        require(lead_ok, "playback_lead_s", lead, "must be None or a finite number >= 0")
         due = self.playback_due
         due_ok = due is None or (_is_number(due) and math.isfinite(due))
-        _require(due_ok, "playback_due", due, "must be None or a finite number")
+        require(due_ok, "playback_due", due, "must be None or a finite number")
 
 
 @dataclass(slots=True, eq=False)
