@@ -33,6 +33,24 @@ def test_serve_arguments_and_environment_make_the_config() -> None:
     assert config.voice_cache_bytes == 64 * 2**20
 
 
+def test_kv_cache_flags_size_the_pool_in_bytes() -> None:
+    args = build_parser().parse_args(["serve", "--kv-cache-gb", "0.5", "--gpu-memory-utilization", "0.8"])
+    config = config_from_args(args, environ={})
+    assert (config.kv_cache_bytes, config.gpu_memory_utilization) == (2**29, 0.8)
+    assert config_from_args(build_parser().parse_args(["serve"]), environ={}).kv_cache_bytes is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--kv-cache-gb", "0"], "kv_cache_gb=0.0"), (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5")],
+)
+def test_bad_kv_cache_flags_are_clear_cli_errors(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_an_invalid_limit_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--max-sessions", "0"]) == 2
     assert "max_sessions=0" in capsys.readouterr().err
