@@ -205,6 +205,21 @@ def test_the_kv_pool_is_sized_by_memory_not_by_sessions_times_max_length(tts: Vo
         ModelRunner(tts, num_slots=2, kv_cache_bytes=per_block)
 
 
+def test_more_timesteps_than_the_runner_holds_fail_that_request_alone(tts: VoxCPM) -> None:
+    runner = ModelRunner(tts, num_slots=2, max_length=256, max_timesteps=8)
+    outputs = run(
+        Engine(runner, EngineConfig(max_running=2)),
+        {
+            0: [
+                request("ok", "Fine.", tts, seed=1, max_len=3, inference_timesteps=8),
+                request("many", "Too many.", tts, inference_timesteps=9),
+            ]
+        },
+    )
+    assert outputs["many"][-1].finish_reason is FinishReason.ERROR and "<= 8" in outputs["many"][-1].error
+    assert outputs["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+
 def test_a_request_longer_than_the_pool_is_refused_at_add(tts: VoxCPM) -> None:
     runner = ModelRunner(tts, num_slots=2, max_length=512, kv_cache_bytes=4 * 16 * ModelRunner.bytes_per_position(tts))
     engine = Engine(runner, EngineConfig(max_running=2))

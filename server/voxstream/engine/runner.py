@@ -234,6 +234,10 @@ class ModelRunner:
         prompt = request.prompt
         if prompt is not None and not isinstance(prompt, VoicePrompt):
             raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
+        steps = request.params.inference_timesteps
+        if steps > self.max_timesteps:
+            # The CFM grid tables (and the graphs) stop there; the engine's limits should be no higher.
+            raise InvalidInputError(f"inference_timesteps={steps} is invalid: the runner holds <= {self.max_timesteps}")
         sequence = build_sequence(self.tts.tokenizer, self.tts.config, request.text, prompt)
         return sequence, sequence_length_cap(sequence, request.params.max_len, self.max_length)
 
