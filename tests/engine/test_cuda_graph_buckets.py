@@ -1,0 +1,33 @@
+"""Graph buckets: every batch size has one, padding stays small, and a step's timesteps round up."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
+
+
+@pytest.mark.parametrize("max_rows", [1, 5, 32, 33, 100, 768, 1000])
+def test_every_batch_size_has_a_bucket_with_little_padding(max_rows: int) -> None:
+    sizes = bucket_sizes(max_rows)
+    assert sizes[-1] == max_rows and list(sizes) == sorted(set(sizes))
+    graphs = StepGraphs(lambda bucket, timesteps: None, sizes, (10, 50))  # type: ignore[arg-type,return-value]
+    for rows in range(1, max_rows + 1):
+        bucket = graphs.bucket(rows)
+        assert bucket >= rows
+        if rows > 32:
+            assert bucket <= rows * 1.125, (rows, bucket)
+
+
+def test_768_rows_need_few_buckets_in_steps_of_16_or_32_at_the_top() -> None:
+    sizes = bucket_sizes(768)
+    assert sizes[:6] == (1, 2, 4, 8, 16, 32)
+    assert len(sizes) <= 48
+    assert {b - a for a, b in itertools.pairwise(sizes) if a >= 256} == {32}
+
+
+def test_a_step_runs_the_smallest_captured_timestep_count_that_covers_it() -> None:
+    graphs = StepGraphs(lambda bucket, timesteps: None, (1, 2), (10, 4, 50))  # type: ignore[arg-type,return-value]
+    assert [graphs.timesteps_for(t) for t in (1, 4, 5, 10, 11, 50)] == [4, 4, 10, 10, 50, 50]
