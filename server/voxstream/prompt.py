@@ -51,6 +51,11 @@ class VoicePrompt:
             raise InvalidInputError("a prompt transcript needs its prompt audio")
         if self.audio_patches is None and self.reference_patches is None:
             raise InvalidInputError("a voice prompt needs prompt audio, a reference clip, or both")
+        # Every prompt is built here (encoded clips, voices read from disk, continuations), so this is the one
+        # gate that keeps non-finite latents out of the model, where they would poison the whole batch row.
+        for what, patches in (("prompt audio", self.audio_patches), ("reference", self.reference_patches)):
+            if patches is not None and not bool(torch.isfinite(patches).all()):
+                raise InvalidInputError(f"the {what} latents are not finite (the clip is not usable audio)")
 
     @cached_property
     def digest(self) -> str:

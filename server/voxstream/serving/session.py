@@ -30,7 +30,9 @@ import numpy as np
 from voxstream.engine import EngineDeadError, QueueFullError, StepOutput
 from voxstream.engine import FinishReason as EngineFinish
 from voxstream.engine.outputs import Patch
+from voxstream.errors import InvalidInputError
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.budget import MessageBudget
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import ServerState
 from voxstream.serving.metrics import Metrics
@@ -118,6 +120,7 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
+        self._budget = MessageBudget(config.max_messages_per_s)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -191,9 +194,8 @@ class Session:
 
     def receive(self, data: str) -> None:
         """Handle one text frame; a refusal is answered with an ``error`` and changes nothing else."""
-        if self.phase is SessionPhase.CLOSED:
+        if not self._admit_message():
             return
-        self._last_activity = time.monotonic()
         try:
             if len(data.encode(errors="surrogatepass")) > self.config.max_message_bytes:
                 raise ProtocolError(
@@ -204,9 +206,19 @@ class Session:
             self._error(exc.code, exc.message)
 
     def receive_binary(self) -> None:
-        if self.phase is not SessionPhase.CLOSED:
-            self._last_activity = time.monotonic()
+        if self._admit_message():
             self._error(ErrorCode.BINARY_FRAME, "clients send JSON text frames only; binary frames carry audio")
+
+    def _admit_message(self) -> bool:
+        """Whether a client frame is handled: not once closing, and not past the message budget (which closes)."""
+        if self.phase is SessionPhase.CLOSED:
+            return False
+        if not self._budget.spend():
+            limit = self.config.max_messages_per_s
+            self.shut(CloseCode.RATE_LIMITED, ErrorCode.RATE_LIMITED.value, f"more than {limit:g} messages per second")
+            return False
+        self._last_activity = time.monotonic()
+        return True
 
     def _handle(self, message: ClientMessage) -> None:
         match message:
@@ -271,6 +283,11 @@ class Session:
     def _open_utterance(self) -> Utterance:
         if not self.server.accepting:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the server is not taking new utterances now")
+        limit = self.config.max_queued_utterances
+        if len(self._live) >= limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
+            )
         info = self.service.info
         utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_bitrate)
         utterance.live.enter_context(self.server.utterance())
@@ -320,7 +337,10 @@ class Session:
                 if finish is EngineFinish.LENGTH:
                     reason = FinishReason.LENGTH
                 # A segment cut at its length cap does not match its text: continue from the voice alone.
-                prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
+                try:
+                    prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
+                except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
+                    raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
                 index += 1
             self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
         except _SegmentFailed as exc:
