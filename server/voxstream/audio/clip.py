@@ -25,6 +25,8 @@ AudioSource = str | Path | bytes | np.ndarray
 _BLOCK_SAMPLES = 1 << 18
 """Source samples (all channels) decoded at a time: 1 MiB of float32."""
 _QUALITY = "VHQ"
+_UNKNOWN_FRAMES = 2**63 - 1
+"""libsndfile's frame count for a file whose header does not give its length."""
 _EMPTY = np.zeros(0, dtype=np.float32)
 
 
@@ -84,8 +86,10 @@ def _decode_file(source: str | Path | bytes, target_rate: int, max_seconds: floa
         handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with soundfile.SoundFile(handle) as sound:
             rate = sound.samplerate
-            # The header's length: refuse before decoding. It may be absent or wrong, so the read is bounded too.
-            if max_seconds is not None and sound.frames > max_seconds * rate:
+            # The header's length: refuse before decoding. It may be absent (a streamed FLAC: libsndfile then
+            # reports the largest count) or wrong, so the read is bounded too.
+            known = sound.frames < _UNKNOWN_FRAMES
+            if max_seconds is not None and known and sound.frames > max_seconds * rate:
                 raise ClipTooLongError(sound.frames / rate, max_seconds)
             limit = None if max_seconds is None else math.floor(max_seconds * rate)
             return _read_mono(sound, target_rate, limit, max_seconds)
