@@ -29,6 +29,7 @@ from voxstream.serving.voices import ORPHAN_GRACE_S, VoiceStore
 
 from .test_voices import clip, speak_with, upload
 
+
 def constant_wav(value: float, nbytes: int = 64 * 1024, rate: int = 16000) -> bytes:
     """The probe's poisoned clip: float32 WAV samples all equal to ``value`` (finite, absurdly loud)."""
     buffer = io.BytesIO()
