@@ -65,16 +65,29 @@ T = TypeVar("T")
 class ApiError(Exception):
     """An error for the client: HTTP status, stable code, human message (and optional headers)."""
 
-    def __init__(self, status: int, code: str, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close_connection: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = dict(headers or {})
+        self.close_connection = close_connection
+        """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
     def response(self) -> web.Response:
         body = {"error": {"code": self.code, "message": self.message}}
-        return web.json_response(body, status=self.status, headers=self.headers)
+        response = web.json_response(body, status=self.status, headers=self.headers)
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
@@ -268,7 +281,8 @@ async def _within(timeout_s: float, read: Awaitable[T]) -> T:
     try:
         return await asyncio.wait_for(read, timeout_s)
     except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
-        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s") from exc
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        raise ApiError(408, "body_timeout", message, close_connection=True) from exc
 
 
 def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
