@@ -40,12 +40,20 @@ class _MaskedFramesOnly:
         self._parser.feed_eof()
 
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
-        if self._failed or not self._all_masked(data):
+        if self._failed:
             return True, b""
-        result: tuple[bool, bytes] = self._parser.feed_data(data)
-        return result
+        bad_frame_at = self._first_unmasked(data)
+        if bad_frame_at is None:
+            result: tuple[bool, bytes] = self._parser.feed_data(data)
+            return result
+        if bad_frame_at:
+            self._parser.feed_data(data[:bad_frame_at])  # the frames before it are handled as usual
+        self._failed = True
+        self._queue.set_exception(WebSocketError(CloseCode.PROTOCOL_ERROR, "an unmasked client frame"))
+        return True, b""
 
-    def _all_masked(self, data: bytes) -> bool:
+    def _first_unmasked(self, data: bytes) -> int | None:
+        """Where in ``data`` the first unmasked frame starts (0 if it started in an earlier chunk), if any."""
         position, size = 0, len(data)
         while position < size:
             if self._skip:
@@ -54,19 +62,17 @@ class _MaskedFramesOnly:
                 position += step
                 continue
             header = self._header
+            frame_start = max(0, position - len(header))
             need = 2 if len(header) < 2 else 2 + _EXTENDED_LENGTH_BYTES.get(header[1] & 0x7F, 0) + _MASK_BYTES
             take = min(need - len(header), size - position)
             header += data[position : position + take]
             position += take
             if len(header) >= 2 and not header[1] & _MASK_BIT:
-                self._failed = True
-                error = WebSocketError(CloseCode.PROTOCOL_ERROR, "an unmasked client frame")
-                self._queue.set_exception(error)
-                return False
+                return frame_start
             if len(header) == need and need > 2:
                 self._skip = _payload_length(header)
                 header.clear()
-        return True
+        return None
 
 
 def _payload_length(header: bytearray) -> int:
