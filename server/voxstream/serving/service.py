@@ -59,6 +59,7 @@ class SpeechService:
         )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self._max_waiting = engine_config.max_waiting
+        self._max_running = engine_config.max_running
         self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
         self._ids = itertools.count()
 
@@ -70,8 +71,10 @@ class SpeechService:
 
     @property
     def queue_full(self) -> bool:
-        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
-        return self.engine.stats().waiting >= self._max_waiting
+        """Whether the engine's queue was full after its latest step (a new request would be refused): the
+        engine's rule, ``max_waiting`` beyond the free slots."""
+        stats = self.engine.stats()
+        return stats.waiting >= self._max_waiting + self._max_running - stats.running
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"

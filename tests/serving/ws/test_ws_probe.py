@@ -25,8 +25,6 @@ from voxstream.serving.ws import STREAM_PATH
 from .conftest import ClipService, clip_app
 from .test_ws_limits import masked_text_frame
 
-pytestmark = pytest.mark.asyncio
-
 STEP_S = 0.1
 """The stand-in engine's step: one chunk per step."""
 
@@ -51,6 +49,7 @@ def test_parsing_a_message_does_no_reflection(monkeypatch) -> None:
     assert decode_client('{"type":"text","text":"hi"}') == Text("hi")
 
 
+@pytest.mark.asyncio
 async def test_a_flooding_connection_is_closed_and_others_keep_their_pace(serve, aiohttp_client, connect) -> None:
     """The probe's flood: 2,000 ``start`` messages a second on one connection while another one speaks."""
     service = step_service()
@@ -120,6 +119,7 @@ async def answers_until_closed(stream) -> tuple[int, int | None, str]:
             return answered - 1, stream.ws.close_code, str(message.extra or "")  # less the ready on connect
 
 
+@pytest.mark.asyncio
 async def test_the_budget_refills_for_a_steady_client(serve, connect) -> None:
     server = await serve(app=clip_app(step_service(0.2), max_messages_per_s=50.0))
     stream = await connect(server)
@@ -135,6 +135,7 @@ async def test_the_budget_refills_for_a_steady_client(serve, connect) -> None:
 # ---- D7: a connection's queued utterances are bounded -----------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_queued_utterances_per_connection_are_capped(serve, connect) -> None:
     server = await serve(app=clip_app(step_service(), max_queued_utterances=2))
     stream = await connect(server)
@@ -160,6 +161,7 @@ async def next_error(stream) -> Error:
 # ---- D12: close reasons and masking ----------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_a_text_frame_that_is_not_utf8_closes_1007_with_its_reason(serve, connect) -> None:
     stream = await connect(await serve(app=clip_app(step_service(0.2))))
     await stream.ws.send_frame(b"\xff\xfe not utf-8", WSMsgType.TEXT)
@@ -167,6 +169,7 @@ async def test_a_text_frame_that_is_not_utf8_closes_1007_with_its_reason(serve, 
     assert code == CloseCode.INVALID_DATA and reason.startswith("invalid_json:"), (code, reason)
 
 
+@pytest.mark.asyncio
 async def test_a_message_far_too_large_closes_1009_with_its_reason(serve, connect) -> None:
     stream = await connect(await serve(app=clip_app(step_service(0.2), max_message_bytes=1024)))
     await stream.send(encode(Text("x" * 5000)))
@@ -174,6 +177,7 @@ async def test_a_message_far_too_large_closes_1009_with_its_reason(serve, connec
     assert code == CloseCode.MESSAGE_TOO_BIG and reason.startswith("message_too_large:"), (code, reason)
 
 
+@pytest.mark.asyncio
 async def test_unmasked_client_frames_are_refused_with_1002(serve) -> None:
     server = await serve(app=clip_app(step_service(0.2)))
     reader, writer = await asyncio.open_connection(server.host, server.port)
