@@ -174,3 +174,25 @@ async def test_allowed_origins_get_cors_answers_and_need_their_key(serve, aiohtt
         assert response.status == 200  # not a browser: no Origin, no CORS
         assert "Access-Control-Allow-Origin" not in response.headers
         await response.read()
+
+
+async def test_a_client_closing_a_speech_stream_early_is_not_an_error(client: TestClient, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    before = await scrape(client)
+    body = {**SPEECH, "input": "A sentence long enough to stream for several steps before it ends."}
+    response = await client.post("/v1/audio/speech", json=body)
+    assert response.status == 200
+    await response.content.readany()  # some audio arrived: the stream is under way
+    response.close()  # the client goes away mid-stream
+    for _ in range(100):
+        after = await scrape(client)
+        if after.get('voxstream_dropped_sessions_total{reason="client_disconnected"}', 0) > before.get(
+            'voxstream_dropped_sessions_total{reason="client_disconnected"}', 0
+        ):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the dropped stream was not counted")
+    await asyncio.sleep(0.2)
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert after.get('voxstream_errors_total{code="internal_error"}', 0) == 0
