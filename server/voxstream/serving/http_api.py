@@ -15,7 +15,7 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
        404 ``not_found``, ``unknown_voice``; 405 ``method_not_allowed``; 408 ``body_timeout``;
        409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
 422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
-503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``engine_unavailable``;
+503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``unavailable`` (the engine stopped);
        a speech request refused before it starts has ``Retry-After`` (a balancer may retry it
        elsewhere, see ``admission.py``); 500 ``internal_error``
 =====  ===========================================================================================
@@ -49,11 +49,13 @@ from aiohttp.typedefs import Handler
 
 from voxstream.audio.clip import ClipTooLongError, load_clip
 from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
-from voxstream.engine import EngineDeadError, FinishReason, QueueFullError, StepOutput, SynthesisParams
+from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
+from voxstream.serving.protocol import ErrorCode
+from voxstream.serving.service import SpeechFailure
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
@@ -90,6 +92,8 @@ class ApiError(Exception):
         return response
 
 
+_FAILURE_STATUS = {ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.SYNTHESIS_FAILED: 422}
+"""HTTP status of each ``SpeechFailure`` code (the codes themselves are the WebSocket protocol's)."""
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
 _HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -104,10 +108,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(409, "voice_limit", str(exc))
     if isinstance(exc, VoiceOwnerError):
         return ApiError(403, "forbidden", str(exc))
-    if isinstance(exc, QueueFullError):
-        return ApiError(503, "busy", f"the server is at capacity, retry shortly ({exc})", headers={"Retry-After": "1"})
-    if isinstance(exc, EngineDeadError):
-        return ApiError(503, "engine_unavailable", str(exc))
+    if isinstance(exc, SpeechFailure):
+        status = _FAILURE_STATUS[exc.code]
+        retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
+        return ApiError(status, exc.code.value, str(exc), headers=retry)
     if isinstance(exc, InvalidInputError):
         return ApiError(400, "invalid_parameter", str(exc))
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
@@ -248,7 +252,8 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
-    except InvalidInputError as exc:
+        config.engine_config().limits.check(params)  # this server's limits, before any work (as a WebSocket start)
+    except ValueError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from exc
     voice = _field(body, "voice", str)
     return SpeechRequest(text, voice, response_format, params, sse=stream_format == "sse", normalize=normalize)
@@ -335,9 +340,7 @@ async def _stream_speech(
     started = time.perf_counter()
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.
-    output = await anext(outputs)
-    if output.finish_reason is FinishReason.ERROR:
-        raise ApiError(422, "synthesis_failed", f"the engine could not synthesize this input: {output.error}")
+    output = await anext(outputs)  # a SpeechFailure here becomes its error response
     metrics.observe_first_audio(time.perf_counter() - started)
     content_type = "text/event-stream" if speech.sse else encoder.content_type
     frame = _sse_delta if speech.sse else bytes
@@ -358,15 +361,17 @@ async def _stream_speech(
         # aiohttp cancels the handler of a request whose client went away, or a write fails first.
         metrics.count_dropped("client_disconnected")
         raise
+    except SpeechFailure as exc:
+        # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
+        if exc.finish is not None:
+            metrics.count_utterance(exc.finish.value)
+        metrics.count_dropped("shutdown" if exc.finish is FinishReason.ABORTED else exc.code.value)
+        raise ConnectionAbortedError(f"utterance ended early: {exc.code.value}: {exc}") from exc
     finally:
         metrics.add_audio(samples / service.info.sample_rate)
     reason = output.finish_reason
     assert reason is not None, "the loop ends on the final output"
     metrics.count_utterance(reason.value)
-    if reason in (FinishReason.ERROR, FinishReason.ABORTED):
-        # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
-        metrics.count_dropped("shutdown" if reason is FinishReason.ABORTED else "synthesis_failed")
-        raise ConnectionAbortedError(f"utterance ended early: {reason.value} {output.error or ''}")
     for block in encoder.finish():
         await response.write(frame(block))
     if speech.sse:

@@ -8,16 +8,59 @@ model's sample rate) and to encode voice clips; GPU work never runs on the event
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from voxstream.audio.clip import AudioSource
-from voxstream.engine import AsyncEngine, Engine, EngineConfig, Request, StepOutput, SynthesisParams
+from voxstream.engine import (
+    AsyncEngine,
+    Engine,
+    EngineConfig,
+    EngineDeadError,
+    QueueFullError,
+    Request,
+    StepOutput,
+    SynthesisParams,
+)
+from voxstream.engine import FinishReason as EngineFinish
 from voxstream.engine.runner import ModelRunner
 from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES
+from voxstream.errors import VoxstreamError
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.protocol import ErrorCode
 from voxstream.tts import VoxCPM
+
+
+class SpeechFailure(VoxstreamError):
+    """An utterance that could not be spoken (whole): ``code`` is stable and the same on every transport;
+    ``finish`` is the engine's finish reason when the engine ended it (None: refused before it started)."""
+
+    def __init__(self, code: ErrorCode, message: str, finish: EngineFinish | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.finish = finish
+
+
+async def _typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGenerator[StepOutput, None]:
+    """``stream``'s outputs, each failure turned into a ``SpeechFailure`` (the one place that maps them)."""
+    async with contextlib.aclosing(stream):
+        try:
+            async for output in stream:
+                if output.finish_reason is EngineFinish.ERROR:
+                    message = f"the engine could not synthesize this input: {output.error}"
+                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, message, EngineFinish.ERROR)
+                if output.finish_reason is EngineFinish.ABORTED:
+                    message = "the engine stopped (the server is shutting down)"
+                    raise SpeechFailure(ErrorCode.UNAVAILABLE, message, EngineFinish.ABORTED)
+                yield output
+        except QueueFullError as exc:
+            raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
+        except EngineDeadError as exc:
+            raise SpeechFailure(ErrorCode.UNAVAILABLE, str(exc)) from None
+        except ValueError as exc:  # a parameter past the engine's limits, a text it cannot use
+            raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -91,9 +134,13 @@ class SpeechService:
     def speak(
         self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
     ) -> AsyncGenerator[StepOutput, None]:
-        """Stream one utterance; closing the iterator early aborts it (its slot is freed)."""
+        """Stream one utterance; closing the iterator early aborts it (its slot is freed).
+
+        Every way the utterance can fail (refused, engine gone, ended in error or by shutdown) raises one
+        ``SpeechFailure``, so the WebSocket and HTTP paths report failures with the same codes.
+        """
         request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
-        return self.engine.stream(request)
+        return _typed_failures(self.engine.stream(request))
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstream.engine import EngineDeadError, QueueFullError, StepOutput
 from voxstream.engine import FinishReason as EngineFinish
+from voxstream.engine import StepOutput
 from voxstream.engine.outputs import Patch
 from voxstream.errors import InvalidInputError
 from voxstream.prompt import VoicePrompt
@@ -54,7 +54,7 @@ from voxstream.serving.protocol import (
     Text,
     decode_client,
 )
-from voxstream.serving.service import SpeechService
+from voxstream.serving.service import SpeechFailure, SpeechService
 from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
 from voxstream.text.normalize import normalize_in_worker, preload_in_worker
@@ -79,12 +79,6 @@ class SessionPhase(enum.Enum):
     """An utterance is taking text."""
     CLOSED = "closed"
     """The connection is ending: nothing more is accepted, spoken or sent."""
-
-
-class _SegmentFailed(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Session:
@@ -340,10 +334,10 @@ class Session:
                 try:
                     prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
                 except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
-                    raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
+                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
                 index += 1
             self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
-        except _SegmentFailed as exc:
+        except SpeechFailure as exc:
             self._error(exc.code, str(exc), utterance.number)
             reason = FinishReason.ERROR
         except SlowConsumerError as exc:
@@ -372,26 +366,16 @@ class Session:
         start = utterance.samples
         patches: list[Patch] = []
         final: StepOutput | None = None
-        try:
-            async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
-                async for final in stream:
-                    if final.chunk.size:
-                        if utterance.samples == start:  # this sentence's first audio
-                            self._announce(utterance, index, text, spoken)
-                        self._on_chunk(utterance, final.chunk)
-                    if final.patch is not None:
-                        patches.append(final.patch)
-        except QueueFullError as exc:
-            raise _SegmentFailed(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
-        except EngineDeadError as exc:
-            raise _SegmentFailed(ErrorCode.UNAVAILABLE, str(exc)) from None
-        except ValueError as exc:
-            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
+        async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
+            async for final in stream:
+                if final.chunk.size:
+                    if utterance.samples == start:  # this sentence's first audio
+                        self._announce(utterance, index, text, spoken)
+                    self._on_chunk(utterance, final.chunk)
+                if final.patch is not None:
+                    patches.append(final.patch)
+        # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
-        if final.finish_reason is EngineFinish.ERROR:
-            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, final.error or "synthesis failed")
-        if final.finish_reason is EngineFinish.ABORTED:
-            raise _SegmentFailed(ErrorCode.UNAVAILABLE, "the engine stopped (the server is shutting down)")
         return final.finish_reason, patches
 
     def _announce(self, utterance: Utterance, index: int, text: str, spoken: str) -> None:
