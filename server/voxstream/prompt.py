@@ -33,10 +33,6 @@ from voxstream.text.tokenizer import (
     normalize_whitespace,
 )
 
-# How many trailing prompt patches warm the VAE decoder before the first generated patch (the
-# reference's ``streaming_prefix_len - 1``), per architecture.
-_DECODE_CONTEXT = {"voxcpm": 2, "voxcpm2": 3}
-
 
 @dataclass(frozen=True)
 class VoicePrompt:
@@ -115,7 +111,7 @@ def build_sequence(
 ) -> InputSequence:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("text must be a non-empty string")
-    if prompt is not None and prompt.reference_patches is not None and config.architecture != "voxcpm2":
+    if prompt is not None and prompt.reference_patches is not None and not config.reference_cloning:
         raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
     target = normalize_whitespace(text)
     target_tokens = len(tokenizer.encode(target))
@@ -159,7 +155,7 @@ def _decode_context(config: ModelConfig, feats: torch.Tensor, audio_mask: torch.
     if audio_mask[-1] != 1:
         return feats[:0]
     audio_positions = audio_mask.nonzero().squeeze(1)
-    count = min(_DECODE_CONTEXT[config.architecture], audio_positions.numel())
+    count = min(config.decode_context_patches, audio_positions.numel())
     return feats[audio_positions[-count:]]
 
 

@@ -402,7 +402,7 @@ async def create_voice(request: web.Request) -> web.Response:
     text = _text_part(fields, "transcript", config.max_transcript_chars) or None
     name = _text_part(fields, "name", config.max_voice_name_chars)
     check_voice_name(name)
-    if text is None and service.info.architecture != "voxcpm2":
+    if text is None and not service.info.reference_cloning:
         raise ApiError(400, "transcript_required", "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
     try:

@@ -68,9 +68,10 @@ class ModelInfo:
     """What a client is told about the model in ``ready`` messages and headers."""
 
     name: str
-    architecture: str
     sample_rate: int
     samples_per_patch: int
+    reference_cloning: bool
+    """Whether a voice can be made from a clip without its transcript (``ModelConfig.reference_cloning``)."""
 
     @property
     def chunk_seconds(self) -> float:
@@ -103,7 +104,7 @@ class SpeechService:
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self._max_waiting = engine_config.max_waiting
         self._max_running = engine_config.max_running
-        self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
+        self.info = ModelInfo(tts.name, tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
         self._ids = itertools.count()
 
     async def start(self) -> None:
