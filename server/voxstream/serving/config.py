@@ -99,7 +99,7 @@ class ServerConfig:
     """Largest ``name`` of a voice upload."""
     max_queued_utterances: int = 8
     """Utterances of one WebSocket not done yet (speaking or waiting their turn); more are refused."""
-    max_messages_per_s: float = 200.0
+    max_messages_per_s: float = 1000.0
     """Client messages a WebSocket may send per second, with a burst of one second's worth; a flood beyond it is
     closed (``rate_limited``, 4003) so that one connection cannot monopolise the server's event loop."""
 
