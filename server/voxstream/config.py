@@ -222,6 +222,17 @@ class ModelConfig:
         return self.dit_config.dit_mean_mode if self.architecture == "voxcpm2" else self.dit_mean_mode
 
     @property
+    def reference_cloning(self) -> bool:
+        """Whether the model clones a voice from a reference clip alone (no transcript): voxcpm2."""
+        return self.architecture == "voxcpm2"
+
+    @property
+    def decode_context_patches(self) -> int:
+        """Trailing prompt patches that warm the VAE decoder before the first generated patch (the reference's
+        ``streaming_prefix_len - 1``)."""
+        return 3 if self.architecture == "voxcpm2" else 2
+
+    @property
     def samples_per_patch(self) -> int:
         """Output audio samples per generated patch (one autoregressive step)."""
         return self.patch_size * self.audio_vae_config.decoder_hop

@@ -33,10 +33,6 @@ from voxstream.text.tokenizer import (
     normalize_whitespace,
 )
 
-# How many trailing prompt patches warm the VAE decoder before the first generated patch (the
-# reference's ``streaming_prefix_len - 1``), per architecture.
-_DECODE_CONTEXT = {"voxcpm": 2, "voxcpm2": 3}
-
 
 @dataclass(frozen=True)
 class VoicePrompt:
@@ -51,6 +47,11 @@ class VoicePrompt:
             raise InvalidInputError("a prompt transcript needs its prompt audio")
         if self.audio_patches is None and self.reference_patches is None:
             raise InvalidInputError("a voice prompt needs prompt audio, a reference clip, or both")
+        # Every prompt is built here (encoded clips, voices read from disk, continuations), so this is the one
+        # gate that keeps non-finite latents out of the model, where they would poison the whole batch row.
+        for what, patches in (("prompt audio", self.audio_patches), ("reference", self.reference_patches)):
+            if patches is not None and not bool(torch.isfinite(patches).all()):
+                raise InvalidInputError(f"the {what} latents are not finite (the clip is not usable audio)")
 
     @cached_property
     def digest(self) -> str:
@@ -110,7 +111,7 @@ def build_sequence(
 ) -> InputSequence:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("text must be a non-empty string")
-    if prompt is not None and prompt.reference_patches is not None and config.architecture != "voxcpm2":
+    if prompt is not None and prompt.reference_patches is not None and not config.reference_cloning:
         raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
     target = normalize_whitespace(text)
     target_tokens = len(tokenizer.encode(target))
@@ -154,7 +155,7 @@ def _decode_context(config: ModelConfig, feats: torch.Tensor, audio_mask: torch.
     if audio_mask[-1] != 1:
         return feats[:0]
     audio_positions = audio_mask.nonzero().squeeze(1)
-    count = min(_DECODE_CONTEXT[config.architecture], audio_positions.numel())
+    count = min(config.decode_context_patches, audio_positions.numel())
     return feats[audio_positions[-count:]]
 
 

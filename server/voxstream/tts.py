@@ -85,7 +85,7 @@ class VoxCPM:
         ``reference_audio`` (voxcpm2): isolated cloning; both together are allowed on voxcpm2."""
         if (text is None) != (audio is None):
             raise InvalidInputError("prompt text and prompt audio must be given together")
-        if reference_audio is not None and self.config.architecture != "voxcpm2":
+        if reference_audio is not None and not self.config.reference_cloning:
             raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
         if audio is None and reference_audio is None:
             raise InvalidInputError("give prompt text and audio, or reference audio")

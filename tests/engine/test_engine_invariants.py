@@ -47,7 +47,7 @@ class Checked:
         try:
             self.engine.add(request)
         except QueueFullError:
-            assert self.engine.num_waiting == self.engine.config.max_waiting
+            assert self.engine.num_waiting == self.engine.config.max_waiting + self.engine.num_free_slots
             return
         self.accepted.append(request.request_id)
         self.events += 1

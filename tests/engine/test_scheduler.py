@@ -44,10 +44,23 @@ def _scheduler(**config) -> Scheduler:
 
 def test_queue_full_rejects_with_a_clear_error(make_request):
     scheduler = _scheduler()
-    for i in range(3):
+    scheduler.add(make_request("r0"))
+    scheduler.add(make_request("r1"))
+    scheduler.schedule()  # both slots taken
+    for i in range(2, 5):
         scheduler.add(make_request(f"r{i}"))
-    with pytest.raises(QueueFullError, match=r"'r3' rejected: the waiting queue is full \(3 requests waiting"):
-        scheduler.add(make_request("r3"))
+    with pytest.raises(QueueFullError, match=r"'r5' rejected: the waiting queue is full \(3 requests waiting"):
+        scheduler.add(make_request("r5"))
+
+
+def test_free_slots_are_handed_out_before_the_queue_is_judged(make_request):
+    """Requests arriving between two steps are not refused while slots are free (probe defect D8)."""
+    scheduler = _scheduler(max_running=4, max_waiting=1)
+    for i in range(5):  # four will take the free slots at the next step, one waits
+        scheduler.add(make_request(f"r{i}"))
+    with pytest.raises(QueueFullError):
+        scheduler.add(make_request("r5"))
+    assert len(scheduler.schedule().prefills) == 4
 
 
 def test_running_requests_do_not_count_against_the_queue(make_request):

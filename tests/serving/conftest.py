@@ -6,6 +6,7 @@ For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asynci
   ``127.0.0.1:<free port>`` (pytest-aiohttp's ``aiohttp_server``), waits until it is warmed up and
   ready, and returns the ``TestServer`` (``server.app``, ``server.make_url(path)``); ``serve(app=...)``
   starts an app you built yourself with ``app_factory(**overrides)`` (e.g. to add a test route).
+  The server runs with the production runner settings (``runner_options``: header timeout, access log).
   Every server is closed (gracefully: ``drain`` runs) at teardown.
 * ``client``: an ``aiohttp.test_utils.TestClient`` on a default server (``client.ws_connect(path)``,
   ``client.post(path, json=...)``, ``client.server.app``).
@@ -24,9 +25,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import voxstream
-from voxstream.serving.app import make_app
+from voxstream.serving.app import make_app, runner_options
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import STATE_KEY
+from voxstream.serving.keys import CONFIG_KEY, STATE_KEY
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
 from voxstream.tts import VoxCPM
 
@@ -76,7 +77,7 @@ async def serve(
     async def start(app: web.Application | None = None, **overrides: Any) -> TestServer:
         if app is None:
             app = app_factory(**overrides)
-        server = await aiohttp_server(app)
+        server = await aiohttp_server(app, **runner_options(app[CONFIG_KEY]))
         await wait_ready(app)
         return server
 

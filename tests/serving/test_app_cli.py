@@ -19,6 +19,20 @@ from voxstream.cli.serve import config_from_args
 from voxstream.tts import VoxCPM
 
 
+def test_every_limit_flag_is_in_the_readme_limits_table() -> None:
+    from pathlib import Path
+
+    from voxstream.cli.serve import _LIMITS
+    from voxstream.serving.config import ServerConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("#### Limits") : readme.index("### HTTP API")]
+    for name in _LIMITS:
+        default = getattr(ServerConfig(), name)
+        shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
+        assert f"| `--{name.replace('_', '-')}` | {shown} |" in table, name
+
+
 def test_serve_arguments_and_environment_make_the_config() -> None:
     args = build_parser().parse_args(
         ["serve", "--port", "9000", "--api-key", "a", "--allowed-origin", "https://x.example", "--max-sessions", "3",

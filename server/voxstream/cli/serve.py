@@ -34,6 +34,12 @@ _LIMITS: dict[str, str] = {
     "max_clip_seconds": "longest voice clip",
     "max_voices": "voices kept in the store",
     "voice_cache_mb": "device memory for encoded voices, MiB, least recently used dropped first (0: none)",
+    "max_transcript_chars": "largest transcript of a voice upload",
+    "max_voice_name_chars": "largest name of a voice upload",
+    "max_queued_utterances": "utterances of one WebSocket not done yet",
+    "max_messages_per_s": "client messages per second per WebSocket (burst: one second's worth)",
+    "header_timeout_s": "HTTP request headers must arrive within this (also the keep-alive idle time)",
+    "body_timeout_s": "an HTTP request body must arrive whole within this",
     "idle_timeout_s": "close a WebSocket idle this long",
     "ping_interval_s": "WebSocket ping period",
     "max_unsent_audio_s": "audio a session may have unsent before it is cut off as too slow",
@@ -65,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--vae-dtype", help="dtype of the AudioVAE: float32 (default) or bfloat16 (see README)")
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
-    parser.add_argument("--allowed-origin", action="append", default=[], help="Origin allowed to open a WebSocket")
+    parser.add_argument(
+        "--allowed-origin", action="append", default=[], help="browser Origin allowed to use the API (default: any)"
+    )
     parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
     parser.add_argument(
         "--replica-id", help="name sent in every response's X-Voxstream-Replica header (default: the hostname)"

@@ -30,7 +30,8 @@ class Scheduler:
     new session gets its first chunk in the step that admits it. Without ``realtime`` (no policy
     given) every step decodes *all* running sessions and admission is ``policy.admit_count``; with a
     ``RealtimePolicy``, ``schedule(now)`` lets sessions ahead of their listener skip the step. The
-    batch never exceeds ``max_running`` rows, and the waiting queue never exceeds ``max_waiting``.
+    batch never exceeds ``max_running`` rows, and at most ``max_waiting`` requests wait beyond those
+    the free slots will take at the next step.
 
     KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
     the first waiting request whose blocks are not free (it waits; nothing overtakes it).
@@ -58,15 +59,17 @@ class Scheduler:
 
         Raises:
             DuplicateRequestError: a request with the same id has not finished yet.
-            QueueFullError: ``max_waiting`` requests are already waiting.
+            QueueFullError: ``max_waiting`` requests are already waiting beyond the free slots.
         """
         rid = request.request_id
         if rid in self.sessions:
             raise DuplicateRequestError(f"request id {rid!r} is already in use by an unfinished request")
-        if len(self.waiting) >= self.config.max_waiting:
+        # Requests that the next step will hand a free slot are not waiting for one: only the rest count
+        # against max_waiting, so a request is never refused while a slot is free.
+        if len(self.waiting) >= self.config.max_waiting + self.slots.num_free:
             raise QueueFullError(
                 f"request {rid!r} rejected: the waiting queue is full "
-                f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running)"
+                f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running, no slot free)"
             )
         self._serial += 1
         session = Session(request, kv_positions=kv_positions, serial=self._serial)

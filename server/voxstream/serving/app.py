@@ -16,11 +16,13 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from aiohttp import WSCloseCode, web
 
 from voxstream.engine import SynthesisParams
-from voxstream.serving.auth import DEMO_FILES_PREFIX, auth_middleware
+from voxstream.serving.access_log import ACCESS_LOGGER, AccessLogger
+from voxstream.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.http_api import add_http_routes, error_middleware
 from voxstream.serving.keys import (
@@ -84,6 +86,7 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     add_ws_routes(app)
     add_demo_routes(app)
     app.on_response_prepare.append(_name_replica)
+    app.on_response_prepare.append(add_cors_headers)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)
     return app
@@ -124,7 +127,20 @@ def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None
     app.router.add_get(DEMO_FILES_PREFIX + "{name}", client_file)
 
 
-@web.middleware
+def runner_options(config: ServerConfig) -> dict[str, Any]:
+    """``web.AppRunner`` settings the server needs: the header timeout and the query-free access log.
+
+    aiohttp closes a connection whose request headers are not complete when its keep-alive timer
+    fires, and starts that timer when the connection opens: ``keepalive_timeout`` is therefore the
+    header timeout (for a fresh connection and between keep-alive requests alike).
+    """
+    return {
+        "keepalive_timeout": config.header_timeout_s,
+        "access_log_class": AccessLogger,
+        "access_log": ACCESS_LOGGER,
+    }
+
+
 def load_configured_model(config: ServerConfig) -> VoxCPM:
     """Load ``config.model`` (``demo``, the default, is a tiny random checkpoint that speaks noise)."""
     from voxstream.loader import load_model
@@ -187,7 +203,7 @@ def serve(config: ServerConfig) -> None:
 
 
 async def _run_until_signal(app: web.Application, config: ServerConfig) -> None:
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
     await runner.setup()
     try:
         await web.TCPSite(runner, config.host, config.port).start()

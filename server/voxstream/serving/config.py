@@ -20,9 +20,12 @@ from voxstream.engine import EngineConfig, ParamLimits
 _POSITIVE_INTS = (
     "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
     "max_message_bytes", "max_text_chars_per_message", "max_text_chars_per_utterance", "max_upload_bytes",
-    "max_voices", "opus_bitrate",
+    "max_voices", "opus_bitrate", "max_transcript_chars", "max_voice_name_chars", "max_queued_utterances",
 )  # fmt: skip
-_POSITIVE_FLOATS = ("max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s")
+_POSITIVE_FLOATS = (
+    "max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s",
+    "max_messages_per_s", "header_timeout_s", "body_timeout_s",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     """Accepted API keys; empty disables authentication. ``/health`` and ``/ready`` stay open."""
     allowed_origins: tuple[str, ...] = ()
-    """``Origin`` values allowed to open a WebSocket; empty allows every origin."""
+    """``Origin`` values (browser pages) allowed to use the API, WebSocket and HTTP alike, with CORS answers for
+    them; empty allows every origin (and sends no CORS headers)."""
     voices_dir: Path | None = None
     """Folder where uploaded voices persist across restarts; None keeps them in memory only."""
 
@@ -89,6 +93,15 @@ class ServerConfig:
     """Longest voice clip accepted; longer prompts slow every utterance that uses the voice."""
     max_voices: int = 1000
     """Voices kept in the store; uploads beyond it are refused until one is deleted."""
+    max_transcript_chars: int = 2000
+    """Largest ``transcript`` of a voice upload (it is part of every prompt that uses the voice)."""
+    max_voice_name_chars: int = 200
+    """Largest ``name`` of a voice upload."""
+    max_queued_utterances: int = 8
+    """Utterances of one WebSocket not done yet (speaking or waiting their turn); more are refused."""
+    max_messages_per_s: float = 1000.0
+    """Client messages a WebSocket may send per second, with a burst of one second's worth; a flood beyond it is
+    closed (``rate_limited``, 4003) so that one connection cannot monopolise the server's event loop."""
 
     # ---- timing and flow control ----
     idle_timeout_s: float = 300.0
@@ -99,6 +112,11 @@ class ServerConfig:
     """Audio a session may have produced but not yet sent; a slower reader is disconnected."""
     max_buffer_delay_ms: int = 500
     """Default wait for more text before speaking an incomplete sentence (a client may override it)."""
+    header_timeout_s: float = 15.0
+    """An HTTP connection must send a request's complete headers this soon after it opens or after its previous
+    response; idle keep-alive connections are closed after it too."""
+    body_timeout_s: float = 60.0
+    """An HTTP request body (speech JSON, voice upload) must arrive whole within this long."""
     drain_timeout_s: float = 30.0
     """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
 

@@ -4,15 +4,18 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
 ``error_middleware``, from an ``ApiError`` or a known library exception. The codes are stable:
 
 =====  ===========================================================================================
-400    ``invalid_json``, ``invalid_request`` (shape, types, form parts), ``unknown_field``,
-       ``empty_input``, ``text_too_long``, ``unsupported_format``,
-       ``unsupported_speed``, ``unsupported_instructions``, ``unsupported_stream_format``,
-       ``invalid_parameter`` (seed, cfg_value, inference_timesteps), ``normalize_unavailable``, ``invalid_audio``,
+400    ``invalid_json`` (not JSON, nested too deeply, undecodable in its charset), ``invalid_request``
+       (shape, types, form parts), ``unknown_field``, ``empty_input``, ``text_too_long`` (``input``,
+       a voice's ``transcript`` or ``name``), ``invalid_name`` (control characters),
+       ``unsupported_format``, ``unsupported_speed``, ``unsupported_instructions``,
+       ``unsupported_stream_format``, ``invalid_parameter`` (seed, cfg_value, inference_timesteps),
+       ``normalize_unavailable``, ``invalid_audio`` (unreadable, or not finite once encoded),
        ``clip_too_long``, ``transcript_required``
-401    ``unauthorized``; 403 ``forbidden_origin``; 404 ``not_found``, ``unknown_voice``;
-       405 ``method_not_allowed``; 409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
+401    ``unauthorized``; 403 ``forbidden_origin``, ``forbidden`` (another key's voice);
+       404 ``not_found``, ``unknown_voice``; 405 ``method_not_allowed``; 408 ``body_timeout``;
+       409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
 422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
-503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``engine_unavailable``;
+503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``unavailable`` (the engine stopped);
        a speech request refused before it starts has ``Retry-After`` (a balancer may retry it
        elsewhere, see ``admission.py``); 500 ``internal_error``
 =====  ===========================================================================================
@@ -22,7 +25,10 @@ Handlers are thin: they parse (``parse_speech``), hand the work to the ``SpeechS
 as it is generated; an utterance that ends early (engine error, shutdown past the drain timeout)
 cuts the chunked body short instead of ending it cleanly, so no client mistakes it for a whole one.
 HTTP streams rely on TCP backpressure: a stalled reader stalls its handler, and the engine's
-per-request channel holds at most that utterance's audio.
+per-request channel holds at most that utterance's audio. A client that leaves (mid-body or
+mid-stream) is counted as a dropped session and logged at INFO: it is not a server error.
+Request bodies are bounded in size (``client_max_size``, ``max_upload_bytes``) and in time
+(``body_timeout_s``), and every text field is checked against its limit before any work.
 """
 
 from __future__ import annotations
@@ -33,21 +39,24 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping
+import unicodedata
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import BodyPartReader, hdrs, web
 from aiohttp.typedefs import Handler
 
-from voxstream.audio.clip import load_clip
+from voxstream.audio.clip import ClipTooLongError, load_clip
 from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
-from voxstream.engine import EngineDeadError, FinishReason, QueueFullError, StepOutput, SynthesisParams
+from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
-from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError
+from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
+from voxstream.serving.protocol import ErrorCode
+from voxstream.serving.service import SpeechFailure
+from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
 logger = logging.getLogger(__name__)
@@ -58,18 +67,33 @@ T = TypeVar("T")
 class ApiError(Exception):
     """An error for the client: HTTP status, stable code, human message (and optional headers)."""
 
-    def __init__(self, status: int, code: str, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close_connection: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = dict(headers or {})
+        self.close_connection = close_connection
+        """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
     def response(self) -> web.Response:
         body = {"error": {"code": self.code, "message": self.message}}
-        return web.json_response(body, status=self.status, headers=self.headers)
+        response = web.json_response(body, status=self.status, headers=self.headers)
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
+_FAILURE_STATUS = {ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.SYNTHESIS_FAILED: 422}
+"""HTTP status of each ``SpeechFailure`` code (the codes themselves are the WebSocket protocol's)."""
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
 _HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
@@ -82,10 +106,12 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(404, "unknown_voice", str(exc))
     if isinstance(exc, VoiceLimitError):
         return ApiError(409, "voice_limit", str(exc))
-    if isinstance(exc, QueueFullError):
-        return ApiError(503, "busy", f"the server is at capacity, retry shortly ({exc})", headers={"Retry-After": "1"})
-    if isinstance(exc, EngineDeadError):
-        return ApiError(503, "engine_unavailable", str(exc))
+    if isinstance(exc, VoiceOwnerError):
+        return ApiError(403, "forbidden", str(exc))
+    if isinstance(exc, SpeechFailure):
+        status = _FAILURE_STATUS[exc.code]
+        retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
+        return ApiError(status, exc.code.value, str(exc), headers=retry)
     if isinstance(exc, InvalidInputError):
         return ApiError(400, "invalid_parameter", str(exc))
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
@@ -95,12 +121,21 @@ def as_api_error(exc: Exception) -> ApiError | None:
     return None
 
 
+CLIENT_CLOSED_STATUS = 499
+"""Status logged for a request whose client left before the response (nothing reaches the client)."""
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn every failure into the JSON error envelope, and count it by code."""
     try:
         return await handler(request)
     except Exception as exc:
+        if isinstance(exc, ConnectionError) and _client_gone(request):
+            logger.info("client left during %s %s: %s", request.method, request.path, exc)
+            if request.writer is None or request.writer.output_size == 0:  # a stream counts its own drop
+                request.app[METRICS_KEY].count_dropped("client_disconnected")
+            return web.Response(status=CLIENT_CLOSED_STATUS)
         error = as_api_error(exc)
         if request.writer is not None and request.writer.output_size > 0:
             raise  # the response has begun: aiohttp can only cut the connection, which tells the client
@@ -109,6 +144,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             error = ApiError(500, "internal_error", "the server failed to handle this request; see its log")
         request.app[METRICS_KEY].count_error(error.code)
         return error.response()
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def add_http_routes(app: web.Application) -> None:
@@ -130,8 +170,8 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     require_accepting(request.app)
-    info = request.app[SERVICE_KEY].info
-    return web.json_response({"status": "ready", "model": info.name, "sample_rate": info.sample_rate})
+    # Public: nothing about the deployment (the model's source may be a local path).
+    return web.json_response({"status": "ready"})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -212,10 +252,42 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
-    except InvalidInputError as exc:
+        config.engine_config().limits.check(params)  # this server's limits, before any work (as a WebSocket start)
+    except ValueError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from exc
     voice = _field(body, "voice", str)
     return SpeechRequest(text, voice, response_format, params, sse=stream_format == "sse", normalize=normalize)
+
+
+async def read_json(request: web.Request, timeout_s: float) -> object:
+    """The request body as JSON, read within ``timeout_s``, decoded in its declared charset (UTF-8 by default).
+
+    Raises ``ApiError`` for a slow body (408), an unknown charset, undecodable text, invalid JSON or JSON
+    nested too deeply for the parser (all 400 ``invalid_json``), never a server error.
+    """
+    data = await _within(timeout_s, request.read())
+    charset = request.charset or "utf-8"
+    try:
+        text = data.decode(charset)
+    except LookupError as exc:
+        raise ApiError(400, "invalid_json", f"unknown charset {charset!r}; send UTF-8") from exc
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid {charset}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ApiError(400, "invalid_json", "the JSON is nested too deeply") from exc
+    except ValueError as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+
+
+async def _within(timeout_s: float, read: Awaitable[T]) -> T:
+    """Await a body read, refusing a client too slow to send it (408 ``body_timeout``)."""
+    try:
+        return await asyncio.wait_for(read, timeout_s)
+    except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        raise ApiError(408, "body_timeout", message, close_connection=True) from exc
 
 
 def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
@@ -231,10 +303,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated."""
     app = request.app
     require_admission(app, connection=False)
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
@@ -271,9 +340,7 @@ async def _stream_speech(
     started = time.perf_counter()
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.
-    output = await anext(outputs)
-    if output.finish_reason is FinishReason.ERROR:
-        raise ApiError(422, "synthesis_failed", f"the engine could not synthesize this input: {output.error}")
+    output = await anext(outputs)  # a SpeechFailure here becomes its error response
     metrics.observe_first_audio(time.perf_counter() - started)
     content_type = "text/event-stream" if speech.sse else encoder.content_type
     frame = _sse_delta if speech.sse else bytes
@@ -294,15 +361,17 @@ async def _stream_speech(
         # aiohttp cancels the handler of a request whose client went away, or a write fails first.
         metrics.count_dropped("client_disconnected")
         raise
+    except SpeechFailure as exc:
+        # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
+        if exc.finish is not None:
+            metrics.count_utterance(exc.finish.value)
+        metrics.count_dropped("shutdown" if exc.finish is FinishReason.ABORTED else exc.code.value)
+        raise ConnectionAbortedError(f"utterance ended early: {exc.code.value}: {exc}") from exc
     finally:
         metrics.add_audio(samples / service.info.sample_rate)
     reason = output.finish_reason
     assert reason is not None, "the loop ends on the final output"
     metrics.count_utterance(reason.value)
-    if reason in (FinishReason.ERROR, FinishReason.ABORTED):
-        # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
-        metrics.count_dropped("shutdown" if reason is FinishReason.ABORTED else "synthesis_failed")
-        raise ConnectionAbortedError(f"utterance ended early: {reason.value} {output.error or ''}")
     for block in encoder.finish():
         await response.write(frame(block))
     if speech.sse:
@@ -315,36 +384,63 @@ async def _stream_speech(
 
 
 async def create_voice(request: web.Request) -> web.Response:
-    """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save."""
+    """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save.
+
+    Cheap checks first: sizes while the body is read, the text fields, then the clip's header (its duration)
+    before it is decoded, and the decoded audio and its latents must be finite before the voice is kept.
+    """
     app = request.app
     require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
     if request.content_length is not None and request.content_length > config.max_upload_bytes:
         raise _too_large(config.max_upload_bytes)
-    fields = await _read_upload(request, config.max_upload_bytes)
-    clip, transcript, name = fields.get("file"), fields.get("transcript"), fields.get("name")
+    fields = await _within(config.body_timeout_s, _read_upload(request, config))
+    clip = fields.get("file")
     if clip is None:
         raise ApiError(400, "invalid_request", "the upload needs a 'file' part holding the voice clip")
     # An empty transcript field is the same as none (forms send empty fields).
-    text = None if transcript is None else transcript.decode("utf-8", errors="replace").strip() or None
-    if text is None and service.info.architecture != "voxcpm2":
+    text = _text_part(fields, "transcript", config.max_transcript_chars) or None
+    name = _text_part(fields, "name", config.max_voice_name_chars)
+    check_voice_name(name)
+    if text is None and not service.info.reference_cloning:
         raise ApiError(400, "transcript_required", "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
     try:
-        samples = await asyncio.to_thread(load_clip, clip, rate)
+        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+        prompt = await service.encode_voice(
+            text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
+        )
+    except ClipTooLongError as exc:
+        raise ApiError(400, "clip_too_long", str(exc)) from exc
     except InvalidInputError as exc:
         raise ApiError(400, "invalid_audio", f"the voice clip is not usable audio: {exc}") from exc
-    duration = samples.size / rate
-    if duration > config.max_clip_seconds:
-        raise ApiError(
-            400, "clip_too_long", f"the clip lasts {duration:.1f} s; the limit is {config.max_clip_seconds} s"
-        )
-    prompt = await service.encode_voice(
-        text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
-    )
-    label = None if name is None else name.decode("utf-8", errors="replace").strip()[:200]
-    info = await app[VOICES_KEY].add(prompt, name=label, duration_s=duration)
+    owner = request.get(OWNER_KEY)
+    info = await app[VOICES_KEY].add(prompt, name=name or None, duration_s=samples.size / rate, owner=owner)
     return web.json_response(info.to_json(), status=201)
+
+
+def check_voice_name(name: str | None) -> None:
+    """Refuse control and format characters (newlines, escapes, bidirectional overrides) in a voice's name:
+    it is shown in listings and UIs, where they could forge lines or reorder text."""
+    if name and any(unicodedata.category(char) in _CONTROL_CATEGORIES for char in name):
+        raise ApiError(400, "invalid_name", "a voice name may not contain control or formatting characters")
+
+
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+
+
+def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
+    """A text form part, stripped ("" when absent); UTF-8, at most ``limit`` characters."""
+    data = fields.get(part)
+    if data is None:
+        return ""
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_request", f"'{part}' is not UTF-8 text") from exc
+    if len(text) > limit:
+        raise ApiError(400, "text_too_long", f"'{part}' has {len(text)} characters; the limit is {limit}")
+    return text
 
 
 async def list_voices(request: web.Request) -> web.Response:
@@ -354,32 +450,46 @@ async def list_voices(request: web.Request) -> web.Response:
 
 async def delete_voice(request: web.Request) -> web.Response:
     voice_id = request.match_info["voice_id"]
-    await request.app[VOICES_KEY].delete(voice_id)
+    await request.app[VOICES_KEY].delete(voice_id, owner=request.get(OWNER_KEY))
     return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
 
 
 _UPLOAD_PARTS = ("file", "transcript", "name")
+_UTF8_BYTES_PER_CHAR = 4
 
 
-async def _read_upload(request: web.Request, limit: int) -> dict[str, bytes]:
-    """The parts of a multipart upload by name, reading at most ``limit`` bytes in all."""
+async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, bytes]:
+    """The parts of a multipart upload by name: at most ``max_upload_bytes`` in all, and a text part at most
+    the bytes its character limit allows (so an oversized transcript is refused while it is read)."""
     try:
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
         raise ApiError(400, "invalid_request", "send the voice as multipart/form-data") from exc
+    part_limits = {
+        "file": config.max_upload_bytes,
+        "transcript": _UTF8_BYTES_PER_CHAR * config.max_transcript_chars + _PART_SLACK,
+        "name": _UTF8_BYTES_PER_CHAR * config.max_voice_name_chars + _PART_SLACK,
+    }
     fields: dict[str, bytes] = {}
     total = 0
     async for part in reader:
-        if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS:
+        if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS or part.name in fields:
             raise ApiError(400, "invalid_request", f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
         data = bytearray()
         while chunk := await part.read_chunk():
             total += len(chunk)
-            if total > limit:
-                raise _too_large(limit)
+            if total > config.max_upload_bytes:
+                raise _too_large(config.max_upload_bytes)
             data += chunk
+            if len(data) > part_limits[part.name]:
+                limit = config.max_transcript_chars if part.name == "transcript" else config.max_voice_name_chars
+                raise ApiError(400, "text_too_long", f"'{part.name}' is longer than the limit of {limit} characters")
         fields[part.name] = bytes(data)
     return fields
+
+
+_PART_SLACK = 1024
+"""Bytes a text part may carry beyond its characters' UTF-8 (surrounding whitespace, stripped later)."""
 
 
 def _too_large(limit: int) -> ApiError:

@@ -10,6 +10,7 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 * ``STATE_KEY``: the ``ServerState``; handlers refuse new sessions and utterances unless
   ``state.accepting`` (it is false while the model warms up and once shutdown has begun), and
   run each utterance inside ``with state.utterance():`` so that shutdown can wait for it.
+* ``OWNER_KEY`` (on the request, not the app): who is asking, see below.
 * ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
   ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
   finish (up to ``ServerConfig.drain_timeout_s``) and then closes every socket left here with 1001.
@@ -87,3 +88,6 @@ VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxstream.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxstream.metrics")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxstream.state")
 SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxstream.sessions")
+OWNER_KEY: web.RequestKey[str | None] = web.RequestKey("voxstream.owner", str | None)
+"""Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
+when authentication is off; voices remember it to tell who may delete them."""

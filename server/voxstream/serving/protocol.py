@@ -89,6 +89,12 @@ class ErrorCode(str, enum.Enum):
     SLOW_CONSUMER = "slow_consumer"
     IDLE_TIMEOUT = "idle_timeout"
     INTERNAL_ERROR = "internal_error"
+    PROTOCOL_ERROR = "protocol_error"
+    """A frame that breaks the WebSocket protocol (RFC 6455), e.g. an unmasked client frame; close code 1002."""
+    RATE_LIMITED = "rate_limited"
+    """The client sent more than ``max_messages_per_s`` messages a second (then close code 4003)."""
+    TOO_MANY_UTTERANCES = "too_many_utterances"
+    """A new utterance while ``max_queued_utterances`` of this connection are not done yet."""
     BAD_FRAME = "bad_frame"
     """A binary audio frame that does not parse (raised by ``AudioFrame.decode``, on the client side)."""
 
@@ -99,6 +105,10 @@ class CloseCode(enum.IntEnum):
     NORMAL = 1000
     GOING_AWAY = 1001
     """The server is shutting down."""
+    PROTOCOL_ERROR = 1002
+    """A frame that breaks RFC 6455, e.g. an unmasked client frame (``protocol_error``)."""
+    INVALID_DATA = 1007
+    """A text frame that is not UTF-8 (``invalid_json``; RFC 6455 requires closing)."""
     MESSAGE_TOO_BIG = 1009
     """A message far over ``max_message_bytes`` (refused before it is read; smaller excesses get an error)."""
     INTERNAL_ERROR = 1011
@@ -108,6 +118,8 @@ class CloseCode(enum.IntEnum):
     """The client did not read audio fast enough; more than ``max_unsent_audio_s`` was waiting."""
     IDLE_TIMEOUT = 4002
     """No client message and nothing spoken for ``idle_timeout_s``."""
+    RATE_LIMITED = 4003
+    """More than ``max_messages_per_s`` client messages a second, beyond a one-second burst."""
 
 
 class ProtocolError(Exception):
@@ -310,37 +322,62 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
+@dataclass(frozen=True)
+class _FieldSpec:
+    """One message field's wire rule, worked out once from its annotation."""
+
+    name: str
+    base: type
+    """The JSON-facing Python type (str, int or float)."""
+    optional: bool
+
+
+def _field_specs(cls: type[Any]) -> tuple[_FieldSpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        args = typing.get_args(hints[f.name])
+        base = next(t for t in args or (hints[f.name],) if t is not type(None))
+        specs.append(_FieldSpec(f.name, base, type(None) in args))
+    return tuple(specs)
+
+
+# Resolved at import, not per message: type-hint reflection costs far more than parsing a message.
+_SPECS: dict[type[Any], tuple[_FieldSpec, ...]] = {
+    cls: _field_specs(cls) for cls in (*CLIENT_MESSAGES.values(), *SERVER_MESSAGES.values())
+}
+_NAMES: dict[type[Any], frozenset[str]] = {cls: frozenset(spec.name for spec in specs) for cls, specs in _SPECS.items()}
+
+
 def _fields_of(cls: type[Any], obj: dict[str, Any]) -> dict[str, Any]:
     """The dataclass fields of ``cls`` from ``obj``, each checked against its annotation."""
-    kind, hints = obj["type"], typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    kind, names = obj["type"], _NAMES[cls]
     for name in obj:
         if name != "type" and name not in names:
             raise ProtocolError(ErrorCode.UNKNOWN_FIELD, f"{kind!r} has no field {name!r}")
     values: dict[str, Any] = {}
-    for name in names:
-        optional = type(None) in typing.get_args(hints[name])
-        if name in obj:
-            values[name] = _typed(kind, name, obj[name], hints[name], optional)
-        elif not optional:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind!r} needs the field {name!r}")
+    for spec in _SPECS[cls]:
+        if spec.name in obj:
+            values[spec.name] = _typed(kind, spec, obj[spec.name])
+        elif not spec.optional:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind!r} needs the field {spec.name!r}")
     return values
 
 
 _JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
-def _typed(kind: str, name: str, value: Any, hint: Any, optional: bool) -> Any:
-    if value is None and optional:
+def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
+    if value is None and spec.optional:
         return None
-    base = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+    name, base = spec.name, spec.base
     ok = isinstance(value, base) and (base is bool or not isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if base is str and ok and not _is_unicode(value):
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} is not valid Unicode (a lone surrogate)")
     if not ok:
-        allowed = _JSON_TYPES[base] + (" or null" if optional else "")
+        allowed = _JSON_TYPES[base] + (" or null" if spec.optional else "")
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} must be {allowed}, got {_json_type(value)}")
     return value
 

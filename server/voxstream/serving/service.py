@@ -8,16 +8,59 @@ model's sample rate) and to encode voice clips; GPU work never runs on the event
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from voxstream.audio.clip import AudioSource
-from voxstream.engine import AsyncEngine, Engine, EngineConfig, Request, StepOutput, SynthesisParams
+from voxstream.engine import (
+    AsyncEngine,
+    Engine,
+    EngineConfig,
+    EngineDeadError,
+    QueueFullError,
+    Request,
+    StepOutput,
+    SynthesisParams,
+)
+from voxstream.engine import FinishReason as EngineFinish
 from voxstream.engine.runner import ModelRunner
 from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES
+from voxstream.errors import VoxstreamError
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.protocol import ErrorCode
 from voxstream.tts import VoxCPM
+
+
+class SpeechFailure(VoxstreamError):
+    """An utterance that could not be spoken (whole): ``code`` is stable and the same on every transport;
+    ``finish`` is the engine's finish reason when the engine ended it (None: refused before it started)."""
+
+    def __init__(self, code: ErrorCode, message: str, finish: EngineFinish | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.finish = finish
+
+
+async def _typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGenerator[StepOutput, None]:
+    """``stream``'s outputs, each failure turned into a ``SpeechFailure`` (the one place that maps them)."""
+    async with contextlib.aclosing(stream):
+        try:
+            async for output in stream:
+                if output.finish_reason is EngineFinish.ERROR:
+                    message = f"the engine could not synthesize this input: {output.error}"
+                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, message, EngineFinish.ERROR)
+                if output.finish_reason is EngineFinish.ABORTED:
+                    message = "the engine stopped (the server is shutting down)"
+                    raise SpeechFailure(ErrorCode.UNAVAILABLE, message, EngineFinish.ABORTED)
+                yield output
+        except QueueFullError as exc:
+            raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
+        except EngineDeadError as exc:
+            raise SpeechFailure(ErrorCode.UNAVAILABLE, str(exc)) from None
+        except ValueError as exc:  # a parameter past the engine's limits, a text it cannot use
+            raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -25,9 +68,10 @@ class ModelInfo:
     """What a client is told about the model in ``ready`` messages and headers."""
 
     name: str
-    architecture: str
     sample_rate: int
     samples_per_patch: int
+    reference_cloning: bool
+    """Whether a voice can be made from a clip without its transcript (``ModelConfig.reference_cloning``)."""
 
     @property
     def chunk_seconds(self) -> float:
@@ -59,7 +103,8 @@ class SpeechService:
         )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self._max_waiting = engine_config.max_waiting
-        self.info = ModelInfo(tts.name, tts.config.architecture, tts.sample_rate, tts.samples_per_patch)
+        self._max_running = engine_config.max_running
+        self.info = ModelInfo(tts.name, tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
         self._ids = itertools.count()
 
     async def start(self) -> None:
@@ -70,8 +115,10 @@ class SpeechService:
 
     @property
     def queue_full(self) -> bool:
-        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
-        return self.engine.stats().waiting >= self._max_waiting
+        """Whether the engine's queue was full after its latest step (a new request would be refused): the
+        engine's rule, ``max_waiting`` beyond the free slots."""
+        stats = self.engine.stats()
+        return stats.waiting >= self._max_waiting + self._max_running - stats.running
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -88,9 +135,13 @@ class SpeechService:
     def speak(
         self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
     ) -> AsyncGenerator[StepOutput, None]:
-        """Stream one utterance; closing the iterator early aborts it (its slot is freed)."""
+        """Stream one utterance; closing the iterator early aborts it (its slot is freed).
+
+        Every way the utterance can fail (refused, engine gone, ended in error or by shutdown) raises one
+        ``SpeechFailure``, so the WebSocket and HTTP paths report failures with the same codes.
+        """
         request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
-        return self.engine.stream(request)
+        return _typed_failures(self.engine.stream(request))
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

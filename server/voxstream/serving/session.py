@@ -27,10 +27,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstream.engine import EngineDeadError, QueueFullError, StepOutput
 from voxstream.engine import FinishReason as EngineFinish
+from voxstream.engine import StepOutput
 from voxstream.engine.outputs import Patch
+from voxstream.errors import InvalidInputError
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.budget import MessageBudget
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.keys import ServerState
 from voxstream.serving.metrics import Metrics
@@ -52,7 +54,7 @@ from voxstream.serving.protocol import (
     Text,
     decode_client,
 )
-from voxstream.serving.service import SpeechService
+from voxstream.serving.service import SpeechFailure, SpeechService
 from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
 from voxstream.text.normalize import normalize_in_worker, preload_in_worker
@@ -77,12 +79,6 @@ class SessionPhase(enum.Enum):
     """An utterance is taking text."""
     CLOSED = "closed"
     """The connection is ending: nothing more is accepted, spoken or sent."""
-
-
-class _SegmentFailed(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Session:
@@ -118,6 +114,7 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
+        self._budget = MessageBudget(config.max_messages_per_s)
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -191,9 +188,8 @@ class Session:
 
     def receive(self, data: str) -> None:
         """Handle one text frame; a refusal is answered with an ``error`` and changes nothing else."""
-        if self.phase is SessionPhase.CLOSED:
+        if not self._admit_message():
             return
-        self._last_activity = time.monotonic()
         try:
             if len(data.encode(errors="surrogatepass")) > self.config.max_message_bytes:
                 raise ProtocolError(
@@ -204,9 +200,19 @@ class Session:
             self._error(exc.code, exc.message)
 
     def receive_binary(self) -> None:
-        if self.phase is not SessionPhase.CLOSED:
-            self._last_activity = time.monotonic()
+        if self._admit_message():
             self._error(ErrorCode.BINARY_FRAME, "clients send JSON text frames only; binary frames carry audio")
+
+    def _admit_message(self) -> bool:
+        """Whether a client frame is handled: not once closing, and not past the message budget (which closes)."""
+        if self.phase is SessionPhase.CLOSED:
+            return False
+        if not self._budget.spend():
+            limit = self.config.max_messages_per_s
+            self.shut(CloseCode.RATE_LIMITED, ErrorCode.RATE_LIMITED.value, f"more than {limit:g} messages per second")
+            return False
+        self._last_activity = time.monotonic()
+        return True
 
     def _handle(self, message: ClientMessage) -> None:
         match message:
@@ -271,6 +277,11 @@ class Session:
     def _open_utterance(self) -> Utterance:
         if not self.server.accepting:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the server is not taking new utterances now")
+        limit = self.config.max_queued_utterances
+        if len(self._live) >= limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
+            )
         info = self.service.info
         utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_bitrate)
         utterance.live.enter_context(self.server.utterance())
@@ -320,10 +331,13 @@ class Session:
                 if finish is EngineFinish.LENGTH:
                     reason = FinishReason.LENGTH
                 # A segment cut at its length cap does not match its text: continue from the voice alone.
-                prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
+                try:
+                    prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
+                except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
+                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
                 index += 1
             self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
-        except _SegmentFailed as exc:
+        except SpeechFailure as exc:
             self._error(exc.code, str(exc), utterance.number)
             reason = FinishReason.ERROR
         except SlowConsumerError as exc:
@@ -352,26 +366,16 @@ class Session:
         start = utterance.samples
         patches: list[Patch] = []
         final: StepOutput | None = None
-        try:
-            async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
-                async for final in stream:
-                    if final.chunk.size:
-                        if utterance.samples == start:  # this sentence's first audio
-                            self._announce(utterance, index, text, spoken)
-                        self._on_chunk(utterance, final.chunk)
-                    if final.patch is not None:
-                        patches.append(final.patch)
-        except QueueFullError as exc:
-            raise _SegmentFailed(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
-        except EngineDeadError as exc:
-            raise _SegmentFailed(ErrorCode.UNAVAILABLE, str(exc)) from None
-        except ValueError as exc:
-            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
+        async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
+            async for final in stream:
+                if final.chunk.size:
+                    if utterance.samples == start:  # this sentence's first audio
+                        self._announce(utterance, index, text, spoken)
+                    self._on_chunk(utterance, final.chunk)
+                if final.patch is not None:
+                    patches.append(final.patch)
+        # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
-        if final.finish_reason is EngineFinish.ERROR:
-            raise _SegmentFailed(ErrorCode.SYNTHESIS_FAILED, final.error or "synthesis failed")
-        if final.finish_reason is EngineFinish.ABORTED:
-            raise _SegmentFailed(ErrorCode.UNAVAILABLE, "the engine stopped (the server is shutting down)")
         return final.finish_reason, patches
 
     def _announce(self, utterance: Utterance, index: int, text: str, spoken: str) -> None:

@@ -6,6 +6,14 @@ either complete or absent after a crash. Ids are made here (``voice_`` + random 
 from a client is matched against ``VOICE_ID_PATTERN`` before it touches the file system, so no id
 can name a path outside the folder. This module does not decode or encode audio (the handlers do,
 through ``SpeechService``); it only keeps the results.
+
+Loading is defensive: a voice whose metadata has a wrong field, whose latents have the wrong shape
+or are not finite, is skipped with a warning, so one bad file never breaks the listing or reaches
+the model; files a crash left behind (a ``.tmp`` being written, latents whose JSON never came) are
+removed once they are older than ``ORPHAN_GRACE_S``, which leaves another process's write alone.
+
+A voice made with an API key records a digest of that key (``owner``, never listed); only the same
+key may delete it. A voice made without a key (authentication off) may be deleted by anyone.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -49,6 +58,14 @@ class VoiceLimitError(VoxstreamError):
     """The store already holds ``max_voices`` voices."""
 
 
+class VoiceOwnerError(VoxstreamError):
+    """The voice was made with another API key, which alone may delete it."""
+
+
+ORPHAN_GRACE_S = 600.0
+"""A leftover file younger than this may belong to a write in progress (another process on the folder)."""
+
+
 @dataclass(frozen=True)
 class VoiceInfo:
     """A saved voice's metadata, as listed by ``GET /v1/voices`` and written next to its latents."""
@@ -62,9 +79,39 @@ class VoiceInfo:
     duration_s: float
     created_at: int
     """Unix time, seconds."""
+    owner: str | None = None
+    """Digest of the API key that made it (``auth.key_owner``); None when made without a key. Not listed."""
 
     def to_json(self) -> dict[str, object]:
-        return {"object": "voice", **asdict(self)}
+        listed = asdict(self)
+        del listed["owner"]
+        return {"object": "voice", **listed}
+
+    @classmethod
+    def from_json(cls, data: object) -> VoiceInfo:
+        """Metadata read back from disk, every field checked. Raises ``ValueError``."""
+        if not isinstance(data, dict):
+            raise ValueError("the metadata is not a JSON object")
+        unknown = set(data) - set(_INFO_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {sorted(unknown)}")
+        for name, (kinds, optional) in _INFO_FIELDS.items():
+            value = data.get(name)
+            if value is None and optional:
+                continue
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise ValueError(f"field {name!r} is {value!r}")
+        duration = float(data["duration_s"])
+        if not math.isfinite(duration) or duration < 0:
+            raise ValueError(f"field 'duration_s' is {duration!r}")
+        return cls(**{**data, "duration_s": duration})
+
+
+_INFO_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "id": (str, False), "name": (str, False), "transcript": (str, True), "model": (str, False),
+    "duration_s": ((int, float), False), "created_at": (int, False), "owner": (str, True),
+}  # fmt: skip
+"""VoiceInfo's fields: (accepted JSON types, may be null or absent)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +139,7 @@ class VoiceStore:
         if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_orphans()
         for meta_path in sorted(self.directory.glob("voice_*.json")):
             voice_id = meta_path.stem
             if VOICE_ID_PATTERN.fullmatch(voice_id) is None:
@@ -125,7 +173,9 @@ class VoiceStore:
             return None
         return self.get(voice).prompt
 
-    async def add(self, prompt: VoicePrompt, *, name: str | None, duration_s: float) -> VoiceInfo:
+    async def add(
+        self, prompt: VoicePrompt, *, name: str | None, duration_s: float, owner: str | None = None
+    ) -> VoiceInfo:
         """Save a new voice under a fresh id (on disk first, when persistent) and return its metadata.
 
         Raises:
@@ -135,20 +185,25 @@ class VoiceStore:
             raise VoiceLimitError(f"the server keeps at most {self.max_voices} voices; delete one first")
         voice_id = f"voice_{secrets.token_hex(8)}"
         transcript = prompt.text if prompt.audio_patches is not None else None
-        info = VoiceInfo(voice_id, name or voice_id, transcript, self.model, round(duration_s, 3), int(time.time()))
+        info = VoiceInfo(
+            voice_id, name or voice_id, transcript, self.model, round(duration_s, 3), int(time.time()), owner
+        )
         voice = Voice(info, prompt)
         if self.directory is not None:
             await asyncio.to_thread(self._write, voice)
         self._voices[voice_id] = voice
         return info
 
-    async def delete(self, voice_id: str) -> None:
-        """Forget a voice and remove its files.
+    async def delete(self, voice_id: str, owner: str | None = None) -> None:
+        """Forget a voice and remove its files; ``owner`` is the requester's key digest (None: no key).
 
         Raises:
             UnknownVoiceError: no voice has this id.
+            VoiceOwnerError: the voice was made with another key.
         """
-        self.get(voice_id)
+        voice = self.get(voice_id)
+        if voice.info.owner is not None and voice.info.owner != owner:
+            raise VoiceOwnerError(f"voice {voice_id!r} was made with another API key; only that key may delete it")
         if self.directory is not None:
             await asyncio.to_thread(self._remove, voice_id)
         self._voices.pop(voice_id, None)
@@ -173,7 +228,7 @@ class VoiceStore:
 
     def _read(self, voice_id: str) -> Voice:
         tensors_path, meta_path = self._paths(voice_id)
-        info = VoiceInfo(**json.loads(meta_path.read_text()))
+        info = VoiceInfo.from_json(json.loads(meta_path.read_text()))
         if info.id != voice_id:
             raise ValueError(f"its metadata names id {info.id!r}")
         tensors = load_file(str(tensors_path))
@@ -182,6 +237,21 @@ class VoiceStore:
             raise ValueError(f"latents {shapes} of model {info.model!r} do not fit patches {self.patch_shape}")
         text = info.transcript or ""
         return Voice(info, VoicePrompt(text, tensors.get("audio_patches"), tensors.get("reference_patches")))
+
+    def _remove_orphans(self) -> None:
+        """Delete what an interrupted write or delete left: ``.tmp`` files and latents without their JSON."""
+        assert self.directory is not None
+        leftovers = [*self.directory.glob(".voice_*.tmp")]
+        tensors = self.directory.glob("voice_*.safetensors")
+        leftovers += [path for path in tensors if not path.with_suffix(".json").exists()]
+        now = time.time()
+        for path in leftovers:
+            try:
+                if now - path.stat().st_mtime > ORPHAN_GRACE_S:
+                    path.unlink()
+                    logger.warning("removed %s, left over by an interrupted write", path.name)
+            except OSError as exc:
+                logger.warning("cannot remove the leftover %s: %s", path.name, exc)
 
     def _remove(self, voice_id: str) -> None:
         tensors_path, meta_path = self._paths(voice_id)

@@ -18,6 +18,7 @@ from voxstream.serving.http_api import require_admission
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY
 from voxstream.serving.protocol import CloseCode
 from voxstream.serving.session import Session
+from voxstream.serving.ws_frames import StreamSocket
 
 STREAM_PATH = "/v1/tts/stream"
 
@@ -65,8 +66,11 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     # Refused before the 101 (an HTTP 503 with Retry-After), so a load balancer can try another replica.
     require_admission(app, connection=True)
     # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
-    ws = web.WebSocketResponse(
-        heartbeat=config.ping_interval_s, max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes, compress=False
+    ws = StreamSocket(
+        max_message_bytes=config.max_message_bytes,
+        heartbeat=config.ping_interval_s,
+        max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes,
+        compress=False,
     )
     sessions = app[SESSIONS_KEY]
     # Counted from the admission check on (no await in between), so concurrent upgrades cannot exceed the limit.
@@ -81,6 +85,9 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                     session.receive(message.data)
                 elif message.type is WSMsgType.BINARY:
                     session.receive_binary()
+                # Messages already buffered are returned without a suspension: yield, so that a
+                # client sending many at once takes turns with every other connection.
+                await asyncio.sleep(0)
     finally:
         sessions.discard(ws)
     return ws
