@@ -127,6 +127,8 @@ class Request:
     params: SynthesisParams = field(default_factory=SynthesisParams)
     prompt: Any = None
     """Voice prompt (e.g. cached prompt latents); opaque to the engine, interpreted by the runner."""
+    persona: str | None = None
+    """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
 
     def __post_init__(self) -> None:
         rid = self.request_id
@@ -134,6 +136,8 @@ class Request:
         _require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
         tokens = self.prefill_tokens
         _require(_is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
+        persona = self.persona
+        _require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
 
 
 @dataclass(slots=True, eq=False)

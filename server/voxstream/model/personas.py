@@ -17,8 +17,12 @@ its users; ``release`` drops the count. A persona that is in use is never evicte
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +86,19 @@ class PersonaLinear(nn.Linear):
         self.scaling[slot] = scaling
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _locked(method: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with args[0].lock:  # type: ignore[attr-defined]
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class _Resident:
     slot: int
@@ -99,6 +116,8 @@ class PersonaBank:
     layers: dict[str, PersonaLinear] = field(default_factory=dict)
     adapters: dict[str, LoRAAdapter] = field(default_factory=dict)
     resident: OrderedDict[str, _Resident] = field(default_factory=OrderedDict)  # least recently used first
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held by every method that changes the bank, and by an engine runner for a whole step."""
 
     def __post_init__(self) -> None:
         if self.max_personas < 1 or self.max_rank < 1:
@@ -109,6 +128,7 @@ class PersonaBank:
         """Changes when layers are wrapped (captured CUDA graphs of the model must then be re-captured)."""
         return len(self.layers)
 
+    @_locked
     def register(self, name: str, adapter: LoRAAdapter) -> None:
         """Make ``name`` available. Replacing a registered persona is refused while it is in use."""
         if adapter.rank > self.max_rank:
@@ -121,6 +141,7 @@ class PersonaBank:
         if current is not None:
             self._write(current.slot, adapter)
 
+    @_locked
     def remove(self, name: str) -> None:
         """Forget ``name``; requests already holding it keep its slot until they release it."""
         if self.adapters.pop(name, None) is None:
@@ -129,6 +150,7 @@ class PersonaBank:
         if held is not None and not held.users:
             self._clear(self.resident.pop(name).slot)
 
+    @_locked
     def acquire(self, name: str) -> int:
         """The device slot of ``name`` (loading it, evicting an unused one if needed); counts one user."""
         adapter = self.adapters.get(name)
@@ -143,6 +165,7 @@ class PersonaBank:
         held.users += 1
         return held.slot
 
+    @_locked
     def release(self, name: str) -> None:
         held = self.resident[name]
         held.users -= 1
