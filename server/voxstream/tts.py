@@ -53,7 +53,7 @@ class VoxCPM:
         self.personas: PersonaBank | None = None
 
     # ---- personas (LoRA adapters) ----
-    def enable_personas(self, max_personas: int = 4, max_rank: int = 32) -> PersonaBank:
+    def enable_personas(self, max_personas: int = 4, max_rank: int = 64) -> PersonaBank:
         """Make the model able to run LoRA personas, ``max_personas`` resident at once with ranks up to
         ``max_rank``; returns the bank (made once: later calls return it unchanged)."""
         if self.personas is None:

@@ -134,3 +134,22 @@ def test_ckpt_variant_and_compiled_key_names_load_the_same_weights(
     assert loaded.keys() == expected.keys()
     for path, (a, b) in expected.items():
         assert torch.equal(loaded[path][0], a) and torch.equal(loaded[path][1], b)
+
+
+def test_synth_cli_speaks_with_a_lora_folder(tmp_path: Path, tmp_root: str, capsys: pytest.CaptureFixture) -> None:
+    import soundfile
+
+    from voxstream.cli.main import main
+
+    meta = json.loads((LORA / "voxcpm2" / "meta.json").read_text(encoding="utf-8"))
+    case = next(c for c in meta["generate"] if c["key"] == "en")
+    fp32_model("voxcpm2", tmp_root)  # checks the checkpoint digest
+    common = ["synth", "--model", str(Path(tmp_root) / "voxcpm2"), "--device", "cpu", "--dtype", "float32"]
+    common += ["--text", case["text"], "--seed", str(case["seed"]), "--max-len", str(meta["max_len"]), "--quiet"]
+    assert main([*common, "--lora", str(LORA / "voxcpm2"), "--out", str(tmp_path / "persona.wav")]) == 0
+    heard, _ = soundfile.read(str(tmp_path / "persona.wav"), dtype="float32")
+    expected = load_file(str(LORA / "voxcpm2" / "fixture.safetensors"))["generate.en"].numpy()
+    assert heard.shape == expected.shape
+    assert float(np.abs(heard - expected).max()) <= 2**-14  # 16-bit WAV
+    assert main([*common, "--lora", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.wav")]) == 2
+    assert "not a LoRA checkpoint directory" in capsys.readouterr().err
