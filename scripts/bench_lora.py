@@ -33,7 +33,7 @@ import voxstream
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
 from voxstream.model.lora import target_layers
-from voxstream.model.voxcpm import DecodeState
+from voxstream.model.voxcpm import DecodeState, PrefillBatch
 from voxstream.prompt import build_sequence
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
 from voxstream.tts import VoxCPM
@@ -73,12 +73,13 @@ class Step:
         self.tts = tts
         config, device, dtype = tts.config, tts.device, tts.dtype
         sequence = build_sequence(tts.tokenizer, config, TEXT, None)
-        self.caches = [
-            KVCache(lm, batch, sequence.length + 8, device, dtype) for lm in (config.lm_config, config.residual_lm)
+        self.rows = [
+            KVCache.dedicated(lm, batch, sequence.length + 8, device, dtype)
+            for lm in (config.lm_config, config.residual_lm)
         ]
-        self.rows = [cache.rows(0, batch) for cache in self.caches]
         with torch.inference_mode():
-            self.saved = tts.model.prefill(tts.prefill_batch([sequence] * batch), *self.rows)
+            batch_inputs = PrefillBatch.from_sequences([sequence] * batch, device, dtype)
+            self.saved = tts.model.prefill(batch_inputs, *self.rows)
             self.state = DecodeState(*(t.clone() for t in self.saved.as_tuple()))
         self.noise = torch.randn(batch, config.feat_dim, config.patch_size, generator=torch.Generator().manual_seed(0))
         self.cfg = torch.full((batch,), 2.0)

@@ -45,3 +45,8 @@ def test_bench_engine_smoke() -> None:
 def test_bench_server_smoke() -> None:
     result = run_script("bench_server.py", "--sessions", "1", "--utterances", "1")
     assert "| 1 |" in result.stdout and "| 48000 | 7680 |" in result.stdout
+
+
+def test_bench_lora_smoke() -> None:
+    result = run_script("bench_lora.py", "--batch", "2", "--rounds", "1", "--threads", "1")
+    assert "| 4 personas |" in result.stdout and "| no personas |" in result.stdout
