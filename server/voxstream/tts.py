@@ -142,6 +142,18 @@ class VoxCPM:
             else self.encode_audio(reference_audio, reference_sample_rate, pad="right"),
         )
 
+    @contextmanager
+    def _selecting(self, persona: torch.Tensor | None) -> Iterator[None]:
+        """Around one model call: the adapted layers read this utterance's persona index. The bank's lock
+        keeps an engine step (which holds it) or another utterance from changing the index meanwhile."""
+        bank = self.personas
+        if bank is None:
+            yield
+            return
+        with bank.lock:
+            bank.rows.index = persona
+            yield
+
     # ---- one utterance ----
     def generate(
         self,
@@ -206,16 +218,14 @@ class VoxCPM:
     def _decode(
         self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool, persona: torch.Tensor | None
     ) -> Iterator[Chunk]:
-        rows = self.personas.rows if self.personas is not None else None
         cap = sequence_length_cap(sequence, params.max_len, self.config.max_length)
         # A cache exactly as long as this utterance can get.
         base, residual = (
             KVCache.dedicated(lm, 1, sequence.length + cap, self.device, self.dtype)
             for lm in (self.config.lm_config, self.config.residual_lm)
         )
-        if rows is not None:  # set before every model call: another utterance may run in between
-            rows.index = persona
-        state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
+        with self._selecting(persona):
+            state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
         vae_state = self.vae_decoder.new_state(1)
         self.vae_decoder.warm(sequence.decode_context, self.dtype, vae_state)
         noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
@@ -227,9 +237,8 @@ class VoxCPM:
 
             steps = tqdm(steps, desc="patches", unit="patch")
         for step in steps:
-            if rows is not None:
-                rows.index = persona
-            patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
+            with self._selecting(persona):
+                patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
             audio = self.vae_decoder.decode(patch.float().transpose(1, 2), vae_state)
             stopped = step > params.min_len and bool(stop_logits.argmax(dim=-1)[0] == 1)
             yield Chunk(audio[0].cpu().numpy(), patch[0].float().cpu(), stopped)
