@@ -165,3 +165,25 @@ def test_personas_added_after_graph_capture_are_in_the_replayed_step(
     heard = audio(run(Engine(runner, EngineConfig(max_running=4)), {0: [req]})[req.request_id])
     assert runner.graph_captures == 2 * before  # every graph captured again, with the adapted layers
     np.testing.assert_allclose(heard, solo(tts, req), atol=1e-4, rtol=0)
+
+
+def test_adding_personas_while_sessions_speak_leaves_them_unchanged(
+    tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A model serving without personas gets its first ones mid-stream (its layers are adapted then): the
+    running session sounds as it would alone, and a session that then asks for the new persona gets it."""
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("add") / "v2", "voxcpm2", seed=0)
+    fresh = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    plain, voiced = speakers(tts)[0], speakers(tts)[1]
+    expected_plain = solo(fresh, plain)
+    eng, _ = engine(fresh)
+    eng.add(plain)
+    outputs = [o for _ in range(3) for o in eng.step()]
+    fresh.enable_personas(max_personas=2, max_rank=8)
+    fresh.load_persona("A", LORA)
+    eng.add(voiced)
+    while eng.has_work():
+        outputs += eng.step()
+    heard = {rid: np.concatenate([o.chunk for o in outputs if o.request_id == rid]) for rid in ("r0", "r1")}
+    np.testing.assert_allclose(heard["r0"], expected_plain, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(heard["r1"], solo(tts, voiced), atol=1e-4, rtol=0)
