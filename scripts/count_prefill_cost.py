@@ -48,7 +48,7 @@ def costs(model: VoxCPMModel, config: ModelConfig, sequence: InputSequence) -> d
     every_position = dataclasses.replace(batch, audio_positions=torch.arange(sequence.length, device=META))
     cached = dataclasses.replace(
         batch,
-        audio_embeds=torch.zeros(batch.audio_positions.numel(), config.lm_config.hidden_size, device=META),
+        audio_encodings=torch.zeros(batch.audio_positions.numel(), config.encoder_config.hidden_dim, device=META),
     )
     before, after = prefill_flops(model, config, every_position), prefill_flops(model, config, batch)
     with_cache = prefill_flops(model, config, cached) if batch.audio_positions.numel() else after

@@ -82,3 +82,8 @@ def test_count_prefill_cost_counts_less_for_audio_only_locenc_and_cached_voices(
     assert cloned["audio_positions"] > 0 and zero_shot["audio_positions"] == 0
     assert cloned["gflop_locenc_every_position"] > cloned["gflop_locenc_audio_only"] > cloned["gflop_voice_cached"]
     assert zero_shot["gflop_locenc_every_position"] > zero_shot["gflop_locenc_audio_only"]
+
+
+def test_bench_lora_smoke() -> None:
+    result = run_script("bench_lora.py", "--batch", "2", "--rounds", "1", "--threads", "1")
+    assert "| 4 personas |" in result.stdout and "| no personas |" in result.stdout

@@ -21,10 +21,8 @@ prompt clips. The weights digest in ``meta.json`` ties the fixture to the genera
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +37,7 @@ from voxcpm.core import VoxCPM  # noqa: E402
 from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "reference" / "model"
-# Per tiny model: the generate() length limit (keeps the fixture small) and the bf16 trace texts.
+# Per tiny model: the generate() length limit (keeps the fixture small).
 CASES = {"voxcpm-16k": 40, "voxcpm-44k": 9, "voxcpm2": 14, "voxcpm2-b": 20}
 TEXTS = {
     "en": ("Hello world, this is a test.", 11),
@@ -59,17 +57,13 @@ def main() -> None:
 
 
 def record(name: str, max_len: int, tmp: Path) -> None:
-    bf16_dir = make_tiny_checkpoint(tmp / "bf16", name, seed=0)
-    fp32_dir = tmp / "fp32"
-    shutil.copytree(bf16_dir, fp32_dir)
+    fp32_dir = make_tiny_checkpoint(tmp / "fp32", name, seed=0)
     config = json.loads((fp32_dir / "config.json").read_text())
     (fp32_dir / "config.json").write_text(json.dumps({**config, "dtype": "float32", "device": "cpu"}))
-    bf16_config = json.loads((bf16_dir / "config.json").read_text())
-    (bf16_dir / "config.json").write_text(json.dumps({**bf16_config, "device": "cpu"}))
     out = OUT / name
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    meta: dict = {"reference": "voxcpm==2.0.3", "weights_digest": weights_digest(bf16_dir), "max_len": max_len}
+    meta: dict = {"reference": "voxcpm==2.0.3", "weights_digest": weights_digest(fp32_dir), "max_len": max_len}
 
     ref = VoxCPM(str(fp32_dir), enable_denoiser=False, optimize=False, device="cpu")
     model = ref.tts_model
@@ -77,9 +71,6 @@ def record(name: str, max_len: int, tmp: Path) -> None:
     tensors |= record_modules(model, is_v2)
     clips = write_clips(model, out, is_v2)
     meta["generate"] = record_generate(ref, clips, max_len, is_v2, tensors)
-
-    ref16 = VoxCPM(str(bf16_dir), enable_denoiser=False, optimize=False, device="cpu")
-    meta["traces"] = record_traces(ref16, clips, max_len, is_v2, tensors)
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "fixture.safetensors"))
@@ -194,76 +185,6 @@ def record_generate(
             {"key": key, "text": text, "seed": seed, "prompt": _prompt_meta(prompt), "samples": int(wav.shape[0])}
         )
     return cases
-
-
-def record_traces(
-    ref: VoxCPM, clips: dict[str, Path], max_len: int, is_v2: bool, tensors: dict[str, torch.Tensor]
-) -> list[dict]:
-    """bf16 per-step records of generate(): what conditions each patch, and the patch itself."""
-    model = ref.tts_model
-    traces = []
-    cases = [c for c in generate_cases(clips, is_v2) if c[0] in ("en", "continuation", "reference_continuation")]
-    for key, text, seed, prompt in cases:
-        log: dict[str, list[torch.Tensor]] = {
-            "lm_hidden": [],
-            "residual_hidden": [],
-            "stop_logits": [],
-            "noise": [],
-            "patch": [],
-        }
-        undo = [
-            _record_input(model.lm_to_dit_proj, log["lm_hidden"]),
-            _record_input(model.res_to_dit_proj, log["residual_hidden"]),
-            _record_output(model.stop_head, log["stop_logits"]),
-            _record_output(model.feat_decoder, log["patch"]),
-            _record_randn(log["noise"]),
-        ]
-        try:
-            torch.manual_seed(seed)
-            ref.generate(text, max_len=max_len, retry_badcase=False, **prompt)
-        finally:
-            for restore in undo:
-                restore()
-        for field, values in log.items():
-            tensors[f"trace.{key}.{field}"] = torch.cat(values).float()
-        traces.append(
-            {"key": key, "text": text, "seed": seed, "prompt": _prompt_meta(prompt), "steps": len(log["patch"])}
-        )
-    return traces
-
-
-def _record_input(module: torch.nn.Module, sink: list[torch.Tensor]):
-    """Record the first argument of every call (the hidden state a projection reads)."""
-    return _wrap_forward(module, lambda args, value: sink.append(args[0].clone()))
-
-
-def _record_output(module: torch.nn.Module, sink: list[torch.Tensor]):
-    return _wrap_forward(module, lambda args, value: sink.append(value.clone()))
-
-
-def _wrap_forward(module: torch.nn.Module, record: Callable[[tuple, torch.Tensor], None]):
-    real = module.forward
-
-    def forward(*args: object, **kwargs: object) -> torch.Tensor:
-        value = real(*args, **kwargs)
-        record(args, value)
-        return value
-
-    module.forward = forward
-    return lambda: delattr(module, "forward")
-
-
-def _record_randn(sink: list[torch.Tensor]):
-    """Record every torch.randn draw (the CFM's noise is the only one during generate)."""
-    real = torch.randn
-
-    def randn(*args: object, **kwargs: object) -> torch.Tensor:
-        value = real(*args, **kwargs)
-        sink.append(value.clone())
-        return value
-
-    torch.randn = randn
-    return lambda: setattr(torch, "randn", real)
 
 
 def _prompt_meta(prompt: dict) -> dict:

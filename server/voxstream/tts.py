@@ -8,8 +8,11 @@ utterance needs), but they share the model's compute: the engine serves concurre
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +23,8 @@ from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import StreamingVAEDecoder
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
+from voxstream.model.lora import load_lora
+from voxstream.model.personas import PersonaBank
 from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
 from voxstream.params import SynthesisParams
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
@@ -45,6 +50,44 @@ class VoxCPM:
         self.device = next(model.parameters()).device
         self.dtype = model.base_lm.norm.weight.dtype
         self.vae_decoder = StreamingVAEDecoder(model.audio_vae)
+        self.personas: PersonaBank | None = None
+
+    # ---- personas (LoRA adapters) ----
+    def enable_personas(self, max_personas: int = 4, max_rank: int = 64) -> PersonaBank:
+        """Make the model able to run LoRA personas, ``max_personas`` resident at once with ranks up to
+        ``max_rank``; returns the bank (made once: later calls return it unchanged)."""
+        if self.personas is None:
+            self.personas = PersonaBank(self.model, max_personas, max_rank)
+        return self.personas
+
+    def load_persona(self, name: str, directory: str | os.PathLike[str]) -> None:
+        """Load a LoRA checkpoint directory (the reference's format) as persona ``name``."""
+        bank = self.enable_personas()
+        bank.register(name, load_lora(directory, self.model))
+
+    def _persona_name(self, lora: str | os.PathLike[str]) -> str:
+        """A registered persona's name, or a checkpoint directory (registered under its resolved path)."""
+        bank = self.enable_personas()
+        if isinstance(lora, str) and lora in bank.adapters:
+            return lora
+        name = str(Path(lora).resolve())
+        if name not in bank.adapters:
+            self.load_persona(name, name)
+        return name
+
+    @contextmanager
+    def _persona(self, lora: str | os.PathLike[str] | None) -> Iterator[torch.Tensor | None]:
+        """The one-row persona index for this utterance (None without one), held for its duration."""
+        if lora is None:
+            yield None
+            return
+        name = self._persona_name(lora)
+        bank = self.enable_personas()
+        slot = bank.acquire(name)
+        try:
+            yield torch.tensor([slot], device=self.device)
+        finally:
+            bank.release(name)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Switch the transformer parts to ``dtype`` (the VAE stays float32); only between utterances."""
@@ -99,6 +142,18 @@ class VoxCPM:
             else self.encode_audio(reference_audio, reference_sample_rate, pad="right"),
         )
 
+    @contextmanager
+    def _selecting(self, persona: torch.Tensor | None) -> Iterator[None]:
+        """Around one model call: the adapted layers read this utterance's persona index. The bank's lock
+        keeps an engine step (which holds it) or another utterance from changing the index meanwhile."""
+        bank = self.personas
+        if bank is None:
+            yield
+            return
+        with bank.lock:
+            bank.rows.index = persona
+            yield
+
     # ---- one utterance ----
     def generate(
         self,
@@ -111,8 +166,10 @@ class VoxCPM:
         min_len: int = 2,
         max_len: int = 4096,
         progress: bool = False,
+        lora: str | os.PathLike[str] | None = None,
     ) -> np.ndarray:
-        """Synthesize ``text``; returns float32 samples at ``sample_rate``."""
+        """Synthesize ``text``; returns float32 samples at ``sample_rate``. ``lora``: a persona registered
+        with ``load_persona``, or a LoRA checkpoint directory in the reference's format."""
         chunks = self.stream(
             text,
             prompt=prompt,
@@ -122,6 +179,7 @@ class VoxCPM:
             min_len=min_len,
             max_len=max_len,
             progress=progress,
+            lora=lora,
         )
         return np.concatenate([chunk.audio for chunk in chunks])
 
@@ -136,21 +194,38 @@ class VoxCPM:
         min_len: int = 2,
         max_len: int = 4096,
         progress: bool = False,
+        lora: str | os.PathLike[str] | None = None,
     ) -> Iterator[Chunk]:
         """Like ``generate``, yielding each patch's audio as soon as it is decoded."""
         params = SynthesisParams(cfg_value, inference_timesteps, min_len, max_len, seed)
         sequence = build_sequence(self.tokenizer, self.config, text, prompt)
-        return self._run(sequence, params, random_seed() if seed is None else seed, progress)
+        if lora is not None:
+            self._persona_name(lora)  # load errors surface here, not at the first chunk
+        return self._run(sequence, params, random_seed() if seed is None else seed, progress, lora)
 
     @torch.inference_mode()
-    def _run(self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool) -> Iterator[Chunk]:
+    def _run(
+        self,
+        sequence: InputSequence,
+        params: SynthesisParams,
+        seed: int,
+        progress: bool,
+        lora: str | os.PathLike[str] | None,
+    ) -> Iterator[Chunk]:
+        with self._persona(lora) as persona:
+            yield from self._decode(sequence, params, seed, progress, persona)
+
+    def _decode(
+        self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool, persona: torch.Tensor | None
+    ) -> Iterator[Chunk]:
         cap = sequence_length_cap(sequence, params.max_len, self.config.max_length)
         # A cache exactly as long as this utterance can get.
         base, residual = (
             KVCache.dedicated(lm, 1, sequence.length + cap, self.device, self.dtype)
             for lm in (self.config.lm_config, self.config.residual_lm)
         )
-        state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
+        with self._selecting(persona):
+            state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
         vae_state = self.vae_decoder.new_state(1)
         self.vae_decoder.warm(sequence.decode_context, self.dtype, vae_state)
         noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
@@ -162,7 +237,8 @@ class VoxCPM:
 
             steps = tqdm(steps, desc="patches", unit="patch")
         for step in steps:
-            patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
+            with self._selecting(persona):
+                patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
             audio = self.vae_decoder.decode(patch.float().transpose(1, 2), vae_state)
             stopped = step > params.min_len and bool(stop_logits.argmax(dim=-1)[0] == 1)
             yield Chunk(audio[0].cpu().numpy(), patch[0].float().cpu(), stopped)

@@ -195,3 +195,25 @@ def make_request() -> Callable[..., Request]:
 @pytest.fixture
 def chunk_of() -> Callable[[str, int], Chunk]:
     return fake_chunk
+
+
+@pytest.fixture
+def emulated_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``StepGraphs`` capture emulated on CPU: recording must not change the runner's pool, and a replay
+    re-runs the step on whatever the buffers hold then, as a real graph would."""
+    from voxstream.engine.cuda_graphs import StepGraphs
+
+    def fake_capture(self: StepGraphs, bucket: int, timesteps: int) -> tuple[Callable[[], None], object]:
+        runner = self.step.__self__  # type: ignore[attr-defined]
+        pool = [runner.base.tensor, runner.residual.tensor, *runner.state.as_tuple(), *runner.vae_state.buffers]
+        saved = [t.clone() for t in pool]
+        output = self.step(bucket, timesteps)
+        for tensor, value in zip(pool, saved, strict=True):
+            tensor.copy_(value)
+
+        def replay() -> None:
+            output.copy_(self.step(bucket, timesteps))
+
+        return replay, output
+
+    monkeypatch.setattr(StepGraphs, "_capture", fake_capture)

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 import voxstream
 from voxstream.engine import Engine, EngineConfig, FinishReason, Request, StepOutput, SynthesisParams
-from voxstream.engine.cuda_graphs import StepGraphs
 from voxstream.engine.outputs import PrefillItem, StepPlan
 from voxstream.engine.runner import ModelRunner
 from voxstream.errors import InvalidInputError
@@ -279,26 +278,10 @@ def test_decode_slots_may_be_any_subset_of_the_occupied_slots(tts: VoxCPM) -> No
         np.testing.assert_allclose(np.concatenate(got[rid]), audio(every_step[rid][:count]), atol=1e-4, rtol=0)
 
 
-def test_graphs_are_captured_up_front_and_replays_match_eager(tts: VoxCPM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graphs_are_captured_up_front_and_replays_match_eager(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """The CUDA-graph path (static index buffer, batch buckets with padding rows, timestep counts rounded up
     to a captured one) gives the eager step's audio, and nothing is captured while serving. Capture is
-    emulated on CPU: recording must not change the pool, and a replay re-runs the step on whatever the
-    buffers hold then, as a real graph would."""
-
-    def fake_capture(self: StepGraphs, bucket: int, timesteps: int):
-        runner = self.step.__self__
-        pool = [runner.base.tensor, runner.residual.tensor, *runner.state.as_tuple(), *runner.vae_state.buffers]
-        saved = [t.clone() for t in pool]
-        output = self.step(bucket, timesteps)
-        for tensor, value in zip(pool, saved, strict=True):
-            tensor.copy_(value)
-
-        def replay() -> None:
-            output.copy_(self.step(bucket, timesteps))
-
-        return replay, output
-
-    monkeypatch.setattr(StepGraphs, "_capture", fake_capture)
+    emulated on CPU (``emulated_graph_capture``)."""
     arrivals = {
         0: [request("a", "First speaker here, talking for a while.", tts, seed=1, min_len=12, max_len=14)],
         3: [request("b", "Second.", tts, seed=2, inference_timesteps=4, max_len=9)],

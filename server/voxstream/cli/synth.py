@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="read numbers, dates and money as words first (needs pip install 'voxstream[normalize]')",
     )
+    parser.add_argument(
+        "--lora", type=Path, help="LoRA persona: a checkpoint folder in the reference's fine-tuning format"
+    )
     parser.add_argument("--seed", type=int, help="random seed (same seed, same audio)")
     parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance strength (default 2.0)")
     parser.add_argument("--steps", type=int, default=10, help="diffusion steps per patch (default 10)")
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         min_len=args.min_len,
         max_len=args.max_len,
         progress=not args.quiet,
+        lora=args.lora,
     )
     soundfile.write(str(args.out), audio, model.sample_rate)
     print(f"wrote {audio.size / model.sample_rate:.2f} s at {model.sample_rate} Hz to {args.out}", file=sys.stderr)

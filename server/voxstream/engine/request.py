@@ -98,6 +98,8 @@ class Request:
     """For a sentence continuing a stream that is already playing: when its first chunk must have left
     (the listener's buffer runs dry), on the clock ``Engine.step`` is given. None: a new stream, whose
     listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
+    persona: str | None = None
+    """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
 
     def __post_init__(self) -> None:
         rid = self.request_id
@@ -111,6 +113,8 @@ class Request:
         due = self.playback_due
         due_ok = due is None or (_is_number(due) and math.isfinite(due))
         require(due_ok, "playback_due", due, "must be None or a finite number")
+        persona = self.persona
+        require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
 
 
 @dataclass(slots=True, eq=False)

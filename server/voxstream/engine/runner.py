@@ -18,6 +18,10 @@ The seed contract without per-step generator calls: at prefill a request's whole
 patch per step it may take, ``NoiseStream.take``) is drawn once and stored in its KV blocks, at the
 position each step writes; the step gathers every row's noise by its position on the device.
 
+LoRA personas: each request's persona gets a slot of the model's ``PersonaBank`` at prefill (released
+with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
+persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``).
+
 CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
 of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
 
@@ -43,6 +47,7 @@ from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import VAEStreamState
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import NULL_BLOCK, KVCache
+from voxstream.model.personas import PersonaBank, PersonaError
 from voxstream.model.voxcpm import DecodeState, PrefillBatch
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
@@ -57,6 +62,58 @@ class KVPoolSize:
 
     bytes: int
     block_size: int = DEFAULT_BLOCK_SIZE
+
+
+class _Personas:
+    """The runner's side of LoRA personas: which bank slot each request holds, and the per-slot table of
+    bank slots the step gathers (0: no adapter; padding rows stay 0)."""
+
+    def __init__(self, tts: VoxCPM, rows: int) -> None:
+        self.tts = tts
+        self.table = torch.zeros(rows, dtype=torch.long, device=tts.device)
+        self.held: dict[str, str] = {}  # request id -> persona name
+        self.generation = tts.personas.generation if tts.personas is not None else 0
+
+    @property
+    def bank(self) -> PersonaBank | None:
+        """The model's bank, read each time: personas may be enabled after the runner was made."""
+        return self.tts.personas
+
+    @property
+    def active(self) -> bool:
+        """Adapted layers exist: every model call must say which adapter slot each row uses."""
+        bank = self.bank
+        return bank is not None and bool(bank.layers)
+
+    def acquire(self, request_id: str, persona: str | None) -> int:
+        """The bank slot of the request's persona (0 for none), held until ``release``."""
+        if persona is None:
+            return 0
+        bank = self.bank
+        if bank is None:
+            raise PersonaError(f"unknown persona {persona!r}: this model has no personas loaded")
+        slot = bank.acquire(persona)
+        self.held[request_id] = persona
+        return slot
+
+    def release(self, request_ids: tuple[str, ...]) -> None:
+        bank = self.bank
+        for request_id in request_ids:
+            persona = self.held.pop(request_id, None)
+            if persona is not None and bank is not None:
+                bank.release(persona)
+
+    def select(self, slots: torch.Tensor) -> None:
+        """Point the adapted layers at the bank slots of these rows (device-side, so graph-safe)."""
+        if self.active:
+            self.bank.rows.index = slots  # type: ignore[union-attr]
+
+    def layers_changed(self) -> bool:
+        """Layers were adapted since the last call (graphs captured before do not contain them)."""
+        bank = self.bank
+        generation = bank.generation if bank is not None else 0
+        changed, self.generation = generation != self.generation, generation
+        return changed
 
 
 class ModelRunner:
@@ -114,6 +171,7 @@ class ModelRunner:
         self.block_tables = torch.zeros(rows, self.table_width, dtype=torch.int32, device=device)
         self.cfg = torch.zeros(rows, dtype=torch.float32, device=device)
         self.timesteps = torch.ones(rows, dtype=torch.long, device=device)
+        self.personas = _Personas(tts, rows)
         # Host mirrors of what the step's shape depends on: the next position and timesteps per slot.
         self._positions = np.zeros(rows, dtype=np.int64)
         self._timesteps = np.ones(rows, dtype=np.int64)
@@ -244,7 +302,18 @@ class ModelRunner:
     # ---- plan phases ----
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> RunnerOutput:
+        bank = self.personas.bank
+        if bank is None:
+            return self._execute(plan)
+        with bank.lock:  # personas are added and removed from other threads between steps
+            if self.personas.layers_changed() and self.graphs is not None:
+                self.graphs.graphs.clear()  # captured without the new adapted layers
+                self.capture_graphs()
+            return self._execute(plan)
+
+    def _execute(self, plan: StepPlan) -> RunnerOutput:
         self.requests.difference_update(plan.released)
+        self.personas.release(plan.released)
         if plan.moves:
             self._move([move.src for move in plan.moves], [move.dst for move in plan.moves])
         length_caps, errors = self._prefill(plan.prefills)
@@ -261,6 +330,7 @@ class ModelRunner:
                 self.block_tables,
                 self.cfg,
                 self.timesteps,
+                self.personas.table,
             ):
                 buffer[dst] = buffer[src]
             self._positions[dst], self._timesteps[dst] = self._positions[src], self._timesteps[src]
@@ -271,12 +341,14 @@ class ModelRunner:
         caps: dict[str, int] = {}
         errors: dict[str, str] = {}
         ready: list[tuple[PrefillItem, InputSequence]] = []
+        persona_slots: list[int] = []
         for item in items:
             try:
                 sequence, cap = self._sequence(item.request)
                 if sequence.length + cap > len(item.blocks) * self.block_size:
                     raise InvalidInputError(f"request {item.request_id!r} was given too few KV blocks")
-            except InvalidInputError as exc:
+                persona_slots.append(self.personas.acquire(item.request_id, item.request.persona))  # last
+            except InvalidInputError as exc:  # PersonaError included
                 errors[item.request_id] = str(exc)
                 continue
             caps[item.request_id] = cap
@@ -290,8 +362,10 @@ class ModelRunner:
         tables = tables.to(device)
         slots = torch.tensor([item.slot for item, _ in ready], device=device)
         sequences = [sequence for _, sequence in ready]
-        audio_embeds = self._voice_embeds([(item.request.prompt, sequence) for item, sequence in ready])
-        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, audio_embeds)
+        encodings = self._voice_encodings([(item.request.prompt, sequence) for item, sequence in ready])
+        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, encodings)
+        self.personas.table[slots] = torch.tensor(persona_slots, device=device)
+        self.personas.select(self.personas.table[slots])
         state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
             buffer[slots] = fresh_rows
@@ -311,10 +385,11 @@ class ModelRunner:
             self.requests.add(item.request_id)
         return caps, errors
 
-    def _voice_embeds(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
-        """The embeddings of every audio position of the batch, row by row, from the voice cache or encoded
-        now. Each voice is encoded by itself, so its embeddings never depend on which other requests share
-        the prefill, and a cached copy equals what encoding it again would give, bit for bit."""
+    def _voice_encodings(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
+        """LocEnc's outputs for every audio position of the batch, row by row, from the voice cache or encoded
+        now (encoder space: the persona-dependent projection into the LM happens in the prefill). Each voice
+        is encoded by itself, so its encodings never depend on which other requests share the prefill, and a
+        cached copy equals what encoding it again would give, bit for bit."""
         parts = []
         for voice, sequence in rows:
             if voice is None:
@@ -322,7 +397,7 @@ class ModelRunner:
             embeds = self.voice_cache.get(voice.digest)
             if embeds is None:
                 patches = sequence.feats[sequence.audio_mask.bool()].to(self.tts.device, self.tts.dtype)
-                embeds = self.tts.model.embed_patches(patches.unsqueeze(0))[0]
+                embeds = self.tts.model.encode_patches(patches)
                 self.voice_cache.put(voice.digest, embeds)
             parts.append(embeds)
         return torch.cat(parts) if parts else None
@@ -414,6 +489,7 @@ class ModelRunner:
         )
         flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
         noise = self.noise[flat + state.positions % self.block_size]
+        self.personas.select(self.personas.table.index_select(0, index))
         patch, stop_logits = self.tts.model.decode_step(
             state, self.base.view(tables), self.residual.view(tables), noise, self.cfg.index_select(0, index), schedule
         )

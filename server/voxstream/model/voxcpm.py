@@ -42,9 +42,10 @@ class PrefillBatch:
     lengths: torch.Tensor  # (B,) long, real length of each row (>= 1)
     # Flat index (row * T + position) of every audio position, row by row: the only positions LocEnc runs on.
     audio_positions: torch.Tensor  # (N,) long
-    # LM-space embeddings of those positions, in that order, when the caller has them (a runner's voice
-    # cache); None: ``prefill`` encodes them.
-    audio_embeds: torch.Tensor | None = None
+    # LocEnc's outputs (N, encoder hidden) for those positions, in that order, when the caller has them (a
+    # runner's voice cache); None: ``prefill`` encodes them. Encoder space, not LM space: the projection into
+    # the LM runs per row in the batch, where a row's LoRA persona applies.
+    audio_encodings: torch.Tensor | None = None
 
     @classmethod
     def from_sequences(
@@ -52,10 +53,10 @@ class PrefillBatch:
         sequences: list[InputSequence],
         device: torch.device,
         dtype: torch.dtype,
-        audio_embeds: torch.Tensor | None = None,
+        audio_encodings: torch.Tensor | None = None,
     ) -> PrefillBatch:
-        """Right-pad sequences into one batch on ``device`` (feats and masks in ``dtype``); ``audio_embeds``
-        (N, H), if given, are the embeddings of the sequences' audio positions, row by row."""
+        """Right-pad sequences into one batch on ``device`` (feats and masks in ``dtype``); ``audio_encodings``
+        (N, encoder hidden), if given, are LocEnc's outputs for the sequences' audio positions, row by row."""
         width = max(sequence.length for sequence in sequences)
         # Found on the host, from the unpadded masks, so the prefill never waits for the device to find them.
         audio_positions = torch.cat(
@@ -74,7 +75,7 @@ class PrefillBatch:
             audio_mask=stack("audio_mask", dtype),
             lengths=torch.tensor([sequence.length for sequence in sequences], device=device),
             audio_positions=audio_positions.to(device),
-            audio_embeds=audio_embeds,
+            audio_encodings=audio_encodings,
         )
 
 
@@ -142,18 +143,26 @@ class VoxCPMModel(nn.Module):
         """patches (B, T, P, D) -> LM-space audio embeddings (B, T, H)."""
         return self.enc_to_lm_proj(self.feat_encoder(patches))
 
+    def encode_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches (N, P, D) -> LocEnc outputs (N, encoder hidden), before the projection into the LM."""
+        return self.feat_encoder(patches.unsqueeze(0))[0]
+
     def embed_audio_positions(self, batch: PrefillBatch) -> torch.Tensor:
-        """LM-space audio embeddings (B, T, H) of a prefill batch: LocEnc runs on the audio positions only and
-        every other position's embedding is zero (text and padding positions are masked out anyway)."""
-        flat_feats = batch.feats.flatten(0, 1)
-        embeds = flat_feats.new_zeros(flat_feats.size(0), self.config.lm_config.hidden_size)
+        """LM-space audio embeddings (B, T, H) of a prefill batch, zero wherever ``audio_mask`` is 0.
+
+        LocEnc runs on the audio positions only (gathered across rows); the projection into the LM runs on
+        the batch's (B, T) layout, so each row's LoRA persona, selected per row, applies to its own rows."""
         if batch.audio_positions.numel() == 0:  # zero-shot rows only
-            return embeds.view(*batch.feats.shape[:2], -1)
-        encoded = batch.audio_embeds
+            rows, length = batch.feats.shape[:2]
+            return batch.feats.new_zeros(rows, length, self.config.lm_config.hidden_size)
+        flat_feats = batch.feats.flatten(0, 1)
+        encoded = batch.audio_encodings
         if encoded is None:
-            encoded = self.embed_patches(flat_feats[batch.audio_positions].unsqueeze(0))[0]
-        embeds.index_copy_(0, batch.audio_positions, encoded)
-        return embeds.view(*batch.feats.shape[:2], -1)
+            encoded = self.encode_patches(flat_feats[batch.audio_positions])
+        scattered = encoded.new_zeros(flat_feats.size(0), encoded.size(-1))
+        scattered.index_copy_(0, batch.audio_positions, encoded)
+        embeds = self.enc_to_lm_proj(scattered.view(*batch.feats.shape[:2], -1))
+        return embeds * batch.audio_mask.unsqueeze(-1)
 
     def _residual_input(self, lm_hidden: torch.Tensor, audio_embeds: torch.Tensor) -> torch.Tensor:
         if self.is_v2:

@@ -1,0 +1,222 @@
+"""LoRA personas in the engine: rows with different personas share steps, and each session hears exactly what it
+would hear alone; personas can be added, swapped out and removed under load without leaking into anyone's audio."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import voxstream
+from voxstream.engine import Engine, EngineConfig, FinishReason, Request
+from voxstream.engine.runner import ModelRunner
+from voxstream.model.lora import load_lora
+from voxstream.params import SynthesisParams
+from voxstream.prompt import VoicePrompt
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+from voxstream.tts import VoxCPM
+
+from .test_model_runner import audio, request, run
+
+LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A: the reference-made adapter; B: the same layers with other weights."""
+    other = tmp_path_factory.mktemp("persona") / "b"
+    shutil.copytree(LORA, other)
+    state = load_file(str(other / "lora_weights.safetensors"))
+    save_file({k: (-0.7 * v).contiguous() for k, v in state.items()}, str(other / "lora_weights.safetensors"))
+    return {"A": LORA, "B": other}
+
+
+def persona_model(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path], max_personas: int) -> VoxCPM:
+    """A fresh model (adapting wraps its layers) with personas A and B registered."""
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2", seed=0)
+    tts = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    tts.enable_personas(max_personas=max_personas, max_rank=16)
+    for name, directory in adapters.items():
+        tts.load_persona(name, directory)
+    return tts
+
+
+@pytest.fixture(scope="module")
+def tts(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -> VoxCPM:
+    return persona_model(tmp_path_factory, adapters, max_personas=4)
+
+
+def engine(tts: VoxCPM, slots: int = 4) -> tuple[Engine, ModelRunner]:
+    runner = ModelRunner(tts, num_slots=slots, max_length=256)
+    return Engine(runner, EngineConfig(max_running=slots)), runner
+
+
+def with_persona(req: Request, persona: str | None) -> Request:
+    return Request(req.request_id, req.text, req.prefill_tokens, req.params, persona=persona)
+
+
+def speakers(tts: VoxCPM) -> list[Request]:
+    texts = ["Hello world, this is a test.", "A second voice says this.", "第三个人说话。", "And one more."]
+    personas = [None, "A", "B", "A"]
+    return [
+        with_persona(request(f"r{i}", text, tts, seed=11 + i, max_len=10 + i), persona)
+        for i, (text, persona) in enumerate(zip(texts, personas, strict=True))
+    ]
+
+
+def solo(tts: VoxCPM, req: Request) -> np.ndarray:
+    return audio(run(engine(tts)[0], {0: [req]})[req.request_id])
+
+
+def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM) -> None:
+    meta = json.loads((LORA / "meta.json").read_text(encoding="utf-8"))
+    case = next(c for c in meta["generate"] if c["key"] == "en")
+    req = with_persona(request("ref", case["text"], tts, seed=case["seed"], max_len=meta["max_len"]), "A")
+    expected = load_file(str(LORA / "fixture.safetensors"))["generate.en"].numpy()
+    np.testing.assert_allclose(solo(tts, req), expected, atol=1e-4, rtol=0)
+
+
+def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> None:
+    reqs = speakers(tts)
+    alone = {req.request_id: solo(tts, req) for req in reqs}
+    mixed = run(engine(tts)[0], {0: reqs[:2], 1: reqs[2:]})
+    for req in reqs:
+        np.testing.assert_allclose(audio(mixed[req.request_id]), alone[req.request_id], atol=1e-4, rtol=0)
+    # The personas are audible: A, B and no persona give three different voices for the same request.
+    base = speakers(tts)[1]
+    voices = [solo(tts, with_persona(base, p)) for p in (None, "A", "B")]
+    for i in range(3):
+        for j in range(i):
+            n = min(voices[i].size, voices[j].size)
+            assert float(np.abs(voices[i][:n] - voices[j][:n]).max()) > 0.05
+    assert tts.personas is not None and all(tts.personas.users(name) == 0 for name in ("A", "B"))
+
+
+def test_graph_bookkeeping_covers_persona_rows(tts: VoxCPM, emulated_graph_capture: None) -> None:
+    reqs = speakers(tts)
+    arrivals = {0: reqs[:1], 1: reqs[1:3], 3: reqs[3:]}
+    eager = run(engine(tts)[0], arrivals)
+    runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner.capture_graphs()
+    captured = runner.graph_captures
+    graphed = run(Engine(runner, EngineConfig(max_running=4)), arrivals)
+    assert captured and runner.graph_captures == captured, "steps must replay graphs captured up front"
+    for req in reqs:
+        np.testing.assert_allclose(audio(graphed[req.request_id]), audio(eager[req.request_id]), atol=1e-4, rtol=0)
+
+
+def test_swapping_through_one_device_slot_leaks_nothing(
+    tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]
+) -> None:
+    """One resident persona at a time: B waits for nobody but evicts A once A's request is done; a request
+    that needs a slot while every slot is held fails alone, with a typed error."""
+    one_slot = persona_model(tmp_path_factory, adapters, max_personas=1)
+    reqs = speakers(tts)
+    a, b = reqs[1], reqs[2]
+    eng, _ = engine(one_slot)
+    outputs = run(eng, {0: [a], 1: [b]})
+    assert outputs[b.request_id][-1].finish_reason == FinishReason.ERROR
+    assert "persona slots are in use" in (outputs[b.request_id][-1].error or "")
+    np.testing.assert_allclose(audio(outputs[a.request_id]), solo(tts, a), atol=1e-4, rtol=0)
+    for req in (b, a, b):  # swap B in, A back, B again: each equals the many-slot model's audio
+        np.testing.assert_allclose(solo(one_slot, req), solo(tts, req), atol=1e-4, rtol=0)
+
+
+def test_removing_a_persona_lets_its_requests_finish_and_refuses_new_ones(
+    tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]
+) -> None:
+    model = persona_model(tmp_path_factory, adapters, max_personas=2)
+    bank = model.personas
+    assert bank is not None
+    first = with_persona(request("first", "Speaking while removed.", model, seed=5, max_len=9), "B")
+    expected = solo(model, first)
+    eng, _ = engine(model)
+    eng.add(first)
+    outputs = [o for _ in range(3) for o in eng.step()]
+    bank.remove("B")
+    later = with_persona(request("later", "Too late.", model, seed=6, max_len=5), "B")
+    eng.add(later)
+    while eng.has_work():
+        outputs += eng.step()
+    heard = np.concatenate([o.chunk for o in outputs if o.request_id == "first"])
+    np.testing.assert_allclose(heard, expected, atol=1e-4, rtol=0)
+    last = [o for o in outputs if o.request_id == "later"][-1]
+    assert last.finish_reason == FinishReason.ERROR and "unknown persona 'B'" in (last.error or "")
+    assert "B" not in bank.resident  # its slot was freed when its last request ended
+    # Registered again, it is the same voice.
+    bank.register("B", load_lora(adapters["B"], model.model))
+    np.testing.assert_allclose(solo(model, first), expected, atol=1e-4, rtol=0)
+
+
+def test_personas_added_after_graph_capture_are_in_the_replayed_step(
+    tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory, emulated_graph_capture: None
+) -> None:
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("late") / "v2", "voxcpm2", seed=0)
+    late = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    runner = ModelRunner(late, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner.capture_graphs()
+    before = runner.graph_captures
+    late.enable_personas(max_personas=4, max_rank=16)
+    late.load_persona("A", LORA)
+    req = speakers(tts)[1]
+    heard = audio(run(Engine(runner, EngineConfig(max_running=4)), {0: [req]})[req.request_id])
+    assert runner.graph_captures == 2 * before  # every graph captured again, with the adapted layers
+    np.testing.assert_allclose(heard, solo(tts, req), atol=1e-4, rtol=0)
+
+
+def test_adding_personas_while_sessions_speak_leaves_them_unchanged(
+    tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A model serving without personas gets its first ones mid-stream (its layers are adapted then): the
+    running session sounds as it would alone, and a session that then asks for the new persona gets it."""
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("add") / "v2", "voxcpm2", seed=0)
+    fresh = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    plain, voiced = speakers(tts)[0], speakers(tts)[1]
+    expected_plain = solo(fresh, plain)
+    eng, _ = engine(fresh)
+    eng.add(plain)
+    outputs = [o for _ in range(3) for o in eng.step()]
+    fresh.enable_personas(max_personas=2, max_rank=8)
+    fresh.load_persona("A", LORA)
+    eng.add(voiced)
+    while eng.has_work():
+        outputs += eng.step()
+    heard = {rid: np.concatenate([o.chunk for o in outputs if o.request_id == rid]) for rid in ("r0", "r1")}
+    np.testing.assert_allclose(heard["r0"], expected_plain, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(heard["r1"], solo(tts, voiced), atol=1e-4, rtol=0)
+
+
+def test_voiced_rows_with_different_personas_share_a_prefill(tts: VoxCPM) -> None:
+    """A voice's patches are encoded once (and cached) without any persona; each row's persona still adapts the
+    projection of those encodings into the LM, even when voiced rows of several personas are prefilled together."""
+    patches = 0.5 * torch.randn(
+        8, tts.config.patch_size, tts.config.feat_dim, generator=torch.Generator().manual_seed(3)
+    )
+    voice = VoicePrompt("A short clip.", patches)
+    reqs = [
+        Request(
+            f"v{i}",
+            text,
+            prefill_tokens=40,
+            params=SynthesisParams(seed=5 + i, max_len=6),
+            prompt=voice,
+            persona=persona,
+        )
+        for i, (text, persona) in enumerate([("One voice.", "A"), ("Two voices.", "B"), ("Three.", None)])
+    ]
+    alone = {req.request_id: solo(tts, req) for req in reqs}
+    together = run(engine(tts)[0], {0: reqs})
+    for req in reqs:
+        assert together[req.request_id][-1].finish_reason is not FinishReason.ERROR
+        np.testing.assert_allclose(audio(together[req.request_id]), alone[req.request_id], atol=1e-4, rtol=0)
+    # The persona reaches the voiced prompt: the same request with A and without a persona differ.
+    plain = solo(
+        tts, Request("p", "One voice.", prefill_tokens=40, params=SynthesisParams(seed=5, max_len=6), prompt=voice)
+    )
+    n = min(plain.size, alone["v0"].size)
+    assert float(np.abs(plain[:n] - alone["v0"][:n]).max()) > 0.05

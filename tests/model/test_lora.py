@@ -1,0 +1,155 @@
+"""LoRA personas in the reference's format: parity with the reference's own LoRA inference, and strict loading.
+
+The adapters and expected audio under ``tests/fixtures/reference/lora/`` were made by
+``scripts/reference/lora_fixtures.py`` with the reference's ``LoRAConfig``/``LoRALinear`` and its inference
+path; nothing here derives them from voxstream.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import voxstream
+from voxstream.errors import ModelLoadError
+from voxstream.model.lora import load_lora
+from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest
+from voxstream.tts import VoxCPM
+
+LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora"
+PROMPTS = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
+NAMES = ["voxcpm-16k", "voxcpm2"]
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("lora"))
+
+
+@cache
+def fp32_model(name: str, tmp_root: str) -> VoxCPM:
+    directory = make_tiny_checkpoint(Path(tmp_root) / name, name, seed=0)
+    meta = json.loads((LORA / name / "meta.json").read_text(encoding="utf-8"))
+    assert weights_digest(directory) == meta["weights_digest"], "rerun scripts/reference/lora_fixtures.py"
+    return voxstream.load_model(directory, device="cpu", dtype=torch.float32)
+
+
+def cases() -> list:
+    params = []
+    for name in NAMES:
+        meta = json.loads((LORA / name / "meta.json").read_text(encoding="utf-8"))
+        params += [pytest.param(name, case, id=f"{name}-{case['key']}") for case in meta["generate"]]
+    return params
+
+
+@pytest.mark.parametrize(("name", "case"), cases())
+def test_persona_matches_the_reference_with_its_adapter_loaded(name: str, case: dict, tmp_root: str) -> None:
+    tts = fp32_model(name, tmp_root)
+    meta = json.loads((LORA / name / "meta.json").read_text(encoding="utf-8"))
+    expected = load_file(str(LORA / name / "fixture.safetensors"))[f"generate.{case['key']}"].numpy()
+    prompt = case["prompt"]
+    voice = None
+    if prompt:
+        voice = tts.make_prompt(text=prompt["prompt_text"], audio=PROMPTS / name / prompt["prompt_wav_path"])
+    run = {"prompt": voice, "seed": case["seed"], "max_len": meta["max_len"]}
+    plain = tts.generate(case["text"], **run)
+    persona = tts.generate(case["text"], lora=LORA / name, **run)
+    assert persona.shape == expected.shape
+    assert float(np.abs(persona - expected).max()) <= 1e-4
+    # The adapter matters (the comparison could not pass without it), and leaves no trace after its request.
+    assert plain.shape != expected.shape or float(np.abs(plain - expected).max()) > 0.1
+    np.testing.assert_array_equal(tts.generate(case["text"], **run), plain)
+
+
+# ---- strict loading ----
+
+
+def adapter_copy(tmp_path: Path, name: str = "voxcpm2") -> tuple[Path, dict[str, torch.Tensor]]:
+    folder = tmp_path / "adapter"
+    shutil.copytree(LORA / name, folder)
+    return folder, load_file(str(folder / "lora_weights.safetensors"))
+
+
+def write_state(folder: Path, state: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "lora_weights.safetensors"))
+
+
+def load_error(folder: Path, tmp_root: str) -> str:
+    with pytest.raises(ModelLoadError) as caught:
+        load_lora(folder, fp32_model("voxcpm2", tmp_root).model)
+    return str(caught.value)
+
+
+Q0 = "base_lm.layers.0.self_attn.q_proj"
+DIT_V1 = "feat_decoder.estimator.decoder.layers.1.self_attn.v_proj"
+
+
+def test_every_offending_key_is_named_in_one_error(tmp_path: Path, tmp_root: str) -> None:
+    folder, state = adapter_copy(tmp_path)
+    del state[f"{Q0}.lora_B"]  # missing partner
+    state[f"{DIT_V1}.lora_A"] = torch.zeros(8, 3)  # wrong shape
+    state["stop_proj.lora_A"] = torch.zeros(8, 32)  # not targeted by the config
+    write_state(folder, state)
+    message = load_error(folder, tmp_root)
+    assert f"{Q0}.lora_B: missing" in message
+    assert f"{DIT_V1}.lora_A: shape (8, 3)" in message
+    assert "stop_proj.lora_A: unknown key" in message
+
+
+def test_a_rank_that_differs_from_the_config_is_refused(tmp_path: Path, tmp_root: str) -> None:
+    folder, _ = adapter_copy(tmp_path)
+    document = json.loads((folder / "lora_config.json").read_text())
+    document["lora_config"]["r"] = 4
+    (folder / "lora_config.json").write_text(json.dumps(document))
+    assert "config says r=4" in load_error(folder, tmp_root)
+
+
+def test_missing_config_or_weights_are_named(tmp_path: Path, tmp_root: str) -> None:
+    folder, _ = adapter_copy(tmp_path)
+    (folder / "lora_weights.safetensors").unlink()
+    assert "neither lora_weights.safetensors nor lora_weights.ckpt" in load_error(folder, tmp_root)
+    (folder / "lora_config.json").unlink()
+    assert "lora_config.json is missing" in load_error(folder, tmp_root)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "state_dict"])
+def test_ckpt_variant_and_compiled_key_names_load_the_same_weights(
+    tmp_path: Path, tmp_root: str, wrapped: bool
+) -> None:
+    model = fp32_model("voxcpm2", tmp_root).model
+    expected = load_lora(LORA / "voxcpm2", model).weights
+    folder, state = adapter_copy(tmp_path)
+    (folder / "lora_weights.safetensors").unlink()
+    # torch.compile's wrapper puts "._orig_mod." into the names the trainer saves.
+    compiled = {k.replace("feat_decoder.estimator.", "feat_decoder._orig_mod.estimator."): v for k, v in state.items()}
+    torch.save({"state_dict": compiled} if wrapped else compiled, folder / "lora_weights.ckpt")
+    loaded = load_lora(folder, model).weights
+    assert loaded.keys() == expected.keys()
+    for path, (a, b) in expected.items():
+        assert torch.equal(loaded[path][0], a) and torch.equal(loaded[path][1], b)
+
+
+def test_synth_cli_speaks_with_a_lora_folder(tmp_path: Path, tmp_root: str, capsys: pytest.CaptureFixture) -> None:
+    import soundfile
+
+    from voxstream.cli.main import main
+
+    meta = json.loads((LORA / "voxcpm2" / "meta.json").read_text(encoding="utf-8"))
+    case = next(c for c in meta["generate"] if c["key"] == "en")
+    fp32_model("voxcpm2", tmp_root)  # checks the checkpoint digest
+    common = ["synth", "--model", str(Path(tmp_root) / "voxcpm2"), "--device", "cpu", "--dtype", "float32"]
+    common += ["--text", case["text"], "--seed", str(case["seed"]), "--max-len", str(meta["max_len"]), "--quiet"]
+    assert main([*common, "--lora", str(LORA / "voxcpm2"), "--out", str(tmp_path / "persona.wav")]) == 0
+    heard, _ = soundfile.read(str(tmp_path / "persona.wav"), dtype="float32")
+    expected = load_file(str(LORA / "voxcpm2" / "fixture.safetensors"))["generate.en"].numpy()
+    assert heard.shape == expected.shape
+    assert float(np.abs(heard - expected).max()) <= 2**-14  # 16-bit WAV
+    assert main([*common, "--lora", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.wav")]) == 2
+    assert "not a LoRA checkpoint directory" in capsys.readouterr().err
