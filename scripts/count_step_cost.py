@@ -88,6 +88,7 @@ class StepCost:
     matmul_bytes: int = 0
     ops: Counter[str] = field(default_factory=Counter)
     op_bytes: Counter[str] = field(default_factory=Counter)
+    matmul_ops: set[str] = field(default_factory=set)
 
     @property
     def non_matmul_bytes(self) -> int:
@@ -100,7 +101,12 @@ class StepCost:
             self.matmul_bytes + other.matmul_bytes,
             self.ops + other.ops,
             self.op_bytes + other.op_bytes,
+            self.matmul_ops | other.matmul_ops,
         )
+
+    def non_matmul_op_bytes(self) -> Counter[str]:
+        """Bytes per op name, matmul-class ops left out."""
+        return Counter({name: moved for name, moved in self.op_bytes.items() if name not in self.matmul_ops})
 
 
 def _tensor_bytes(values: Any) -> int:
@@ -110,9 +116,12 @@ def _tensor_bytes(values: Any) -> int:
 
 def _moved_bytes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
     """Bytes an op reads and writes. A scatter into a tensor (``index_put_``: a KV-cache write) touches
-    only the written elements, not the whole destination it returns."""
+    only the written elements, not the whole destination it returns; a gather (``index``: a RoPE table
+    lookup by position) reads only the elements it returns, not the whole table."""
     if name in ("index_put", "index_put_"):
         return 2 * _tensor_bytes(args[2]) + _tensor_bytes(args[1])
+    if name == "index":
+        return 2 * _tensor_bytes(out) + _tensor_bytes(args[1])
     return _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
 
 
@@ -130,6 +139,7 @@ class CostCounter(TorchDispatchMode):
         cost.bytes += moved
         if matmul:
             cost.matmul_bytes += moved
+            cost.matmul_ops.add(name)
         cost.ops[name] += 1
         cost.op_bytes[name] += moved
 
@@ -261,6 +271,9 @@ def main() -> None:
     parser.add_argument("--timesteps", type=int, default=10, help="CFM timesteps per patch")
     parser.add_argument("--fused", action="store_true", help="count the fused path as it runs on CUDA")
     parser.add_argument("--top", type=int, default=0, help="also print the N most frequent ops and their bytes")
+    parser.add_argument(
+        "--breakdown", type=int, default=0, help="also print, per phase, the N ops that move the most non-matmul bytes"
+    )
     parser.add_argument("--json", type=Path, help="write the rows to this file")
     args = parser.parse_args()
     config = ModelConfig.from_dict(ALL_CONFIGS[args.config], source=args.config)
@@ -277,6 +290,10 @@ def main() -> None:
         print(f"            {_describe('total', cost, batch)}")
         for name, count in cost.ops.most_common(args.top):
             print(f"    {count:6d}  {cost.op_bytes[name] / 1e6:10.1f} MB  {name}")
+        for phase in ("model", "vae") if args.breakdown else ():
+            print(f"  {phase}: non-matmul MB/row by op")
+            for name, moved in phases[phase].non_matmul_op_bytes().most_common(args.breakdown):
+                print(f"    {phases[phase].ops[name]:6d}  {moved / batch / 1e6:8.2f} MB/row  {name}")
     if args.json is not None:
         args.json.write_text(json.dumps({"config": args.config, "context": args.context, "rows": rows}, indent=1))
 

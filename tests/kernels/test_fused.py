@@ -76,6 +76,20 @@ def test_snake(dtype: torch.dtype, device: torch.device) -> None:
     assert_matches(on(device, fused.snake, x, alpha), reference.snake(x.float(), alpha.float()).to(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("past_frames", [1, 54, 1100])
+def test_snake_with_past(dtype: torch.dtype, past_frames: int, device: torch.device) -> None:
+    """The past frames copied unchanged, then the activated new ones: a streaming conv's input, past and new
+    parts each shorter or longer than one kernel block."""
+    x = 3 * randn(2, 5, 700, dtype=dtype)
+    alpha = (0.05 + torch.rand(1, 5, 1, generator=torch.Generator().manual_seed(1))).to(dtype)
+    past = randn(2, 5, past_frames, dtype=dtype, seed=2)
+    got = on(device, fused.snake_with_past, x, alpha, past)
+    assert torch.equal(got[..., :past_frames], past)
+    expected = reference.snake_with_past(x.float(), alpha.float(), past.float()).to(dtype)
+    assert_matches(got, expected)
+
+
 def test_snake_tiny_alpha_uses_the_epsilon(device: torch.device) -> None:
     """alpha = 0 is finite through the 1e-9 guard, exactly as the VAE computes it."""
     x, alpha = randn(1, 2, 8), torch.tensor([[[0.0], [1e-12]]])
@@ -112,6 +126,8 @@ def test_bad_shapes_raise() -> None:
         fused.silu_mul(randn(2, 8), randn(2, 9))
     with pytest.raises(ValueError, match="alpha"):
         fused.snake(randn(1, 3, 8), randn(1, 4, 1))
+    with pytest.raises(ValueError, match="past"):
+        fused.snake_with_past(randn(1, 3, 8), randn(1, 3, 1), randn(1, 4, 2))
 
 
 class OpNames(TorchDispatchMode):
@@ -135,15 +151,18 @@ def test_cpu_tensors_take_the_plain_torch_path() -> None:
 def test_fused_on_meta_is_one_op_each() -> None:
     meta = torch.device("meta")
     x, weight = torch.empty(2, 3, 8, device=meta), torch.empty(8, device=meta)
-    alpha = torch.empty(1, 3, 1, device=meta)
+    alpha, past = torch.empty(1, 3, 1, device=meta), torch.empty(2, 3, 6, device=meta)
     cos, q_and_k = torch.empty(3, 4, device=meta), torch.empty(2, 6, 3, 4, device=meta)
     with ops.fused_on_meta(), OpNames() as seen:
         ops.rms_norm(x, weight, 1e-5)
         normed, hidden = ops.rms_norm(x, weight, 1e-5, residual=x)
         ops.silu_mul(x, x)
         ops.snake(x, alpha)
+        extended = ops.snake_with_past(x, alpha, past)
         q, k = ops.rope_qk(q_and_k, cos, cos, 4)
     launched = [name for name in seen.names if not name.startswith("aten.expand")]
-    assert launched == [f"voxstream.{op}" for op in ("rms_norm", "add_rms_norm", "silu_mul", "snake", "rope_qk")]
+    fused_ops = ("rms_norm", "add_rms_norm", "silu_mul", "snake", "snake_with_past", "rope_qk")
+    assert launched == [f"voxstream.{op}" for op in fused_ops]
+    assert extended.shape == (2, 3, 14)
     assert normed.shape == hidden.shape == x.shape
     assert q.shape == (2, 4, 3, 4) and k.shape == (2, 2, 3, 4)

@@ -76,3 +76,16 @@ def snake(x: Tensor, alpha: Tensor) -> Tensor:
 @snake.register_fake
 def _(x: Tensor, alpha: Tensor) -> Tensor:
     return _empty(x, alpha)
+
+
+@torch.library.custom_op("voxstream::snake_with_past", mutates_args=(), device_types="cuda")
+def snake_with_past(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    from voxstream.kernels import fused
+
+    return fused.snake_with_past(x, alpha, past)
+
+
+@snake_with_past.register_fake
+def _(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    batch, channels, length = x.shape
+    return x.new_empty(batch, channels, past.size(-1) + length, dtype=torch.promote_types(x.dtype, alpha.dtype))

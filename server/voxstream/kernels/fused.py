@@ -73,6 +73,23 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, length, eps, BLOCK: tl.co
 
 
 @triton.jit
+def _snake_with_past_kernel(
+    x_ptr, alpha_ptr, past_ptr, out_ptr, channels, length, past_length, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row: past_length past frames, then length new
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    total = past_length + length
+    in_past = cols < past_length
+    is_new = (cols >= past_length) & (cols < total)
+    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
+    past = tl.load(past_ptr + row * past_length + cols, mask=in_past, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * length + (cols - past_length), mask=is_new, other=0.0).to(tl.float32)
+    wave = tl.sin(alpha * x)
+    out = tl.where(in_past, past, x + (1.0 / (alpha + eps)) * (wave * wave))
+    tl.store(out_ptr + row * total + cols, out.to(out_ptr.dtype.element_ty), mask=cols < total)
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr,
     cos_ptr,
@@ -229,4 +246,21 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     batch, channels, length = x.shape
     grid = (batch * channels, triton.cdiv(length, _ELEMENTWISE_BLOCK))
     _snake_kernel[grid](x, alpha.reshape(-1), out, channels, length, SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK)
+    return out
+
+
+def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """``reference.snake_with_past`` in one launch: x (B, C, L), alpha (1, C, 1), past (B, C, P)."""
+    if x.ndim != 3 or alpha.shape != (1, x.size(1), 1):
+        raise ValueError(f"snake expects x (B, C, L) and alpha (1, C, 1), got {tuple(x.shape)}, {tuple(alpha.shape)}")
+    if past.ndim != 3 or past.shape[:2] != x.shape[:2]:
+        raise ValueError(f"past {tuple(past.shape)} does not match x {tuple(x.shape)} in batch and channels")
+    x, past = x.contiguous(), past.contiguous()
+    batch, channels, length = x.shape
+    total = past.size(-1) + length
+    out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
+    grid = (batch * channels, triton.cdiv(total, _ELEMENTWISE_BLOCK))
+    _snake_with_past_kernel[grid](
+        x, alpha.reshape(-1), past, out, channels, length, past.size(-1), SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK
+    )
     return out

@@ -72,3 +72,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The VAE's Snake activation, x (B, C, L), alpha (1, C, 1)."""
     return torch.ops.voxstream.snake(x, alpha) if _fused(x) else reference.snake(x, alpha)
+
+
+def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """``cat([past, snake(x)], dim=-1)``, x (B, C, L), alpha (1, C, 1), past (B, C, P): the Snake written
+    straight into a streaming conv's input, without materialising it on its own first."""
+    if _fused(x):
+        return torch.ops.voxstream.snake_with_past(x, alpha, past)
+    return reference.snake_with_past(x, alpha, past)

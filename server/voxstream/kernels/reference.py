@@ -58,3 +58,9 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The VAE's Snake ``x + sin²(αx) / (α + 1e-9)``, x (B, C, L), alpha (1, C, 1); the reference's order of
     operations (reciprocal, then product)."""
     return x + torch.reciprocal(alpha + SNAKE_EPS) * torch.sin(alpha * x).pow(2)
+
+
+def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """``cat([past, snake(x)])`` along time: a streaming causal conv's input (its past frames, then the
+    activated new ones), x (B, C, L), past (B, C, P) -> (B, C, P + L)."""
+    return torch.cat([past, snake(x, alpha)], dim=-1)

@@ -18,6 +18,8 @@ measured error against float32): inputs and stream state take the VAE's dtype, a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,8 @@ from voxstream.kernels import ops
 # Stream state of a decode: one buffer per context-carrying layer, indexed by the layer's state_slot.
 # ``None`` means a whole-sequence decode that starts from silence.
 StreamBuffers = list[Tensor] | None
+# A transform of a layer's input (V2's sample-rate conditioning of a decoder block).
+LayerInput = Callable[[Tensor], Tensor]
 
 _RESIDUAL_DILATIONS = (1, 3, 9)
 _SUPPORTED_COND_TYPES = ("scale_bias", "scale_bias_init")
@@ -45,14 +49,15 @@ class _CausalContext:
     context: int
     state_slot: int = -1
 
-    def _with_past(self, x: Tensor, states: StreamBuffers) -> Tensor:
-        """x: (B, C, L) -> (B, C, context + L)."""
-        if self.context == 0:
-            return x
-        if states is None:
-            return F.pad(x, (self.context, 0))
+    def _with_past(self, x: Tensor, states: StreamBuffers, snake_alpha: Tensor | None = None) -> Tensor:
+        """x: (B, C, L) -> (B, C, context + L); with ``snake_alpha``, the Snake that precedes this layer is
+        applied to x on the way (a streaming call then writes the activation once, into the extended input)."""
+        if states is None or self.context == 0:
+            if snake_alpha is not None:
+                x = ops.snake(x, snake_alpha)
+            return x if self.context == 0 else F.pad(x, (self.context, 0))
         past = states[self.state_slot]
-        extended = torch.cat([past, x], dim=-1)
+        extended = torch.cat([past, x], dim=-1) if snake_alpha is None else ops.snake_with_past(x, snake_alpha, past)
         past.copy_(extended[..., extended.shape[-1] - self.context :])
         return extended
 
@@ -86,9 +91,10 @@ class CausalConv1d(_CausalContext, nn.Conv1d):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, dilation=dilation, groups=groups)
         self.context = left_pad
 
-    def forward(self, x: Tensor, states: StreamBuffers = None) -> Tensor:
-        """x: (B, C_in, L) -> (B, C_out, (L + left_pad - dilation·(k-1) - 1) // stride + 1)."""
-        return super().forward(self._with_past(x, states))
+    def forward(self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None) -> Tensor:
+        """x: (B, C_in, L) -> (B, C_out, (L + left_pad - dilation·(k-1) - 1) // stride + 1); ``snake_alpha``:
+        see ``_with_past``."""
+        return super().forward(self._with_past(x, states, snake_alpha))
 
 
 class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
@@ -119,19 +125,34 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
         with torch.no_grad():
             self.packed_weight = self._pack()
 
-    def forward(self, x: Tensor, states: StreamBuffers = None) -> Tensor:
-        """x: (B, C_in, L) -> (B, C_out, L·stride)."""
+    def forward(self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None) -> Tensor:
+        """x: (B, C_in, L) -> (B, C_out, L·stride); ``snake_alpha``: see ``_with_past``."""
         batch, _, length = x.shape
-        extended = self._with_past(x, states)
+        extended = self._with_past(x, states, snake_alpha)
         pairs = torch.cat([extended[..., 1:], extended[..., :-1]], dim=1).transpose(1, 2)  # (B, L, 2·C_in)
         blocks = (pairs @ self.packed_weight).view(batch, length, self.out_channels, self.stride[0])
         return blocks.permute(0, 2, 1, 3).reshape(batch, self.out_channels, -1) + self.bias[:, None]
 
 
-def _run(layers: nn.Module, x: Tensor, states: StreamBuffers) -> Tensor:
-    """Apply a container's layers in order, threading the stream state through each."""
-    for layer in layers:
-        x = layer(x, states)
+def _run(
+    layers: nn.Sequential, x: Tensor, states: StreamBuffers, conditions: Sequence[LayerInput | None] = ()
+) -> Tensor:
+    """Apply a container's layers in order, threading the stream state through each; ``conditions[i]``, where
+    given, transforms layer i's input. A Snake followed by a layer that prepends past frames is applied by
+    that layer (``_CausalContext._with_past``), which saves writing and rereading the activation."""
+    snake_alpha: Tensor | None = None
+    for index, layer in enumerate(layers):
+        condition = conditions[index] if index < len(conditions) else None
+        if condition is not None:
+            x = condition(x)
+        following = layers[index + 1] if index + 1 < len(layers) else None
+        next_condition = conditions[index + 1] if index + 1 < len(conditions) else None
+        if isinstance(layer, Snake1d) and isinstance(following, _CausalContext) and next_condition is None:
+            snake_alpha = layer.alpha
+        elif snake_alpha is not None:
+            x, snake_alpha = layer(x, states, snake_alpha=snake_alpha), None
+        else:
+            x = layer(x, states)
     return x
 
 
@@ -267,12 +288,9 @@ class CausalDecoder(nn.Module):
         """latents: (B, latent_dim, T) -> audio: (B, 1, T·decoder_hop); ``states`` streams (see ``_CausalContext``)."""
         if self.sr_cond_model is None:
             return torch.tanh(_run(self.model, latents, states))
-        x, bucket = latents, self._sample_rate_bucket()
-        for layer, condition in zip(self.model, self.sr_cond_model, strict=True):
-            if condition is not None:
-                x = condition(x, bucket)
-            x = layer(x, states)
-        return torch.tanh(x)
+        bucket = self._sample_rate_bucket()
+        conditions = [None if cond is None else partial(cond, bucket=bucket) for cond in self.sr_cond_model]
+        return torch.tanh(_run(self.model, latents, states, conditions))
 
 
 def _assign_state_slots(model: nn.Module) -> list[tuple[int, int]]:

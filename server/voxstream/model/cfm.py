@@ -93,15 +93,15 @@ class UnifiedCFM(nn.Module):
         step_dt = schedule.deltas if self.mean_mode else torch.zeros_like(schedule.deltas)
         time = estimator.time_embedding(schedule.times.reshape(-1), step_dt.reshape(-1)).view(batch, steps, -1)
         cond_tokens = estimator.cond_tokens(cond)
-        both_cond = torch.cat([cond_tokens, cond_tokens])
         both_mu = torch.cat([mu, torch.zeros_like(mu)])  # the unconditional half zeroes mu only
+        sequence = estimator.sequence(both_mu, torch.cat([cond_tokens, cond_tokens]))
         x = noise
         for step in range(1, steps + 1):
             # A CFG-Zero* step every row skips leaves x unchanged (x - dt*0), so it is not computed.
             if step <= schedule.uniform_zero_init:
                 continue
             both_time = torch.cat([time[:, step - 1], time[:, step - 1]])
-            velocity = self._guided_velocity(x, both_mu, both_time, both_cond, cfg_value)
+            velocity = self._guided_velocity(x, both_mu, both_time, sequence, cfg_value)
             updated = x - schedule.deltas[:, step - 1, None, None] * velocity
             if schedule.ragged:
                 active = (step > schedule.zero_init) & (step <= schedule.steps)
@@ -114,12 +114,12 @@ class UnifiedCFM(nn.Module):
         x: torch.Tensor,
         both_mu: torch.Tensor,
         both_time: torch.Tensor,
-        both_cond: torch.Tensor,
+        sequence: torch.Tensor,
         cfg_value: torch.Tensor,
     ) -> torch.Tensor:
         """One estimator call on 2B rows (conditional, then unconditional), combined with CFG-Zero*."""
         batch = x.size(0)
-        both = self.estimator.velocity(torch.cat([x, x]), both_mu, both_time, both_cond)
+        both = self.estimator.velocity(torch.cat([x, x]), both_mu, both_time, sequence)
         conditional, unconditional = both[:batch], both[batch:]
         flat_c, flat_u = conditional.reshape(batch, -1), unconditional.reshape(batch, -1)
         dot = torch.sum(flat_c * flat_u, dim=1, keepdim=True)

@@ -51,15 +51,16 @@ class VoxCPMLocDiT(nn.Module):
         self.out_proj = nn.Linear(hidden, in_channels, bias=True)
         self.time_mlp = TimestepEmbedding(hidden)
         self.delta_time_mlp = TimestepEmbedding(hidden)
-        prefix = 1 if mu_tokens == 1 else mu_tokens + 1
-        self.decoder = MiniCPMModel(config, rope_positions=prefix + 2 * patch_size)
+        # Tokens in front of the cond tokens: mu + time as one (voxcpm), or the mu tokens then time (voxcpm2).
+        self.prefix_tokens = 1 if mu_tokens == 1 else mu_tokens + 1
+        self.decoder = MiniCPMModel(config, rope_positions=self.prefix_tokens + 2 * patch_size)
 
     def forward(
         self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, dt: torch.Tensor
     ) -> torch.Tensor:
         """x (N, D, P) noisy patch, mu (N, mu_tokens*Hd), t and dt (N,), cond (N, D, P) previous patch
         -> velocity (N, D, P)."""
-        return self.velocity(x, mu, self.time_embedding(t, dt), self.cond_tokens(cond))
+        return self.velocity(x, mu, self.time_embedding(t, dt), self.sequence(mu, self.cond_tokens(cond)))
 
     def time_embedding(self, t: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
         """t, dt (N,) -> (N, Hd). Depends on the time grid only, so the sampler computes it once per grid."""
@@ -72,16 +73,27 @@ class VoxCPMLocDiT(nn.Module):
         # Contiguous, as the reference feeds it: in bf16 the GEMM path (and its rounding) depends on layout.
         return self.cond_proj(cond.transpose(1, 2).contiguous())
 
-    def velocity(
-        self, x: torch.Tensor, mu: torch.Tensor, time: torch.Tensor, cond_tokens: torch.Tensor
-    ) -> torch.Tensor:
-        """x (N, D, P), mu (N, mu_tokens*Hd), time (N, Hd) from ``time_embedding``, cond_tokens (N, P, Hd) from
-        ``cond_tokens`` -> velocity (N, D, P)."""
+    def sequence(self, mu: torch.Tensor, cond_tokens: torch.Tensor) -> torch.Tensor:
+        """mu (N, mu_tokens*Hd), cond_tokens (N, P, Hd) -> the decoder input (N, prefix_tokens + 2P, Hd) with the
+        parts that are constant over a patch's timesteps in place (voxcpm2's mu tokens, the cond tokens); the
+        time and noisy-patch slots are left for ``velocity`` to fill at each timestep, so a timestep writes
+        those alone instead of concatenating the whole sequence again."""
+        batch, patch, hidden = cond_tokens.shape
+        sequence = cond_tokens.new_empty(batch, self.prefix_tokens + 2 * patch, hidden)
+        if self.mu_tokens > 1:
+            sequence[:, : self.mu_tokens] = mu.view(batch, self.mu_tokens, hidden)
+        sequence[:, self.prefix_tokens : self.prefix_tokens + patch] = cond_tokens
+        return sequence
+
+    def velocity(self, x: torch.Tensor, mu: torch.Tensor, time: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+        """x (N, D, P), mu (N, mu_tokens*Hd), time (N, Hd) from ``time_embedding``, sequence from ``sequence``
+        (its time and patch slots are overwritten) -> velocity (N, D, P)."""
         tokens = self.in_proj(x.transpose(1, 2).contiguous())
         if self.mu_tokens == 1:
-            prefix = (mu + time).unsqueeze(1)
+            torch.add(mu, time, out=sequence[:, 0])
         else:
-            prefix = torch.cat([mu.view(mu.size(0), self.mu_tokens, self.hidden_size), time.unsqueeze(1)], dim=1)
-        hidden, _ = self.decoder(torch.cat([prefix, cond_tokens, tokens], dim=1), is_causal=False)
-        velocity = self.out_proj(hidden[:, prefix.size(1) + cond_tokens.size(1) :])
+            sequence[:, self.mu_tokens] = time
+        sequence[:, sequence.size(1) - tokens.size(1) :] = tokens
+        hidden, _ = self.decoder(sequence, is_causal=False)
+        velocity = self.out_proj(hidden[:, sequence.size(1) - tokens.size(1) :])
         return velocity.transpose(1, 2)
