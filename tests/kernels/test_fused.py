@@ -90,6 +90,19 @@ def test_snake_with_past(dtype: torch.dtype, past_frames: int, device: torch.dev
     assert_matches(got, expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conv_transpose_out(dtype: torch.dtype, device: torch.device) -> None:
+    """Blocks of 5 samples per frame laid out channels-first, more samples per row than one kernel block;
+    one rounded add per sample: exact."""
+    blocks, bias = randn(2, 250, 3, 5, dtype=dtype), randn(3, dtype=dtype, seed=1)
+    got = on(device, fused.conv_transpose_out, blocks, bias)
+    expected = reference.conv_transpose_out(blocks, bias)
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        assert_matches(got, expected)  # the interpreter's bf16 rounding, see assert_matches
+    else:
+        assert torch.equal(got, expected)
+
+
 def test_snake_tiny_alpha_uses_the_epsilon(device: torch.device) -> None:
     """alpha = 0 is finite through the 1e-9 guard, exactly as the VAE computes it."""
     x, alpha = randn(1, 2, 8), torch.tensor([[[0.0], [1e-12]]])
@@ -126,6 +139,8 @@ def test_bad_shapes_raise() -> None:
         fused.silu_mul(randn(2, 8), randn(2, 9))
     with pytest.raises(ValueError, match="alpha"):
         fused.snake(randn(1, 3, 8), randn(1, 4, 1))
+    with pytest.raises(ValueError, match="bias"):
+        fused.conv_transpose_out(randn(1, 4, 3, 2), randn(2))
     with pytest.raises(ValueError, match="past"):
         fused.snake_with_past(randn(1, 3, 8), randn(1, 3, 1), randn(1, 4, 2))
 
@@ -152,6 +167,7 @@ def test_fused_on_meta_is_one_op_each() -> None:
     meta = torch.device("meta")
     x, weight = torch.empty(2, 3, 8, device=meta), torch.empty(8, device=meta)
     alpha, past = torch.empty(1, 3, 1, device=meta), torch.empty(2, 3, 6, device=meta)
+    blocks, bias = torch.empty(2, 4, 3, 5, device=meta), torch.empty(3, device=meta)
     cos, q_and_k = torch.empty(3, 4, device=meta), torch.empty(2, 6, 3, 4, device=meta)
     with ops.fused_on_meta(), OpNames() as seen:
         ops.rms_norm(x, weight, 1e-5)
@@ -159,10 +175,11 @@ def test_fused_on_meta_is_one_op_each() -> None:
         ops.silu_mul(x, x)
         ops.snake(x, alpha)
         extended = ops.snake_with_past(x, alpha, past)
+        upsampled = ops.conv_transpose_out(blocks, bias)
         q, k = ops.rope_qk(q_and_k, cos, cos, 4)
     launched = [name for name in seen.names if not name.startswith("aten.expand")]
-    fused_ops = ("rms_norm", "add_rms_norm", "silu_mul", "snake", "snake_with_past", "rope_qk")
+    fused_ops = ("rms_norm", "add_rms_norm", "silu_mul", "snake", "snake_with_past", "conv_transpose_out", "rope_qk")
     assert launched == [f"voxstream.{op}" for op in fused_ops]
-    assert extended.shape == (2, 3, 14)
+    assert extended.shape == (2, 3, 14) and upsampled.shape == (2, 3, 20)
     assert normed.shape == hidden.shape == x.shape
     assert q.shape == (2, 4, 3, 4) and k.shape == (2, 2, 3, 4)

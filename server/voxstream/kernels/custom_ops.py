@@ -89,3 +89,16 @@ def snake_with_past(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
 def _(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
     batch, channels, length = x.shape
     return x.new_empty(batch, channels, past.size(-1) + length, dtype=torch.promote_types(x.dtype, alpha.dtype))
+
+
+@torch.library.custom_op("voxstream::conv_transpose_out", mutates_args=(), device_types="cuda")
+def conv_transpose_out(blocks: Tensor, bias: Tensor) -> Tensor:
+    from voxstream.kernels import fused
+
+    return fused.conv_transpose_out(blocks, bias)
+
+
+@conv_transpose_out.register_fake
+def _(blocks: Tensor, bias: Tensor) -> Tensor:
+    batch, length, channels, stride = blocks.shape
+    return blocks.new_empty(batch, channels, length * stride, dtype=torch.promote_types(blocks.dtype, bias.dtype))

@@ -90,6 +90,19 @@ def _snake_with_past_kernel(
 
 
 @triton.jit
+def _conv_transpose_out_kernel(blocks_ptr, bias_ptr, out_ptr, channels, length, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of the output, length·stride samples
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < length * stride
+    batch, channel = row // channels, row % channels
+    frame, phase = cols // stride, cols % stride
+    source = ((batch * length + frame) * channels + channel) * stride + phase
+    value = tl.load(blocks_ptr + source, mask=mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + channel).to(tl.float32)
+    tl.store(out_ptr + row * length * stride + cols, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr,
     cos_ptr,
@@ -263,4 +276,17 @@ def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) ->
     _snake_with_past_kernel[grid](
         x, alpha.reshape(-1), past, out, channels, length, past.size(-1), SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK
     )
+    return out
+
+
+def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``reference.conv_transpose_out`` in one launch: blocks (B, L, C, s), bias (C,) -> (B, C, L·s)."""
+    if blocks.ndim != 4 or bias.shape != (blocks.size(2),):
+        raise ValueError(f"expected blocks (B, L, C, s) and bias (C,), got {tuple(blocks.shape)}, {tuple(bias.shape)}")
+    blocks = blocks.contiguous()
+    batch, length, channels, stride = blocks.shape
+    dtype = torch.promote_types(blocks.dtype, bias.dtype)
+    out = torch.empty(batch, channels, length * stride, dtype=dtype, device=blocks.device)
+    grid = (batch * channels, triton.cdiv(length * stride, _ELEMENTWISE_BLOCK))
+    _conv_transpose_out_kernel[grid](blocks, bias, out, channels, length, stride, BLOCK=_ELEMENTWISE_BLOCK)
     return out

@@ -80,3 +80,10 @@ def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) ->
     if _fused(x):
         return torch.ops.voxstream.snake_with_past(x, alpha, past)
     return reference.snake_with_past(x, alpha, past)
+
+
+def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """blocks (B, L, C, s) -> (B, C, L·s) + bias (C,): the layout change and the bias add in one pass."""
+    if _fused(blocks):
+        return torch.ops.voxstream.conv_transpose_out(blocks, bias)
+    return reference.conv_transpose_out(blocks, bias)

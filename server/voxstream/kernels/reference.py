@@ -64,3 +64,10 @@ def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) ->
     """``cat([past, snake(x)])`` along time: a streaming causal conv's input (its past frames, then the
     activated new ones), x (B, C, L), past (B, C, P) -> (B, C, P + L)."""
     return torch.cat([past, snake(x, alpha)], dim=-1)
+
+
+def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A transposed conv's output from its per-frame blocks: blocks (B, L, C, s), output block l of every
+    channel -> (B, C, L·s) channels-first, plus bias (C,)."""
+    batch, _, channels, _ = blocks.shape
+    return blocks.permute(0, 2, 1, 3).reshape(batch, channels, -1) + bias[:, None]

@@ -131,7 +131,7 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
         extended = self._with_past(x, states, snake_alpha)
         pairs = torch.cat([extended[..., 1:], extended[..., :-1]], dim=1).transpose(1, 2)  # (B, L, 2·C_in)
         blocks = (pairs @ self.packed_weight).view(batch, length, self.out_channels, self.stride[0])
-        return blocks.permute(0, 2, 1, 3).reshape(batch, self.out_channels, -1) + self.bias[:, None]
+        return ops.conv_transpose_out(blocks, self.bias)
 
 
 def _run(
