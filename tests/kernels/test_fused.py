@@ -91,6 +91,22 @@ def test_snake_with_past(dtype: torch.dtype, past_frames: int, device: torch.dev
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_snake_with_past(dtype: torch.dtype, device: torch.device) -> None:
+    """A residual unit's add, returned, and the next unit's first Snake on the sum behind the past frames."""
+    x, residual = 3 * randn(2, 5, 1100, dtype=dtype), 3 * randn(2, 5, 1100, dtype=dtype, seed=3)
+    alpha = (0.05 + torch.rand(1, 5, 1, generator=torch.Generator().manual_seed(1))).to(dtype)
+    past = randn(2, 5, 54, dtype=dtype, seed=2)
+    extended, summed = on(device, fused.add_snake_with_past, x, residual, alpha, past)
+    expected_sum = reference.add_snake_with_past(x, residual, alpha, past)[1]
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        assert_matches(summed, expected_sum)  # the interpreter's bf16 rounding, see assert_matches
+    else:
+        assert torch.equal(summed, expected_sum)  # one rounded add: exact
+    # The Snake of the sum, computed in fp32 and rounded once (see test_snake).
+    assert_matches(extended, reference.snake_with_past(summed.float(), alpha.float(), past.float()).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_transpose_out(dtype: torch.dtype, device: torch.device) -> None:
     """Blocks of 5 samples per frame laid out channels-first, more samples per row than one kernel block;
     one rounded add per sample: exact."""
@@ -143,6 +159,8 @@ def test_bad_shapes_raise() -> None:
         fused.conv_transpose_out(randn(1, 4, 3, 2), randn(2))
     with pytest.raises(ValueError, match="past"):
         fused.snake_with_past(randn(1, 3, 8), randn(1, 3, 1), randn(1, 4, 2))
+    with pytest.raises(ValueError, match="differ"):
+        fused.add_snake_with_past(randn(1, 3, 8), randn(1, 3, 7), randn(1, 3, 1), randn(1, 3, 2))
 
 
 class OpNames(TorchDispatchMode):
@@ -175,11 +193,21 @@ def test_fused_on_meta_is_one_op_each() -> None:
         ops.silu_mul(x, x)
         ops.snake(x, alpha)
         extended = ops.snake_with_past(x, alpha, past)
+        added, summed = ops.snake_with_past(x, alpha, past, residual=x)
         upsampled = ops.conv_transpose_out(blocks, bias)
         q, k = ops.rope_qk(q_and_k, cos, cos, 4)
     launched = [name for name in seen.names if not name.startswith("aten.expand")]
-    fused_ops = ("rms_norm", "add_rms_norm", "silu_mul", "snake", "snake_with_past", "conv_transpose_out", "rope_qk")
+    fused_ops = (
+        "rms_norm",
+        "add_rms_norm",
+        "silu_mul",
+        "snake",
+        "snake_with_past",
+        "add_snake_with_past",
+        "conv_transpose_out",
+        "rope_qk",
+    )
     assert launched == [f"voxstream.{op}" for op in fused_ops]
-    assert extended.shape == (2, 3, 14) and upsampled.shape == (2, 3, 20)
+    assert extended.shape == added.shape == (2, 3, 14) and summed.shape == x.shape and upsampled.shape == (2, 3, 20)
     assert normed.shape == hidden.shape == x.shape
     assert q.shape == (2, 4, 3, 4) and k.shape == (2, 2, 3, 4)

@@ -85,10 +85,26 @@ def snake_with_past(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
     return fused.snake_with_past(x, alpha, past)
 
 
-@snake_with_past.register_fake
-def _(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+def _extended(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
     batch, channels, length = x.shape
     return x.new_empty(batch, channels, past.size(-1) + length, dtype=torch.promote_types(x.dtype, alpha.dtype))
+
+
+@snake_with_past.register_fake
+def _(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    return _extended(x, alpha, past)
+
+
+@torch.library.custom_op("voxstream::add_snake_with_past", mutates_args=(), device_types="cuda")
+def add_snake_with_past(x: Tensor, residual: Tensor, alpha: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+    from voxstream.kernels import fused
+
+    return fused.add_snake_with_past(x, residual, alpha, past)
+
+
+@add_snake_with_past.register_fake
+def _(x: Tensor, residual: Tensor, alpha: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+    return _extended(x, alpha, past), _empty(x, residual)
 
 
 @torch.library.custom_op("voxstream::conv_transpose_out", mutates_args=(), device_types="cuda")

@@ -74,7 +74,18 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, length, eps, BLOCK: tl.co
 
 @triton.jit
 def _snake_with_past_kernel(
-    x_ptr, alpha_ptr, past_ptr, out_ptr, channels, length, past_length, eps, BLOCK: tl.constexpr
+    x_ptr,
+    residual_ptr,
+    alpha_ptr,
+    past_ptr,
+    out_ptr,
+    sum_ptr,
+    channels,
+    length,
+    past_length,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row: past_length past frames, then length new
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -83,7 +94,13 @@ def _snake_with_past_kernel(
     is_new = (cols >= past_length) & (cols < total)
     alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
     past = tl.load(past_ptr + row * past_length + cols, mask=in_past, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + row * length + (cols - past_length), mask=is_new, other=0.0).to(tl.float32)
+    new = row * length + (cols - past_length)
+    x = tl.load(x_ptr + new, mask=is_new, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + new, mask=is_new, other=0.0)
+        x = (residual.to(tl.float32) + x.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # one rounded add
+        tl.store(sum_ptr + new, x, mask=is_new)
+    x = x.to(tl.float32)
     wave = tl.sin(alpha * x)
     out = tl.where(in_past, past, x + (1.0 / (alpha + eps)) * (wave * wave))
     tl.store(out_ptr + row * total + cols, out.to(out_ptr.dtype.element_ty), mask=cols < total)
@@ -262,21 +279,52 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-    """``reference.snake_with_past`` in one launch: x (B, C, L), alpha (1, C, 1), past (B, C, P)."""
+def _launch_snake_with_past(
+    x: torch.Tensor, residual: torch.Tensor | None, alpha: torch.Tensor, past: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if x.ndim != 3 or alpha.shape != (1, x.size(1), 1):
         raise ValueError(f"snake expects x (B, C, L) and alpha (1, C, 1), got {tuple(x.shape)}, {tuple(alpha.shape)}")
     if past.ndim != 3 or past.shape[:2] != x.shape[:2]:
         raise ValueError(f"past {tuple(past.shape)} does not match x {tuple(x.shape)} in batch and channels")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ")
     x, past = x.contiguous(), past.contiguous()
+    residual = residual.contiguous() if residual is not None else None
     batch, channels, length = x.shape
     total = past.size(-1) + length
     out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
+    summed = torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype)) if residual is not None else None
     grid = (batch * channels, triton.cdiv(total, _ELEMENTWISE_BLOCK))
     _snake_with_past_kernel[grid](
-        x, alpha.reshape(-1), past, out, channels, length, past.size(-1), SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK
+        x,
+        residual if residual is not None else x,
+        alpha.reshape(-1),
+        past,
+        out,
+        summed if summed is not None else x,
+        channels,
+        length,
+        past.size(-1),
+        SNAKE_EPS,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=_ELEMENTWISE_BLOCK,
     )
+    return out, summed
+
+
+def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """``reference.snake_with_past`` in one launch: x (B, C, L), alpha (1, C, 1), past (B, C, P)."""
+    out, _ = _launch_snake_with_past(x, None, alpha, past)
     return out
+
+
+def add_snake_with_past(
+    x: torch.Tensor, residual: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.add_snake_with_past`` in one launch: (cat([past, snake(residual + x)]), residual + x)."""
+    out, summed = _launch_snake_with_past(x, residual, alpha, past)
+    assert summed is not None
+    return out, summed
 
 
 def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

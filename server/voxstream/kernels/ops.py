@@ -74,12 +74,19 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     return torch.ops.voxstream.snake(x, alpha) if _fused(x) else reference.snake(x, alpha)
 
 
-def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+def snake_with_past(
+    x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cat([past, snake(x)], dim=-1)``, x (B, C, L), alpha (1, C, 1), past (B, C, P): the Snake written
-    straight into a streaming conv's input, without materialising it on its own first."""
+    straight into a streaming conv's input, without materialising it on its own first. With ``residual``,
+    of ``residual + x``, returned with that sum: ``(extended, residual + x)``."""
+    if residual is None:
+        if _fused(x):
+            return torch.ops.voxstream.snake_with_past(x, alpha, past)
+        return reference.snake_with_past(x, alpha, past)
     if _fused(x):
-        return torch.ops.voxstream.snake_with_past(x, alpha, past)
-    return reference.snake_with_past(x, alpha, past)
+        return torch.ops.voxstream.add_snake_with_past(x, residual, alpha, past)
+    return reference.add_snake_with_past(x, residual, alpha, past)
 
 
 def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

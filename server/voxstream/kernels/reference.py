@@ -66,6 +66,15 @@ def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) ->
     return torch.cat([past, snake(x, alpha)], dim=-1)
 
 
+def add_snake_with_past(
+    x: torch.Tensor, residual: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + x`` -> (snake_with_past(h), h): a residual unit's add and the next unit's first Snake
+    in one op."""
+    hidden = residual + x
+    return snake_with_past(hidden, alpha, past), hidden
+
+
 def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """A transposed conv's output from its per-frame blocks: blocks (B, L, C, s), output block l of every
     channel -> (B, C, L·s) channels-first, plus bias (C,)."""

@@ -61,6 +61,19 @@ class _CausalContext:
         past.copy_(extended[..., extended.shape[-1] - self.context :])
         return extended
 
+    def _add_with_past(
+        self, x: Tensor, residual: Tensor, states: StreamBuffers, snake_alpha: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """-> (``_with_past(residual + x, states, snake_alpha)``, residual + x), the add and the Snake in one
+        pass when streaming."""
+        if states is None or self.context == 0:
+            hidden = residual + x
+            return self._with_past(hidden, states, snake_alpha), hidden
+        past = states[self.state_slot]
+        extended, hidden = ops.snake_with_past(x, snake_alpha, past, residual)
+        past.copy_(extended[..., extended.shape[-1] - self.context :])
+        return extended, hidden
+
 
 class Snake1d(nn.Module):
     """Snake activation ``x + sin²(αx) / (α + 1e-9)`` with one learned α per channel."""
@@ -95,6 +108,13 @@ class CausalConv1d(_CausalContext, nn.Conv1d):
         """x: (B, C_in, L) -> (B, C_out, (L + left_pad - dilation·(k-1) - 1) // stride + 1); ``snake_alpha``:
         see ``_with_past``."""
         return super().forward(self._with_past(x, states, snake_alpha))
+
+    def forward_added(
+        self, x: Tensor, residual: Tensor, states: StreamBuffers, snake_alpha: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """-> (this conv on snake(residual + x), residual + x): see ``_add_with_past``."""
+        extended, hidden = self._add_with_past(x, residual, states, snake_alpha)
+        return super().forward(extended), hidden
 
 
 class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
@@ -135,19 +155,26 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
 
 
 def _run(
-    layers: nn.Sequential, x: Tensor, states: StreamBuffers, conditions: Sequence[LayerInput | None] = ()
+    layers: Sequence[nn.Module], x: Tensor, states: StreamBuffers, conditions: Sequence[LayerInput | None] = ()
 ) -> Tensor:
-    """Apply a container's layers in order, threading the stream state through each; ``conditions[i]``, where
-    given, transforms layer i's input. A Snake followed by a layer that prepends past frames is applied by
-    that layer (``_CausalContext._with_past``), which saves writing and rereading the activation."""
+    """Apply layers in order, threading the stream state through each; ``conditions[i]``, where given,
+    transforms layer i's input. Two fusions save writing a tensor and reading it back: a Snake followed by
+    a layer that prepends past frames is applied by that layer (``_CausalContext._with_past``), and a
+    residual unit followed by another leaves its add to the next one's first Snake."""
     snake_alpha: Tensor | None = None
+    pending: Tensor | None = None
     for index, layer in enumerate(layers):
         condition = conditions[index] if index < len(conditions) else None
         if condition is not None:
             x = condition(x)
         following = layers[index + 1] if index + 1 < len(layers) else None
-        next_condition = conditions[index + 1] if index + 1 < len(conditions) else None
-        if isinstance(layer, Snake1d) and isinstance(following, _CausalContext) and next_condition is None:
+        fusable = index + 1 >= len(conditions) or conditions[index + 1] is None
+        if isinstance(layer, CausalResidualUnit):
+            x, branch = layer.forward_pending(x, pending, states)
+            pending = branch if isinstance(following, CausalResidualUnit) and fusable else None
+            if pending is None:
+                x = x + branch
+        elif isinstance(layer, Snake1d) and isinstance(following, _CausalContext) and fusable:
             snake_alpha = layer.alpha
         elif snake_alpha is not None:
             x, snake_alpha = layer(x, states, snake_alpha=snake_alpha), None
@@ -170,7 +197,19 @@ class CausalResidualUnit(nn.Module):
 
     def forward(self, x: Tensor, states: StreamBuffers = None) -> Tensor:
         """x: (B, C, L) -> (B, C, L)."""
-        return x + _run(self.block, x, states)
+        x, branch = self.forward_pending(x, None, states)
+        return x + branch
+
+    def forward_pending(self, x: Tensor, pending: Tensor | None, states: StreamBuffers) -> tuple[Tensor, Tensor]:
+        """(x, pending) -> (x + pending, this unit's branch on it), the branch not yet added. ``pending`` is the
+        previous unit's branch: the residual stream is carried as in the LMs, so that each add runs in the
+        kernel that applies the next unit's first Snake (the same additions, so the same values)."""
+        snake, conv, *rest = self.block
+        if pending is None:
+            hidden = conv(x, states, snake_alpha=snake.alpha)
+        else:
+            hidden, x = conv.forward_added(pending, x, states, snake.alpha)
+        return x, _run(rest, hidden, states)
 
 
 def _residual_units(dim: int, depthwise: bool) -> list[nn.Module]:
