@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
-def count(tmp_path: Path, *flags: str) -> list[dict]:
+def count(tmp_path: Path, *flags: str, config: str = "voxcpm2", batch: str = "1,4") -> list[dict]:
     out = tmp_path / "cost.json"
-    command = [sys.executable, str(ROOT / "scripts" / "count_step_cost.py"), "--config", "voxcpm2", "--batch", "1,4"]
+    command = [sys.executable, str(ROOT / "scripts" / "count_step_cost.py"), "--config", config, "--batch", batch]
     result = subprocess.run([*command, *flags, "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text())["rows"]
@@ -28,3 +28,13 @@ def test_fused_path_launches_fewer_kernels_and_moves_fewer_bytes(tmp_path: Path)
         assert after["non_matmul_bytes_per_row"] < before["non_matmul_bytes_per_row"] / 2
     # Launches do not grow with the batch: a step is the same kernels at any size.
     assert abs(fused[0]["kernels"] - fused[1]["kernels"]) <= 0.02 * fused[0]["kernels"]
+
+
+def test_voxcpm2_step_meets_the_kernel_and_traffic_targets(tmp_path: Path) -> None:
+    """The review's targets for the CUDA path at VoxCPM2's shape: <= 2,500 kernels per step, <= 130 MB of
+    model and <= 80 MB of VAE non-matmul traffic per row, alone and batched."""
+    rows = count(tmp_path, "--fused", config="voxcpm2-shape", batch="1,64")
+    for row in rows:
+        assert row["kernels"] <= 2500
+        assert row["model_non_matmul_bytes_per_row"] <= 130e6
+        assert row["vae_non_matmul_bytes_per_row"] <= 80e6
