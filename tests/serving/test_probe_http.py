@@ -116,11 +116,15 @@ async def test_a_client_leaving_mid_body_is_not_a_server_error(client: TestClien
         await writer.drain()
         await asyncio.sleep(0.2)
         writer.close()
-    await asyncio.sleep(0.5)
-    after = await scrape(client)
+    dropped = 'voxstream_dropped_sessions_total{reason="client_disconnected"}'
+    # The server notices each departure when its body read fails; on a loaded machine that takes a while.
+    for _ in range(200):
+        after = await scrape(client)
+        if after.get(dropped, 0) - before.get(dropped, 0) >= 2:
+            break
+        await asyncio.sleep(0.05)
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert after.get('voxstream_errors_total{code="internal_error"}', 0) == 0
-    dropped = 'voxstream_dropped_sessions_total{reason="client_disconnected"}'
     assert after.get(dropped, 0) - before.get(dropped, 0) == 2
     assert client.server.app[METRICS_KEY] is not None
 
