@@ -152,7 +152,7 @@ export class VoxstreamClient extends EventTarget {
   /** @param {ClientOptions} changes */
   async #apply(changes) {
     Object.assign(this.options, changes);
-    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize } = this.options;
+    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds } = this.options;
     const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
     const ready = this.#nextReady();
     this.#write({
@@ -164,6 +164,8 @@ export class VoxstreamClient extends EventTarget {
       inference_timesteps: inferenceTimesteps,
       max_buffer_delay_ms: maxBufferDelayMs,
       normalize,
+      // The server schedules this stream to stay ahead of the playback our lead implies.
+      playback_lead_ms: leadSeconds == null ? undefined : Math.round(leadSeconds * 1000),
     });
     this.settings = await ready;
     await this.#ensurePlayer(this.settings);

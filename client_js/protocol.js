@@ -22,6 +22,7 @@ export const FRAME_HEADER_SIZE = 12;
 export const MAX_PACKET_BYTES = 0xffff;
 export const MAX_SEED = 2 ** 63;
 export const MAX_BUFFER_DELAY_MS = 60_000;
+export const MAX_PLAYBACK_LEAD_MS = 10_000;
 
 /** Stable `code` values of `error` messages and of `ProtocolError`. */
 export const ErrorCode = Object.freeze({
@@ -74,6 +75,7 @@ const CLIENT_MESSAGES = {
     inference_timesteps: optInt,
     max_buffer_delay_ms: optInt,
     normalize: optBool,
+    playback_lead_ms: optInt,
   },
   text: { text: str },
   flush: {},
@@ -95,6 +97,7 @@ const SERVER_MESSAGES = {
     cfg_value: float,
     inference_timesteps: int,
     max_buffer_delay_ms: int,
+    playback_lead_ms: int,
   },
   segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str },
   done: {
@@ -237,11 +240,13 @@ const LONE_SURROGATE = /\p{Surrogate}/u;
 /** @param {Message} start */
 function checkStartRanges(start) {
   const { format, seed, cfg_value: cfg, inference_timesteps: steps, max_buffer_delay_ms: delay } = start;
+  const lead = start.playback_lead_ms;
   checkRange(format == null || FRAME_FORMATS.includes(/** @type {string} */ (format)), 'format', `one of ${FRAME_FORMATS}`);
   checkRange(seed == null || (Number.isFinite(seed) && seed >= 0 && seed < MAX_SEED), 'seed', 'in [0, 2**63)');
   checkRange(cfg == null || Number.isFinite(cfg), 'cfg_value', 'finite');
   checkRange(steps == null || steps >= 1, 'inference_timesteps', '>= 1');
   checkRange(delay == null || (delay >= 0 && delay <= MAX_BUFFER_DELAY_MS), 'max_buffer_delay_ms', 'in [0, 60000]');
+  checkRange(lead == null || (lead >= 0 && lead <= MAX_PLAYBACK_LEAD_MS), 'playback_lead_ms', 'in [0, 10000]');
 }
 
 /**

@@ -44,6 +44,8 @@ _LIMITS: dict[str, str] = {
     "ping_interval_s": "WebSocket ping period",
     "max_unsent_audio_s": "audio a session may have unsent before it is cut off as too slow",
     "max_buffer_delay_ms": "default wait for more text before speaking an incomplete sentence",
+    "playback_lead_ms": "audio a listener buffers before playing, for clients that announce none (real-time)",
+    "max_ahead_ms": "a stream this far ahead of its listener skips engine steps (real-time)",
     "drain_timeout_s": "on shutdown, how long live utterances may keep speaking",
     "opus_bitrate": "Opus bitrate, bits per second",
 }
@@ -94,6 +96,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=defaults.gpu_memory_utilization,
         help="fraction of the GPU's memory the server may use (sizes the default KV cache)",
     )
+    parser.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.realtime,
+        help="schedule engine steps by playback deadline: the step cost is measured at start-up, streams "
+        "ahead of their listeners yield to those behind, admission is budgeted by step time "
+        "(--no-realtime: every stream decodes every step, FIFO admission by --max-prefill-tokens-per-step)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.set_defaults(func=run)
 
@@ -116,6 +126,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         voices_dir=args.voices_dir,
         kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        realtime=args.realtime,
         **({"replica_id": args.replica_id} if args.replica_id else {}),
         **{name: getattr(args, name) for name in _LIMITS},
     )

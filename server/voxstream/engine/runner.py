@@ -39,9 +39,11 @@ import numpy as np
 import torch
 
 from voxstream.engine.blocks import blocks_for
+from voxstream.engine.calibration import CostSample, fit_step_cost, spread, time_step
+from voxstream.engine.cost_model import StepCost
 from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
 from voxstream.engine.outputs import EMPTY_CHUNK, PrefillItem, RunnerOutput, StepPlan
-from voxstream.engine.request import Request
+from voxstream.engine.request import Request, SynthesisParams
 from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
 from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import VAEStreamState
@@ -132,6 +134,7 @@ class ModelRunner:
         max_timesteps: int = 100,
         graph_timesteps: tuple[int, ...] = (10,),
         voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
+        measure_cost: bool = False,
     ) -> None:
         """
         Args:
@@ -146,6 +149,8 @@ class ModelRunner:
             graph_timesteps: timestep counts graphs are captured for besides ``max_timesteps``; a step
                 runs the smallest one that covers its rows.
             voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
+            measure_cost: time steps after the warm-up and state the fitted ``step_cost`` (what the
+                real-time policy budgets with); off, the runner states none.
         """
         config = tts.config
         if num_slots < 1:
@@ -192,6 +197,7 @@ class ModelRunner:
         self._allocate_pool(kv_cache_bytes)
         if self.graphs is not None and device.type == "cuda":
             self.capture_graphs()
+        self._step_cost = self.measure_step_cost() if measure_cost else None
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
@@ -199,6 +205,70 @@ class ModelRunner:
         assert self.graphs is not None, "this runner does not use CUDA graphs"
         self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
         self.graphs.capture_all()
+
+    # ---- step cost: what the real-time policy budgets with (``RealtimeRunner``) ----
+    @property
+    def step_cost(self) -> StepCost:
+        if self._step_cost is None:
+            # AttributeError: to ``isinstance(runner, RealtimeRunner)`` this runner then states no cost.
+            raise AttributeError("this ModelRunner was built without measure_cost=True: it states no step cost")
+        return self._step_cost
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.tts.samples_per_patch / self.tts.sample_rate
+
+    @torch.inference_mode()
+    def measure_step_cost(self, repeats: int = 3) -> StepCost:
+        """Time decode steps at a few batch sizes and admission steps (one prefill, then its row decoded,
+        as the engine runs them) at a few prompt lengths, all at the default timestep count, and fit a
+        ``StepCost`` (``engine.calibration``). Runs before any request: it borrows slot 0, the first KV
+        blocks and the padding row, and leaves them as a new request expects them."""
+        assert not self.requests, "measure the step cost before serving: it uses slot 0 and the first KV blocks"
+        timesteps = SynthesisParams().inference_timesteps
+        pad = self.pad_slot
+        self.timesteps[pad], self._timesteps[pad] = timesteps, timesteps
+        samples: list[CostSample] = []
+        sizes = spread(1, self.num_slots)
+        for rows in sizes if self.graphs is None else sorted({self.graphs.bucket(n) for n in sizes}):
+            slots = np.full(rows, pad, dtype=np.int64)
+            samples += [CostSample(rows, 0, s) for s in time_step(lambda slots=slots: self._run(slots), repeats)]
+        for item, tokens in self._calibration_prefills(timesteps):
+            samples += [CostSample(1, tokens, s) for s in time_step(lambda item=item: self._admit_one(item), repeats)]
+        self.requests.clear()
+        self.block_tables[0], self._positions[0] = NULL_BLOCK, 0
+        self.timesteps[pad], self._timesteps[pad], self._positions[pad] = 1, 1, 0
+        return fit_step_cost(samples)
+
+    def _calibration_prefills(self, timesteps: int) -> list[tuple[PrefillItem, int]]:
+        """Admissions of a few prompt lengths up to 256 positions (a long sentence with a voice prompt) that fit
+        slot 0 and the pool."""
+        params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
+
+        def admission(words: int) -> tuple[Request, int]:
+            made = Request("calibration", " ".join(["calibrate"] * words), 1, params)
+            return made, self._sequence(made)[0].length
+
+        try:
+            (_, short), (_, longer) = admission(8), admission(16)
+        except InvalidInputError:  # max_length too small for even a short prompt: decode samples only
+            return []
+        per_word = max((longer - short) / 8, 1e-9)
+        room = min(self.max_length, (self.num_kv_blocks - 1) * self.block_size) - 1
+        items = []
+        for target in spread(short, min(256, room)):
+            try:
+                made, length = admission(max(1, round(8 + (target - short) / per_word)))
+            except InvalidInputError:
+                continue
+            if length <= room:
+                blocks = tuple(range(1, 1 + blocks_for(length + 1, self.block_size)))
+                items.append((PrefillItem("calibration", 0, made, blocks), length))
+        return items
+
+    def _admit_one(self, item: PrefillItem) -> None:
+        self._prefill((item,))
+        self._run(np.zeros(1, dtype=np.int64))
 
     # ---- sizes ----
     @property

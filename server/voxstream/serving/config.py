@@ -15,6 +15,7 @@ from pathlib import Path
 
 from voxstream.audio.opus import DEFAULT_BITRATE
 from voxstream.engine import EngineConfig, ParamLimits
+from voxstream.serving.protocol import MAX_PLAYBACK_LEAD_MS
 
 # Fields that must be > 0; the others are checked by name in __post_init__.
 _POSITIVE_INTS = (
@@ -63,7 +64,16 @@ class ServerConfig:
     max_waiting: int = 64
     """Utterances queued for a free slot; beyond it requests are refused with ``queue_full``."""
     max_prefill_tokens_per_step: int = 512
-    """Prompt positions admitted per engine step, so arrivals add bounded latency to running streams."""
+    """Prompt positions admitted per engine step, so arrivals add bounded latency to running streams
+    (FIFO policy only: the real-time policy budgets admissions by the measured step time)."""
+    realtime: bool = True
+    """Schedule by playback deadline (``engine.policy``): the runner measures its step cost at start-up,
+    streams ahead of their listeners yield steps to those behind, admission is budgeted by step time.
+    Off: every running stream decodes every step (FIFO admission by ``max_prefill_tokens_per_step``)."""
+    playback_lead_ms: int = 300
+    """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms``."""
+    max_ahead_ms: int = 1000
+    """A stream with this much audio ready ahead of its listener skips steps (real-time policy)."""
     max_length: int | None = None
     """LM positions per slot (prompt + generated patches); None uses the model's ``max_length``."""
     max_inference_timesteps: int = 50
@@ -145,6 +155,11 @@ class ServerConfig:
         _check("voice_cache_mb", cache, _is_int(cache) and cache >= 0, "an int >= 0")
         delay = self.max_buffer_delay_ms
         _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
+        lead = self.playback_lead_ms
+        _check("playback_lead_ms", lead, _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "an int in [0, 10000]")
+        ahead = self.max_ahead_ms
+        _check("max_ahead_ms", ahead, _is_int(ahead) and ahead > 0, "an int > 0")
+        _check("realtime", self.realtime, isinstance(self.realtime, bool), "a bool")
         _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
@@ -165,6 +180,9 @@ class ServerConfig:
             max_running=self.max_sessions,
             max_waiting=self.max_waiting,
             max_prefill_tokens_per_step=self.max_prefill_tokens_per_step,
+            realtime=self.realtime,
+            playback_lead_s=self.playback_lead_ms / 1000,
+            max_ahead_s=self.max_ahead_ms / 1000,
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )
 

@@ -53,6 +53,8 @@ MAX_PACKET_BYTES = 0xFFFF
 
 MAX_SEED = 2**63
 MAX_BUFFER_DELAY_MS = 60_000
+MAX_PLAYBACK_LEAD_MS = 10_000
+"""Bound on ``start.playback_lead_ms``: a listener buffering more than this is not listening live."""
 """Longest wait for more text a client may ask for; a minute covers any language model's pause."""
 
 
@@ -166,6 +168,9 @@ class Start:
     """How long an incomplete sentence waits for more text before it is spoken; 0 speaks each text at once."""
     normalize: bool | None = None
     """Read numbers, dates and money as words (``voxstream[normalize]``), per sentence; default off."""
+    playback_lead_ms: int | None = None
+    """Audio the client buffers before it starts playing an utterance; the server's real-time scheduler
+    keeps each stream ahead of the playback this implies (default: the server's ``--playback-lead-ms``)."""
 
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
@@ -174,6 +179,8 @@ class Start:
         _check_range(self.inference_timesteps is None or self.inference_timesteps >= 1, "inference_timesteps", ">= 1")
         delay = self.max_buffer_delay_ms
         _check_range(delay is None or 0 <= delay <= MAX_BUFFER_DELAY_MS, "max_buffer_delay_ms", "in [0, 60000]")
+        lead = self.playback_lead_ms
+        _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
 
 
 @dataclass(frozen=True)
@@ -224,6 +231,8 @@ class Ready:
     cfg_value: float
     inference_timesteps: int
     max_buffer_delay_ms: int
+    playback_lead_ms: int
+    """The listener lead the server schedules this connection's streams by."""
 
 
 @dataclass(frozen=True)

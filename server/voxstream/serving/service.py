@@ -100,6 +100,7 @@ class SpeechService:
             gpu_memory_utilization=gpu_memory_utilization,
             max_timesteps=engine_config.limits.max_inference_timesteps,
             voice_cache_bytes=voice_cache_bytes,
+            measure_cost=engine_config.realtime,  # the real-time policy budgets steps by it
         )
         self.engine = AsyncEngine(Engine(self.runner, engine_config))
         self._max_waiting = engine_config.max_waiting
@@ -133,14 +134,24 @@ class SpeechService:
         return tokens
 
     def speak(
-        self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
+        self,
+        request_id: str,
+        text: str,
+        params: SynthesisParams,
+        voice: VoicePrompt | None = None,
+        *,
+        playback_lead_s: float | None = None,
+        playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
 
         Every way the utterance can fail (refused, engine gone, ended in error or by shutdown) raises one
         ``SpeechFailure``, so the WebSocket and HTTP paths report failures with the same codes.
+        ``playback_lead_s`` and ``playback_due`` (on ``time.monotonic``) are the real-time scheduler's
+        deadline inputs (``Request``); None takes the engine's default lead and starts a new stream.
         """
-        request = Request(request_id, text, self.prefill_tokens(text, voice), params, voice)
+        tokens = self.prefill_tokens(text, voice)
+        request = Request(request_id, text, tokens, params, voice, playback_lead_s, playback_due)
         return _typed_failures(self.engine.stream(request))
 
     def abort(self, request_id: str) -> None:

@@ -102,7 +102,9 @@ class Session:
         self.outbox = Outbox(transport, config.max_unsent_audio_s)
         self.phase = SessionPhase.IDLE
         self._limits = config.engine_config().limits
-        self.settings = resolve_settings(Start(), voices, self._limits, config.max_buffer_delay_ms)
+        self.settings = resolve_settings(
+            Start(), voices, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
+        )
         self._segmenter = SentenceSegmenter()
         self._open: Utterance | None = None
         self._live: list[Utterance] = []
@@ -230,7 +232,10 @@ class Session:
     def _start(self, start: Start) -> None:
         if self.phase is SessionPhase.OPEN:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
-        self.settings = resolve_settings(start, self.voices, self._limits, self.config.max_buffer_delay_ms)
+        config = self.config
+        self.settings = resolve_settings(
+            start, self.voices, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
+        )
         if self.settings.normalize:
             self._spawn(preload_in_worker())  # the first sentence need not wait for the normalizer's load
         self.outbox.put(self._ready())
@@ -366,7 +371,11 @@ class Session:
         start = utterance.samples
         patches: list[Patch] = []
         final: StepOutput | None = None
-        async with contextlib.aclosing(self.service.speak(request_id, spoken, params, prompt)) as stream:
+        # A sentence after the first continues a stream already playing: its deadline is where the
+        # listener's buffer runs dry, not a fresh lead after its own first chunk.
+        lead, due = utterance.playback_lead_s, utterance.playback_due()
+        speech = self.service.speak(request_id, spoken, params, prompt, playback_lead_s=lead, playback_due=due)
+        async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.chunk.size:
                     if utterance.samples == start:  # this sentence's first audio

@@ -54,13 +54,18 @@ class Settings:
     max_buffer_delay_ms: int
     normalize: bool = False
     """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
+    playback_lead_ms: int = 0
+    """Audio the listener buffers before it plays (announced, else the server's default): the real-time
+    scheduler's deadline for each stream."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
         return self.params if seed is None else replace(self.params, seed=(seed + index) % MAX_SEED)
 
 
-def resolve_settings(start: Start, voices: VoiceStore, limits: ParamLimits, default_delay_ms: int) -> Settings:
+def resolve_settings(
+    start: Start, voices: VoiceStore, limits: ParamLimits, default_delay_ms: int, default_lead_ms: int
+) -> Settings:
     """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice, values past the limits)."""
     try:
         prompt = voices.resolve(start.voice)
@@ -79,7 +84,9 @@ def resolve_settings(start: Start, voices: VoiceStore, limits: ParamLimits, defa
     delay = default_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
     if start.normalize and not normalizer_available():
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
-    return Settings(start.voice, prompt, start.format or DEFAULT_FORMAT, params, delay, bool(start.normalize))
+    lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
+    fmt = start.format or DEFAULT_FORMAT
+    return Settings(start.voice, prompt, fmt, params, delay, bool(start.normalize), lead)
 
 
 def new_encoder(settings: Settings, model_rate: int, opus_bitrate: int) -> StreamEncoder:
@@ -93,6 +100,7 @@ def ready_message(settings: Settings, info: ModelInfo, opus_bitrate: int) -> Rea
     return Ready(
         PROTOCOL_VERSION, info.name, settings.format, rate, info.chunk_seconds, pre_skip,
         settings.voice, params.seed, params.cfg_value, params.inference_timesteps, settings.max_buffer_delay_ms,
+        settings.playback_lead_ms,
     )  # fmt: skip
 
 
@@ -152,6 +160,19 @@ class Utterance:
             buffer_s=_between(self.started_at, self.first_request_at),
             engine_ttfc_s=_between(self.first_request_at, self.first_chunk_at),
         )
+
+    @property
+    def playback_lead_s(self) -> float:
+        return self.settings.playback_lead_ms / 1000
+
+    def playback_due(self) -> float | None:
+        """When the next sentence's first chunk is due (``time.monotonic``): the listener started playing one
+        lead after the utterance's first chunk and has been playing every sample produced since. None
+        before the first chunk: that sentence starts a new stream. (If the listener ran dry earlier, it
+        resumed later than this, so this errs early: the sentence is treated as more urgent, never less.)"""
+        if self.first_chunk_at is None:
+            return None
+        return self.first_chunk_at + self.playback_lead_s + self.samples / self.model_rate
 
     @property
     def start_sample(self) -> int:
