@@ -44,8 +44,11 @@ def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 
 
 def _config(**overrides: Any) -> ServerConfig:
-    """A config for in-process tests: a free port, few slots, short drain."""
-    settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "max_waiting": 16, "drain_timeout_s": 10.0}
+    """A config for in-process tests: a free port, few slots, short drain, and the engine flat out (real-time
+    pacing would make each utterance last as long as its audio; tests/serving/test_realtime.py runs it on)."""
+    settings: dict[str, Any] = {
+        "port": 0, "max_sessions": 4, "max_waiting": 16, "drain_timeout_s": 10.0, "realtime": False,
+    }  # fmt: skip
     settings.update(overrides)
     return ServerConfig(**settings)
 

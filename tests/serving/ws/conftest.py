@@ -54,7 +54,10 @@ Received = ServerMessage | AudioFrame
 
 
 def ws_config(**overrides: Any) -> ServerConfig:
-    settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "max_waiting": 64, "drain_timeout_s": 5.0}
+    # The engine flat out, as in tests/serving/conftest.py: real-time pacing is tested in test_realtime.py.
+    settings: dict[str, Any] = {
+        "port": 0, "max_sessions": 4, "max_waiting": 64, "drain_timeout_s": 5.0, "realtime": False,
+    }  # fmt: skip
     return ServerConfig(**{**settings, **overrides})
 
 
@@ -196,6 +199,8 @@ class ClipService:
         self.info = ModelInfo("clip", rate, patch, reference_cloning=True)
         self.step_s = step_s
         self.requests: list[tuple[str, SynthesisParams, VoicePrompt | None]] = []
+        self.timings: list[tuple[float | None, float | None]] = []
+        """Per request, the real-time deadline inputs it was given: (playback_lead_s, playback_due)."""
         self.aborted: list[str] = []
         self.chunks_sent = 0
         self._ids = 0
@@ -205,9 +210,17 @@ class ClipService:
         return f"{prefix}-{self._ids}"
 
     async def speak(
-        self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
+        self,
+        request_id: str,
+        text: str,
+        params: SynthesisParams,
+        voice: VoicePrompt | None = None,
+        *,
+        playback_lead_s: float | None = None,
+        playback_due: float | None = None,
     ) -> AsyncIterator[StepOutput]:
         self.requests.append((text, params, voice))
+        self.timings.append((playback_lead_s, playback_due))
         patch = self.info.samples_per_patch
         finished = False
         try:
