@@ -135,8 +135,8 @@ class Runner(Protocol):
 @runtime_checkable
 class RealtimeRunner(Runner, Protocol):
     """A runner the real-time policy (``EngineConfig.realtime``) may schedule: one that states what a
-    step costs, which the policy budgets steps with. A real runner would measure its ``step_cost`` at
-    start-up; a simulated one is given it.
+    step costs, which the policy budgets steps with. ``ModelRunner`` measures its ``step_cost`` at
+    start-up (``measure_cost=True``, ``engine.calibration``); a simulated one is given it.
     """
 
     @property
