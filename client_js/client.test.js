@@ -209,3 +209,12 @@ test('a close the client asked for, or reconnect: false, does not reconnect', as
   await new Promise((resolve) => setTimeout(resolve, 10));
   assert.equal(FakeSocket.all.length, 1);
 });
+
+test('the client announces its playback lead in start, so the server schedules by it', async () => {
+  const { client } = fresh([accept], { leadSeconds: 0.45 });
+  await client.connect();
+  assert.equal(FakeSocket.all[0].sent.find((message) => message.type === 'start').playback_lead_ms, 450);
+  const plain = fresh([accept]).client;
+  await plain.connect();
+  assert.ok(!('playback_lead_ms' in FakeSocket.all[0].sent.find((message) => message.type === 'start')));
+});
