@@ -52,11 +52,11 @@ class Settings:
     params: SynthesisParams
     """``params.seed`` is the utterance's base seed (segment k uses seed + k)."""
     max_buffer_delay_ms: int
-    normalize: bool = False
-    """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
-    playback_lead_ms: int = 0
+    playback_lead_ms: int
     """Audio the listener buffers before it plays (announced, else the server's default): the real-time
     scheduler's deadline for each stream."""
+    normalize: bool = False
+    """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
@@ -86,7 +86,7 @@ def resolve_settings(
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
     lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
     fmt = start.format or DEFAULT_FORMAT
-    return Settings(start.voice, prompt, fmt, params, delay, bool(start.normalize), lead)
+    return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize))
 
 
 def new_encoder(settings: Settings, model_rate: int, opus_bitrate: int) -> StreamEncoder:
