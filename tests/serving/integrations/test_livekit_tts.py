@@ -24,9 +24,9 @@ def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     requests: list[tuple[str, bool]] = []
     speak = service.speak
 
-    def recording(request_id: str, text: str, params: object, prompt: object = None) -> object:
+    def recording(request_id: str, text: str, params: object, prompt: object = None, **timing: object) -> object:
         requests.append((text, prompt is not None))
-        return speak(request_id, text, params, prompt)
+        return speak(request_id, text, params, prompt, **timing)
 
     monkeypatch.setattr(service, "speak", recording)
     return requests
