@@ -31,3 +31,21 @@ def test_a_stream_behind_is_never_skipped_and_one_far_ahead_yields(make_realtime
 
     asyncio.run(asyncio.wait_for(main(), timeout=30))
     assert [plan.request_ids for plan in runner.plans if "ahead" in plan.request_ids] == [("ahead",)]
+
+
+def test_the_listeners_clock_starts_when_the_first_chunk_is_handed_over(make_realtime_engine, make_request) -> None:
+    engine, _ = make_realtime_engine()
+
+    async def main() -> None:
+        async with AsyncEngine(engine) as driver:
+            before = time.monotonic()
+            stream = driver.stream(make_request("new", max_len=500))
+            await anext(stream)
+            session = engine.scheduler.sessions["new"]
+            # Stamped by the engine thread just after it posted the step's outputs to this loop.
+            while session.first_sent_at is None:
+                await asyncio.sleep(0.001)
+            assert before <= session.first_sent_at <= time.monotonic()
+            await stream.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), timeout=30))
