@@ -130,11 +130,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Turn every failure into the JSON error envelope, and count it by code."""
     try:
         return await handler(request)
+    except asyncio.CancelledError:
+        # aiohttp may cancel the handler when its client leaves mid-body, instead of failing the read (which
+        # happens depends on timing and on what else patched asyncio in the process): the same departure.
+        if _client_gone(request):
+            _count_departure(request, "cancelled")
+        raise
     except Exception as exc:
         if isinstance(exc, ConnectionError) and _client_gone(request):
-            logger.info("client left during %s %s: %s", request.method, request.path, exc)
-            if request.writer is None or request.writer.output_size == 0:  # a stream counts its own drop
-                request.app[METRICS_KEY].count_dropped("client_disconnected")
+            _count_departure(request, exc)
             return web.Response(status=CLIENT_CLOSED_STATUS)
         error = as_api_error(exc)
         if request.writer is not None and request.writer.output_size > 0:
@@ -144,6 +148,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             error = ApiError(500, "internal_error", "the server failed to handle this request; see its log")
         request.app[METRICS_KEY].count_error(error.code)
         return error.response()
+
+
+def _count_departure(request: web.Request, cause: object) -> None:
+    logger.info("client left during %s %s: %s", request.method, request.path, cause)
+    if request.writer is None or request.writer.output_size == 0:  # a stream counts its own drop
+        request.app[METRICS_KEY].count_dropped("client_disconnected")
 
 
 def _client_gone(request: web.Request) -> bool:
