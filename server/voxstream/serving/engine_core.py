@@ -54,6 +54,8 @@ class EngineCore:
         self._started: set[str] = set()
         """Requests that have had an output (so their next one is not their first)."""
         self._voices: dict[str, Voice] = {}
+        self._pending_syncs: dict[tuple[bytes, int], set[bytes]] = {}
+        """Voice changes announced to the other frontends, and those that have not applied them yet."""
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="voxstream-voice-encoder")
         self._encoded: collections.deque[tuple[bytes, int, Future[VoicePrompt]]] = collections.deque()
         self._pending_voices = 0
@@ -112,12 +114,33 @@ class EngineCore:
             future.add_done_callback(lambda done: self._encoded.append((sender, message.call_id, done)))
         elif isinstance(message, ipc.VoiceSaved):
             self._voices[message.voice.info.id] = message.voice
-            self._broadcast(ipc.VoicesChanged(saved=(message.voice,)), but=sender)
+            self._sync_voices(sender, message.call_id, ipc.VoicesChanged((sender, message.call_id), (message.voice,)))
         elif isinstance(message, ipc.VoiceDeleted):
             self._voices.pop(message.voice_id, None)
-            self._broadcast(ipc.VoicesChanged(deleted=(message.voice_id,)), but=sender)
+            changes = ipc.VoicesChanged((sender, message.call_id), deleted=(message.voice_id,))
+            self._sync_voices(sender, message.call_id, changes)
+        elif isinstance(message, ipc.VoicesApplied):
+            self._voices_applied(sender, message.sync)
         else:
             logger.error("ignoring an unknown message from %s: %r", sender.decode(), message)
+
+    def _sync_voices(self, origin: bytes, call_id: int, changes: ipc.VoicesChanged) -> None:
+        """Tell the other frontends; the origin hears ``VoicesSynced`` once all of them applied it."""
+        others = self._frontends - {origin}
+        self._pending_syncs[changes.sync] = others
+        self._broadcast(changes, but=origin)
+        if not others:
+            self._voices_applied(origin, changes.sync)
+
+    def _voices_applied(self, sender: bytes, sync: tuple[bytes, int]) -> None:
+        waiting = self._pending_syncs.get(sync)
+        if waiting is None:
+            return
+        waiting.discard(sender)
+        if not waiting:
+            del self._pending_syncs[sync]
+            origin, call_id = sync
+            self._send(origin, ipc.VoicesSynced(call_id))
 
     def _hello(self, sender: bytes, hello: ipc.Hello) -> None:
         # A frontend that says hello again was restarted: its previous process's requests have no listener.
@@ -126,6 +149,9 @@ class EngineCore:
             self.engine.abort(rid)
         if orphans:
             logger.warning("%s restarted (pid %d): aborted its %d request(s)", sender.decode(), hello.pid, len(orphans))
+        # A restarted frontend gets every voice in its welcome: no sync waits for its old process.
+        for sync in list(self._pending_syncs):
+            self._voices_applied(sender, sync)
         self._frontends.add(sender)
         model = self.model
         welcome = ipc.Welcome(model.info, model.patch_shape, model.prompt_length, tuple(self._voices.values()))

@@ -26,11 +26,12 @@ from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.service import engine_queue_full, typed_failures
-from voxstream.serving.voices import VoiceInfo, VoiceStore
+from voxstream.serving.voices import Voice, VoiceInfo, VoiceStore
 
 logger = logging.getLogger(__name__)
 
 STOPPED = "the engine is stopped"
+VOICE_SYNC_TIMEOUT_S = 5.0
 
 
 class EngineProxy:
@@ -50,6 +51,7 @@ class EngineProxy:
         self._prefix = f"{os.getpid()}"
         self._calls = itertools.count()
         self._voice_calls: dict[int, asyncio.Future[VoicePrompt]] = {}
+        self._syncs: dict[int, asyncio.Future[None]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.on_voices: Callable[[ipc.VoicesChanged], None] = lambda changes: None
         """Called with the voices other frontends saved or deleted."""
@@ -147,8 +149,19 @@ class EngineProxy:
         finally:
             self._voice_calls.pop(call_id, None)
 
-    def publish(self, message: ipc.VoiceSaved | ipc.VoiceDeleted) -> None:
-        self._send(message)
+    async def publish_voice(self, voice: Voice | None = None, deleted: str | None = None) -> None:
+        """Tell the other frontends about a saved or deleted voice; returns once all of them have it (or after
+        ``VOICE_SYNC_TIMEOUT_S``, if one does not answer), so the client's next request finds it everywhere."""
+        call_id = next(self._calls)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._syncs[call_id] = future
+        self._send(ipc.VoiceSaved(call_id, voice) if voice is not None else ipc.VoiceDeleted(call_id, deleted or ""))
+        try:
+            await asyncio.wait_for(future, VOICE_SYNC_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("a voice change reached the other frontends late (over %.0f s)", VOICE_SYNC_TIMEOUT_S)
+        finally:
+            self._syncs.pop(call_id, None)
 
     # ---- the engine's messages ------------------------------------------------------------------------------
 
@@ -171,6 +184,11 @@ class EngineProxy:
                 self._resolve(message)
             elif isinstance(message, ipc.VoicesChanged):
                 self.on_voices(message)
+                self._send(ipc.VoicesApplied(message.sync))
+            elif isinstance(message, ipc.VoicesSynced):
+                synced = self._syncs.get(message.call_id)
+                if synced is not None and not synced.done():
+                    synced.set_result(None)
 
     def _resolve(self, encoded: ipc.VoiceEncoded) -> None:
         future = self._voice_calls.get(encoded.call_id)
@@ -187,6 +205,9 @@ class EngineProxy:
         for future in self._voice_calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
+        for synced in self._syncs.values():  # no other frontend is left to tell
+            if not synced.done():
+                synced.set_result(None)
 
 
 class SharedVoiceStore(VoiceStore):
@@ -201,12 +222,12 @@ class SharedVoiceStore(VoiceStore):
 
     async def add(self, prompt: VoicePrompt, *, name: str | None, duration_s: float) -> VoiceInfo:
         info = await super().add(prompt, name=name, duration_s=duration_s)
-        self._proxy.publish(ipc.VoiceSaved(self.get(info.id)))
+        await self._proxy.publish_voice(self.get(info.id))
         return info
 
     async def delete(self, voice_id: str) -> None:
         await super().delete(voice_id)
-        self._proxy.publish(ipc.VoiceDeleted(voice_id))
+        await self._proxy.publish_voice(deleted=voice_id)
 
     def _apply(self, changes: ipc.VoicesChanged) -> None:
         for voice in changes.saved:

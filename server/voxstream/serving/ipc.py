@@ -69,14 +69,23 @@ class EncodeVoice:
 
 @dataclass(frozen=True, slots=True)
 class VoiceSaved:
-    """A frontend stored a voice: the engine keeps it and tells the other frontends."""
+    """A frontend stored a voice: the engine keeps it and tells the other frontends, then answers ``VoicesSynced``."""
 
+    call_id: int
     voice: Voice
 
 
 @dataclass(frozen=True, slots=True)
 class VoiceDeleted:
+    call_id: int
     voice_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class VoicesApplied:
+    """A frontend applied ``VoicesChanged`` (its ``sync``)."""
+
+    sync: tuple[bytes, int]
 
 
 # ---- engine -> frontend -----------------------------------------------------------------------------------------
@@ -141,7 +150,16 @@ class VoiceEncoded:
 
 @dataclass(frozen=True, slots=True)
 class VoicesChanged:
-    """Another frontend saved or deleted voices."""
+    """Another frontend saved or deleted voices; answer ``VoicesApplied(sync)`` once they are in the store."""
 
+    sync: tuple[bytes, int]
+    """The origin frontend's identity and its call id."""
     saved: tuple[Voice, ...] = ()
     deleted: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class VoicesSynced:
+    """Every other frontend has the change of the origin's call ``call_id``: the upload or delete may answer."""
+
+    call_id: int
