@@ -65,7 +65,7 @@ class EngineProxy:
         socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(index))
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
-        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.LINGER, 500)  # let the aborts of a stopping frontend reach the engine
         socket.connect(endpoint)
         await socket.send(ipc.dumps(ipc.Hello(os.getpid())))
         while not isinstance(message := ipc.loads((await socket.recv_multipart())[0]), ipc.Welcome):
