@@ -83,7 +83,7 @@ def wait_ready(url: str, timeout: float = 180.0, probes: int = 8) -> None:
 def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
     command = [*SERVE, "--sim-cost", args.sim_cost, "--workers", str(workers), "--max-sessions",
                str(args.concurrency + 16), "--max-waiting", str(args.concurrency + 16), "--max-connections",
-               str(args.concurrency + 16)]  # fmt: skip
+               str(args.concurrency + 16), *args.serve_args.split()]  # fmt: skip
     log = tempfile.NamedTemporaryFile("w+", prefix="voxstream-serve-", suffix=".log")  # noqa: SIM115
     server = subprocess.Popen(command, stderr=log, text=True)
     try:
@@ -131,6 +131,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--sim-cost", default="120ms+0.1ms/row")
+    parser.add_argument(
+        "--serve-args",
+        default="--max-prefill-tokens-per-step 8192",
+        help="more `voxstream serve` flags (default: a prefill budget that admits a burst of arrivals in one "
+        "step, which costs nothing when --sim-cost has no /token term)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = [run_level(workers, args) for workers in args.workers]
