@@ -220,13 +220,15 @@ class SharedVoiceStore(VoiceStore):
             self.adopt(voice)
         proxy.on_voices = self._apply
 
-    async def add(self, prompt: VoicePrompt, *, name: str | None, duration_s: float) -> VoiceInfo:
-        info = await super().add(prompt, name=name, duration_s=duration_s)
+    async def add(
+        self, prompt: VoicePrompt, *, name: str | None, duration_s: float, owner: str | None = None
+    ) -> VoiceInfo:
+        info = await super().add(prompt, name=name, duration_s=duration_s, owner=owner)
         await self._proxy.publish_voice(self.get(info.id))
         return info
 
-    async def delete(self, voice_id: str) -> None:
-        await super().delete(voice_id)
+    async def delete(self, voice_id: str, owner: str | None = None) -> None:
+        await super().delete(voice_id, owner)
         await self._proxy.publish_voice(deleted=voice_id)
 
     def _apply(self, changes: ipc.VoicesChanged) -> None:
