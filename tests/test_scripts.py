@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import soundfile
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -87,3 +89,19 @@ def test_count_prefill_cost_counts_less_for_audio_only_locenc_and_cached_voices(
 def test_bench_lora_smoke() -> None:
     result = run_script("bench_lora.py", "--batch", "2", "--rounds", "1", "--threads", "1")
     assert "| 4 personas |" in result.stdout and "| no personas |" in result.stdout
+
+
+def test_bench_opus_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "opus.json"
+    args = ("--complexities", "0,6", "--bitrates", "32000", "--seconds", "2", "--repeats", "1", "--json", str(out))
+    result = run_script("bench_opus.py", *args)
+    assert "| 32 | 6 |" in result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["complexity"] for row in rows] == [0, 6] and all(row["spectral_snr_db"] > 10 for row in rows)
+
+
+def test_make_sim_speech_renders_a_small_speech_clip(tmp_path: Path) -> None:
+    out = tmp_path / "speech.opus"
+    run_script("make_sim_speech.py", "--out", str(out))
+    assert 10_000 < out.stat().st_size < 200_000
+    assert soundfile.info(str(out)).duration > 5

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import opuslib
 import pytest
 import soundfile
 import soxr
 
 from voxstream.audio.formats import make_encoder
-from voxstream.audio.opus import OpusEncoder
+from voxstream.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
+from voxstream.audio.quality import spectral_snr_db
 
 MAX_LAG = 8
 
@@ -64,7 +66,7 @@ def test_rate_choice_and_pre_skip(rate: int, opus_rate: int) -> None:
     assert encoder.frame_samples_48k == 960
     # libopus: 2.5 ms of CELT overlap + 4 ms delay compensation, i.e. 312 samples at 48 kHz
     assert encoder.pre_skip == encoder.lookahead * 48000 // opus_rate == 312
-    assert (encoder.bitrate, encoder.complexity) == (32000, 10)
+    assert (encoder.bitrate, encoder.complexity) == (32000, DEFAULT_COMPLEXITY)
 
 
 def test_explicit_opus_rate_and_settings() -> None:
@@ -161,3 +163,19 @@ def test_independent_decoder_matches_input(
     assert snr >= min_snr, report
     if bitrate == 64000:
         assert max_error <= 0.25, report
+
+
+def test_the_default_complexity_keeps_speech_within_2_db_of_the_best(speech: Callable[[int], np.ndarray]) -> None:
+    """The default sits below the CPU knee (7 costs ~5x as much, scripts/bench_opus.py); it must not cost quality."""
+    samples = speech(48000)
+
+    def quality(complexity: int) -> float:
+        encoder = OpusEncoder(48000, complexity=complexity)
+        packets = encoder.encode(samples) + encoder.finish()
+        decoder = opuslib.Decoder(48000, 1)
+        decoded = np.frombuffer(b"".join(decoder.decode_float(p, 960) for p in packets), np.float32)
+        return spectral_snr_db(samples, decoded[encoder.pre_skip :])
+
+    assert DEFAULT_COMPLEXITY <= 6
+    assert quality(DEFAULT_COMPLEXITY) >= quality(10) - 2.0
+    assert quality(DEFAULT_COMPLEXITY) >= 16.0

@@ -10,6 +10,7 @@ stateful resampler to 48 kHz first.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import opuslib
@@ -26,10 +27,32 @@ FRAME_MS = 20
 DEFAULT_BITRATE = 32000
 """Mono speech is transparent-ish at 24-32 kb/s; the tests measure the quality at this rate."""
 
-DEFAULT_COMPLEXITY = 10
+DEFAULT_COMPLEXITY = 6
+"""Measured on speech (``scripts/bench_opus.py``, README): complexity 7 and up costs ~5x the CPU of 6
+(SILK's higher-complexity analysis) for ~2 dB of spectral SNR at 32 kb/s; 0-6 cost about the same."""
 APPLICATIONS = ("audio", "voip", "restricted_lowdelay")
 _MAX_PACKET_BYTES = 1275
 """Largest single-frame Opus packet (RFC 6716 section 3.2.1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpusSettings:
+    """How every Opus stream of a server is coded."""
+
+    bitrate: int = DEFAULT_BITRATE
+    """Bits per second (libopus accepts 500 to 512000)."""
+    complexity: int = DEFAULT_COMPLEXITY
+    """0 (cheapest) to 10 (best): the encoder's CPU/quality trade-off."""
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.bitrate) or not 500 <= self.bitrate <= 512_000:
+            raise ValueError(f"Opus bitrate={self.bitrate!r} is invalid: must be an int in [500, 512000]")
+        if not _is_int(self.complexity) or not 0 <= self.complexity <= 10:
+            raise ValueError(f"Opus complexity={self.complexity!r} is invalid: must be an int in [0, 10]")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def opus_rate_for(input_rate: int) -> int:

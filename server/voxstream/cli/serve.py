@@ -48,6 +48,9 @@ _LIMITS: dict[str, str] = {
     "max_ahead_ms": "a stream this far ahead of its listener skips engine steps (real-time)",
     "drain_timeout_s": "on shutdown, how long live utterances may keep speaking",
     "opus_bitrate": "Opus bitrate, bits per second",
+    "opus_complexity": "Opus encoder complexity, 0-10 (7 and up cost ~5x the CPU of 6 on speech)",
+    "encoder_threads": "threads running audio encoders off the event loop (0: on the loop)",
+    "workers": "frontend processes sharing the port, with one engine process owning the model (0: one process)",
 }
 
 
@@ -65,7 +68,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--model",
         default=defaults.model,
-        help="checkpoint folder, Hugging Face id (e.g. openbmb/VoxCPM2), or 'demo' (tiny random model: noise)",
+        help="checkpoint folder, Hugging Face id (e.g. openbmb/VoxCPM2), 'demo' (tiny random model: noise), "
+        "or 'sim' (load-testing simulator: no weights, steps paced by --sim-cost, a looped speech clip)",
+    )
+    parser.add_argument(
+        "--sim-cost",
+        default=defaults.sim_cost,
+        help="with --model sim: one engine step's duration, a sum of a fixed time, a time per decode row "
+        "and a time per prefill position",
     )
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=defaults.port, help="TCP port")
@@ -118,6 +128,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         host=args.host,
         port=args.port,
         model=args.model,
+        sim_cost=args.sim_cost,
         device=args.device,
         dtype=args.dtype,
         vae_dtype=args.vae_dtype,
@@ -141,5 +152,4 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from exc
-    serve(config)
-    return 0
+    return serve(config)

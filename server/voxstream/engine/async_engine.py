@@ -24,13 +24,12 @@ from types import TracebackType
 from typing import Any
 
 from voxstream.engine.engine import Engine
-from voxstream.engine.errors import DuplicateRequestError, EngineDeadError, EngineError
+from voxstream.engine.errors import EngineDeadError, EngineError
 from voxstream.engine.outputs import StepOutput
 from voxstream.engine.request import Request
+from voxstream.engine.streams import OutputStreams
 
 logger = logging.getLogger(__name__)
-
-_Channel = asyncio.Queue[StepOutput | BaseException]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +52,19 @@ class EngineStats:
     """CUDA graphs the runner has captured since start (all before serving, when it captures up front)."""
 
 
+def stats_after_step(engine: Engine, last: EngineStats, seconds: float) -> EngineStats:
+    """The load after a step of ``seconds`` that followed the snapshot ``last`` (call it on the engine's thread)."""
+    return EngineStats(
+        engine.num_running,
+        engine.num_waiting,
+        last.steps + 1,
+        last.step_seconds + seconds,
+        engine.kv_blocks_used,
+        engine.kv_blocks_total,
+        engine.runner.graph_captures,
+    )
+
+
 class AsyncEngine:
     """Asyncio front end of an ``Engine``; one instance serves one event loop.
 
@@ -73,8 +85,7 @@ class AsyncEngine:
         self._stopping = False
         # Loop-side state, touched only on the event loop thread.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._channels: dict[str, _Channel] = {}
-        self._closed_reason: str | None = None
+        self._streams = OutputStreams()
         # Replaced whole by the engine thread: readers on any thread see one consistent snapshot.
         self._stats = EngineStats(kv_blocks_total=engine.kv_blocks_total, graph_captures=engine.runner.graph_captures)
 
@@ -98,15 +109,15 @@ class AsyncEngine:
         """Abort every request, deliver their final outputs, and join the engine thread."""
         if self._loop is None:
             return
-        if self._closed_reason is None:
-            self._closed_reason = "the engine is stopped"
+        if self._streams.closed_reason is None:
+            self._streams.closed_reason = "the engine is stopped"
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify()
         await asyncio.to_thread(self._thread.join)
         # The thread's last dispatches ran before this line (loop callbacks are FIFO); anything
         # still open never got a final output because the thread died on its way out.
-        self._fail_channels(None)
+        self._streams.close("the engine is stopped")
 
     async def stream(self, request: Request) -> AsyncGenerator[StepOutput, None]:
         """Submit ``request`` and yield its outputs in order; the last one has a finish reason.
@@ -120,20 +131,8 @@ class AsyncEngine:
             ValueError: a synthesis parameter is outside the engine's limits.
         """
         channel = self._open(request)
-        try:
-            while True:
-                item = await channel.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
-        finally:
-            # Still registered means the engine owes this stream more outputs: the consumer left
-            # early. The identity check keeps a late exit from aborting a newer request that
-            # reuses the id after this one's final output was dispatched.
-            if self._channels.get(request.request_id) is channel:
-                self.abort(request.request_id)
+        async for output in self._streams.stream(request.request_id, channel, self.abort):
+            yield output
 
     def stats(self) -> EngineStats:
         """The load after the most recent step; safe to call from any thread."""
@@ -141,23 +140,17 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request from the event loop; its stream ends with an ``aborted`` output."""
-        if self._closed_reason is None:
+        if self._streams.closed_reason is None:
             self._submit(lambda: self._engine.abort(request_id))
 
-    def _open(self, request: Request) -> _Channel:
+    def _open(self, request: Request) -> asyncio.Queue[StepOutput | BaseException]:
         if self._loop is None:
             raise EngineDeadError("the engine is not started")
-        if self._closed_reason is not None:
-            raise EngineDeadError(self._closed_reason)
-        if asyncio.get_running_loop() is not self._loop:
+        if self._streams.closed_reason is None and asyncio.get_running_loop() is not self._loop:
             raise RuntimeError("AsyncEngine.stream() must run on the event loop that called start()")
-        rid = request.request_id
-        # A channel stays registered until its final output, so this also covers an aborted
-        # request whose abort the engine thread has not applied yet.
-        if rid in self._channels:
-            raise DuplicateRequestError(f"request id {rid!r} is already in use by an unfinished request")
-        channel: _Channel = asyncio.Queue()
-        self._channels[rid] = channel
+        # A channel stays registered until its final output, so this also refuses the id of an
+        # aborted request whose abort the engine thread has not applied yet.
+        channel = self._streams.open(request.request_id)
         self._submit(lambda: self._add(request))
         return channel
 
@@ -206,17 +199,7 @@ class AsyncEngine:
         return not stopping
 
     def _record_step(self, seconds: float) -> None:
-        last = self._stats
-        engine = self._engine
-        self._stats = EngineStats(
-            engine.num_running,
-            engine.num_waiting,
-            last.steps + 1,
-            last.step_seconds + seconds,
-            engine.kv_blocks_used,
-            engine.kv_blocks_total,
-            engine.runner.graph_captures,
-        )
+        self._stats = stats_after_step(self._engine, self._stats, seconds)
 
     def _add(self, request: Request) -> None:
         try:
@@ -231,26 +214,11 @@ class AsyncEngine:
     # ---- event loop ----------------------------------------------------------------------
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
-        for output in outputs:
-            channel = self._channels.get(output.request_id)
-            if channel is None:
-                continue  # failed by _die/_fail_channels before this callback ran
-            channel.put_nowait(output)
-            if output.finished:
-                del self._channels[output.request_id]
+        self._streams.dispatch(outputs)
 
     def _reject(self, request_id: str, exc: BaseException) -> None:
-        channel = self._channels.pop(request_id, None)
-        if channel is not None:
-            channel.put_nowait(exc)
+        self._streams.reject(request_id, exc)
 
     def _die(self, exc: BaseException) -> None:
-        self._closed_reason = f"the engine thread died: {type(exc).__name__}: {exc}"
-        self._fail_channels(exc)
-
-    def _fail_channels(self, cause: BaseException | None) -> None:
-        for channel in self._channels.values():
-            error = EngineDeadError(self._closed_reason)
-            error.__cause__ = cause
-            channel.put_nowait(error)
-        self._channels.clear()
+        self._streams.closed_reason = None  # the death is the reason, even during a stop
+        self._streams.close(f"the engine thread died: {type(exc).__name__}: {exc}", exc)

@@ -140,11 +140,7 @@ class RealtimePolicy:
             rows += 1
             tokens += request_tokens
         end = due
-        while (
-            end < len(order)
-            and deadlines[order[end]] - self.max_ahead_s <= now
-            and self.fits(rows + 1, tokens)
-        ):
+        while end < len(order) and deadlines[order[end]] - self.max_ahead_s <= now and self.fits(rows + 1, tokens):
             end += 1
             rows += 1
         return RealtimeDecision(admit, tuple(sorted(order[:end])))

@@ -14,9 +14,9 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, web
 
@@ -24,9 +24,11 @@ from voxstream.engine import SynthesisParams
 from voxstream.serving.access_log import ACCESS_LOGGER, AccessLogger
 from voxstream.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.encoding import EncoderPool
 from voxstream.serving.http_api import add_http_routes, error_middleware
 from voxstream.serving.keys import (
     CONFIG_KEY,
+    ENCODERS_KEY,
     METRICS_KEY,
     SERVICE_KEY,
     SESSIONS_KEY,
@@ -36,14 +38,17 @@ from voxstream.serving.keys import (
     ServerState,
 )
 from voxstream.serving.metrics import Metrics
-from voxstream.serving.service import SpeechService
+from voxstream.serving.service import Service, SpeechService
+from voxstream.serving.speech_model import SpeechModel, VoxCPMSpeech, load_speech_model
 from voxstream.serving.voices import VoiceStore
 from voxstream.serving.ws import add_ws_routes
 from voxstream.tts import VoxCPM
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _WARM_UP_TEXT = "Warming up."
+_READY_POLL_S = 0.05
 _JSON_OVERHEAD = 64 * 1024
 """Room for the JSON around an utterance's text in a request body."""
 
@@ -58,19 +63,20 @@ build step), else the repository's ``client_js/`` (an editable install)."""
 _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 
 
-def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Application:
-    """Build the server's application; ``tts`` is loaded from ``config`` (blocking) unless given (tests)."""
-    if tts is None:
-        tts = load_configured_model(config)
-    service = SpeechService(
-        tts,
-        config.engine_config(),
-        num_slots=config.max_sessions,
-        max_length=config.max_length,
-        kv_cache_bytes=config.kv_cache_bytes,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        voice_cache_bytes=config.voice_cache_bytes,
-    )
+def make_app(config: ServerConfig, *, tts: VoxCPM | SpeechModel | None = None) -> web.Application:
+    """Build the server's application; the model is loaded from ``config`` (blocking) unless given (tests)."""
+    model = load_speech_model(config) if tts is None else VoxCPMSpeech(tts) if isinstance(tts, VoxCPM) else tts
+    service = SpeechService(model, config)
+    voices = VoiceStore(config.voices_dir, model.info.name, model.patch_shape, config.max_voices)
+    return build_app(config, service, voices)
+
+
+def build_app(
+    config: ServerConfig, service: Service, voices: VoiceStore, *, metrics_dir: str | None = None
+) -> web.Application:
+    """The application around a service: ``SpeechService`` (one process) or a frontend's ``EngineProxy``.
+
+    ``metrics_dir``: the Prometheus multiprocess folder shared by the frontends of ``--workers``."""
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
@@ -79,9 +85,9 @@ def make_app(config: ServerConfig, *, tts: VoxCPM | None = None) -> web.Applicat
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
     app[SESSIONS_KEY] = sessions
-    patch_shape = (tts.config.patch_size, tts.config.feat_dim)
-    app[VOICES_KEY] = VoiceStore(config.voices_dir, tts.name, patch_shape, config.max_voices)
-    app[METRICS_KEY] = Metrics(service.engine.stats, lambda: len(sessions))
+    app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
+    app[VOICES_KEY] = voices
+    app[METRICS_KEY] = Metrics(service.stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
     add_http_routes(app)
     add_ws_routes(app)
     add_demo_routes(app)
@@ -141,13 +147,6 @@ def runner_options(config: ServerConfig) -> dict[str, Any]:
     }
 
 
-def load_configured_model(config: ServerConfig) -> VoxCPM:
-    """Load ``config.model`` (``demo``, the default, is a tiny random checkpoint that speaks noise)."""
-    from voxstream.loader import load_model
-
-    return load_model(config.model, device=config.device, dtype=config.dtype, vae_dtype=config.vae_dtype)
-
-
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE_KEY]
     await asyncio.to_thread(app[VOICES_KEY].load)
@@ -159,6 +158,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         warm_up.cancel()
         await asyncio.gather(warm_up, return_exceptions=True)
         await service.stop()
+        app[ENCODERS_KEY].close()
 
 
 async def _warm_up(app: web.Application) -> None:
@@ -191,25 +191,44 @@ async def drain(app: web.Application) -> None:
     await app[SERVICE_KEY].stop()
 
 
-def serve(config: ServerConfig) -> None:
-    """Load the model, then serve on uvloop until SIGTERM or SIGINT, draining before the listener closes."""
+def serve(config: ServerConfig) -> int:
+    """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status.
+
+    ``config.workers`` > 0 runs the engine and the frontends in processes of their own (``workers``)."""
+    if config.workers > 0:
+        from voxstream.serving.workers import supervise
+
+        return supervise(config)
     app = make_app(config)
+    run_loop(run_app(app, config))
+    return 0
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop (asyncio's own loop where uvloop has no build, e.g. Windows)."""
     try:
         import uvloop
-    except ImportError:  # no uvloop build for this platform (Windows): asyncio's own loop runs the same app
-        asyncio.run(_run_until_signal(app, config))
-    else:
-        uvloop.run(_run_until_signal(app, config))
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
-async def _run_until_signal(app: web.Application, config: ServerConfig) -> None:
+async def run_app(
+    app: web.Application, config: ServerConfig, *, reuse_port: bool = False, stop: asyncio.Event | None = None
+) -> None:
+    """Listen, wait for SIGTERM or SIGINT (or ``stop``), drain, close. ``reuse_port``: share the port
+    with other processes (``SO_REUSEPORT``: the kernel spreads connections over them); such a process
+    joins the port only once warmed up, so no connection lands on one that cannot serve it yet."""
     runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
     await runner.setup()
     try:
-        await web.TCPSite(runner, config.host, config.port).start()
+        if reuse_port:
+            while not app[STATE_KEY].accepting:
+                await asyncio.sleep(_READY_POLL_S)
+        await web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None).start()
         for host, port, *_ in runner.addresses:
             logger.info("listening on http://%s:%d", host, port)
-        stop = asyncio.Event()
+        stop = stop if stop is not None else asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

@@ -13,9 +13,11 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voxstream.audio.opus import DEFAULT_BITRATE
+from voxstream.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
 from voxstream.engine import EngineConfig, ParamLimits
+from voxstream.engine.cost_model import StepCost
 from voxstream.serving.protocol import MAX_PLAYBACK_LEAD_MS
+from voxstream.sim.runner import DEFAULT_SIM_COST, SimConfig
 
 # Fields that must be > 0; the others are checked by name in __post_init__.
 _POSITIVE_INTS = (
@@ -39,7 +41,10 @@ class ServerConfig:
     port: int = 8000
     """TCP port; 0 picks a free one (tests)."""
     model: str = "demo"
-    """Checkpoint folder, Hugging Face id, or ``demo`` (tiny random weights: the audio is noise)."""
+    """Checkpoint folder, Hugging Face id, ``demo`` (tiny random weights: the audio is noise), or ``sim``
+    (no weights: a load-testing simulator that paces steps by ``sim_cost`` and speaks a looped clip)."""
+    sim_cost: str = DEFAULT_SIM_COST
+    """``--model sim`` only: duration of one engine step, e.g. ``4ms+0.17ms/row+9.2us/token``."""
     device: str | None = None
     """Torch device; None picks CUDA when available, else CPU."""
     dtype: str | None = None
@@ -133,6 +138,16 @@ class ServerConfig:
     # ---- audio ----
     opus_bitrate: int = DEFAULT_BITRATE
     """Opus bitrate in bits per second, for every Opus and Ogg Opus stream."""
+    opus_complexity: int = DEFAULT_COMPLEXITY
+    """Opus encoder complexity, 0-10: 7 and up cost ~5x the CPU of 6 on speech (README, Performance)."""
+    encoder_threads: int = 2
+    """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
+
+    # ---- processes ----
+    workers: int = 0
+    """Frontend processes (``--workers N``): each runs its own event loop, sockets and encoders on the shared
+    port, and one engine process owns the model; 0 serves everything from this one process."""
+    """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -161,6 +176,17 @@ class ServerConfig:
         _check("max_ahead_ms", ahead, _is_int(ahead) and ahead > 0, "an int > 0")
         _check("realtime", self.realtime, isinstance(self.realtime, bool), "a bool")
         _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
+        for name in ("encoder_threads", "workers"):
+            value = getattr(self, name)
+            _check(name, value, _is_int(value) and value >= 0, "an int >= 0")
+        try:
+            self.opus_settings()
+        except ValueError as exc:
+            raise ValueError(f"ServerConfig.opus_bitrate/opus_complexity are invalid: {exc}") from None
+        try:
+            StepCost.parse(self.sim_cost)
+        except ValueError as exc:
+            raise ValueError(f"ServerConfig.sim_cost={self.sim_cost!r} is invalid: {exc}") from None
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
@@ -185,6 +211,14 @@ class ServerConfig:
             max_ahead_s=self.max_ahead_ms / 1000,
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )
+
+    def opus_settings(self) -> OpusSettings:
+        """How every Opus stream is coded."""
+        return OpusSettings(self.opus_bitrate, self.opus_complexity)
+
+    def sim_config(self) -> SimConfig:
+        """The simulator's settings (``--model sim``)."""
+        return SimConfig(cost=StepCost.parse(self.sim_cost))
 
 
 def _is_int(value: object) -> bool:

@@ -53,7 +53,16 @@ from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY, Phase
+from voxstream.serving.keys import (
+    CONFIG_KEY,
+    ENCODERS_KEY,
+    METRICS_KEY,
+    OWNER_KEY,
+    SERVICE_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+    Phase,
+)
 from voxstream.serving.protocol import ErrorCode
 from voxstream.serving.service import SpeechFailure
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
@@ -346,7 +355,10 @@ async def _stream_speech(
     app = request.app
     service, config, metrics = app[SERVICE_KEY], app[CONFIG_KEY], app[METRICS_KEY]
     fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
-    encoder = make_encoder(fmt, service.info.sample_rate, output_rate=rate, bitrate=config.opus_bitrate)
+    opus, encoders = config.opus_settings(), app[ENCODERS_KEY]
+    encoder = make_encoder(
+        fmt, service.info.sample_rate, output_rate=rate, bitrate=opus.bitrate, complexity=opus.complexity
+    )
     started = time.perf_counter()
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.
@@ -362,7 +374,7 @@ async def _stream_speech(
         while True:
             samples += output.chunk.size
             patches += int(output.chunk.size > 0)
-            for block in encoder.encode(output.chunk):
+            for block in await encoders.encode(encoder, output.chunk):
                 await response.write(frame(block))
             if output.finished:
                 break
@@ -382,7 +394,7 @@ async def _stream_speech(
     reason = output.finish_reason
     assert reason is not None, "the loop ends on the final output"
     metrics.count_utterance(reason.value)
-    for block in encoder.finish():
+    for block in await encoders.finish(encoder):
         await response.write(frame(block))
     if speech.sse:
         await response.write(_sse_done(input_tokens, patches))

@@ -11,6 +11,7 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
   ``state.accepting`` (it is false while the model warms up and once shutdown has begun), and
   run each utterance inside ``with state.utterance():`` so that shutdown can wait for it.
 * ``OWNER_KEY`` (on the request, not the app): who is asking, see below.
+* ``ENCODERS_KEY``: the ``EncoderPool`` (threads that run the audio encoders).
 * ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
   ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
   finish (up to ``ServerConfig.drain_timeout_s``) and then closes every socket left here with 1001.
@@ -29,8 +30,9 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from voxstream.serving.config import ServerConfig
+    from voxstream.serving.encoding import EncoderPool
     from voxstream.serving.metrics import Metrics
-    from voxstream.serving.service import SpeechService
+    from voxstream.serving.service import Service
     from voxstream.serving.voices import VoiceStore
 
 
@@ -82,7 +84,7 @@ class ServerState:
         return True
 
 
-SERVICE_KEY: web.AppKey[SpeechService] = web.AppKey("voxstream.service")
+SERVICE_KEY: web.AppKey[Service] = web.AppKey("voxstream.service")
 CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxstream.config")
 VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxstream.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxstream.metrics")
@@ -91,3 +93,4 @@ SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxstream.ses
 OWNER_KEY: web.RequestKey[str | None] = web.RequestKey("voxstream.owner", str | None)
 """Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
 when authentication is off; voices remember it to tell who may delete them."""
+ENCODERS_KEY: web.AppKey[EncoderPool] = web.AppKey("voxstream.encoders")

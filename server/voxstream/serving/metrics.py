@@ -4,18 +4,26 @@ Handlers record events (time to first audio, audio produced, errors by code, dro
 finished utterances); the engine's load (running and queued requests, step time) and the number of
 open WebSockets are read at scrape time from callables, so the engine thread never calls into
 Prometheus. ``GET /metrics`` serves ``exposition()``.
+
+With ``--workers`` every frontend process records into prometheus_client's multiprocess folder
+(``PROMETHEUS_MULTIPROC_DIR``, set by the supervisor before the frontends start), and any frontend's
+``/metrics`` sums them all: one view of the service. There the open WebSockets are a ``livesum`` gauge
+that each frontend keeps current (``refresh``), and the engine's load comes from the one engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from voxstream.engine import EngineStats
 
+_CONNECTIONS = "voxstream_websocket_connections"
+_CONNECTIONS_HELP = "Open WebSocket connections."
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -24,9 +32,26 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], connections: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        engine_stats: Callable[[], EngineStats],
+        connections: Callable[[], int],
+        *,
+        multiprocess_dir: str | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_LoadCollector(engine_stats, connections))
+        self._connections = connections
+        self._connections_gauge: Gauge | None = None
+        if multiprocess_dir is None:
+            self.registry.register(_LoadCollector(engine_stats, connections))
+            self._exposed = self.registry
+        else:
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=multiprocess_dir)
+            self._exposed.register(_LoadCollector(engine_stats, None))
+            self._connections_gauge = Gauge(
+                _CONNECTIONS, _CONNECTIONS_HELP, multiprocess_mode="livesum", registry=self.registry
+            )
         self._time_to_first_audio = Histogram(
             "voxstream_time_to_first_audio_seconds",
             "From a request (HTTP) or an utterance's first text (WebSocket) to its first audio chunk.",
@@ -62,15 +87,22 @@ class Metrics:
     def count_utterance(self, finish_reason: str) -> None:
         self._utterances.labels(finish_reason=finish_reason).inc()
 
+    def refresh(self) -> None:
+        """Publish this process's open connections to the other frontends (multiprocess mode only)."""
+        if self._connections_gauge is not None:
+            self._connections_gauge.set(self._connections())
+
     def exposition(self) -> bytes:
-        """The registry in Prometheus' text format."""
-        return generate_latest(self.registry)
+        """Every instrument (of every frontend, in multiprocess mode) in Prometheus' text format."""
+        self.refresh()
+        return generate_latest(self._exposed)
 
 
 class _LoadCollector(Collector):
     """Gauges read when scraped: engine load and step time, open WebSocket connections."""
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], connections: Callable[[], int]) -> None:
+    def __init__(self, engine_stats: Callable[[], EngineStats], connections: Callable[[], int] | None) -> None:
+        """``connections`` None: the gauge comes from the multiprocess files instead."""
         self._engine_stats = engine_stats
         self._connections = connections
 
@@ -80,7 +112,8 @@ class _LoadCollector(Collector):
             "voxstream_sessions_active", "Utterances being synthesized (holding an engine slot).", stats.running
         )
         yield GaugeMetricFamily("voxstream_sessions_queued", "Utterances waiting for an engine slot.", stats.waiting)
-        yield GaugeMetricFamily("voxstream_websocket_connections", "Open WebSocket connections.", self._connections())
+        if self._connections is not None:
+            yield GaugeMetricFamily(_CONNECTIONS, _CONNECTIONS_HELP, self._connections())
         yield GaugeMetricFamily(
             "voxstream_kv_blocks_used", "KV cache blocks held by running utterances.", stats.kv_blocks_used
         )

@@ -1,6 +1,7 @@
 """``SpeechService``: what the HTTP and WebSocket handlers need from the model, in one asyncio-facing object.
 
-It owns the loaded ``VoxCPM``, the batching ``AsyncEngine`` over a ``ModelRunner``, and nothing about
+It owns the ``SpeechModel`` (a loaded VoxCPM or the simulator), the batching ``AsyncEngine`` over its runner,
+and nothing about
 sockets or encodings. Handlers ask it to speak a text (an async stream of ``StepOutput`` chunks at the
 model's sample rate) and to encode voice clips; GPU work never runs on the event loop.
 """
@@ -11,26 +12,27 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from typing import Protocol
 
 from voxstream.audio.clip import AudioSource
 from voxstream.engine import (
     AsyncEngine,
     Engine,
-    EngineConfig,
     EngineDeadError,
+    EngineStats,
     QueueFullError,
     Request,
     StepOutput,
     SynthesisParams,
 )
 from voxstream.engine import FinishReason as EngineFinish
-from voxstream.engine.runner import ModelRunner
-from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES
 from voxstream.errors import VoxstreamError
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.config import ServerConfig
 from voxstream.serving.protocol import ErrorCode
-from voxstream.tts import VoxCPM
+from voxstream.serving.speech_model import ModelInfo, SpeechModel
+
+__all__ = ["ModelInfo", "Service", "SpeechFailure", "SpeechService", "typed_failures"]
 
 
 class SpeechFailure(VoxstreamError):
@@ -43,7 +45,7 @@ class SpeechFailure(VoxstreamError):
         self.finish = finish
 
 
-async def _typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGenerator[StepOutput, None]:
+async def typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGenerator[StepOutput, None]:
     """``stream``'s outputs, each failure turned into a ``SpeechFailure`` (the one place that maps them)."""
     async with contextlib.aclosing(stream):
         try:
@@ -63,49 +65,61 @@ async def _typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGene
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a client is told about the model in ``ready`` messages and headers."""
+class Service(Protocol):
+    """What the handlers use: ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``)."""
 
-    name: str
-    sample_rate: int
-    samples_per_patch: int
-    reference_cloning: bool
-    """Whether a voice can be made from a clip without its transcript (``ModelConfig.reference_cloning``)."""
+    info: ModelInfo
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
     @property
-    def chunk_seconds(self) -> float:
-        return self.samples_per_patch / self.sample_rate
+    def queue_full(self) -> bool:
+        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
+        ...
+
+    def new_request_id(self, prefix: str = "req") -> str: ...
+
+    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
+
+    def speak(
+        self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
+    ) -> AsyncGenerator[StepOutput, None]:
+        """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``typed_failures``)."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def encode_voice(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        reference_audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+    ) -> VoicePrompt: ...
+
+    def stats(self) -> EngineStats:
+        """The engine's load after its latest step (for metrics)."""
+        ...
+
+
+def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) -> bool:
+    """The engine's refusal rule, seen from its latest stats: ``max_waiting`` beyond the free slots."""
+    return stats.waiting >= max_waiting + max_running - stats.running
 
 
 class SpeechService:
     """Async facade over one model and its engine. Start it inside the event loop that will use it."""
 
-    def __init__(
-        self,
-        tts: VoxCPM,
-        engine_config: EngineConfig,
-        num_slots: int,
-        max_length: int | None = None,
-        kv_cache_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
-    ):
-        self.tts = tts
-        self.runner = ModelRunner(
-            tts,
-            num_slots=num_slots,
-            max_length=max_length,
-            kv_cache_bytes=kv_cache_bytes,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_timesteps=engine_config.limits.max_inference_timesteps,
-            voice_cache_bytes=voice_cache_bytes,
-            measure_cost=engine_config.realtime,  # the real-time policy budgets steps by it
-        )
-        self.engine = AsyncEngine(Engine(self.runner, engine_config))
-        self._max_waiting = engine_config.max_waiting
-        self._max_running = engine_config.max_running
-        self.info = ModelInfo(tts.name, tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
+    def __init__(self, model: SpeechModel, config: ServerConfig) -> None:
+        self.model = model
+        self.runner = model.new_runner(config)
+        self.engine = AsyncEngine(Engine(self.runner, config.engine_config()))
+        self._max_waiting = config.max_waiting
+        self._max_running = config.max_sessions
+        self.info = model.info
         self._ids = itertools.count()
 
     async def start(self) -> None:
@@ -118,20 +132,14 @@ class SpeechService:
     def queue_full(self) -> bool:
         """Whether the engine's queue was full after its latest step (a new request would be refused): the
         engine's rule, ``max_waiting`` beyond the free slots."""
-        stats = self.engine.stats()
-        return stats.waiting >= self._max_waiting + self._max_running - stats.running
+        return engine_queue_full(self.engine.stats(), self._max_waiting, self._max_running)
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
 
     def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
         """The admission budget's estimate of a request's prompt length, in LM positions."""
-        tokens = len(self.tts.tokenizer.encode(text)) + 1
-        if voice is not None:
-            tokens += len(self.tts.tokenizer.encode(voice.text))
-            for patches in (voice.audio_patches, voice.reference_patches):
-                tokens += 0 if patches is None else patches.shape[0] + 2
-        return tokens
+        return self.model.prompt_length(text, voice)
 
     def speak(
         self,
@@ -150,12 +158,16 @@ class SpeechService:
         ``playback_lead_s`` and ``playback_due`` (on ``time.monotonic``) are the real-time scheduler's
         deadline inputs (``Request``); None takes the engine's default lead and starts a new stream.
         """
-        tokens = self.prefill_tokens(text, voice)
-        request = Request(request_id, text, tokens, params, voice, playback_lead_s, playback_due)
-        return _typed_failures(self.engine.stream(request))
+        request = Request(
+            request_id, text, self.prefill_tokens(text, voice), params, voice, playback_lead_s, playback_due
+        )
+        return typed_failures(self.engine.stream(request))
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     async def encode_voice(
         self,
@@ -165,11 +177,11 @@ class SpeechService:
         reference_audio: AudioSource | None = None,
         sample_rate: int | None = None,
     ) -> VoicePrompt:
-        """Encode a voice clip off the event loop (the VAE encoder runs on the model's device).
+        """Encode a voice clip off the event loop (a real model's VAE encoder runs on its device).
 
         ``sample_rate`` is the rate of ``audio`` and ``reference_audio`` when they are arrays."""
         return await asyncio.to_thread(
-            self.tts.make_prompt,
+            self.model.make_prompt,
             text=text,
             audio=audio,
             sample_rate=sample_rate,

@@ -34,6 +34,7 @@ from voxstream.errors import InvalidInputError
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.budget import MessageBudget
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.encoding import INLINE, EncoderPool
 from voxstream.serving.keys import ServerState
 from voxstream.serving.metrics import Metrics
 from voxstream.serving.outbox import Outbox, SlowConsumerError, Transport
@@ -92,8 +93,10 @@ class Session:
         server: ServerState,
         transport: SessionTransport,
         metrics: Metrics | None = None,
+        encoders: EncoderPool = INLINE,
     ) -> None:
         self.service = service
+        self.encoders = encoders
         self.config = config
         self.voices = voices
         self.server = server
@@ -288,7 +291,7 @@ class Session:
                 ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
             )
         info = self.service.info
-        utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_bitrate)
+        utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_settings())
         utterance.live.enter_context(self.server.utterance())
         self._held.append(utterance)
         self._live.append(utterance)
@@ -341,7 +344,7 @@ class Session:
                 except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
                     raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
                 index += 1
-            self.outbox.put_audio(utterance.delivery, utterance.encoder.finish(), 0.0)
+            self.outbox.put_audio(utterance.delivery, await self.encoders.finish(utterance.encoder), 0.0)
         except SpeechFailure as exc:
             self._error(exc.code, str(exc), utterance.number)
             reason = FinishReason.ERROR
@@ -380,7 +383,7 @@ class Session:
                 if final.chunk.size:
                     if utterance.samples == start:  # this sentence's first audio
                         self._announce(utterance, index, text, spoken)
-                    self._on_chunk(utterance, final.chunk)
+                    await self._on_chunk(utterance, final.chunk)
                 if final.patch is not None:
                     patches.append(final.patch)
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
@@ -391,13 +394,13 @@ class Session:
         utterance.started += 1
         self.outbox.put(Segment(utterance.number, index, text, utterance.start_sample, spoken))
 
-    def _on_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
+    async def _on_chunk(self, utterance: Utterance, chunk: np.ndarray) -> None:
         now = self._last_activity = time.monotonic()
         if utterance.first_chunk_at is None:
             utterance.first_chunk_at = now
         utterance.samples += chunk.size
         seconds = chunk.size / utterance.model_rate
-        self.outbox.put_audio(utterance.delivery, utterance.encoder.encode(chunk), seconds)
+        self.outbox.put_audio(utterance.delivery, await self.encoders.encode(utterance.encoder, chunk), seconds)
 
     def _finish(self, utterance: Utterance, reason: FinishReason) -> None:
         """The utterance is over: queue its ``done`` (built when sent, with what the socket took)."""
@@ -423,7 +426,7 @@ class Session:
         return done
 
     def _ready(self) -> Ready:
-        return ready_message(self.settings, self.service.info, self.config.opus_bitrate)
+        return ready_message(self.settings, self.service.info, self.config.opus_settings())
 
     def _error(self, code: ErrorCode, message: str, utterance: int | None = None) -> None:
         if self.metrics is not None:

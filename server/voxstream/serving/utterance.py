@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from voxstream.audio.formats import OpusPacketStream, StreamEncoder, make_encoder
+from voxstream.audio.opus import OpusSettings
 from voxstream.engine import ParamLimits, SynthesisParams
 from voxstream.engine.outputs import Patch
 from voxstream.prompt import VoicePrompt
@@ -89,13 +90,13 @@ def resolve_settings(
     return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize))
 
 
-def new_encoder(settings: Settings, model_rate: int, opus_bitrate: int) -> StreamEncoder:
+def new_encoder(settings: Settings, model_rate: int, opus: OpusSettings) -> StreamEncoder:
     """One utterance's encoder: each utterance is an independent stream (Opus: its own pre-skip)."""
-    return make_encoder(settings.format, model_rate, bitrate=opus_bitrate)
+    return make_encoder(settings.format, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
 
 
-def ready_message(settings: Settings, info: ModelInfo, opus_bitrate: int) -> Ready:
-    rate, pre_skip = _stream_shape(settings.format, info.sample_rate, opus_bitrate)
+def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings) -> Ready:
+    rate, pre_skip = _stream_shape(settings.format, info.sample_rate, opus)
     params = settings.params
     return Ready(
         PROTOCOL_VERSION, info.name, settings.format, rate, info.chunk_seconds, pre_skip,
@@ -105,21 +106,21 @@ def ready_message(settings: Settings, info: ModelInfo, opus_bitrate: int) -> Rea
 
 
 @functools.lru_cache(maxsize=64)
-def _stream_shape(fmt: str, model_rate: int, opus_bitrate: int) -> tuple[int, int]:
+def _stream_shape(fmt: str, model_rate: int, opus: OpusSettings) -> tuple[int, int]:
     """(sample rate, Opus pre-skip or 0) of a format's stream; cached, since building an Opus encoder to ask
     costs about 0.1 ms and every ``start`` is answered with a ``ready``."""
-    encoder = make_encoder(fmt, model_rate, bitrate=opus_bitrate)
+    encoder = make_encoder(fmt, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
     return encoder.sample_rate, encoder.opus.pre_skip if isinstance(encoder, OpusPacketStream) else 0
 
 
 class Utterance:
     """State of one utterance from its first text to its ``done``."""
 
-    def __init__(self, number: int, settings: Settings, model_rate: int, opus_bitrate: int) -> None:
+    def __init__(self, number: int, settings: Settings, model_rate: int, opus: OpusSettings) -> None:
         self.number = number
         self.settings = settings
         self.model_rate = model_rate
-        self.encoder = new_encoder(settings, model_rate, opus_bitrate)
+        self.encoder = new_encoder(settings, model_rate, opus)
         self.delivery = Delivery(number, settings.format)
         self.chars = 0
         self.queued = 0

@@ -208,6 +208,14 @@ class VoiceStore:
             await asyncio.to_thread(self._remove, voice_id)
         self._voices.pop(voice_id, None)
 
+    def adopt(self, voice: Voice) -> None:
+        """Hold a voice another process saved (it wrote the files, if any)."""
+        self._voices[voice.info.id] = voice
+
+    def forget(self, voice_id: str) -> None:
+        """Drop a voice another process deleted (it removed the files, if any)."""
+        self._voices.pop(voice_id, None)
+
     # ---- files (blocking; run in a worker thread) ----------------------------------------
 
     def _paths(self, voice_id: str) -> tuple[Path, Path]:

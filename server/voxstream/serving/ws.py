@@ -14,8 +14,17 @@ import asyncio
 
 from aiohttp import WSMsgType, web
 
+from voxstream.serving.encoding import INLINE
 from voxstream.serving.http_api import require_admission
-from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY
+from voxstream.serving.keys import (
+    CONFIG_KEY,
+    ENCODERS_KEY,
+    METRICS_KEY,
+    SERVICE_KEY,
+    SESSIONS_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+)
 from voxstream.serving.protocol import CloseCode
 from voxstream.serving.session import Session
 from voxstream.serving.ws_frames import StreamSocket
@@ -78,7 +87,15 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     try:
         await ws.prepare(request)
         socket = _Socket(ws, request)
-        session = Session(app[SERVICE_KEY], config, app[VOICES_KEY], app[STATE_KEY], socket, app.get(METRICS_KEY))
+        session = Session(
+            app[SERVICE_KEY],
+            config,
+            app[VOICES_KEY],
+            app[STATE_KEY],
+            socket,
+            app.get(METRICS_KEY),
+            app.get(ENCODERS_KEY, INLINE),
+        )
         async with session:
             async for message in ws:
                 if message.type is WSMsgType.TEXT:

@@ -1,0 +1,102 @@
+"""``voxstream serve`` as a child process, for tests of the command as operators run it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from types import TracebackType
+
+
+class ServerProcess:
+    """``voxstream serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        command = [sys.executable, "-m", "voxstream.cli.main", "serve", *args, "--port", "0"]
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        )
+        self._lines: list[str] = []
+        self.url = self._listening_url()
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/v1/tts/stream"
+
+    @property
+    def log(self) -> str:
+        return "".join(self._lines)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def status(self, path: str, token: str | None = None) -> int | None:
+        request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            return None
+
+    def get(self, path: str, token: str | None = None) -> str:
+        request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.read().decode()
+
+    def wait_ready(self, timeout: float = 60.0, probes: int = 8) -> None:
+        """Until ``probes`` fresh connections in a row find it ready (with ``--workers``, every frontend is then
+        ready but for odds of 2**-probes, its warm-up done)."""
+        streak = 0
+
+        def ready() -> bool:
+            nonlocal streak
+            streak = streak + 1 if self.status("/ready") == 200 else 0
+            return streak >= probes
+
+        assert poll(ready, timeout, interval=0.05), f"never became ready:\n{self.log}"
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then the exit status."""
+        self.process.terminate()
+        returncode = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return returncode
+
+    def _listening_url(self) -> str:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.append(line)
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                return found.group(1)
+        raise AssertionError("the server exited before listening:\n" + self.log)
+
+    def _read_log(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.append(line)
+
+
+def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return False

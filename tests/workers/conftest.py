@@ -1,0 +1,3 @@
+from tests.serving.conftest import tiny_tts
+
+__all__ = ["tiny_tts"]
