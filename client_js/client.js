@@ -50,6 +50,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [inferenceTimesteps]
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
  * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxstream[normalize]`)
+ * @property {string} [persona] a LoRA persona loaded on the server (`GET /v1/loras`); default: the base model
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
  * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
@@ -152,7 +153,8 @@ export class VoxstreamClient extends EventTarget {
   /** @param {ClientOptions} changes */
   async #apply(changes) {
     Object.assign(this.options, changes);
-    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds } = this.options;
+    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds, persona } =
+      this.options;
     const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
     const ready = this.#nextReady();
     this.#write({
@@ -166,6 +168,7 @@ export class VoxstreamClient extends EventTarget {
       normalize,
       // The server schedules this stream to stay ahead of the playback our lead implies.
       playback_lead_ms: leadSeconds == null ? undefined : Math.round(leadSeconds * 1000),
+      persona,
     });
     this.settings = await ready;
     await this.#ensurePlayer(this.settings);

@@ -12,6 +12,7 @@ const READY = {
   type: 'ready', protocol: 1, model: 'fake', format: 'pcm_s16le', sample_rate: 16000, chunk_s: 0.16, pre_skip: 0,
   voice: null, seed: null, cfg_value: 2, inference_timesteps: 10, max_buffer_delay_ms: 500,
   playback_lead_ms: 300,
+  persona: null,
 };
 const FAST = { retries: 3, firstDelayMs: 1, maxDelayMs: 2, jitter: 0.5 };
 

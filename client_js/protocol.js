@@ -76,6 +76,7 @@ const CLIENT_MESSAGES = {
     max_buffer_delay_ms: optInt,
     normalize: optBool,
     playback_lead_ms: optInt,
+    persona: optStr,
   },
   text: { text: str },
   flush: {},
@@ -98,6 +99,7 @@ const SERVER_MESSAGES = {
     inference_timesteps: int,
     max_buffer_delay_ms: int,
     playback_lead_ms: int,
+    persona: optStr,
   },
   segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str },
   done: {

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -61,6 +62,32 @@ async def wait_ready(app: web.Application, timeout: float = READY_TIMEOUT_S) -> 
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(accepting(), timeout)
+
+
+LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
+"""A LoRA adapter made by the reference's own code for the tiny voxcpm2 checkpoint (LM, DiT and projections)."""
+
+
+@pytest.fixture(scope="session")
+def persona_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    """A tiny voxcpm2 model of its own for persona tests (personas wrap its layers), float32 like the fixture."""
+    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("persona-model") / "voxcpm2", "voxcpm2", seed=0)
+    return voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture
+def persona_app(persona_tts: VoxCPM) -> Callable[..., web.Application]:
+    """``persona_app(**overrides)``: an app on ``persona_tts`` with persona ``A`` (``LORA``) loaded at startup;
+    personas left by an earlier test are removed first."""
+
+    def build(**overrides: Any) -> web.Application:
+        bank = persona_tts.personas
+        for name in list(bank.adapters) if bank is not None else []:
+            bank.remove(name)
+        settings: dict[str, Any] = {"loras": (("A", LORA),), "max_lora_rank": 16, **overrides}
+        return make_app(_config(**settings), tts=persona_tts)
+
+    return build
 
 
 @pytest.fixture

@@ -108,6 +108,7 @@ starts = st.builds(
     cfg_value=st.none() | st.floats(-1e6, 1e6, allow_nan=False),
     inference_timesteps=st.none() | st.integers(1, 1000),
     max_buffer_delay_ms=st.none() | st.integers(0, MAX_BUFFER_DELAY_MS),
+    persona=st.none() | st.text(max_size=20),
 )
 texts = st.builds(Text, st.text(st.characters(exclude_categories=["Cs"])))
 

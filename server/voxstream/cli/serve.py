@@ -51,6 +51,9 @@ _LIMITS: dict[str, str] = {
     "opus_complexity": "Opus encoder complexity, 0-10 (7 and up cost ~5x the CPU of 6 on speech)",
     "encoder_threads": "threads running audio encoders off the event loop (0: on the loop)",
     "workers": "frontend processes sharing the port, with one engine process owning the model (0: one process)",
+    "max_personas": "LoRA personas resident on the device at once (more are swapped in, least recently used first)",
+    "max_lora_rank": "largest LoRA rank accepted (resident adapters are padded to it)",
+    "max_loras": "LoRA personas registered at once (--lora and POST /v1/loras)",
 }
 
 
@@ -62,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "serve",
         help="run the streaming TTS server (WebSocket, OpenAI-compatible HTTP, metrics)",
         description="Serve a VoxCPM model: WebSocket /v1/tts/stream, POST /v1/audio/speech, voices, "
-        f"/health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated).",
+        f"/v1/loras, /health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -86,6 +89,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--allowed-origin", action="append", default=[], help="browser Origin allowed to use the API (default: any)"
     )
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        type=_persona_arg,
+        metavar="NAME=DIR",
+        help="load a LoRA persona (a checkpoint folder in the reference's fine-tuning format) before serving; "
+        "repeatable",
+    )
+    parser.add_argument("--lora-root", type=Path, help="POST /v1/loras only loads folders inside it (default: any)")
     parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
     parser.add_argument(
         "--replica-id", help="name sent in every response's X-Voxstream-Replica header (default: the hostname)"
@@ -118,6 +131,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _persona_arg(value: str) -> tuple[str, Path]:
+    name, sep, folder = value.partition("=")
+    if not sep or not name or not folder:
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR, got {value!r}")
+    return name, Path(folder)
+
+
 def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServerConfig:
     """The ``ServerConfig`` the arguments (and ``$VOXSTREAM_API_KEYS``) describe."""
     from voxstream.serving.config import ServerConfig
@@ -135,6 +155,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),
         allowed_origins=tuple(args.allowed_origin),
         voices_dir=args.voices_dir,
+        loras=tuple(args.lora),
+        lora_root=args.lora_root,
         kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization,
         realtime=args.realtime,

@@ -24,11 +24,14 @@ _POSITIVE_INTS = (
     "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
     "max_message_bytes", "max_text_chars_per_message", "max_text_chars_per_utterance", "max_upload_bytes",
     "max_voices", "opus_bitrate", "max_transcript_chars", "max_voice_name_chars", "max_queued_utterances",
+    "max_personas", "max_lora_rank", "max_loras",
 )  # fmt: skip
 _POSITIVE_FLOATS = (
     "max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s",
     "max_messages_per_s", "header_timeout_s", "body_timeout_s",
 )  # fmt: skip
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A persona's name: safe in URLs (``DELETE /v1/loras/{name}``), logs and headers."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,19 @@ class ServerConfig:
     them; empty allows every origin (and sends no CORS headers)."""
     voices_dir: Path | None = None
     """Folder where uploaded voices persist across restarts; None keeps them in memory only."""
+
+    # ---- personas (LoRA adapters) ----
+    loras: tuple[tuple[str, Path], ...] = ()
+    """Personas loaded before the server reports ready: (name, checkpoint folder in the reference's format)."""
+    max_personas: int = 4
+    """LoRA personas resident on the device at once (more may be registered; they are swapped in, least
+    recently used first, never one in use)."""
+    max_lora_rank: int = 64
+    """Largest LoRA rank accepted; every resident adapter is padded to it (memory and compute per step)."""
+    max_loras: int = 64
+    """Personas registered at once (host memory); ``POST /v1/loras`` beyond it is refused."""
+    lora_root: Path | None = None
+    """When set, ``POST /v1/loras`` only loads folders inside it; None allows any folder the server can read."""
 
     # ---- engine capacity ----
     max_sessions: int = 16
@@ -187,6 +203,11 @@ class ServerConfig:
             StepCost.parse(self.sim_cost)
         except ValueError as exc:
             raise ValueError(f"ServerConfig.sim_cost={self.sim_cost!r} is invalid: {exc}") from None
+        names = [name for name, _ in self.loras]
+        ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
+        _check("loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
+        _check("loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
+        _check("loras", self.loras, not (names and self.workers), "empty with workers > 0 (not served there yet)")
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
@@ -223,6 +244,10 @@ class ServerConfig:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_persona_name(value: str) -> bool:
+    return _NAME.fullmatch(value) is not None
 
 
 def _is_token(value: object) -> bool:

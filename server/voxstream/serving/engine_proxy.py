@@ -25,7 +25,9 @@ from voxstream.engine.streams import OutputStreams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.service import engine_queue_full, typed_failures
+from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
+from voxstream.serving.protocol import ErrorCode
+from voxstream.serving.service import SpeechFailure, engine_queue_full, refused, typed_failures
 from voxstream.serving.voices import Voice, VoiceInfo, VoiceStore
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ class EngineProxy:
         self.patch_shape = welcome.patch_shape
         self.prefill_tokens = welcome.prompt_length
         self.initial_voices = welcome.voices
+        self.personas: PersonaRegistry | None = None
+        """LoRA personas are not served with ``--workers`` (the config refuses ``--lora`` with it)."""
         self._streams = OutputStreams()
         self._stats = EngineStats()
         self._ids = itertools.count()
@@ -101,12 +105,17 @@ class EngineProxy:
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
         *,
+        persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance; closing the iterator early aborts it, and every failure raises one
         ``SpeechFailure`` (as ``SpeechService.speak``, including the real-time deadline inputs:
         ``time.monotonic`` is one clock for every process of the machine)."""
+        try:
+            self.check_persona(persona)
+        except UnknownPersonaError as exc:
+            return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
         request = Request(
             request_id, text, self.prefill_tokens(text, voice), params, voice, playback_lead_s, playback_due
         )
@@ -118,6 +127,9 @@ class EngineProxy:
         self._send(ipc.Add(request))
         async for output in self._streams.stream(request_id, channel, self.abort):
             yield output
+
+    def check_persona(self, persona: str | None) -> None:
+        check_persona(self.personas, persona)
 
     def abort(self, request_id: str) -> None:
         if self._streams.closed_reason is None:

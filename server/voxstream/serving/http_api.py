@@ -10,10 +10,11 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
        ``unsupported_format``, ``unsupported_speed``, ``unsupported_instructions``,
        ``unsupported_stream_format``, ``invalid_parameter`` (seed, cfg_value, inference_timesteps),
        ``normalize_unavailable``, ``invalid_audio`` (unreadable, or not finite once encoded),
-       ``clip_too_long``, ``transcript_required``
+       ``clip_too_long``, ``transcript_required``; ``/v1/loras``: ``invalid_path``, ``invalid_lora``,
+       ``lora_too_large``
 401    ``unauthorized``; 403 ``forbidden_origin``, ``forbidden`` (another key's voice);
-       404 ``not_found``, ``unknown_voice``; 405 ``method_not_allowed``; 408 ``body_timeout``;
-       409 ``voice_limit``; 413 ``payload_too_large``, ``upload_too_large``
+       404 ``not_found``, ``unknown_voice``, ``unknown_persona``; 405 ``method_not_allowed``; 408 ``body_timeout``;
+       409 ``voice_limit``, ``persona_exists``, ``persona_limit``; 413 ``payload_too_large``, ``upload_too_large``
 422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
 503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``unavailable`` (the engine stopped);
        a speech request refused before it starts has ``Retry-After`` (a balancer may retry it
@@ -63,6 +64,7 @@ from voxstream.serving.keys import (
     VOICES_KEY,
     Phase,
 )
+from voxstream.serving.personas import PersonaLoadError, PersonaRegistry, UnknownPersonaError
 from voxstream.serving.protocol import ErrorCode
 from voxstream.serving.service import SpeechFailure
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
@@ -101,7 +103,11 @@ class ApiError(Exception):
         return response
 
 
-_FAILURE_STATUS = {ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.SYNTHESIS_FAILED: 422}
+_FAILURE_STATUS = {
+    ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.SYNTHESIS_FAILED: 422, ErrorCode.UNKNOWN_PERSONA: 404,
+}  # fmt: skip
+_PERSONA_LOAD_STATUS = {"persona_exists": 409, "persona_limit": 409}
+"""HTTP status of ``PersonaLoadError`` codes other than 400."""
 """HTTP status of each ``SpeechFailure`` code (the codes themselves are the WebSocket protocol's)."""
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
 _HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
@@ -117,6 +123,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(409, "voice_limit", str(exc))
     if isinstance(exc, VoiceOwnerError):
         return ApiError(403, "forbidden", str(exc))
+    if isinstance(exc, UnknownPersonaError):
+        return ApiError(404, "unknown_persona", str(exc))
+    if isinstance(exc, PersonaLoadError):
+        return ApiError(_PERSONA_LOAD_STATUS.get(exc.code, 400), exc.code, str(exc))
     if isinstance(exc, SpeechFailure):
         status = _FAILURE_STATUS[exc.code]
         retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
@@ -175,6 +185,9 @@ def add_http_routes(app: web.Application) -> None:
     app.router.add_post("/v1/voices", create_voice)
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
+    app.router.add_post("/v1/loras", create_lora)
+    app.router.add_get("/v1/loras", list_loras)
+    app.router.add_delete("/v1/loras/{name}", delete_lora)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -229,11 +242,13 @@ class SpeechRequest:
     """``stream_format: "sse"``: the audio as OpenAI's ``speech.audio.delta`` events instead of a raw body."""
     normalize: bool = False
     """Read numbers, dates and money as words before speaking (``voxstream[normalize]``)."""
+    persona: str | None = None
+    """A LoRA persona loaded on the server; None is the base model."""
 
 
 _SPEECH_FIELDS = frozenset(
     {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
-    | {"seed", "cfg_value", "inference_timesteps", "normalize"}  # voxstream extras
+    | {"seed", "cfg_value", "inference_timesteps", "normalize", "persona"}  # voxstream extras
 )
 
 
@@ -275,16 +290,19 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     except ValueError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from exc
     voice = _field(body, "voice", str)
-    return SpeechRequest(text, voice, response_format, params, sse=stream_format == "sse", normalize=normalize)
+    persona = _field(body, "persona", str)
+    sse = stream_format == "sse"
+    return SpeechRequest(text, voice, response_format, params, sse=sse, normalize=normalize, persona=persona)
 
 
-async def read_json(request: web.Request, timeout_s: float) -> object:
-    """The request body as JSON, read within ``timeout_s``, decoded in its declared charset (UTF-8 by default).
+async def read_json(request: web.Request, timeout_s: float, max_bytes: int | None = None) -> object:
+    """The request body as JSON, read within ``timeout_s``, decoded in its declared charset (UTF-8 by default);
+    ``max_bytes`` replaces the application's body limit for this route (413 ``payload_too_large`` beyond it).
 
     Raises ``ApiError`` for a slow body (408), an unknown charset, undecodable text, invalid JSON or JSON
     nested too deeply for the parser (all 400 ``invalid_json``), never a server error.
     """
-    data = await _within(timeout_s, request.read())
+    data = await _within(timeout_s, request.read() if max_bytes is None else _read_at_most(request, max_bytes))
     charset = request.charset or "utf-8"
     try:
         text = data.decode(charset)
@@ -298,6 +316,18 @@ async def read_json(request: web.Request, timeout_s: float) -> object:
         raise ApiError(400, "invalid_json", "the JSON is nested too deeply") from exc
     except ValueError as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes:
+    too_large = ApiError(413, "payload_too_large", f"the body exceeds {limit} bytes", close_connection=True)
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            raise too_large
+    return bytes(data)
 
 
 async def _within(timeout_s: float, read: Awaitable[T]) -> T:
@@ -326,9 +356,10 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
+    service.check_persona(speech.persona)
     text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, speech.persona)
         async with contextlib.aclosing(outputs):
             input_tokens = service.prefill_tokens(text, voice)
             return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
@@ -516,3 +547,41 @@ _PART_SLACK = 1024
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, "upload_too_large", f"the upload exceeds the limit of {limit} bytes")
+
+
+# ---- personas (LoRA adapters) ------------------------------------------------------------------
+
+
+async def create_lora(request: web.Request) -> web.Response:
+    """``POST /v1/loras`` ``{"name", "path"}``: load a LoRA checkpoint folder on the server as a persona."""
+    app = request.app
+    require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
+    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - {"name", "path"})
+    if unknown:
+        raise ApiError(400, "unknown_field", f"unknown field(s) {unknown}; the fields are ['name', 'path']")
+    name, path = _field(body, "name", str), _field(body, "path", str)
+    if name is None or path is None:
+        raise ApiError(400, "invalid_request", "the body needs 'name' and 'path' (a LoRA folder on the server)")
+    info = await _personas(app).add(name, path)
+    return web.json_response(info.to_json(), status=201)
+
+
+async def list_loras(request: web.Request) -> web.Response:
+    infos = _personas(request.app).infos()
+    return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
+
+
+async def delete_lora(request: web.Request) -> web.Response:
+    """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``."""
+    name = request.match_info["name"]
+    _personas(request.app).remove(name)
+    return web.json_response({"name": name, "object": "lora", "deleted": True})
+
+
+def _personas(app: web.Application) -> PersonaRegistry:
+    personas = app[SERVICE_KEY].personas
+    assert personas is not None, "make_app always gives the service a registry"
+    return personas

@@ -79,6 +79,8 @@ class ErrorCode(str, enum.Enum):
     UTTERANCE_TOO_LONG = "utterance_too_long"
     """The utterance's text would exceed the server's per-utterance limit."""
     UNKNOWN_VOICE = "unknown_voice"
+    UNKNOWN_PERSONA = "unknown_persona"
+    """``start.persona`` names no LoRA persona of this server (never loaded, or removed)."""
     EMPTY_UTTERANCE = "empty_utterance"
     """``end`` with nothing to speak."""
     UTTERANCE_IN_PROGRESS = "utterance_in_progress"
@@ -171,6 +173,8 @@ class Start:
     playback_lead_ms: int | None = None
     """Audio the client buffers before it starts playing an utterance; the server's real-time scheduler
     keeps each stream ahead of the playback this implies (default: the server's ``--playback-lead-ms``)."""
+    persona: str | None = None
+    """A LoRA persona loaded on the server (``GET /v1/loras``); omitted means the base model."""
 
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
@@ -233,6 +237,8 @@ class Ready:
     max_buffer_delay_ms: int
     playback_lead_ms: int
     """The listener lead the server schedules this connection's streams by."""
+    persona: str | None
+    """The LoRA persona the next utterances speak with (null: the base model)."""
 
 
 @dataclass(frozen=True)

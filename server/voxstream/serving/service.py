@@ -29,10 +29,11 @@ from voxstream.engine import FinishReason as EngineFinish
 from voxstream.errors import VoxstreamError
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
 from voxstream.serving.protocol import ErrorCode
 from voxstream.serving.speech_model import ModelInfo, SpeechModel
 
-__all__ = ["ModelInfo", "Service", "SpeechFailure", "SpeechService", "typed_failures"]
+__all__ = ["ModelInfo", "Service", "SpeechFailure", "SpeechService", "refused", "typed_failures"]
 
 
 class SpeechFailure(VoxstreamError):
@@ -65,10 +66,18 @@ async def typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGener
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
 
+async def refused(failure: SpeechFailure) -> AsyncGenerator[StepOutput, None]:
+    """A stream that fails at its first output, as the engine's refusals do."""
+    raise failure
+    yield  # a generator  # pragma: no cover
+
+
 class Service(Protocol):
     """What the handlers use: ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``)."""
 
     info: ModelInfo
+    personas: PersonaRegistry | None
+    """The LoRA personas requests may name (None: none, e.g. the simulator or ``--workers`` frontends)."""
 
     async def start(self) -> None: ...
 
@@ -83,8 +92,20 @@ class Service(Protocol):
 
     def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
 
+    def check_persona(self, persona: str | None) -> None:
+        """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
+        ...
+
     def speak(
-        self, request_id: str, text: str, params: SynthesisParams, voice: VoicePrompt | None = None
+        self,
+        request_id: str,
+        text: str,
+        params: SynthesisParams,
+        voice: VoicePrompt | None = None,
+        *,
+        persona: str | None = None,
+        playback_lead_s: float | None = None,
+        playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``typed_failures``)."""
         ...
@@ -113,8 +134,10 @@ def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) ->
 class SpeechService:
     """Async facade over one model and its engine. Start it inside the event loop that will use it."""
 
-    def __init__(self, model: SpeechModel, config: ServerConfig) -> None:
+    def __init__(self, model: SpeechModel, config: ServerConfig, personas: PersonaRegistry | None = None) -> None:
         self.model = model
+        self.personas = personas
+        """The LoRA personas requests may name; None: the base model only."""
         self.runner = model.new_runner(config)
         self.engine = AsyncEngine(Engine(self.runner, config.engine_config()))
         self._max_waiting = config.max_waiting
@@ -141,26 +164,38 @@ class SpeechService:
         """The admission budget's estimate of a request's prompt length, in LM positions."""
         return self.model.prompt_length(text, voice)
 
+    def check_persona(self, persona: str | None) -> None:
+        """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
+        check_persona(self.personas, persona)
+
     def speak(
         self,
         request_id: str,
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
+        persona: str | None = None,
         *,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
 
-        Every way the utterance can fail (refused, engine gone, ended in error or by shutdown) raises one
-        ``SpeechFailure``, so the WebSocket and HTTP paths report failures with the same codes.
-        ``playback_lead_s`` and ``playback_due`` (on ``time.monotonic``) are the real-time scheduler's
-        deadline inputs (``Request``); None takes the engine's default lead and starts a new stream.
+        Every way the utterance can fail (refused, engine gone, ended in error or by shutdown, a persona
+        no longer loaded) raises one ``SpeechFailure``, so the WebSocket and HTTP paths report failures
+        with the same codes. ``playback_lead_s`` and ``playback_due`` (on ``time.monotonic``) are the
+        real-time scheduler's deadline inputs (``Request``); None takes the engine's default lead and
+        starts a new stream.
         """
+        try:
+            self.check_persona(persona)
+        except UnknownPersonaError as exc:
+            return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
+        tokens = self.prefill_tokens(text, voice)
         request = Request(
-            request_id, text, self.prefill_tokens(text, voice), params, voice, playback_lead_s, playback_due
-        )
+            request_id, text, tokens, params, voice,
+            playback_lead_s=playback_lead_s, playback_due=playback_due, persona=persona,
+        )  # fmt: skip
         return typed_failures(self.engine.stream(request))
 
     def abort(self, request_id: str) -> None:

@@ -106,7 +106,7 @@ class Session:
         self.phase = SessionPhase.IDLE
         self._limits = config.engine_config().limits
         self.settings = resolve_settings(
-            Start(), voices, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
+            Start(), voices, service, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
         )
         self._segmenter = SentenceSegmenter()
         self._open: Utterance | None = None
@@ -237,7 +237,7 @@ class Session:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
         config = self.config
         self.settings = resolve_settings(
-            start, self.voices, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
+            start, self.voices, self.service, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
         )
         if self.settings.normalize:
             self._spawn(preload_in_worker())  # the first sentence need not wait for the normalizer's load
@@ -377,7 +377,8 @@ class Session:
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = utterance.playback_lead_s, utterance.playback_due()
-        speech = self.service.speak(request_id, spoken, params, prompt, playback_lead_s=lead, playback_due=due)
+        persona = utterance.settings.persona
+        speech = self.service.speak(request_id, spoken, params, prompt, persona, playback_lead_s=lead, playback_due=due)
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.chunk.size:

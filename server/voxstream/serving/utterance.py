@@ -25,6 +25,7 @@ from voxstream.engine import ParamLimits, SynthesisParams
 from voxstream.engine.outputs import Patch
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.outbox import Delivery
+from voxstream.serving.personas import UnknownPersonaError
 from voxstream.serving.protocol import (
     MAX_SEED,
     PROTOCOL_VERSION,
@@ -35,7 +36,7 @@ from voxstream.serving.protocol import (
     Ready,
     Start,
 )
-from voxstream.serving.service import ModelInfo
+from voxstream.serving.service import ModelInfo, SpeechService
 from voxstream.serving.voices import UnknownVoiceError, VoiceStore
 from voxstream.text.normalize import EXTRA_HINT, normalizer_available
 
@@ -58,6 +59,8 @@ class Settings:
     scheduler's deadline for each stream."""
     normalize: bool = False
     """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
+    persona: str | None = None
+    """The LoRA persona every segment speaks with; None is the base model."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
@@ -65,13 +68,23 @@ class Settings:
 
 
 def resolve_settings(
-    start: Start, voices: VoiceStore, limits: ParamLimits, default_delay_ms: int, default_lead_ms: int
+    start: Start,
+    voices: VoiceStore,
+    service: SpeechService,
+    limits: ParamLimits,
+    default_delay_ms: int,
+    default_lead_ms: int,
 ) -> Settings:
-    """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice, values past the limits)."""
+    """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice or persona, values past the
+    limits)."""
     try:
         prompt = voices.resolve(start.voice)
     except UnknownVoiceError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
+    try:
+        service.check_persona(start.persona)
+    except UnknownPersonaError as exc:
+        raise ProtocolError(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
     given: dict[str, Any] = {
         "cfg_value": start.cfg_value,
         "inference_timesteps": start.inference_timesteps,
@@ -87,7 +100,7 @@ def resolve_settings(
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
     lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
     fmt = start.format or DEFAULT_FORMAT
-    return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize))
+    return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona)
 
 
 def new_encoder(settings: Settings, model_rate: int, opus: OpusSettings) -> StreamEncoder:
@@ -102,6 +115,7 @@ def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings) -> Re
         PROTOCOL_VERSION, info.name, settings.format, rate, info.chunk_seconds, pre_skip,
         settings.voice, params.seed, params.cfg_value, params.inference_timesteps, settings.max_buffer_delay_ms,
         settings.playback_lead_ms,
+        settings.persona,
     )  # fmt: skip
 
 

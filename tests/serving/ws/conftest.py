@@ -209,12 +209,16 @@ class ClipService:
         self._ids += 1
         return f"{prefix}-{self._ids}"
 
+    def check_persona(self, persona: str | None) -> None:
+        assert persona is None, "the clip service has no personas"
+
     async def speak(
         self,
         request_id: str,
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
+        persona: str | None = None,
         *,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,

@@ -1,0 +1,158 @@
+"""LoRA personas over HTTP: ``persona`` on ``/v1/audio/speech``, and ``/v1/loras`` to load, list and remove them
+(typed errors for every refusal, auth like voices, a removed persona refused to new requests)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from safetensors.torch import load_file, save_file
+
+import voxstream
+from voxstream.serving.app import make_app
+from voxstream.serving.config import ServerConfig
+from voxstream.tiny.checkpoint import make_tiny_checkpoint
+
+from .conftest import LORA, Serve
+
+Client = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture(scope="module")
+def other_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Persona B: the same layers as ``LORA`` with other weights."""
+    folder = tmp_path_factory.mktemp("loras") / "b"
+    shutil.copytree(LORA, folder)
+    state = load_file(str(folder / "lora_weights.safetensors"))
+    save_file({k: (-0.7 * v).contiguous() for k, v in state.items()}, str(folder / "lora_weights.safetensors"))
+    return folder
+
+
+@pytest_asyncio.fixture
+async def http(serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client) -> TestClient:
+    return await aiohttp_client(await serve(app=persona_app()))
+
+
+async def speech(http: TestClient, **fields: object) -> tuple[int, bytes]:
+    body = {"input": "Hello there.", "response_format": "pcm", "seed": 5, **fields}
+    async with http.post("/v1/audio/speech", json=body) as response:
+        return response.status, await response.read()
+
+
+async def error_code(response_body: bytes) -> str:
+    return json.loads(response_body)["error"]["code"]
+
+
+@pytest.mark.asyncio
+async def test_speech_with_a_persona_speaks_with_it(http: TestClient) -> None:
+    status, adapted = await speech(http, persona="A")
+    assert status == 200
+    assert await speech(http, persona="A") == (200, adapted)  # the same seed and persona: the same audio
+    status, base = await speech(http)
+    assert status == 200 and base != adapted
+
+
+@pytest.mark.asyncio
+async def test_speech_with_an_unknown_persona_is_a_typed_404(http: TestClient) -> None:
+    status, body = await speech(http, persona="nobody")
+    assert status == 404 and await error_code(body) == "unknown_persona"
+    status, body = await speech(http, persona=3)
+    assert status == 400 and await error_code(body) == "invalid_request"
+
+
+@pytest.mark.asyncio
+async def test_loras_are_listed_added_and_removed(http: TestClient, other_lora: Path) -> None:
+    async with http.get("/v1/loras") as response:
+        listed = await response.json()
+    assert [(p["name"], p["rank"], p["targets"]) for p in listed["data"]] == [
+        ("A", 8, {"lm": True, "dit": True, "projections": True})
+    ]
+
+    async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
+        assert response.status == 201
+        added = await response.json()
+    assert (added["name"], added["path"], added["in_use"]) == ("B", str(other_lora.resolve()), 0)
+    status, with_b = await speech(http, persona="B")
+    status_a, with_a = await speech(http, persona="A")
+    assert status == status_a == 200 and with_a != with_b
+
+    async with http.get("/v1/loras") as response:
+        assert [p["name"] for p in (await response.json())["data"]] == ["A", "B"]
+    async with http.delete("/v1/loras/B") as response:
+        assert response.status == 200 and (await response.json())["deleted"] is True
+    status, body = await speech(http, persona="B")
+    assert status == 404 and await error_code(body) == "unknown_persona"
+    async with http.delete("/v1/loras/B") as response:
+        assert response.status == 404 and (await response.json())["error"]["code"] == "unknown_persona"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"name": "A", "path": str(LORA)}, 409, "persona_exists"),
+        ({"name": "bad name!", "path": str(LORA)}, 400, "invalid_name"),
+        ({"name": "C", "path": "/no/such/folder"}, 400, "invalid_path"),
+        ({"name": "C", "path": str(LORA / "lora_config.json")}, 400, "invalid_path"),
+        ({"name": "C", "path": str(LORA.parent)}, 400, "invalid_lora"),
+        ({"name": "C"}, 400, "invalid_request"),
+        ({"name": "C", "path": str(LORA), "rank": 4}, 400, "unknown_field"),
+        (["C"], 400, "invalid_request"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_bad_lora_uploads_get_typed_errors(http: TestClient, body: object, status: int, code: str) -> None:
+    async with http.post("/v1/loras", json=body) as response:
+        assert response.status == status
+        assert (await response.json())["error"]["code"] == code
+    async with http.get("/v1/loras") as response:
+        assert [p["name"] for p in (await response.json())["data"]] == ["A"]
+
+
+@pytest.mark.asyncio
+async def test_limits_on_loras(
+    serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client, other_lora: Path
+) -> None:
+    http = await aiohttp_client(await serve(app=persona_app(max_loras=1, lora_root=other_lora.parent)))
+    async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
+        assert (response.status, (await response.json())["error"]["code"]) == (409, "persona_limit")
+    async with http.delete("/v1/loras/A") as response:
+        assert response.status == 200
+    async with http.post("/v1/loras", json={"name": "C", "path": str(LORA)}) as response:
+        assert (response.status, (await response.json())["error"]["code"]) == (400, "invalid_path")  # outside root
+    async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
+        assert response.status == 201
+
+
+@pytest.mark.asyncio
+async def test_a_rank_above_the_limit_is_refused(serve: Serve, aiohttp_client: Client, tmp_path: Path) -> None:
+    # A model of its own: the persona capacity is fixed when a model first gets personas.
+    tts = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
+    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4)
+    http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
+    async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
+        assert (response.status, (await response.json())["error"]["code"]) == (400, "lora_too_large")
+
+
+@pytest.mark.asyncio
+async def test_loras_need_an_api_key_like_voices(
+    serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client
+) -> None:
+    http = await aiohttp_client(await serve(app=persona_app(api_keys=("secret",))))
+    for method, path in (("GET", "/v1/loras"), ("POST", "/v1/loras"), ("DELETE", "/v1/loras/A")):
+        async with http.request(method, path, json={"name": "C", "path": str(LORA)}) as response:
+            assert response.status == 401, (method, path)
+    async with http.get("/v1/loras", headers={"Authorization": "Bearer secret"}) as response:
+        assert response.status == 200
+
+
+def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.Application]) -> None:
+    from voxstream.serving.personas import PersonaLoadError
+
+    with pytest.raises(PersonaLoadError, match=r"lora_config\.json"):
+        persona_app(loras=(("A", LORA.parent),))

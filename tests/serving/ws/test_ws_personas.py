@@ -1,0 +1,95 @@
+"""LoRA personas on the WebSocket: ``start.persona`` picks one (echoed in ``ready``), the session hears exactly that
+persona's audio, and an unknown or removed name is a typed ``unknown_persona`` error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from voxstream.serving.keys import SERVICE_KEY
+from voxstream.serving.protocol import End, Ready, Segment, Start, Text
+from voxstream.tts import VoxCPM
+
+from ..conftest import Serve
+from .conftest import Connect, StreamClient, with_ws_routes
+
+pytestmark = pytest.mark.asyncio
+
+TEXT = "Hello there."
+
+
+async def speak(stream: StreamClient, text: str) -> np.ndarray:
+    await stream.send(Text(text))
+    await stream.send(End())
+    heard = await stream.heard()
+    assert heard.errors == [] and heard.done is not None and heard.done.finish_reason in ("stop", "length")
+    return heard.pcm()
+
+
+async def test_a_session_with_a_persona_hears_exactly_that_persona(
+    serve: Serve, persona_app: Callable[..., web.Application], connect: Connect, persona_tts: VoxCPM
+) -> None:
+    server = await serve(app=with_ws_routes(persona_app()))
+    stream = await connect(server)
+    assert stream.ready is not None and stream.ready.persona is None
+
+    await stream.send(Start(format="pcm_f32le", seed=11, persona="A"))
+    ready = await stream.expect(Ready)
+    assert ready.persona == "A"
+    adapted = await speak(stream, TEXT)
+
+    await stream.send(Start(format="pcm_f32le", seed=11))
+    assert (await stream.expect(Ready)).persona is None
+    base = await speak(stream, TEXT)
+
+    # Alone in the engine on CPU, a request is bit-exact with the one-utterance API.
+    np.testing.assert_array_equal(adapted, persona_tts.generate(TEXT, seed=11, lora="A"))
+    np.testing.assert_array_equal(base, persona_tts.generate(TEXT, seed=11))
+    assert not np.array_equal(adapted[: base.size], base[: adapted.size])
+
+
+async def test_an_unknown_persona_is_refused_and_the_settings_stay(
+    serve: Serve, persona_app: Callable[..., web.Application], connect: Connect
+) -> None:
+    server = await serve(app=with_ws_routes(persona_app()))
+    stream = await connect(server)
+    await stream.send(Start(format="pcm_f32le", persona="A"))
+    await stream.expect(Ready)
+
+    await stream.send(Start(format="pcm_s16le", persona="nobody"))
+    error = await stream.error("unknown_persona")
+    assert "nobody" in error.message and "A" in error.message
+
+    await stream.send(Text(TEXT))  # still speaks with the settings of the last accepted start
+    await stream.send(End())
+    heard = await stream.heard()
+    assert heard.errors == [] and heard.frames and heard.frames[0].format == "pcm_f32le"
+
+
+async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
+    serve: Serve, persona_app: Callable[..., web.Application], connect: Connect, persona_tts: VoxCPM
+) -> None:
+    server = await serve(app=with_ws_routes(persona_app()))
+    expected = persona_tts.generate(TEXT, seed=3, lora="A")
+    stream = await connect(server)
+    await stream.send(Start(format="pcm_f32le", seed=3, persona="A"))
+    await stream.expect(Ready)
+    await stream.send(Text(TEXT))
+    await stream.send(End())
+    await stream.expect(Segment)  # the utterance is under way: its first audio frame follows
+
+    assert persona_tts.personas is not None and persona_tts.personas.users("A") == 1  # held by this utterance
+    server.app[SERVICE_KEY].personas.remove("A")
+    heard = await stream.heard()
+    assert heard.errors == []
+    audio = heard.pcm()
+    np.testing.assert_array_equal(audio, expected)
+
+    await stream.send(Text(TEXT))  # the session's settings still name it: the next utterance fails, typed
+    await stream.send(End())
+    heard = await stream.heard()
+    assert [error.code for error in heard.errors] == ["unknown_persona"] and heard.done is not None
+    assert heard.done.finish_reason == "error"
