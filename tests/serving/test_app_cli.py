@@ -72,6 +72,21 @@ def test_an_invalid_limit_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str
     assert "voice_cache_mb=-1" in capsys.readouterr().err
 
 
+def test_lora_flags_make_the_persona_config(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--lora", "a=/loras/a", "--lora", "b.2=/loras/b=c", "--max-personas", "2", "--max-lora-rank", "32",
+         "--lora-root", "/loras"]
+    )  # fmt: skip
+    config = config_from_args(args, environ={})
+    assert [(name, str(path)) for name, path in config.loras] == [("a", "/loras/a"), ("b.2", "/loras/b=c")]
+    assert (config.max_personas, config.max_lora_rank, str(config.lora_root)) == (2, 32, "/loras")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--lora", "/loras/a"])
+    assert "expected NAME=DIR" in capsys.readouterr().err
+    assert main(["serve", "--lora", "a=/x", "--lora", "a=/y"]) == 2  # one name twice
+    assert "distinct names" in capsys.readouterr().err
+
+
 def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
     command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
     env = {**os.environ, "VOXSTREAM_API_KEYS": "k"}

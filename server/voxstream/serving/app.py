@@ -39,6 +39,7 @@ from voxstream.serving.keys import (
     ServerState,
 )
 from voxstream.serving.metrics import Metrics
+from voxstream.serving.nanovllm_api import add_nanovllm_routes
 from voxstream.serving.personas import PersonaRegistry
 from voxstream.serving.service import Service, SpeechService
 from voxstream.serving.speech_model import SpeechModel, VoxCPMSpeech, load_speech_model
@@ -97,6 +98,7 @@ def build_app(
     app[METRICS_KEY] = Metrics(service.stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
     add_http_routes(app)
     add_ws_routes(app)
+    add_nanovllm_routes(app)
     add_demo_routes(app)
     app.on_response_prepare.append(_name_replica)
     app.on_response_prepare.append(add_cors_headers)

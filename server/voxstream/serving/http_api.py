@@ -41,7 +41,7 @@ import json
 import logging
 import time
 import unicodedata
-from collections.abc import AsyncGenerator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -49,7 +49,7 @@ from aiohttp import BodyPartReader, hdrs, web
 from aiohttp.typedefs import Handler
 
 from voxstream.audio.clip import ClipTooLongError, load_clip
-from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
+from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, StreamEncoder, make_encoder
 from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
@@ -384,20 +384,39 @@ async def _stream_speech(
     request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[StepOutput, None], *, input_tokens: int
 ) -> web.StreamResponse:
     app = request.app
-    service, config, metrics = app[SERVICE_KEY], app[CONFIG_KEY], app[METRICS_KEY]
+    service, config = app[SERVICE_KEY], app[CONFIG_KEY]
     fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
-    opus, encoders = config.opus_settings(), app[ENCODERS_KEY]
+    opus = config.opus_settings()
     encoder = make_encoder(
         fmt, service.info.sample_rate, output_rate=rate, bitrate=opus.bitrate, complexity=opus.complexity
     )
+    content_type = "text/event-stream" if speech.sse else encoder.content_type
+    frame = _sse_delta if speech.sse else bytes
+    response, patches = await stream_audio(request, outputs, encoder, {hdrs.CONTENT_TYPE: content_type}, frame)
+    if speech.sse:
+        await response.write(_sse_done(input_tokens, patches))
+    await response.write_eof()
+    return response
+
+
+async def stream_audio(
+    request: web.Request,
+    outputs: AsyncGenerator[StepOutput, None],
+    encoder: StreamEncoder,
+    headers: Mapping[str, str],
+    frame: Callable[[bytes], bytes] = bytes,
+) -> tuple[web.StreamResponse, int]:
+    """Stream an utterance's encoded audio as a chunked body, each encoded block through ``frame``; the response
+    (not ended yet: the caller may add a trailer, then ``write_eof``) and the patches generated."""
+    app = request.app
+    metrics, encoders = app[METRICS_KEY], app[ENCODERS_KEY]
+    rate = app[SERVICE_KEY].info.sample_rate
     started = time.perf_counter()
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.
     output = await anext(outputs)  # a SpeechFailure here becomes its error response
     metrics.observe_first_audio(time.perf_counter() - started)
-    content_type = "text/event-stream" if speech.sse else encoder.content_type
-    frame = _sse_delta if speech.sse else bytes
-    response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: content_type})
+    response = web.StreamResponse(headers=headers)
     response.enable_chunked_encoding()
     await response.prepare(request)
     samples = patches = 0
@@ -421,16 +440,13 @@ async def _stream_speech(
         metrics.count_dropped("shutdown" if exc.finish is FinishReason.ABORTED else exc.code.value)
         raise ConnectionAbortedError(f"utterance ended early: {exc.code.value}: {exc}") from exc
     finally:
-        metrics.add_audio(samples / service.info.sample_rate)
+        metrics.add_audio(samples / rate)
     reason = output.finish_reason
     assert reason is not None, "the loop ends on the final output"
     metrics.count_utterance(reason.value)
     for block in await encoders.finish(encoder):
         await response.write(frame(block))
-    if speech.sse:
-        await response.write(_sse_done(input_tokens, patches))
-    await response.write_eof()
-    return response
+    return response, patches
 
 
 # ---- voices ------------------------------------------------------------------------------------
@@ -565,23 +581,23 @@ async def create_lora(request: web.Request) -> web.Response:
     name, path = _field(body, "name", str), _field(body, "path", str)
     if name is None or path is None:
         raise ApiError(400, "invalid_request", "the body needs 'name' and 'path' (a LoRA folder on the server)")
-    info = await _personas(app).add(name, path)
+    info = await persona_registry(app).add(name, path)
     return web.json_response(info.to_json(), status=201)
 
 
 async def list_loras(request: web.Request) -> web.Response:
-    infos = _personas(request.app).infos()
+    infos = persona_registry(request.app).infos()
     return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
 
 
 async def delete_lora(request: web.Request) -> web.Response:
     """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``."""
     name = request.match_info["name"]
-    _personas(request.app).remove(name)
+    persona_registry(request.app).remove(name)
     return web.json_response({"name": name, "object": "lora", "deleted": True})
 
 
-def _personas(app: web.Application) -> PersonaRegistry:
+def persona_registry(app: web.Application) -> PersonaRegistry:
     personas = app[SERVICE_KEY].personas
     assert personas is not None, "make_app always gives the service a registry"
     return personas
