@@ -20,9 +20,11 @@ from voxstream.client.bench.measure import AudioMeter, UtteranceRecord, simulate
 from voxstream.client.bench.plan import BenchPlan, run_plan
 from voxstream.client.bench.runner import BenchConfig, LevelResult, find_max
 from voxstream.client.bench.texts import BUILTIN_TEXTS, words
+from voxstream.client.errors import ServerError
 from voxstream.serving.keys import SERVICE_KEY
 from voxstream.serving.protocol import AudioFrame
 
+from ..serving.conftest import LORA
 from .helpers import voxstream
 
 pytestmark = pytest.mark.asyncio
@@ -176,3 +178,24 @@ async def test_a_server_side_delay_shows_in_the_printed_ttfa(serve, app_factory,
     row = next(line for line in result.stdout.decode().splitlines() if line.strip().startswith("c=1"))
     assert f"{slow['p50']:.0f}" in row.split()
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
+    app = persona_app()
+    server = await serve(app=app)
+    service = app[SERVICE_KEY]
+    await service.personas.add("B", str(LORA))
+    used: list[str | None] = []
+    speak = service.speak
+
+    def spy(*args: Any) -> Any:
+        used.append(args[4])  # the persona each engine request is made with
+        return speak(*args)
+
+    service.speak = spy  # type: ignore[method-assign]
+    report = await run_plan(BenchPlan(config(server, personas=("A", "B"), duration_s=1.0), concurrency=(2,)))
+    [level] = report["levels"]
+    assert level["failed"] == 0 and set(used) == {"A", "B"} and report["settings"]["personas"] == ("A", "B")
+    with pytest.raises(ServerError) as caught:  # checked before the run
+        await run_plan(BenchPlan(config(server, personas=("A", "nobody"))))
+    assert caught.value.code == "unknown_persona"

@@ -110,6 +110,18 @@ async def test_failures_exit_with_typed_codes(serve) -> None:
     assert spoken.returncode == 0 and spoken.stdout[:4] == b"RIFF"
 
 
+async def test_a_persona_speaks_its_own_audio(serve, persona_app, persona_tts: VoxCPM) -> None:
+    server = await serve(app=persona_app())
+    command = ("say", "--server", url(server), "--seed", str(SEED), "--format", "pcm_f32le", "--out", "-")
+    result = await voxstream(*command, "--persona", "A", TEXT)
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(
+        np.frombuffer(result.stdout, dtype="<f4"), persona_tts.generate(TEXT, seed=SEED, lora="A")
+    )
+    unknown = await voxstream(*command, "--persona", "nobody", TEXT)
+    assert unknown.returncode == 5 and "unknown_persona" in unknown.stderr
+
+
 class FakeOutputStream:
     """Stands in for ``sounddevice.RawOutputStream``: records what would have been played."""
 

@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--words-per-second", type=float, help="stream each text word by word at this pace")
     parser.add_argument("--format", choices=BENCH_FORMATS, default="opus", help="audio format (default opus)")
     parser.add_argument("--voice", help="voice id")
+    parser.add_argument(
+        "--persona",
+        action="append",
+        default=[],
+        help="LoRA persona loaded on the server (repeatable: users take them in turn, mixing personas in a batch)",
+    )
     parser.add_argument("--seed", type=int, help="synthesis seed")
     parser.add_argument("--player-buffer-ms", type=float, default=200.0, help="simulated player's lead (default 200)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before one utterance counts as failed")
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 format=args.format,
                 voice=args.voice,
                 seed=args.seed,
+                personas=tuple(args.persona),
                 words_per_second=args.words_per_second,
                 player_buffer_ms=args.player_buffer_ms,
                 utterance_timeout_s=args.timeout,

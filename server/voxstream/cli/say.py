@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--token", help=f"API key (default: ${TOKEN_ENV})")
     parser.add_argument("--voice", help="voice id (see GET /v1/voices); default: the model's voice")
+    parser.add_argument("--persona", help="LoRA persona loaded on the server (see GET /v1/loras); default: none")
     parser.add_argument("--seed", type=int, help="random seed: the same seed speaks the same audio")
     parser.add_argument(
         "--format",
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             voice=args.voice,
             seed=args.seed,
             max_buffer_delay_ms=args.max_buffer_delay_ms,
+            persona=args.persona,
             retry=policy,
             log=log,
             warn=warn,

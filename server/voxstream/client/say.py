@@ -50,6 +50,7 @@ async def say(
     voice: str | None = None,
     seed: int | None = None,
     max_buffer_delay_ms: int | None = None,
+    persona: str | None = None,
     retry: RetryPolicy | None = None,
     log: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -60,7 +61,9 @@ async def say(
     note = log or (lambda _: None)
     report = warn or (lambda _: None)
     policy = retry or RetryPolicy()
-    start = Start(voice=voice, format=sink.wire_format, seed=seed, max_buffer_delay_ms=max_buffer_delay_ms)
+    start = Start(
+        voice=voice, format=sink.wire_format, seed=seed, max_buffer_delay_ms=max_buffer_delay_ms, persona=persona
+    )
     clock = _Clock()
     audio: asyncio.Queue[bytes | None] = asyncio.Queue()
     writer: asyncio.Task[int] | None = None
@@ -75,7 +78,7 @@ async def say(
                     replica = f" (replica {connection.replica})" if connection.replica else ""
                     note(
                         f"connected{replica}: model {ready.model}, {ready.format} at {ready.sample_rate} Hz, "
-                        f"voice {ready.voice}"
+                        f"voice {ready.voice}, persona {ready.persona}"
                     )
                     if rate is None:
                         rate = ready.sample_rate

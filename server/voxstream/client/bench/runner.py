@@ -42,15 +42,17 @@ class BenchConfig:
     format: str = "opus"
     voice: str | None = None
     seed: int | None = None
+    personas: tuple[str, ...] = ()
+    """LoRA personas the users speak with, in turn (user or visitor k takes ``personas[k % n]``); empty: none."""
     words_per_second: float | None = None
     player_buffer_ms: float = 200.0
     utterance_timeout_s: float = 120.0
     progress: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
-    @property
-    def start(self) -> Start:
-        return Start(voice=self.voice, format=self.format, seed=self.seed)
+    def start(self, user: int = 0) -> Start:
+        persona = self.personas[user % len(self.personas)] if self.personas else None
+        return Start(voice=self.voice, format=self.format, seed=self.seed, persona=persona)
 
 
 @dataclass
@@ -67,7 +69,8 @@ class LevelResult:
 async def check_server(config: BenchConfig) -> None:
     """Connect once before the run, so a wrong address, key or setting fails fast with its typed error."""
     async with await open_with_retry(config.server, config.token, config.retry) as connection:
-        await connection.configure(config.start)
+        for user in range(max(1, len(config.personas))):  # every persona: an unknown one fails here
+            await connection.configure(config.start(user))
 
 
 async def run_closed(config: BenchConfig, concurrency: int) -> LevelResult:
@@ -142,7 +145,7 @@ async def _user(config: BenchConfig, index: int, result: LevelResult, progress: 
             record = UtteranceRecord(result.level, len(text), progress.elapsed())
             try:
                 if connection is None:
-                    connection = await _connect(config, record)
+                    connection = await _connect(config, record, index)
                 with progress.in_flight():
                     await _measure(connection, text, config, record)
             except (ClientError, asyncio.TimeoutError) as exc:
@@ -167,27 +170,27 @@ async def _arrivals(
     while at < config.duration_s:
         await asyncio.sleep(max(0.0, at - progress.elapsed()))
         text = config.texts[rng.randrange(len(config.texts))]
-        visitors.append(asyncio.ensure_future(_visitor(config, text, result, progress)))
+        visitors.append(asyncio.ensure_future(_visitor(config, len(visitors), text, result, progress)))
         at += rng.expovariate(rate)
     await asyncio.gather(*visitors)
 
 
-async def _visitor(config: BenchConfig, text: str, result: LevelResult, progress: _Progress) -> None:
+async def _visitor(config: BenchConfig, index: int, text: str, result: LevelResult, progress: _Progress) -> None:
     record = UtteranceRecord(result.level, len(text), progress.elapsed())
     with progress.in_flight():
         try:
-            async with await _connect(config, record) as connection:
+            async with await _connect(config, record, index) as connection:
                 await _measure(connection, text, config, record)
         except (ClientError, asyncio.TimeoutError) as exc:
             record.error = _error_code(exc)
     progress.add(record)
 
 
-async def _connect(config: BenchConfig, record: UtteranceRecord) -> Connection:
+async def _connect(config: BenchConfig, record: UtteranceRecord, user: int) -> Connection:
     started = time.perf_counter()
     connection = await open_with_retry(config.server, config.token, config.retry)
     try:
-        await connection.configure(config.start)
+        await connection.configure(config.start(user))
     except BaseException:
         await connection.close()
         raise
