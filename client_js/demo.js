@@ -13,7 +13,7 @@ const $ = (/** @type {string} */ id) => /** @type {any} */ (document.getElementB
 const ui = {
   status: $('status'), model: $('model'), text: $('text'), live: $('live'), play: $('play'), stop: $('stop'),
   wave: $('wave'), level: $('level'), ttfa: $('ttfa'), underruns: $('underruns'), packets: $('packets'),
-  played: $('played'), decoder: $('decoder'), segments: $('segments'), token: $('token'), voice: $('voice'),
+  played: $('played'), decoder: $('decoder'), segments: $('segments'), token: $('token'), voice: $('voice'), persona: $('persona'),
   format: $('format'), seed: $('seed'), lead: $('lead'), delay: $('delay'), upload: $('upload'), uploadStatus: $('upload-status'),
   error: $('error'),
 };
@@ -35,6 +35,7 @@ function settings() {
   const lead = number(ui.lead.value);
   return {
     voice: ui.voice.value,
+    persona: ui.persona.value || undefined,
     format: ui.format.value,
     seed: number(ui.seed.value),
     maxBufferDelayMs: number(ui.delay.value),
@@ -169,6 +170,17 @@ async function loadVoices() {
   ui.voice.value = [...ui.voice.options].some((option) => option.value === chosen) ? chosen : 'default';
 }
 
+/** The LoRA personas loaded on the server (`GET /v1/loras`); "none" speaks with the base model. */
+async function loadPersonas() {
+  const response = await fetch('/v1/loras', { headers: auth() });
+  if (!response.ok) return; // loadVoices reports a missing key
+  const { data } = await response.json();
+  const chosen = ui.persona.value;
+  ui.persona.replaceChildren(new Option('none', ''));
+  for (const persona of data) ui.persona.append(new Option(`${persona.name} (rank ${persona.rank})`, persona.name));
+  ui.persona.value = [...ui.persona.options].some((option) => option.value === chosen) ? chosen : '';
+}
+
 /** @param {SubmitEvent} event */
 async function upload(event) {
   event.preventDefault();
@@ -248,13 +260,15 @@ ui.text.addEventListener('keydown', (/** @type {KeyboardEvent} */ event) => {
   }
 });
 ui.live.addEventListener('change', () => { sent = ui.text.value.length; });
-for (const control of [ui.voice, ui.format, ui.seed, ui.lead, ui.delay]) control.addEventListener('change', () => { dirty = true; });
+for (const control of [ui.voice, ui.persona, ui.format, ui.seed, ui.lead, ui.delay]) control.addEventListener('change', () => { dirty = true; });
 ui.token.addEventListener('change', guard(async () => {
   await client?.close(); // a new key needs a new connection
   client = null;
   connection = null;
   await loadVoices();
+  await loadPersonas();
 }));
 ui.upload.addEventListener('submit', guard(upload));
 guard(loadVoices)();
+guard(loadPersonas)();
 requestAnimationFrame(draw);

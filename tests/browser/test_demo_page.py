@@ -207,3 +207,19 @@ async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServ
     assert (await page.evaluate("() => window.voxstreamClient.settings.voice")) == voice
     assert (await page.evaluate("() => window.dones[0].finish_reason")) in ("stop", "length")
     assert page.errors == []
+
+
+async def test_the_page_lists_personas_and_speaks_with_one(page: Any, demo_server: DemoServer) -> None:
+    lora = ROOT / "tests" / "fixtures" / "reference" / "lora" / "voxcpm2"
+    server = await demo_server(api_keys=(KEY,), loras=(("narrator", lora),), max_lora_rank=16)
+    await open_demo(page, server)
+    listed = "() => [...document.querySelectorAll('#persona option')].map((o) => o.textContent).join('|')"
+    await page.wait_for_function(f"() => ({listed})() === 'none|narrator (rank 8)'", timeout=WAIT_MS)
+    await page.select_option("#persona", "narrator")
+    await page.dispatch_event("#persona", "change")
+    await page.fill("#text", SENTENCE)
+    await page.click("#play")
+    await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
+    assert (await page.evaluate("() => window.voxstreamClient.settings.persona")) == "narrator"
+    assert (await page.evaluate("() => window.dones[0].finish_reason")) in ("stop", "length")
+    assert page.errors == []
