@@ -32,7 +32,7 @@ FAST = RetryPolicy(retries=40, first_delay_s=0.02, max_delay_s=0.1)
 FAKE_READY = Ready(
     protocol=PROTOCOL_VERSION, model="fake", format="pcm_s16le", sample_rate=16000, chunk_s=0.16, pre_skip=0,
     voice=None, seed=None, cfg_value=2.0, inference_timesteps=10, max_buffer_delay_ms=500,
-    persona=None,
+    playback_lead_ms=300, persona=None,
 )  # fmt: skip
 
 
