@@ -188,9 +188,9 @@ async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
     used: list[str | None] = []
     speak = service.speak
 
-    def spy(*args: Any) -> Any:
-        used.append(args[4])  # the persona each engine request is made with
-        return speak(*args)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        used.append(kwargs["persona"])  # the persona each engine request is made with
+        return speak(*args, **kwargs)
 
     service.speak = spy  # type: ignore[method-assign]
     report = await run_plan(BenchPlan(config(server, personas=("A", "B"), duration_s=1.0), concurrency=(2,)))

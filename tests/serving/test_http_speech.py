@@ -255,9 +255,9 @@ async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClie
     texts: list[str] = []
     speak = service.speak
 
-    def recording(request_id: str, text: str, *args: object) -> object:
+    def recording(request_id: str, text: str, *args: object, **kwargs: object) -> object:
         texts.append(text)
-        return speak(request_id, text, *args)
+        return speak(request_id, text, *args, **kwargs)
 
     monkeypatch.setattr(service, "speak", recording)
     sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)

@@ -359,7 +359,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     service.check_persona(speech.persona)
     text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, speech.persona)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, persona=speech.persona)
         async with contextlib.aclosing(outputs):
             input_tokens = service.prefill_tokens(text, voice)
             return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)

@@ -202,7 +202,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Channels": "1",
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
-    outputs = service.speak(service.new_request_id("generate"), text, params, voice, lora)
+    outputs = service.speak(service.new_request_id("generate"), text, params, voice, persona=lora)
     async with contextlib.aclosing(outputs):
         response, _ = await stream_audio(request, outputs, encoder, headers)
     await response.write_eof()

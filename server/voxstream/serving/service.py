@@ -174,8 +174,8 @@ class SpeechService:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        persona: str | None = None,
         *,
+        persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:

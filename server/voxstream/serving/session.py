@@ -378,7 +378,9 @@ class Session:
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = utterance.playback_lead_s, utterance.playback_due()
         persona = utterance.settings.persona
-        speech = self.service.speak(request_id, spoken, params, prompt, persona, playback_lead_s=lead, playback_due=due)
+        speech = self.service.speak(
+            request_id, spoken, params, prompt, persona=persona, playback_lead_s=lead, playback_due=due
+        )
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.chunk.size:

@@ -218,8 +218,8 @@ class ClipService:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        persona: str | None = None,
         *,
+        persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
     ) -> AsyncIterator[StepOutput]:
