@@ -343,7 +343,7 @@ async def list_loras(request: web.Request) -> web.Response:
 
 async def register_lora(request: web.Request) -> web.Response:
     app = request.app
-    require_admission(app, connection=False)
+    require_accepting(app)
     fields = _parse(await read_json(request, app[CONFIG_KEY].body_timeout_s), _LORA_FIELDS)
     added = await persona_registry(app).add(fields["name"], fields["path"])
     return web.json_response({"name": added.name})
