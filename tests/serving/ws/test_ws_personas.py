@@ -3,6 +3,7 @@ persona's audio, and an unknown or removed name is a typed ``unknown_persona`` e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -70,10 +71,22 @@ async def test_an_unknown_persona_is_refused_and_the_settings_stay(
 
 
 async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
-    serve: Serve, persona_app: Callable[..., web.Application], connect: Connect, persona_tts: VoxCPM
+    serve: Serve,
+    persona_app: Callable[..., web.Application],
+    connect: Connect,
+    persona_tts: VoxCPM,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server = await serve(app=with_ws_routes(persona_app()))
     expected = persona_tts.generate(TEXT, seed=3, lora="A")
+    runner = server.app[SERVICE_KEY].runner
+    execute = runner.execute
+
+    def slow_step(plan: object) -> object:  # so the utterance is surely still running when the persona goes
+        time.sleep(0.05)
+        return execute(plan)
+
+    monkeypatch.setattr(runner, "execute", slow_step)
     stream = await connect(server)
     await stream.send(Start(format="pcm_f32le", seed=3, persona="A"))
     await stream.expect(Ready)
