@@ -104,7 +104,7 @@ async def test_generate_mp3_by_default(client: NanoVllmClient) -> None:
 async def test_prompts_by_wav_and_by_latents_are_the_same_voice(client: NanoVllmClient, prompt_wav: bytes) -> None:
     latents = await client.encode_latents(prompt_wav)
     assert (latents["feat_dim"], latents["latents_dtype"], latents["sample_rate"], latents["channels"]) == (
-        64, "float32", 16000, 1,
+        64, "float32", 48000, 1,
     )  # fmt: skip
     rows = np.frombuffer(base64.b64decode(latents["prompt_latents_base64"]), np.float32).reshape(-1, 64)
     assert rows.shape[0] > 0 and np.isfinite(rows).all()
