@@ -156,3 +156,8 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 
     with pytest.raises(PersonaLoadError, match=r"lora_config\.json"):
         persona_app(loras=(("A", LORA.parent),))
+
+
+def test_personas_are_refused_with_workers() -> None:
+    with pytest.raises(ValueError, match="workers > 0"):
+        ServerConfig(loras=(("A", LORA),), workers=2)
