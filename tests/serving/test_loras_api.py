@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
 import voxstream
+from voxstream.errors import InvalidInputError
 from voxstream.serving.app import make_app
 from voxstream.serving.config import ServerConfig
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
@@ -161,3 +163,19 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 def test_personas_are_refused_with_workers() -> None:
     with pytest.raises(ValueError, match="workers > 0"):
         ServerConfig(loras=(("A", LORA),), workers=2)
+
+
+@pytest.mark.asyncio
+async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
+    from voxstream.sim.model import SimSpeech
+
+    config = ServerConfig(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
+    with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):
+        make_app(replace(config, loras=(("A", LORA),)))
+    http = await aiohttp_client(await serve(app=make_app(config, tts=SimSpeech(config.sim_config()))))
+    async with http.get("/v1/loras") as response:
+        assert (response.status, (await response.json())["error"]["code"]) == (400, "personas_unavailable")
+    status, body = await speech(http, persona="A")
+    assert status == 404 and await error_code(body) == "unknown_persona"
+    async with http.post("/generate", json={"target_text": "Hi.", "lora_name": "A"}) as response:
+        assert (response.status, await response.json()) == (400, {"detail": "LoRA 'A' is not registered"})

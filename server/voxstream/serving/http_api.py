@@ -11,7 +11,7 @@ Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in 
        ``unsupported_stream_format``, ``invalid_parameter`` (seed, cfg_value, inference_timesteps),
        ``normalize_unavailable``, ``invalid_audio`` (unreadable, or not finite once encoded),
        ``clip_too_long``, ``transcript_required``; ``/v1/loras``: ``invalid_path``, ``invalid_lora``,
-       ``lora_too_large``
+       ``lora_too_large``, ``personas_unavailable``
 401    ``unauthorized``; 403 ``forbidden_origin``, ``forbidden`` (another key's voice);
        404 ``not_found``, ``unknown_voice``, ``unknown_persona``; 405 ``method_not_allowed``; 408 ``body_timeout``;
        409 ``voice_limit``, ``persona_exists``, ``persona_limit``; 413 ``payload_too_large``, ``upload_too_large``
@@ -598,6 +598,9 @@ async def delete_lora(request: web.Request) -> web.Response:
 
 
 def persona_registry(app: web.Application) -> PersonaRegistry:
+    """The server's personas; 400 ``personas_unavailable`` where there are none (``--workers``, ``--model sim``)."""
     personas = app[SERVICE_KEY].personas
-    assert personas is not None, "make_app always gives the service a registry"
+    if personas is None:
+        message = "this server cannot serve LoRA personas (they need one process with a checkpoint model)"
+        raise ApiError(400, "personas_unavailable", message)
     return personas

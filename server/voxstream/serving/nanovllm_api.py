@@ -178,7 +178,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if fields["temperature"] != 1.0:
         raise _bad("temperature other than 1.0 is not supported by this server's sampler")
     lora = fields.get("lora_name")
-    if lora is not None and lora not in persona_registry(request.app).names():
+    if lora is not None and (service.personas is None or lora not in service.personas.names()):
         raise _bad(f"LoRA '{lora}' is not registered")
     text = fields["target_text"]
     if not text.strip():
@@ -338,7 +338,8 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def list_loras(request: web.Request) -> web.Response:
-    return web.json_response([{"name": name} for name in persona_registry(request.app).names()])
+    personas = request.app[SERVICE_KEY].personas
+    return web.json_response([{"name": name} for name in (personas.names() if personas is not None else [])])
 
 
 async def register_lora(request: web.Request) -> web.Response:
