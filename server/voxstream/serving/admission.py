@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
 
 RETRY_AFTER_S = 1
@@ -24,7 +25,7 @@ RETRY_AFTER_S = 1
 class Refusal:
     """Why new work cannot start here now: a stable error code and a message for people."""
 
-    code: str
+    code: ErrorCode
     message: str
 
 
@@ -35,11 +36,11 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
     """
     config, phase = app[CONFIG_KEY], app[STATE_KEY].phase
     if phase is Phase.STARTING:
-        return Refusal("not_ready", "the model is warming up, retry shortly")
+        return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
     if phase is Phase.DRAINING:
-        return Refusal("shutting_down", "the server is shutting down, retry on another replica")
+        return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
     if connection and len(app[SESSIONS_KEY]) >= config.max_connections:
-        return Refusal("busy", f"the server has its maximum of {config.max_connections} connections")
+        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
-        return Refusal("busy", f"the engine queue is full ({config.max_waiting} waiting)")
+        return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.max_waiting} waiting)")
     return None

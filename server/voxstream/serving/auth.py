@@ -23,6 +23,7 @@ import hmac
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.http_api import ApiError
 from voxstream.serving.keys import CONFIG_KEY, OWNER_KEY
 
@@ -94,7 +95,7 @@ def key_owner(key: str) -> str:
 def check_origin(origin: str, allowed_origins: tuple[str, ...]) -> None:
     """Raise ``ApiError`` 403 unless ``origin`` (a browser page's) is allowed."""
     if origin.lower() not in {allowed.lower() for allowed in allowed_origins}:
-        raise ApiError(403, "forbidden_origin", f"pages from origin {origin!r} may not use this server")
+        raise ApiError(ErrorCode.FORBIDDEN_ORIGIN, f"pages from origin {origin!r} may not use this server")
 
 
 def _is_preflight(request: web.Request) -> bool:
@@ -123,4 +124,4 @@ def _presented_key(request: web.Request) -> str | None:
 
 
 def _unauthorized(message: str) -> ApiError:
-    return ApiError(401, "unauthorized", message, headers={hdrs.WWW_AUTHENTICATE: "Bearer"})
+    return ApiError(ErrorCode.UNAUTHORIZED, message, headers={hdrs.WWW_AUTHENTICATE: "Bearer"})

@@ -1,25 +1,10 @@
 """The HTTP API: OpenAI-compatible ``POST /v1/audio/speech``, voices, probes and metrics, and the error envelope.
 
 Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced in one place,
-``error_middleware``, from an ``ApiError`` or a known library exception. The codes are stable:
-
-=====  ===========================================================================================
-400    ``invalid_json`` (not JSON, nested too deeply, undecodable in its charset), ``invalid_request``
-       (shape, types, form parts), ``unknown_field``, ``empty_input``, ``text_too_long`` (``input``,
-       a voice's ``transcript`` or ``name``), ``invalid_name`` (control characters),
-       ``unsupported_format``, ``unsupported_speed``, ``unsupported_instructions``,
-       ``unsupported_stream_format``, ``invalid_parameter`` (seed, cfg_value, inference_timesteps),
-       ``normalize_unavailable``, ``invalid_audio`` (unreadable, or not finite once encoded),
-       ``clip_too_long``, ``transcript_required``; ``/v1/loras``: ``invalid_path``, ``invalid_lora``,
-       ``lora_too_large``, ``personas_unavailable``
-401    ``unauthorized``; 403 ``forbidden_origin``, ``forbidden`` (another key's voice);
-       404 ``not_found``, ``unknown_voice``, ``unknown_persona``; 405 ``method_not_allowed``; 408 ``body_timeout``;
-       409 ``voice_limit``, ``persona_exists``, ``persona_limit``; 413 ``payload_too_large``, ``upload_too_large``
-422    ``synthesis_failed`` (the engine refused the text, e.g. longer than a slot)
-503    ``not_ready`` (warming up), ``shutting_down``, ``busy`` (queue full), ``unavailable`` (the engine stopped);
-       a speech request refused before it starts has ``Retry-After`` (a balancer may retry it
-       elsewhere, see ``admission.py``); 500 ``internal_error``
-=====  ===========================================================================================
+``error_middleware``, from an ``ApiError`` or a known library exception. The codes are stable and
+shared with the WebSocket protocol: ``error_codes.ErrorCode`` lists them with each one's HTTP status. A
+speech request refused before it starts (``not_ready``, ``shutting_down``, ``busy``) has ``Retry-After``
+(a balancer may retry it elsewhere, see ``admission.py``).
 
 Handlers are thin: they parse (``parse_speech``), hand the work to the ``SpeechService`` or the
 ``VoiceStore``, and stream the result; nothing here touches the model. A speech body is streamed
@@ -54,6 +39,7 @@ from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
@@ -65,7 +51,6 @@ from voxstream.serving.keys import (
     Phase,
 )
 from voxstream.serving.personas import PersonaLoadError, PersonaRegistry, UnknownPersonaError
-from voxstream.serving.protocol import ErrorCode
 from voxstream.serving.service import SpeechFailure
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
@@ -76,18 +61,25 @@ T = TypeVar("T")
 
 
 class ApiError(Exception):
-    """An error for the client: HTTP status, stable code, human message (and optional headers)."""
+    """An error for the client: stable code (which states the HTTP status), human message (and optional headers).
+
+    ``status`` overrides the code's status only where an API answers otherwise: an aiohttp HTTP error with no
+    code of its own, and the Nano-vLLM API's 400 for every LoRA refusal.
+    """
 
     def __init__(
         self,
-        status: int,
-        code: str,
+        code: ErrorCode,
         message: str,
         *,
+        status: int | None = None,
         headers: Mapping[str, str] | None = None,
         close_connection: bool = False,
     ) -> None:
         super().__init__(message)
+        status = status or code.http_status
+        if status is None:
+            raise ValueError(f"{code.value!r} is a WebSocket-only error code; it has no HTTP status")
         self.status = status
         self.code = code
         self.message = message
@@ -96,21 +88,22 @@ class ApiError(Exception):
         """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
     def response(self) -> web.Response:
-        body = {"error": {"code": self.code, "message": self.message}}
+        body = {"error": {"code": self.code.value, "message": self.message}}
         response = web.json_response(body, status=self.status, headers=self.headers)
         if self.close_connection:
             response.force_close()
         return response
 
 
-_FAILURE_STATUS = {
-    ErrorCode.BUSY: 503, ErrorCode.UNAVAILABLE: 503, ErrorCode.SYNTHESIS_FAILED: 422, ErrorCode.UNKNOWN_PERSONA: 404,
-}  # fmt: skip
-_PERSONA_LOAD_STATUS = {"persona_exists": 409, "persona_limit": 409}
-"""HTTP status of ``PersonaLoadError`` codes other than 400."""
-"""HTTP status of each ``SpeechFailure`` code (the codes themselves are the WebSocket protocol's)."""
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
-_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_AIOHTTP_CODES = (
+    ErrorCode.INVALID_REQUEST,
+    ErrorCode.NOT_FOUND,
+    ErrorCode.METHOD_NOT_ALLOWED,
+    ErrorCode.PAYLOAD_TOO_LARGE,
+)
+_HTTP_CODES = {code.http_status: code for code in _AIOHTTP_CODES}
+"""The code of each aiohttp HTTP error the server can raise (an unknown route, a method, a body over the limit)."""
 
 
 def as_api_error(exc: Exception) -> ApiError | None:
@@ -118,25 +111,26 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, UnknownVoiceError):
-        return ApiError(404, "unknown_voice", str(exc))
+        return ApiError(ErrorCode.UNKNOWN_VOICE, str(exc))
     if isinstance(exc, VoiceLimitError):
-        return ApiError(409, "voice_limit", str(exc))
+        return ApiError(ErrorCode.VOICE_LIMIT, str(exc))
     if isinstance(exc, VoiceOwnerError):
-        return ApiError(403, "forbidden", str(exc))
+        return ApiError(ErrorCode.FORBIDDEN, str(exc))
     if isinstance(exc, UnknownPersonaError):
-        return ApiError(404, "unknown_persona", str(exc))
+        return ApiError(ErrorCode.UNKNOWN_PERSONA, str(exc))
     if isinstance(exc, PersonaLoadError):
-        return ApiError(_PERSONA_LOAD_STATUS.get(exc.code, 400), exc.code, str(exc))
+        return ApiError(ErrorCode(exc.code), str(exc))
     if isinstance(exc, SpeechFailure):
-        status = _FAILURE_STATUS[exc.code]
         retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
-        return ApiError(status, exc.code.value, str(exc), headers=retry)
+        return ApiError(exc.code, str(exc), headers=retry)
     if isinstance(exc, InvalidInputError):
-        return ApiError(400, "invalid_parameter", str(exc))
+        return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
-        code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
+        # Another status (none the server raises today) keeps its status under the generic code of its class.
+        generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR
+        code = _HTTP_CODES.get(exc.status, generic)
         kept = {name: value for name, value in exc.headers.items() if name in _KEPT_HEADERS}  # e.g. 405's Allow
-        return ApiError(exc.status, code, exc.reason, headers=kept)
+        return ApiError(code, exc.reason, status=exc.status, headers=kept)
     return None
 
 
@@ -164,8 +158,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise  # the response has begun: aiohttp can only cut the connection, which tells the client
         if error is None:
             logger.exception("unexpected error in %s %s", request.method, request.path)
-            error = ApiError(500, "internal_error", "the server failed to handle this request; see its log")
-        request.app[METRICS_KEY].count_error(error.code)
+            error = ApiError(ErrorCode.INTERNAL_ERROR, "the server failed to handle this request; see its log")
+        request.app[METRICS_KEY].count_error(error.code.value)
         return error.response()
 
 
@@ -215,16 +209,16 @@ def require_accepting(app: web.Application) -> None:
     """Raise 503 unless the server takes new work (warmed up, not shutting down)."""
     phase = app[STATE_KEY].phase
     if phase is Phase.STARTING:
-        raise ApiError(503, "not_ready", "the model is warming up, retry shortly", headers={"Retry-After": "1"})
+        raise ApiError(ErrorCode.NOT_READY, "the model is warming up, retry shortly", headers={"Retry-After": "1"})
     if phase is Phase.DRAINING:
-        raise ApiError(503, "shutting_down", "the server is shutting down")
+        raise ApiError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
 
 
 def require_admission(app: web.Application, *, connection: bool) -> None:
     """Raise 503 with ``Retry-After`` unless this replica takes new work now (see ``admission.refusal``)."""
     refused = refusal(app, connection=connection)
     if refused is not None:
-        raise ApiError(503, refused.code, refused.message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+        raise ApiError(refused.code, refused.message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
 
 
 # ---- speech ------------------------------------------------------------------------------------
@@ -255,40 +249,44 @@ _SPEECH_FIELDS = frozenset(
 def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     """Validate an OpenAI speech request; every refusal names the field and has its own code."""
     if not isinstance(body, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(body) - _SPEECH_FIELDS)
     if unknown:
-        raise ApiError(400, "unknown_field", f"unknown field(s) {unknown}; the fields are {sorted(_SPEECH_FIELDS)}")
+        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are {sorted(_SPEECH_FIELDS)}")
     _field(body, "model", str)  # one model is served, whatever its name in the request
     text = _field(body, "input", str)
     if text is None or not text.strip():
-        raise ApiError(400, "empty_input", "'input' must be a non-empty string")
+        raise ApiError(ErrorCode.EMPTY_INPUT, "'input' must be a non-empty string")
     if len(text) > config.max_text_chars_per_utterance:
         limit = config.max_text_chars_per_utterance
-        raise ApiError(400, "text_too_long", f"'input' has {len(text)} characters; the limit is {limit}")
+        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'input' has {len(text)} characters; the limit is {limit}")
     response_format = _field(body, "response_format", str) or "mp3"  # OpenAI's default, which its SDKs rely on
     if response_format not in OPENAI_RESPONSE_FORMATS:
         supported = ", ".join(OPENAI_RESPONSE_FORMATS)
-        raise ApiError(400, "unsupported_format", f"response_format {response_format!r} is not served; use {supported}")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_FORMAT, f"response_format {response_format!r} is not served; use {supported}"
+        )
     speed = _field(body, "speed", (int, float))
     if speed is not None and speed != 1.0:
-        raise ApiError(400, "unsupported_speed", f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_SPEED, f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)"
+        )
     if _field(body, "instructions", str):
-        raise ApiError(400, "unsupported_instructions", "'instructions' (voice direction prompts) are not supported")
+        raise ApiError(ErrorCode.UNSUPPORTED_INSTRUCTIONS, "'instructions' (voice direction prompts) are not supported")
     stream_format = _field(body, "stream_format", str) or "audio"
     if stream_format not in ("audio", "sse"):
-        raise ApiError(400, "unsupported_stream_format", "stream_format is 'audio' (a raw body) or 'sse' (events)")
+        raise ApiError(ErrorCode.UNSUPPORTED_STREAM_FORMAT, "stream_format is 'audio' (a raw body) or 'sse' (events)")
     normalize = body.get("normalize") or False
     if not isinstance(normalize, bool):
-        raise ApiError(400, "invalid_request", f"'normalize' has the wrong type ({type(normalize).__name__})")
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'normalize' has the wrong type ({type(normalize).__name__})")
     if normalize and not normalizer_available():
-        raise ApiError(400, "normalize_unavailable", f"'normalize' is not available on this server: {EXTRA_HINT}")
+        raise ApiError(ErrorCode.NORMALIZE_UNAVAILABLE, f"'normalize' is not available on this server: {EXTRA_HINT}")
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
         config.engine_config().limits.check(params)  # this server's limits, before any work (as a WebSocket start)
     except ValueError as exc:
-        raise ApiError(400, "invalid_parameter", str(exc)) from exc
+        raise ApiError(ErrorCode.INVALID_PARAMETER, str(exc)) from exc
     voice = _field(body, "voice", str)
     persona = _field(body, "persona", str)
     sse = stream_format == "sse"
@@ -307,19 +305,19 @@ async def read_json(request: web.Request, timeout_s: float, max_bytes: int | Non
     try:
         text = data.decode(charset)
     except LookupError as exc:
-        raise ApiError(400, "invalid_json", f"unknown charset {charset!r}; send UTF-8") from exc
+        raise ApiError(ErrorCode.INVALID_JSON, f"unknown charset {charset!r}; send UTF-8") from exc
     except UnicodeDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid {charset}: {exc}") from exc
+        raise ApiError(ErrorCode.INVALID_JSON, f"the body is not valid {charset}: {exc}") from exc
     try:
         return json.loads(text)
     except RecursionError as exc:
-        raise ApiError(400, "invalid_json", "the JSON is nested too deeply") from exc
+        raise ApiError(ErrorCode.INVALID_JSON, "the JSON is nested too deeply") from exc
     except ValueError as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from exc
+        raise ApiError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
 
 
 async def _read_at_most(request: web.Request, limit: int) -> bytes:
-    too_large = ApiError(413, "payload_too_large", f"the body exceeds {limit} bytes", close_connection=True)
+    too_large = ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds {limit} bytes", close_connection=True)
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     data = bytearray()
@@ -336,7 +334,7 @@ async def _within(timeout_s: float, read: Awaitable[T]) -> T:
         return await asyncio.wait_for(read, timeout_s)
     except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
         message = f"the request body did not arrive within {timeout_s:g} s"
-        raise ApiError(408, "body_timeout", message, close_connection=True) from exc
+        raise ApiError(ErrorCode.BODY_TIMEOUT, message, close_connection=True) from exc
 
 
 def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
@@ -344,7 +342,7 @@ def _field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ..
     if value is None:
         return None
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ApiError(400, "invalid_request", f"'{name}' has the wrong type ({type(value).__name__})")
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{name}' has the wrong type ({type(value).__name__})")
     return value
 
 
@@ -466,13 +464,13 @@ async def create_voice(request: web.Request) -> web.Response:
     fields = await _within(config.body_timeout_s, _read_upload(request, config))
     clip = fields.get("file")
     if clip is None:
-        raise ApiError(400, "invalid_request", "the upload needs a 'file' part holding the voice clip")
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the upload needs a 'file' part holding the voice clip")
     # An empty transcript field is the same as none (forms send empty fields).
     text = _text_part(fields, "transcript", config.max_transcript_chars) or None
     name = _text_part(fields, "name", config.max_voice_name_chars)
     check_voice_name(name)
     if text is None and not service.info.reference_cloning:
-        raise ApiError(400, "transcript_required", "this model clones a voice from a clip and its 'transcript'")
+        raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
     try:
         samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
@@ -480,9 +478,9 @@ async def create_voice(request: web.Request) -> web.Response:
             text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
         )
     except ClipTooLongError as exc:
-        raise ApiError(400, "clip_too_long", str(exc)) from exc
+        raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
     except InvalidInputError as exc:
-        raise ApiError(400, "invalid_audio", f"the voice clip is not usable audio: {exc}") from exc
+        raise ApiError(ErrorCode.INVALID_AUDIO, f"the voice clip is not usable audio: {exc}") from exc
     owner = request.get(OWNER_KEY)
     info = await app[VOICES_KEY].add(prompt, name=name or None, duration_s=samples.size / rate, owner=owner)
     return web.json_response(info.to_json(), status=201)
@@ -492,7 +490,7 @@ def check_voice_name(name: str | None) -> None:
     """Refuse control and format characters (newlines, escapes, bidirectional overrides) in a voice's name:
     it is shown in listings and UIs, where they could forge lines or reorder text."""
     if name and any(unicodedata.category(char) in _CONTROL_CATEGORIES for char in name):
-        raise ApiError(400, "invalid_name", "a voice name may not contain control or formatting characters")
+        raise ApiError(ErrorCode.INVALID_NAME, "a voice name may not contain control or formatting characters")
 
 
 _CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
@@ -506,9 +504,9 @@ def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
-        raise ApiError(400, "invalid_request", f"'{part}' is not UTF-8 text") from exc
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{part}' is not UTF-8 text") from exc
     if len(text) > limit:
-        raise ApiError(400, "text_too_long", f"'{part}' has {len(text)} characters; the limit is {limit}")
+        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part}' has {len(text)} characters; the limit is {limit}")
     return text
 
 
@@ -533,7 +531,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     try:
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
-        raise ApiError(400, "invalid_request", "send the voice as multipart/form-data") from exc
+        raise ApiError(ErrorCode.INVALID_REQUEST, "send the voice as multipart/form-data") from exc
     part_limits = {
         "file": config.max_upload_bytes,
         "transcript": _UTF8_BYTES_PER_CHAR * config.max_transcript_chars + _PART_SLACK,
@@ -543,7 +541,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     total = 0
     async for part in reader:
         if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS or part.name in fields:
-            raise ApiError(400, "invalid_request", f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
         data = bytearray()
         while chunk := await part.read_chunk():
             total += len(chunk)
@@ -552,7 +550,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
             data += chunk
             if len(data) > part_limits[part.name]:
                 limit = config.max_transcript_chars if part.name == "transcript" else config.max_voice_name_chars
-                raise ApiError(400, "text_too_long", f"'{part.name}' is longer than the limit of {limit} characters")
+                raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part.name}' is longer than the limit of {limit} characters")
         fields[part.name] = bytes(data)
     return fields
 
@@ -562,7 +560,7 @@ _PART_SLACK = 1024
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, "upload_too_large", f"the upload exceeds the limit of {limit} bytes")
+    return ApiError(ErrorCode.UPLOAD_TOO_LARGE, f"the upload exceeds the limit of {limit} bytes")
 
 
 # ---- personas (LoRA adapters) ------------------------------------------------------------------
@@ -574,13 +572,13 @@ async def create_lora(request: web.Request) -> web.Response:
     require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
     body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
     if not isinstance(body, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(body) - {"name", "path"})
     if unknown:
-        raise ApiError(400, "unknown_field", f"unknown field(s) {unknown}; the fields are ['name', 'path']")
+        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are ['name', 'path']")
     name, path = _field(body, "name", str), _field(body, "path", str)
     if name is None or path is None:
-        raise ApiError(400, "invalid_request", "the body needs 'name' and 'path' (a LoRA folder on the server)")
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body needs 'name' and 'path' (a LoRA folder on the server)")
     info = await persona_registry(app).add(name, path)
     return web.json_response(info.to_json(), status=201)
 
@@ -602,5 +600,5 @@ def persona_registry(app: web.Application) -> PersonaRegistry:
     personas = app[SERVICE_KEY].personas
     if personas is None:
         message = "this server cannot serve LoRA personas (they need one process with a checkpoint model)"
-        raise ApiError(400, "personas_unavailable", message)
+        raise ApiError(ErrorCode.PERSONAS_UNAVAILABLE, message)
     return personas

@@ -46,6 +46,7 @@ from voxstream.engine import SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.http_api import (
     ApiError,
     as_api_error,
@@ -83,7 +84,7 @@ def _detail_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except (UnknownPersonaError, PersonaLoadError) as exc:  # that API answers 400 for every LoRA refusal
-            error = ApiError(400, getattr(exc, "code", "unknown_persona"), str(exc))
+            error = ApiError(ErrorCode(getattr(exc, "code", ErrorCode.UNKNOWN_PERSONA)), str(exc), status=400)
         except SchemaError as exc:
             request.app[METRICS_KEY].count_error("invalid_request")
             return web.json_response({"detail": exc.detail}, status=422)
@@ -92,7 +93,7 @@ def _detail_errors(handler: Handler) -> Handler:
             if found is None or (request.writer is not None and request.writer.output_size > 0):
                 raise  # a server bug (the error middleware logs it), or a stream already under way
             error = found
-        request.app[METRICS_KEY].count_error(error.code)
+        request.app[METRICS_KEY].count_error(error.code.value)
         return web.json_response({"detail": error.message}, status=error.status, headers=error.headers)
 
     return wrapped
@@ -162,7 +163,7 @@ def _parse(body: object, schema: dict[str, _Field]) -> dict[str, Any]:
 
 
 def _bad(message: str) -> ApiError:
-    return ApiError(400, "invalid_request", message)
+    return ApiError(ErrorCode.INVALID_REQUEST, message)
 
 
 # ---- generate ----------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
+from voxstream.serving.error_codes import ErrorCode
+
 PROTOCOL_VERSION = 1
 """Announced in ``ready``; bumped when a message changes incompatibly."""
 
@@ -56,51 +58,6 @@ MAX_BUFFER_DELAY_MS = 60_000
 MAX_PLAYBACK_LEAD_MS = 10_000
 """Bound on ``start.playback_lead_ms``: a listener buffering more than this is not listening live."""
 """Longest wait for more text a client may ask for; a minute covers any language model's pause."""
-
-
-class ErrorCode(str, enum.Enum):
-    """Stable ``code`` of ``error`` messages (and close reasons): clients branch on these, never on text."""
-
-    INVALID_JSON = "invalid_json"
-    """A text frame that is not UTF-8 JSON."""
-    INVALID_MESSAGE = "invalid_message"
-    """JSON that is not an object with a string ``type``."""
-    UNKNOWN_TYPE = "unknown_type"
-    UNKNOWN_FIELD = "unknown_field"
-    INVALID_FIELD = "invalid_field"
-    """A field is missing or has the wrong JSON type."""
-    OUT_OF_RANGE = "out_of_range"
-    """A field's value is outside what the protocol or this server accepts."""
-    BINARY_FRAME = "binary_frame"
-    """The client sent a binary frame; clients only send JSON text frames."""
-    MESSAGE_TOO_LARGE = "message_too_large"
-    TEXT_TOO_LONG = "text_too_long"
-    """One ``text`` message is longer than the server's per-message limit."""
-    UTTERANCE_TOO_LONG = "utterance_too_long"
-    """The utterance's text would exceed the server's per-utterance limit."""
-    UNKNOWN_VOICE = "unknown_voice"
-    UNKNOWN_PERSONA = "unknown_persona"
-    """``start.persona`` names no LoRA persona of this server (never loaded, or removed)."""
-    EMPTY_UTTERANCE = "empty_utterance"
-    """``end`` with nothing to speak."""
-    UTTERANCE_IN_PROGRESS = "utterance_in_progress"
-    """``start`` while an utterance has text but no ``end`` yet."""
-    BUSY = "busy"
-    """A full engine queue (the utterance fails); a new connection over capacity is refused with HTTP 503."""
-    UNAVAILABLE = "unavailable"
-    """The server is starting or shutting down and takes no new utterances."""
-    SYNTHESIS_FAILED = "synthesis_failed"
-    SLOW_CONSUMER = "slow_consumer"
-    IDLE_TIMEOUT = "idle_timeout"
-    INTERNAL_ERROR = "internal_error"
-    PROTOCOL_ERROR = "protocol_error"
-    """A frame that breaks the WebSocket protocol (RFC 6455), e.g. an unmasked client frame; close code 1002."""
-    RATE_LIMITED = "rate_limited"
-    """The client sent more than ``max_messages_per_s`` messages a second (then close code 4003)."""
-    TOO_MANY_UTTERANCES = "too_many_utterances"
-    """A new utterance while ``max_queued_utterances`` of this connection are not done yet."""
-    BAD_FRAME = "bad_frame"
-    """A binary audio frame that does not parse (raised by ``AudioFrame.decode``, on the client side)."""
 
 
 class CloseCode(enum.IntEnum):

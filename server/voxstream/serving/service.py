@@ -29,8 +29,8 @@ from voxstream.engine import FinishReason as EngineFinish
 from voxstream.errors import VoxstreamError
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
-from voxstream.serving.protocol import ErrorCode
 from voxstream.serving.speech_model import ModelInfo, SpeechModel
 
 __all__ = ["ModelInfo", "Service", "SpeechFailure", "SpeechService", "refused", "typed_failures"]
