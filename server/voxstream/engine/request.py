@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from voxstream.finish_reason import FinishReason
 from voxstream.params import SynthesisParams, is_int, require
 
 
@@ -30,15 +31,6 @@ class RequestStatus(enum.IntEnum):
     @property
     def is_finished(self) -> bool:
         return self > RequestStatus.RUNNING
-
-
-class FinishReason(str, enum.Enum):
-    """Why a stream ended; sent to the client with the last chunk."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    ABORTED = "aborted"
-    ERROR = "error"
 
 
 FINISH_REASONS: dict[RequestStatus, FinishReason] = {

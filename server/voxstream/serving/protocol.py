@@ -92,18 +92,6 @@ class ProtocolError(Exception):
         self.message = message
 
 
-class FinishReason(str, enum.Enum):
-    """Why an utterance ended (``done.finish_reason``)."""
-
-    STOP = "stop"
-    """Every segment ended at the model's stop."""
-    LENGTH = "length"
-    """At least one segment hit its length cap."""
-    CANCELLED = "cancelled"
-    ERROR = "error"
-    """An ``error`` message with the cause came before the ``done``."""
-
-
 # ---- JSON messages ---------------------------------------------------------------------------------------------
 
 

@@ -25,8 +25,8 @@ from voxstream.engine import (
     StepOutput,
     SynthesisParams,
 )
-from voxstream.engine import FinishReason as EngineFinish
 from voxstream.errors import VoxstreamError
+from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.error_codes import ErrorCode
@@ -40,7 +40,7 @@ class SpeechFailure(VoxstreamError):
     """An utterance that could not be spoken (whole): ``code`` is stable and the same on every transport;
     ``finish`` is the engine's finish reason when the engine ended it (None: refused before it started)."""
 
-    def __init__(self, code: ErrorCode, message: str, finish: EngineFinish | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, finish: FinishReason | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.finish = finish
@@ -51,12 +51,12 @@ async def typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGener
     async with contextlib.aclosing(stream):
         try:
             async for output in stream:
-                if output.finish_reason is EngineFinish.ERROR:
+                if output.finish_reason is FinishReason.ERROR:
                     message = f"the engine could not synthesize this input: {output.error}"
-                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, message, EngineFinish.ERROR)
-                if output.finish_reason is EngineFinish.ABORTED:
+                    raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, message, FinishReason.ERROR)
+                if output.finish_reason is FinishReason.ABORTED:
                     message = "the engine stopped (the server is shutting down)"
-                    raise SpeechFailure(ErrorCode.UNAVAILABLE, message, EngineFinish.ABORTED)
+                    raise SpeechFailure(ErrorCode.UNAVAILABLE, message, FinishReason.ABORTED)
                 yield output
         except QueueFullError as exc:
             raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None

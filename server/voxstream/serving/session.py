@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstream.engine import FinishReason as EngineFinish
 from voxstream.engine import StepOutput
 from voxstream.engine.outputs import Patch
 from voxstream.errors import InvalidInputError
+from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.budget import MessageBudget
 from voxstream.serving.config import ServerConfig
@@ -46,7 +46,6 @@ from voxstream.serving.protocol import (
     End,
     Error,
     ErrorCode,
-    FinishReason,
     Flush,
     ProtocolError,
     Ready,
@@ -336,11 +335,11 @@ class Session:
                 if not any(char.isalnum() for char in spoken):
                     continue  # normalization left nothing to say (e.g. only a code span)
                 finish, patches = await self._speak_segment(utterance, index, text, spoken, prompt)
-                if finish is EngineFinish.LENGTH:
+                if finish is FinishReason.LENGTH:
                     reason = FinishReason.LENGTH
                 # A segment cut at its length cap does not match its text: continue from the voice alone.
                 try:
-                    prompt = continuation(base, spoken, patches) if finish is EngineFinish.STOP and patches else base
+                    prompt = continuation(base, spoken, patches) if finish is FinishReason.STOP and patches else base
                 except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
                     raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
                 index += 1
@@ -365,7 +364,7 @@ class Session:
 
     async def _speak_segment(
         self, utterance: Utterance, index: int, text: str, spoken: str, prompt: VoicePrompt | None
-    ) -> tuple[EngineFinish, list[Patch]]:
+    ) -> tuple[FinishReason, list[Patch]]:
         """One sentence through the engine (``spoken``); its audio goes to the outbox as it comes."""
         params = utterance.settings.segment_params(index)
         request_id = self.service.new_request_id("ws")

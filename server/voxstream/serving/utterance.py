@@ -23,6 +23,7 @@ from voxstream.audio.formats import OpusPacketStream, StreamEncoder, make_encode
 from voxstream.audio.opus import OpusSettings
 from voxstream.engine import ParamLimits, SynthesisParams
 from voxstream.engine.outputs import Patch
+from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.outbox import Delivery
 from voxstream.serving.personas import UnknownPersonaError
@@ -31,7 +32,6 @@ from voxstream.serving.protocol import (
     PROTOCOL_VERSION,
     Done,
     ErrorCode,
-    FinishReason,
     ProtocolError,
     Ready,
     Start,

@@ -23,8 +23,7 @@ import soxr
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from voxstream.engine import FinishReason as EngineFinish
-from voxstream.engine import StepOutput, SynthesisParams
+from voxstream.engine import FinishReason, StepOutput, SynthesisParams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.app import make_app
 from voxstream.serving.config import ServerConfig
@@ -235,7 +234,7 @@ class ClipService:
                 last = start + patch >= self.clip.size
                 self.chunks_sent += 1
                 finished = last
-                yield StepOutput(request_id, chunk, EngineFinish.STOP if last else None, None, patch_latent)
+                yield StepOutput(request_id, chunk, FinishReason.STOP if last else None, None, patch_latent)
         finally:
             if not finished:
                 self.aborted.append(request_id)
