@@ -55,7 +55,7 @@ from voxstream.serving.protocol import (
     decode_client,
 )
 from voxstream.serving.service import SpeechFailure, SpeechService
-from voxstream.serving.utterance import Utterance, continuation, ready_message, resolve_settings
+from voxstream.serving.utterance import Utterance, UtteranceStatus, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
 from voxstream.text.normalize import normalize_in_worker, preload_in_worker
 from voxstream.text.segmenter import SentenceSegmenter
@@ -108,17 +108,24 @@ class Session:
             Start(), voices, service, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
         )
         self._segmenter = SentenceSegmenter()
-        self._open: Utterance | None = None
-        self._live: list[Utterance] = []
-        """Utterances not finished yet, oldest first."""
-        self._held: list[Utterance] = []
-        """Utterances the server counts as live: until their ``done`` has been sent (so a drain lets it out)."""
+        self._utterances: list[Utterance] = []
+        """Utterances not ``RELEASED`` yet, oldest first; each one's ``status`` says where it is."""
         self._numbers = itertools.count()
         self._flush_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
         self._budget = MessageBudget(config.max_messages_per_s)
+
+    @property
+    def _open(self) -> Utterance | None:
+        """The utterance taking text, if any."""
+        return next((u for u in self._utterances if u.status is UtteranceStatus.OPEN), None)
+
+    @property
+    def _live(self) -> list[Utterance]:
+        """Utterances not finished yet (taking text or speaking), oldest first."""
+        return [u for u in self._utterances if u.status in (UtteranceStatus.OPEN, UtteranceStatus.ENDED)]
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -160,11 +167,9 @@ class Session:
         self._cancel_timer()
         for task in self._tasks:
             task.cancel()
-        for utterance in self._held:
-            utterance.live.close()
-        self._held.clear()
-        self._live.clear()
-        self._open = None
+        for utterance in self._utterances:
+            utterance.move(UtteranceStatus.RELEASED)
+        self._utterances.clear()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
@@ -292,9 +297,7 @@ class Session:
         info = self.service.info
         utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_settings())
         utterance.live.enter_context(self.server.utterance())
-        self._held.append(utterance)
-        self._live.append(utterance)
-        self._open = utterance
+        self._utterances.append(utterance)
         self.phase = SessionPhase.OPEN
         return utterance
 
@@ -302,7 +305,8 @@ class Session:
         """The open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
         self._cancel_timer()
         self._segmenter = SentenceSegmenter()
-        self._open = None
+        if (utterance := self._open) is not None:
+            utterance.move(UtteranceStatus.ENDED)
         if self.phase is SessionPhase.OPEN:
             self.phase = SessionPhase.IDLE
 
@@ -311,8 +315,9 @@ class Session:
             if not any(char.isalnum() for char in sentence):
                 continue
             if utterance.task is None:
-                position = self._live.index(utterance)
-                previous = self._live[position - 1].task if position else None
+                live = self._live
+                position = live.index(utterance)
+                previous = live[position - 1].task if position else None
                 utterance.task = self._spawn(self._speak(utterance, previous))
             utterance.add_segment(sentence)
 
@@ -406,18 +411,18 @@ class Session:
 
     def _finish(self, utterance: Utterance, reason: FinishReason) -> None:
         """The utterance is over: queue its ``done`` (built when sent, with what the socket took)."""
-        self._live.remove(utterance)
-        if utterance is self._open:
+        if utterance.status is UtteranceStatus.OPEN:
             self._close_text()
+        utterance.move(UtteranceStatus.FINISHED)
         self._last_activity = time.monotonic()
         if self.metrics is not None:
             self.metrics.count_utterance(reason.value)
         self.outbox.put(lambda: self._done(utterance, reason), sent=lambda: self._release(utterance))
 
     def _release(self, utterance: Utterance) -> None:
-        if utterance in self._held:  # not if the session stopped meanwhile and released everything
-            self._held.remove(utterance)
-            utterance.live.close()
+        if utterance.status is not UtteranceStatus.RELEASED:  # not if the session stopped meanwhile
+            utterance.move(UtteranceStatus.RELEASED)
+            self._utterances.remove(utterance)
 
     def _done(self, utterance: Utterance, reason: FinishReason) -> Done:
         done = utterance.done(reason)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import time
 from dataclasses import dataclass, replace
@@ -127,6 +128,27 @@ def _stream_shape(fmt: str, model_rate: int, opus: OpusSettings) -> tuple[int, i
     return encoder.sample_rate, encoder.opus.pre_skip if isinstance(encoder, OpusPacketStream) else 0
 
 
+class UtteranceStatus(enum.Enum):
+    """Where an utterance is in its life; it only moves forward (``Utterance.move``, ``_TRANSITIONS``)."""
+
+    OPEN = "open"
+    """Taking text (at most one per session)."""
+    ENDED = "ended"
+    """No more text (``end``, ``cancel``, or a failure): speaking what was queued."""
+    FINISHED = "finished"
+    """Its ``done`` is queued; the server still counts it live until that is sent (so a drain lets it out)."""
+    RELEASED = "released"
+    """Its ``done`` was sent, or the session stopped: nothing holds it any more."""
+
+
+_TRANSITIONS: dict[UtteranceStatus, frozenset[UtteranceStatus]] = {
+    UtteranceStatus.OPEN: frozenset({UtteranceStatus.ENDED, UtteranceStatus.RELEASED}),
+    UtteranceStatus.ENDED: frozenset({UtteranceStatus.FINISHED, UtteranceStatus.RELEASED}),
+    UtteranceStatus.FINISHED: frozenset({UtteranceStatus.RELEASED}),
+    UtteranceStatus.RELEASED: frozenset(),
+}
+
+
 class Utterance:
     """State of one utterance from its first text to its ``done``."""
 
@@ -136,6 +158,7 @@ class Utterance:
         self.model_rate = model_rate
         self.encoder = new_encoder(settings, model_rate, opus)
         self.delivery = Delivery(number, settings.format)
+        self.status = UtteranceStatus.OPEN
         self.chars = 0
         self.queued = 0
         """Segments handed to the speaking task so far."""
@@ -145,11 +168,19 @@ class Utterance:
         """Model-rate samples produced, so the next segment starts at this offset."""
         self.task: asyncio.Task[None] | None = None
         self.live = contextlib.ExitStack()
-        """Holds the server's live-utterance count until ``done``."""
+        """Holds the server's live-utterance count until ``RELEASED``."""
         self.started_at = time.monotonic()
         self.first_request_at: float | None = None
         self.first_chunk_at: float | None = None
         self._segments: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def move(self, status: UtteranceStatus) -> None:
+        """Go to ``status``; a move the lifecycle does not allow is a server bug. Releasing frees ``live``."""
+        if status not in _TRANSITIONS[self.status]:
+            raise RuntimeError(f"utterance {self.number}: no transition {self.status.value} -> {status.value}")
+        self.status = status
+        if status is UtteranceStatus.RELEASED:
+            self.live.close()
 
     def add_segment(self, text: str) -> None:
         self.queued += 1
