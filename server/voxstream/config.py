@@ -222,6 +222,12 @@ class ModelConfig:
         return self.dit_config.dit_mean_mode if self.architecture == "voxcpm2" else self.dit_mean_mode
 
     @property
+    def concat_fusion(self) -> bool:
+        """Whether the residual LM's input and LocDiT's ``mu`` concatenate their two sources (projected back by
+        ``fusion_concat_proj``; ``mu`` of two tokens) instead of summing them: voxcpm2."""
+        return self.architecture == "voxcpm2"
+
+    @property
     def reference_cloning(self) -> bool:
         """Whether the model clones a voice from a reference clip alone (no transcript): voxcpm2."""
         return self.architecture == "voxcpm2"

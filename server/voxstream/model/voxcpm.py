@@ -107,12 +107,14 @@ class VoxCPMModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.is_v2 = config.architecture == "voxcpm2"
+        self.concat_fusion = config.concat_fusion
         lm, hidden = config.lm_config, config.lm_config.hidden_size
         self.base_lm = MiniCPMModel(lm, rope_positions=config.max_length)
         self.residual_lm = MiniCPMModel(config.residual_lm, rope_positions=config.max_length)
         self.feat_encoder = VoxCPMLocEnc(config.local_encoder, config.feat_dim, config.patch_size)
-        estimator = VoxCPMLocDiT(config.local_dit, config.feat_dim, config.patch_size, mu_tokens=2 if self.is_v2 else 1)
+        estimator = VoxCPMLocDiT(
+            config.local_dit, config.feat_dim, config.patch_size, mu_tokens=2 if self.concat_fusion else 1
+        )
         self.feat_decoder = UnifiedCFM(estimator, mean_mode=config.mean_mode)
         self.fsq_layer = ScalarQuantizationLayer(
             hidden, config.scalar_quantization_latent_dim, config.scalar_quantization_scale
@@ -120,7 +122,7 @@ class VoxCPMModel(nn.Module):
         self.enc_to_lm_proj = nn.Linear(config.encoder_config.hidden_dim, hidden)
         self.lm_to_dit_proj = nn.Linear(hidden, config.dit_config.hidden_dim)
         self.res_to_dit_proj = nn.Linear(hidden, config.dit_config.hidden_dim)
-        if self.is_v2:
+        if self.concat_fusion:
             self.fusion_concat_proj = nn.Linear(2 * hidden, hidden)
         self.stop_proj = nn.Linear(hidden, hidden)
         self.stop_head = nn.Linear(hidden, 2, bias=False)
@@ -165,7 +167,7 @@ class VoxCPMModel(nn.Module):
         return embeds * batch.audio_mask.unsqueeze(-1)
 
     def _residual_input(self, lm_hidden: torch.Tensor, audio_embeds: torch.Tensor) -> torch.Tensor:
-        if self.is_v2:
+        if self.concat_fusion:
             return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embeds), dim=-1))
         return lm_hidden + audio_embeds
 
@@ -199,7 +201,7 @@ class VoxCPMModel(nn.Module):
     def dit_condition(self, state: DecodeState) -> torch.Tensor:
         """mu for LocDiT: (B, Hd) summed in v1, (B, 2*Hd) concatenated in v2."""
         from_lm, from_residual = self.lm_to_dit_proj(state.lm_hidden), self.res_to_dit_proj(state.residual_hidden)
-        return torch.cat((from_lm, from_residual), dim=-1) if self.is_v2 else from_lm + from_residual
+        return torch.cat((from_lm, from_residual), dim=-1) if self.concat_fusion else from_lm + from_residual
 
     def decode_step(
         self,
