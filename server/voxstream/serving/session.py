@@ -73,10 +73,10 @@ class SessionTransport(Transport, Protocol):
 
 
 class SessionPhase(enum.Enum):
-    IDLE = "idle"
-    """No utterance is taking text (earlier ones may still be speaking)."""
-    OPEN = "open"
-    """An utterance is taking text."""
+    """The connection's phase; whether an utterance takes text is that utterance's ``UtteranceStatus``."""
+
+    ACTIVE = "active"
+    """Messages are accepted, utterances spoken and sent."""
     CLOSED = "closed"
     """The connection is ending: nothing more is accepted, spoken or sent."""
 
@@ -102,7 +102,7 @@ class Session:
         self.transport = transport
         self.metrics = metrics
         self.outbox = Outbox(transport, config.max_unsent_audio_s)
-        self.phase = SessionPhase.IDLE
+        self.phase = SessionPhase.ACTIVE
         self._limits = config.engine_config().limits
         self.settings = resolve_settings(
             Start(), voices, service, self._limits, config.max_buffer_delay_ms, config.playback_lead_ms
@@ -237,7 +237,7 @@ class Session:
                 self._cancel()
 
     def _start(self, start: Start) -> None:
-        if self.phase is SessionPhase.OPEN:
+        if self._open is not None:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
         config = self.config
         self.settings = resolve_settings(
@@ -298,7 +298,6 @@ class Session:
         utterance = Utterance(next(self._numbers), self.settings, info.sample_rate, self.config.opus_settings())
         utterance.live.enter_context(self.server.utterance())
         self._utterances.append(utterance)
-        self.phase = SessionPhase.OPEN
         return utterance
 
     def _close_text(self) -> None:
@@ -307,8 +306,6 @@ class Session:
         self._segmenter = SentenceSegmenter()
         if (utterance := self._open) is not None:
             utterance.move(UtteranceStatus.ENDED)
-        if self.phase is SessionPhase.OPEN:
-            self.phase = SessionPhase.IDLE
 
     def _queue(self, utterance: Utterance, sentences: list[str]) -> None:
         for sentence in sentences:
