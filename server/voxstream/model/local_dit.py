@@ -94,6 +94,6 @@ class VoxCPMLocDiT(nn.Module):
         else:
             sequence[:, self.mu_tokens] = time
         sequence[:, sequence.size(1) - tokens.size(1) :] = tokens
-        hidden, _ = self.decoder(sequence, is_causal=False, outputs=tokens.size(1))
-        velocity = self.out_proj(hidden)
+        hidden, _ = self.decoder(sequence, is_causal=False)
+        velocity = self.out_proj(hidden[:, sequence.size(1) - tokens.size(1) :])
         return velocity.transpose(1, 2)

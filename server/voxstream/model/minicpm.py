@@ -186,15 +186,10 @@ class MiniCPMAttention(nn.Module):
         return self.o_proj(attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
     def forward(
-        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool, queries: int | None = None
+        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache; with ``queries``
-        (bidirectional attention only), the output of the last ``queries`` positions alone (B, queries, H)."""
+        """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
         q, k, v = self._qkv(x, rope)
-        if queries is not None:
-            if is_causal:
-                raise ValueError("attending from the last positions only is for bidirectional attention")
-            q = q[:, :, q.size(2) - queries :]
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
         return self._out(attn), k, v
 
@@ -258,19 +253,11 @@ class MiniCPMDecoderLayer(nn.Module):
         return x, self._scaled(self.mlp(normed))
 
     def forward(
-        self,
-        x: torch.Tensor,
-        pending: torch.Tensor | None,
-        rope: RopeTables | None,
-        is_causal: bool,
-        queries: int | None = None,
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(x, pending) -> (x, pending) after this layer, and its keys and values; with ``queries``, (x, pending)
-        of the last ``queries`` positions only (see ``MiniCPMAttention.forward``)."""
+        """(x, pending) -> (x, pending) after this layer, and its keys and values."""
         normed, x = self._input_norm(x, pending)
-        attn, k, v = self.self_attn(normed, rope, is_causal, queries)
-        if queries is not None:
-            x = x[:, x.size(1) - queries :]
+        attn, k, v = self.self_attn(normed, rope, is_causal)
         return *self._attention_then_mlp(x, attn), k, v
 
     def forward_step(
@@ -301,19 +288,14 @@ class MiniCPMModel(nn.Module):
             layer.mlp.fuse_gate_up()
 
     def forward(
-        self, inputs_embeds: torch.Tensor, is_causal: bool, outputs: int | None = None
+        self, inputs_embeds: torch.Tensor, is_causal: bool
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """inputs_embeds (B, T, H) at positions 0..T-1 -> hidden (B, T, H) and per-layer (k, v) (B, nkv, T, hd).
-
-        ``outputs`` (bidirectional attention only): return the hidden states of the last ``outputs`` positions
-        alone (B, outputs, H); the last layer then attends from, projects and runs its MLP on those positions
-        only, as no later layer reads the others (the values are those of the whole computation, sliced)."""
+        """inputs_embeds (B, T, H) at positions 0..T-1 -> hidden (B, T, H) and per-layer (k, v) (B, nkv, T, hd)."""
         rope = None if self.rope_emb is None else self.rope_emb.prefix(inputs_embeds.size(1))
         hidden, pending = inputs_embeds, None
         kvs = []
-        last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            hidden, pending, k, v = layer(hidden, pending, rope, is_causal, outputs if index == last else None)
+        for layer in self.layers:
+            hidden, pending, k, v = layer(hidden, pending, rope, is_causal)
             kvs.append((k, v))
         return self._final_norm(hidden, pending), kvs
 
