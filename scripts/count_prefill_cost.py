@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,27 +35,36 @@ TARGET = "The quick brown fox jumps over the lazy dog near the river bank."
 META = torch.device("meta")
 
 
+def flops(work: Callable[[], object]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        work()
+    return counter.get_total_flops()
+
+
 def prefill_flops(model: VoxCPMModel, config: ModelConfig, batch: PrefillBatch) -> int:
     lms = (config.lm_config, config.residual_lm)
     caches = [KVCache.dedicated(lm, 1, config.max_length, META, torch.bfloat16) for lm in lms]
-    with FlopCounterMode(display=False) as counter:
-        model.prefill(batch, *caches)
-    return counter.get_total_flops()
+    return flops(lambda: model.prefill(batch, *caches))
 
 
 def costs(model: VoxCPMModel, config: ModelConfig, sequence: InputSequence) -> dict[str, float]:
     batch = PrefillBatch.from_sequences([sequence], META, torch.bfloat16)
     # Before: LocEnc ran on every position (text positions' results were then multiplied by 0).
     every_position = dataclasses.replace(batch, audio_positions=torch.arange(sequence.length, device=META))
-    cached = dataclasses.replace(
-        batch,
-        audio_encodings=torch.zeros(batch.audio_positions.numel(), config.encoder_config.hidden_dim, device=META),
-    )
-    before, after = prefill_flops(model, config, every_position), prefill_flops(model, config, batch)
-    with_cache = prefill_flops(model, config, cached) if batch.audio_positions.numel() else after
+    before = prefill_flops(model, config, every_position)
+    audio_positions = int(batch.audio_positions.numel())
+    if audio_positions:
+        # The engine's way: the voice's patches encoded by themselves (or taken from the voice cache).
+        patches = torch.zeros(audio_positions, config.patch_size, config.feat_dim, device=META, dtype=torch.bfloat16)
+        encoding = flops(lambda: model.encode_patches(patches))
+        encodings = torch.zeros(audio_positions, config.encoder_config.hidden_dim, device=META, dtype=torch.bfloat16)
+        with_cache = prefill_flops(model, config, dataclasses.replace(batch, audio_encodings=encodings))
+        after = encoding + with_cache
+    else:
+        after = with_cache = prefill_flops(model, config, batch)
     return {
         "positions": sequence.length,
-        "audio_positions": int(sequence.audio_mask.sum()),
+        "audio_positions": audio_positions,
         "gflop_locenc_every_position": before / 1e9,
         "gflop_locenc_audio_only": after / 1e9,
         "gflop_voice_cached": with_cache / 1e9,

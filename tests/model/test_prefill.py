@@ -1,6 +1,9 @@
-"""The prefill runs LocEnc only where there is audio: text and padding positions never reach it."""
+"""LocEnc in the prefill: a batch without audio never reaches it, and a runner's voice encodings (LocEnc over the
+voice's own patches only) stand in for it, giving each row what the reference's full-length encoding gives."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -12,28 +15,42 @@ from voxstream.tiny.checkpoint import make_tiny_checkpoint
 
 
 @torch.inference_mode()
-def test_locenc_runs_on_audio_positions_only(tmp_path) -> None:
+def test_locenc_runs_only_where_there_is_audio(tmp_path) -> None:
     tts = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
-    config = tts.config
+    config, model = tts.config, tts.model
     patches = torch.randn(3, config.patch_size, config.feat_dim, generator=torch.Generator().manual_seed(0))
-    sequences = [
-        build_sequence(tts.tokenizer, config, "A zero-shot row, a little longer than the other.", None),
-        build_sequence(tts.tokenizer, config, "Hi.", VoicePrompt("Clip.", patches[:2], patches[2:])),
-    ]
-    batch = PrefillBatch.from_sequences(sequences, tts.device, tts.dtype)
-    caches = [KVCache.dedicated(lm, 2, 256, tts.device, tts.dtype) for lm in (config.lm_config, config.residual_lm)]
+    zero_shot = build_sequence(tts.tokenizer, config, "A zero-shot row, a little longer than the other.", None)
+    voiced = build_sequence(tts.tokenizer, config, "Hi.", VoicePrompt("Clip.", patches[:2], patches[2:]))
     encoded: list[int] = []
-    hook = tts.model.feat_encoder.register_forward_hook(
+    hook = model.feat_encoder.register_forward_hook(
         lambda module, args, output: encoded.append(args[0].shape[0] * args[0].shape[1])
     )
+
+    def prefill(batch: PrefillBatch, rows: int):
+        caches = [
+            KVCache.dedicated(lm, rows, 256, tts.device, tts.dtype) for lm in (config.lm_config, config.residual_lm)
+        ]
+        return model.prefill(batch, *caches)
+
     try:
-        batched = tts.model.prefill(batch, *caches)
+        prefill(PrefillBatch.from_sequences([zero_shot, zero_shot], tts.device, tts.dtype), 2)
+        assert encoded == []  # no audio anywhere: LocEnc never runs
+        batch = PrefillBatch.from_sequences([zero_shot, voiced], tts.device, tts.dtype)
+        full = prefill(batch, 2)
+        assert encoded == [2 * batch.feats.size(1)]  # as the reference: every position of the batch
+        encoded.clear()
+        # What a runner passes: the voice's 3 patches encoded by themselves.
+        voice_encodings = model.encode_patches(voiced.feats[voiced.audio_mask.bool()])
+        assert encoded == [3]
+        encoded.clear()
+        given = prefill(dataclasses.replace(batch, audio_encodings=voice_encodings), 2)
+        assert encoded == []  # the prefill itself skips LocEnc
     finally:
         hook.remove()
-    assert encoded == [3]  # the voice's 2 prompt and 1 reference patches; not the batch's 2 x T positions
+    torch.testing.assert_close(given.lm_hidden, full.lm_hidden, atol=1e-5, rtol=0)
+    torch.testing.assert_close(given.residual_hidden, full.residual_hidden, atol=1e-5, rtol=0)
     # Each row's state equals the row prefilled alone.
-    for row, sequence in enumerate(sequences):
-        alone = [KVCache.dedicated(lm, 1, 256, tts.device, tts.dtype) for lm in (config.lm_config, config.residual_lm)]
-        state = tts.model.prefill(PrefillBatch.from_sequences([sequence], tts.device, tts.dtype), *alone)
-        torch.testing.assert_close(batched.lm_hidden[row], state.lm_hidden[0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(batched.residual_hidden[row], state.residual_hidden[0], atol=1e-5, rtol=0)
+    for row, sequence in enumerate((zero_shot, voiced)):
+        alone = prefill(PrefillBatch.from_sequences([sequence], tts.device, tts.dtype), 1)
+        torch.testing.assert_close(full.lm_hidden[row], alone.lm_hidden[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(full.residual_hidden[row], alone.residual_hidden[0], atol=1e-5, rtol=0)

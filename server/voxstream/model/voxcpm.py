@@ -40,7 +40,7 @@ class PrefillBatch:
     text_mask: torch.Tensor  # (B, T) model dtype, 1 at text-token positions
     audio_mask: torch.Tensor  # (B, T) model dtype, 1 at audio-patch positions
     lengths: torch.Tensor  # (B,) long, real length of each row (>= 1)
-    # Flat index (row * T + position) of every audio position, row by row: the only positions LocEnc runs on.
+    # Flat index (row * T + position) of every audio position, row by row.
     audio_positions: torch.Tensor  # (N,) long
     # LocEnc's outputs (N, encoder hidden) for those positions, in that order, when the caller has them (a
     # runner's voice cache); None: ``prefill`` encodes them. Encoder space, not LM space: the projection into
@@ -152,19 +152,22 @@ class VoxCPMModel(nn.Module):
     def embed_audio_positions(self, batch: PrefillBatch) -> torch.Tensor:
         """LM-space audio embeddings (B, T, H) of a prefill batch, zero wherever ``audio_mask`` is 0.
 
-        LocEnc runs on the audio positions only (gathered across rows); the projection into the LM runs on
-        the batch's (B, T) layout, so each row's LoRA persona, selected per row, applies to its own rows."""
+        A batch without audio never reaches LocEnc. With ``batch.audio_encodings`` (a runner's voices, each
+        encoded once over its own patches and cached) LocEnc does not run here at all. Without them it runs
+        as the reference runs it, over every position of the batch: gathering the audio positions would
+        change the GEMMs' shapes and the projection's input layout, and in bf16 on CPU the rounding with them,
+        a few ulps off the reference. The projection into the LM runs on the batch's (B, T) layout, so each
+        row's LoRA persona, selected per row, applies."""
+        rows, length = batch.feats.shape[:2]
         if batch.audio_positions.numel() == 0:  # zero-shot rows only
-            rows, length = batch.feats.shape[:2]
             return batch.feats.new_zeros(rows, length, self.config.lm_config.hidden_size)
-        flat_feats = batch.feats.flatten(0, 1)
-        encoded = batch.audio_encodings
-        if encoded is None:
-            encoded = self.encode_patches(flat_feats[batch.audio_positions])
-        scattered = encoded.new_zeros(flat_feats.size(0), encoded.size(-1))
-        scattered.index_copy_(0, batch.audio_positions, encoded)
-        embeds = self.enc_to_lm_proj(scattered.view(*batch.feats.shape[:2], -1))
-        return embeds * batch.audio_mask.unsqueeze(-1)
+        if batch.audio_encodings is None:
+            encoded = self.feat_encoder(batch.feats)
+        else:
+            scattered = batch.audio_encodings.new_zeros(rows * length, batch.audio_encodings.size(-1))
+            scattered.index_copy_(0, batch.audio_positions, batch.audio_encodings)
+            encoded = scattered.view(rows, length, -1)
+        return self.enc_to_lm_proj(encoded) * batch.audio_mask.unsqueeze(-1)
 
     def _residual_input(self, lm_hidden: torch.Tensor, audio_embeds: torch.Tensor) -> torch.Tensor:
         if self.concat_fusion:
