@@ -62,7 +62,8 @@ async def utterance(connection: Connection, text: str, seed: int, fmt: str = "pc
 
 
 def metric(text: str, name: str) -> float:
-    found = re.findall(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    """The sum of the samples of ``name`` over every label set (e.g. every engine)."""
+    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     return sum(float(value) for value in found)
 
 

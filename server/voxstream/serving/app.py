@@ -95,7 +95,7 @@ def build_app(
     app[SESSIONS_KEY] = sessions
     app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
     app[VOICES_KEY] = voices
-    app[METRICS_KEY] = Metrics(service.stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
+    app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
     add_http_routes(app)
     add_ws_routes(app)
     add_nanovllm_routes(app)
@@ -203,8 +203,9 @@ async def drain(app: web.Application) -> None:
 def serve(config: ServerConfig) -> int:
     """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status.
 
-    ``config.workers`` > 0 runs the engine and the frontends in processes of their own (``workers``)."""
-    if config.workers > 0:
+    ``config.workers`` > 0 or ``config.devices`` runs the engines and the frontends in processes of their own
+    (``workers``)."""
+    if config.frontends > 0:
         from voxstream.serving.workers import supervise
 
         return supervise(config)
