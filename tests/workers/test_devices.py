@@ -44,6 +44,12 @@ def server() -> Iterator[ServerProcess]:
         yield process
 
 
+def test_every_engine_is_warmed_up_before_ready(server: ServerProcess) -> None:
+    scraped = server.get("/metrics", KEY)
+    for engine in ("0", "1"):
+        assert metric(scraped, f'voxstream_engine_step_seconds_count{{engine="{engine}"}}') > 0, scraped
+
+
 def active(server: ServerProcess) -> tuple[float, float]:
     """Utterances running on engine 0 and on engine 1 now."""
     scraped = server.get("/metrics", KEY)

@@ -171,13 +171,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _warm_up(app: web.Application) -> None:
-    """Run one short utterance through the engine, then open for work (unless shutdown began)."""
+    """Run one short utterance through each engine, then open for work (unless shutdown began)."""
     service, state = app[SERVICE_KEY], app[STATE_KEY]
     started = time.perf_counter()
     params = SynthesisParams(seed=0, max_len=2)
     try:
-        async for _ in service.speak(service.new_request_id("warm-up"), _WARM_UP_TEXT, params):
-            pass
+        for engine in service.per_engine():
+            async for _ in engine.speak(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params):
+                pass
     except Exception:
         logger.exception("the warm-up utterance failed: the server stays not ready")
         return

@@ -136,6 +136,9 @@ class EngineProxy:
         """A view for one connection: its first utterance picks an engine, its later ones stay there."""
         return _PinnedService(self)
 
+    def per_engine(self) -> list[Service]:
+        return [_PinnedService(self, link.index) for link in self._links]
+
     def new_request_id(self, prefix: str = "req") -> str:
         # The pid keeps ids unique across frontends and across a frontend's restarts.
         return f"{prefix}-{self._prefix}-{next(self._ids)}"
@@ -322,9 +325,10 @@ class _PinnedService:
     """One WebSocket connection's view of the ``EngineProxy``: its utterances all run on one engine (the freest
     when its first one starts), so a voice continued from an earlier utterance is spoken where it was."""
 
-    def __init__(self, proxy: EngineProxy) -> None:
+    def __init__(self, proxy: EngineProxy, engine: int | None = None) -> None:
         self._proxy = proxy
-        self._engine: int | None = None
+        self._engine = engine
+        """None until the first utterance picks the freest engine."""
         self.info = proxy.info
         self.personas = proxy.personas
 
@@ -340,6 +344,9 @@ class _PinnedService:
 
     def pinned(self) -> Service:
         return self
+
+    def per_engine(self) -> list[Service]:
+        return [self]
 
     def new_request_id(self, prefix: str = "req") -> str:
         return self._proxy.new_request_id(prefix)

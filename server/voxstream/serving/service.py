@@ -92,6 +92,10 @@ class Service(Protocol):
         """The service one WebSocket connection uses: all its utterances on one engine (``--devices``)."""
         ...
 
+    def per_engine(self) -> list[Service]:
+        """One view per engine (``--devices``), each speaking on its engine only: the warm-up runs on every one."""
+        ...
+
     def new_request_id(self, prefix: str = "req") -> str: ...
 
     def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
@@ -167,6 +171,9 @@ class SpeechService:
 
     def pinned(self) -> Service:
         return self  # one engine
+
+    def per_engine(self) -> list[Service]:
+        return [self]
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
