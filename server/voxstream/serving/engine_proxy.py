@@ -155,8 +155,10 @@ class EngineProxy:
         playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream one utterance on the freest engine; see ``speak_on``."""
-        timing = {"playback_lead_s": playback_lead_s, "playback_due": playback_due}
-        return self.speak_on(self.freest(), request_id, text, params, voice, persona=persona, **timing)
+        return self.speak_on(
+            self.freest(), request_id, text, params, voice,
+            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
+        )  # fmt: skip
 
     def speak_on(
         self,
@@ -370,8 +372,10 @@ class _PinnedService:
     ) -> AsyncGenerator[StepOutput, None]:
         if self._engine is None:
             self._engine = self._proxy.freest()
-        timing = {"playback_lead_s": playback_lead_s, "playback_due": playback_due}
-        return self._proxy.speak_on(self._engine, request_id, text, params, voice, persona=persona, **timing)
+        return self._proxy.speak_on(
+            self._engine, request_id, text, params, voice,
+            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
+        )  # fmt: skip
 
     def abort(self, request_id: str) -> None:
         self._proxy.abort(request_id)
