@@ -216,7 +216,10 @@ class ServerConfig:
         _check("loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
         _check("loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
         _check(
-            "loras", self.loras, not (names and self.frontends), "empty with workers or devices (not served there yet)"
+            "loras",
+            self.loras,
+            not (names and self.frontends),
+            "empty with workers > 0 or devices (not served there yet)",
         )
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
