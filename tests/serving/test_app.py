@@ -77,12 +77,16 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
         + after.get('voxstream_utterances_total{finish_reason="length"}', 0)
         >= 1
     )
-    assert after["voxstream_engine_step_seconds_count"] > before["voxstream_engine_step_seconds_count"]
-    assert after["voxstream_engine_step_seconds_sum"] > 0
-    for gauge in ("voxstream_sessions_active", "voxstream_sessions_queued", "voxstream_websocket_connections"):
-        assert after[gauge] == 0
-    assert after["voxstream_kv_blocks_used"] == 0 and after["voxstream_kv_blocks_total"] > 0
-    assert after["voxstream_graph_captures_total"] == before["voxstream_graph_captures_total"] == 0  # CPU: no graphs
+    engine = '{engine="0"}'  # the engine's load is labelled by engine (one per --devices entry)
+    steps = f"voxstream_engine_step_seconds_count{engine}"
+    assert after[steps] > before[steps]
+    assert after[f"voxstream_engine_step_seconds_sum{engine}"] > 0
+    for gauge in ("voxstream_sessions_active", "voxstream_sessions_queued"):
+        assert after[gauge + engine] == 0
+    assert after["voxstream_websocket_connections"] == 0
+    assert after[f"voxstream_kv_blocks_used{engine}"] == 0 and after[f"voxstream_kv_blocks_total{engine}"] > 0
+    captures = f"voxstream_graph_captures_total{engine}"
+    assert after[captures] == before[captures] == 0  # CPU: no graphs
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

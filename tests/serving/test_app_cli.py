@@ -65,6 +65,33 @@ def test_bad_kv_cache_flags_are_clear_cli_errors(
     assert message in capsys.readouterr().err
 
 
+def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> None:
+    config = config_from_args(build_parser().parse_args(["serve", "--devices", "cuda:0, cuda:1"]), environ={})
+    assert config.engine_devices() == ("cuda:0", "cuda:1")
+    assert config.frontends == 1  # --workers 0 with --devices: the engines need a frontend process
+    config = config_from_args(
+        build_parser().parse_args(["serve", "--devices", "cpu,cpu", "--workers", "3"]), environ={}
+    )
+    assert config.frontends == 3
+    single = config_from_args(build_parser().parse_args(["serve", "--device", "cpu"]), environ={})
+    assert (single.engine_devices(), single.frontends) == (("cpu",), 0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--devices", "cpu,,cpu"], "devices=('cpu', '', 'cpu')"),
+        (["--device", "cpu", "--devices", "cpu"], "devices="),
+        (["--devices", "cpu,cpu", "--lora", "a=/loras/a"], "with workers > 0 or devices"),  # personas: one process only
+    ],
+)
+def test_bad_devices_flags_are_clear_cli_errors(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_an_invalid_limit_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--max-sessions", "0"]) == 2
     assert "max_sessions=0" in capsys.readouterr().err

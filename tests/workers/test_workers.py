@@ -62,7 +62,8 @@ async def utterance(connection: Connection, text: str, seed: int, fmt: str = "pc
 
 
 def metric(text: str, name: str) -> float:
-    found = re.findall(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    """The sum of the samples of ``name`` over every label set (e.g. every engine)."""
+    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     return sum(float(value) for value in found)
 
 
@@ -244,7 +245,7 @@ def test_sigterm_drains_live_utterances_then_closes_with_1001() -> None:
 
 def test_the_engine_dying_ends_the_service_with_an_error() -> None:
     with sim_server() as server:
-        engine_pid = int(re.findall(r"supervising the engine \(pid (\d+)\)", server.log)[0])
+        engine_pid = int(re.findall(r"engine 0 started on .* \(pid (\d+)\)", server.log)[0])
         os.kill(engine_pid, signal.SIGKILL)
         assert poll(lambda: server.status("/ready") != 200, timeout=10)
         assert server.process.wait(timeout=60) == 1, server.log

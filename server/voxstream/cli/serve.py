@@ -83,6 +83,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (0.0.0.0: all)")
     parser.add_argument("--port", type=int, default=defaults.port, help="TCP port")
     parser.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
+    parser.add_argument(
+        "--devices",
+        help="comma-separated devices, one engine process each, e.g. cuda:0,cuda:1 (cpu,cpu for tests); "
+        "new utterances go to the engine with the most free capacity; implies --workers 1 at least",
+    )
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--vae-dtype", help="dtype of the AudioVAE: float32 (default) or bfloat16 (see README)")
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
@@ -150,6 +155,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         model=args.model,
         sim_cost=args.sim_cost,
         device=args.device,
+        devices=tuple(d.strip() for d in args.devices.split(",")) if args.devices else (),
         dtype=args.dtype,
         vae_dtype=args.vae_dtype,
         api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),

@@ -95,7 +95,7 @@ def build_app(
     app[SESSIONS_KEY] = sessions
     app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
     app[VOICES_KEY] = voices
-    app[METRICS_KEY] = Metrics(service.stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
+    app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
     add_http_routes(app)
     add_ws_routes(app)
     add_nanovllm_routes(app)
@@ -171,13 +171,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _warm_up(app: web.Application) -> None:
-    """Run one short utterance through the engine, then open for work (unless shutdown began)."""
+    """Run one short utterance through each engine, then open for work (unless shutdown began)."""
     service, state = app[SERVICE_KEY], app[STATE_KEY]
     started = time.perf_counter()
     params = SynthesisParams(seed=0, max_len=2)
     try:
-        async for _ in service.speak(service.new_request_id("warm-up"), _WARM_UP_TEXT, params):
-            pass
+        for engine in service.per_engine():
+            async for _ in engine.speak(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params):
+                pass
     except Exception:
         logger.exception("the warm-up utterance failed: the server stays not ready")
         return
@@ -203,8 +204,9 @@ async def drain(app: web.Application) -> None:
 def serve(config: ServerConfig) -> int:
     """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status.
 
-    ``config.workers`` > 0 runs the engine and the frontends in processes of their own (``workers``)."""
-    if config.workers > 0:
+    ``config.workers`` > 0 or ``config.devices`` runs the engines and the frontends in processes of their own
+    (``workers``)."""
+    if config.frontends > 0:
         from voxstream.serving.workers import supervise
 
         return supervise(config)

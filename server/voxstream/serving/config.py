@@ -163,6 +163,10 @@ class ServerConfig:
     workers: int = 0
     """Frontend processes (``--workers N``): each runs its own event loop, sockets and encoders on the shared
     port, and one engine process owns the model; 0 serves everything from this one process."""
+    devices: tuple[str, ...] = ()
+    """``--devices cuda:0,cuda:1``: one engine process per device (each its own KV pool and graphs), new
+    utterances to the one with the most free capacity; empty: one engine on ``device``. Implies at least one
+    frontend process (``frontends``), since the engines run in processes of their own."""
     """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
 
     def __post_init__(self) -> None:
@@ -195,6 +199,10 @@ class ServerConfig:
         for name in ("encoder_threads", "workers"):
             value = getattr(self, name)
             _check(name, value, _is_int(value) and value >= 0, "an int >= 0")
+        devices = self.devices
+        ok = isinstance(devices, tuple) and all(isinstance(d, str) and d.strip() == d and d for d in devices)
+        _check("devices", devices, ok, "a tuple of device names such as 'cuda:0'")
+        _check("devices", devices, not (devices and self.device), "empty when device is given (--device)")
         try:
             self.opus_settings()
         except ValueError as exc:
@@ -207,11 +215,25 @@ class ServerConfig:
         ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
         _check("loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
         _check("loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
-        _check("loras", self.loras, not (names and self.workers), "empty with workers > 0 (not served there yet)")
+        _check(
+            "loras",
+            self.loras,
+            not (names and self.frontends),
+            "empty with workers > 0 or devices (not served there yet)",
+        )
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
             _check(name, values, ok, "a tuple of non-empty strings")
+
+    @property
+    def frontends(self) -> int:
+        """Frontend processes to run: ``workers``, at least 1 with ``devices`` (0: this process serves alone)."""
+        return max(self.workers, 1) if self.devices else self.workers
+
+    def engine_devices(self) -> tuple[str | None, ...]:
+        """The device of each engine process: ``devices``, or the one ``device``."""
+        return self.devices or (self.device,)
 
     @property
     def kv_cache_bytes(self) -> int | None:

@@ -1,4 +1,7 @@
-"""The engine process of ``voxstream serve --workers N``: owns the model and the device, runs no event loop.
+"""An engine process of ``voxstream serve --workers N``: owns the model and a device, runs no event loop.
+
+With ``--devices`` there is one per device, each serving every frontend; frontends announce saved voices
+to engine 0 only, so that one keeps them (and tells the other frontends).
 
 ``EngineCore.run`` is a plain loop: take every pending message from the frontends (ZeroMQ ROUTER), run
 one ``Engine.step()`` when there is work, and send each frontend one ``Outputs`` message holding the
@@ -223,9 +226,9 @@ class EngineCore:
         self.engine.mark_sent(time.monotonic())
 
 
-def run_engine(config: ServerConfig, endpoint: str, log_level: str) -> None:
-    """The engine process's main: load the model, build the engine, serve until SIGTERM."""
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
+def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str) -> None:
+    """Engine process ``index``'s main: load the model on ``config.device``, build the engine, serve until SIGTERM."""
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[engine-{index}]: %(message)s")
     # Ctrl-C reaches the whole process group: the supervisor decides when the engine stops (after the drain).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = load_speech_model(config)
@@ -236,6 +239,6 @@ def run_engine(config: ServerConfig, endpoint: str, log_level: str) -> None:
         core.stop()
 
     signal.signal(signal.SIGTERM, on_term)
-    logger.info("engine process serving %s on %s", model.info.name, endpoint)
+    logger.info("engine process %d serving %s on %s", index, model.info.name, endpoint)
     core.run()
     logger.info("engine process stopped")

@@ -1,19 +1,25 @@
-"""``EngineProxy``: a frontend process's ``Service``, speaking to the engine process over ZeroMQ.
+"""``EngineProxy``: a frontend process's ``Service``, speaking to the engine processes over ZeroMQ.
 
 It implements the same interface as ``SpeechService`` (``speak``, ``abort``, ``encode_voice``, ``stats``),
-so the handlers, sessions and encoders of a frontend are the single-process server's, unchanged. One
-reader task takes the engine's messages: an ``Outputs`` message carries a whole step's outputs for this
-frontend's requests, fanned out to their streams by ``OutputStreams``. ``SharedVoiceStore`` keeps the
-frontends' voices equal: a voice saved or deleted here is announced to the engine, which tells the others.
+so the handlers, sessions and encoders of a frontend are the single-process server's, unchanged. It has
+one DEALER socket and one reader task per engine process (``--devices``: one engine per device). An
+``Outputs`` message carries a whole step's outputs for this frontend's requests on that engine, fanned out
+to their streams by ``OutputStreams``. Each new utterance goes to the engine with the most free capacity
+(``_EngineLink.free``: rows, then KV blocks, from the stats of its latest step or heartbeat); a WebSocket
+connection's later utterances stay on the engine of its first (``pinned``). ``SharedVoiceStore`` keeps the
+frontends' voices equal: a voice saved or deleted here is announced to engine 0, the voices' one keeper,
+which tells the other frontends. A clip is encoded on the engine with the most free capacity; the encoded
+prompt travels with each request to whichever engine speaks it (and is cached on that engine's device).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 
 import zmq
@@ -27,7 +33,7 @@ from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
 from voxstream.serving.protocol import ErrorCode
-from voxstream.serving.service import SpeechFailure, engine_queue_full, refused, typed_failures
+from voxstream.serving.service import Service, SpeechFailure, engine_queue_full, refused, typed_failures
 from voxstream.serving.voices import Voice, VoiceInfo, VoiceStore
 
 logger = logging.getLogger(__name__)
@@ -36,37 +42,21 @@ STOPPED = "the engine is stopped"
 VOICE_SYNC_TIMEOUT_S = 5.0
 
 
-class EngineProxy:
-    """The engine process, seen from one frontend. Build it with ``await EngineProxy.connect(...)``."""
+class _EngineLink:
+    """One engine process seen from this frontend: its socket, its latest load, this frontend's requests on it."""
 
-    def __init__(self, socket: zmq.asyncio.Socket, welcome: ipc.Welcome, config: ServerConfig) -> None:
-        self._socket = socket
-        self._max_waiting = config.max_waiting
-        self._max_running = config.max_sessions
-        self.info = welcome.info
-        self.patch_shape = welcome.patch_shape
-        self.prefill_tokens = welcome.prompt_length
-        self.initial_voices = welcome.voices
-        self.personas: PersonaRegistry | None = None
-        """LoRA personas are not served with ``--workers`` (the config refuses ``--lora`` with it)."""
-        self._streams = OutputStreams()
-        self._stats = EngineStats()
-        self._ids = itertools.count()
-        self._prefix = f"{os.getpid()}"
-        self._calls = itertools.count()
-        self._voice_calls: dict[int, asyncio.Future[VoicePrompt]] = {}
-        self._syncs: dict[int, asyncio.Future[None]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self.on_voices: Callable[[ipc.VoicesChanged], None] = lambda changes: None
-        """Called with the voices other frontends saved or deleted."""
+    def __init__(self, index: int, socket: zmq.asyncio.Socket, welcome: ipc.Welcome) -> None:
+        self.index = index
+        self.socket = socket
+        self.welcome = welcome
+        self.stats = EngineStats()
+        self.unconfirmed: set[str] = set()
+        """Requests sent to it whose first output has not come back: not yet certain to be in ``stats``."""
 
     @classmethod
-    async def connect(cls, endpoint: str, index: int, config: ServerConfig) -> EngineProxy:
-        """Connect as frontend ``index`` and wait for the engine's ``Welcome`` (it may still be loading the model).
-
-        ``config``: the server's, for the engine's queue rule (``queue_full``)."""
+    async def connect(cls, index: int, endpoint: str, frontend: int) -> _EngineLink:
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(index))
+        socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(frontend))
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.setsockopt(zmq.LINGER, 500)  # let the aborts of a stopping frontend reach the engine
@@ -74,25 +64,80 @@ class EngineProxy:
         await socket.send(ipc.dumps(ipc.Hello(os.getpid())))
         while not isinstance(message := ipc.loads((await socket.recv_multipart())[0]), ipc.Welcome):
             pass  # outputs still addressed to a previous process with this identity
-        return cls(socket, message, config)
+        return cls(index, socket, message)
+
+    def send(self, message: object) -> None:
+        # Unbounded high-water mark: the send never blocks, and its future is already done.
+        self.socket.send(ipc.dumps(message), zmq.NOBLOCK)
+
+    def free(self, max_running: int) -> tuple[int, float, int]:
+        """Its free capacity, larger is freer: free rows (slots less queued and unconfirmed requests), then the
+        free share of its KV blocks, then the lower index (so ties fill the engines in turn, not at random)."""
+        stats = self.stats
+        rows = max_running - stats.running - stats.waiting - len(self.unconfirmed)
+        blocks = 1.0 - stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 1.0
+        return rows, blocks, -self.index
+
+
+class EngineProxy:
+    """The engine processes, seen from one frontend. Build it with ``await EngineProxy.connect(...)``."""
+
+    def __init__(self, links: list[_EngineLink], config: ServerConfig) -> None:
+        self._links = links
+        self._max_waiting = config.max_waiting
+        self._max_running = config.max_sessions
+        welcome = links[0].welcome  # engine 0 keeps the voices
+        self.info = welcome.info
+        self.patch_shape = welcome.patch_shape
+        self.prefill_tokens = welcome.prompt_length
+        self.initial_voices = welcome.voices
+        self.personas: PersonaRegistry | None = None
+        """LoRA personas are not served with ``--workers`` (the config refuses ``--lora`` with it)."""
+        self._streams = OutputStreams()
+        self._engine_of: dict[str, _EngineLink] = {}
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid()}"
+        self._calls = itertools.count()
+        self._voice_calls: dict[int, asyncio.Future[VoicePrompt]] = {}
+        self._syncs: dict[int, asyncio.Future[None]] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self.on_voices: Callable[[ipc.VoicesChanged], None] = lambda changes: None
+        """Called with the voices other frontends saved or deleted."""
+
+    @classmethod
+    async def connect(cls, endpoints: Sequence[str], index: int, config: ServerConfig) -> EngineProxy:
+        """Connect as frontend ``index`` to every engine and wait for all their ``Welcome`` (each may still be
+        loading its model). ``config``: the server's, for the engines' queue rule (``queue_full``)."""
+        links = await asyncio.gather(*(_EngineLink.connect(i, endpoint, index) for i, endpoint in enumerate(endpoints)))
+        return cls(list(links), config)
 
     async def start(self) -> None:
-        self._reader = asyncio.create_task(self._read(), name="voxstream-engine-proxy")
+        self._readers = [
+            asyncio.create_task(self._read(link), name=f"voxstream-engine-proxy-{link.index}") for link in self._links
+        ]
 
     async def stop(self) -> None:
-        """Abort this frontend's requests and fail what is still open; the engine keeps serving the others."""
+        """Abort this frontend's requests and fail what is still open; the engines keep serving the others."""
         for request_id in self._streams.request_ids():
             self.abort(request_id)
         self._fail(STOPPED)
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        self._socket.close()
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        for link in self._links:
+            link.socket.close()
 
     def engine_died(self) -> None:
-        """The supervisor saw the engine process exit: every stream and voice call fails now."""
-        logger.error("the engine process died: failing %d open stream(s)", len(self._streams))
+        """The supervisor saw an engine process exit: every stream and voice call fails now."""
+        logger.error("an engine process died: failing %d open stream(s)", len(self._streams))
         self._fail("the engine process died")
+
+    def pinned(self) -> Service:
+        """A view for one connection: its first utterance picks an engine, its later ones stay there."""
+        return _PinnedService(self)
+
+    def per_engine(self) -> list[Service]:
+        return [_PinnedService(self, link.index) for link in self._links]
 
     def new_request_id(self, prefix: str = "req") -> str:
         # The pid keeps ids unique across frontends and across a frontend's restarts.
@@ -109,8 +154,26 @@ class EngineProxy:
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
-        """Stream one utterance; closing the iterator early aborts it, and every failure raises one
-        ``SpeechFailure`` (as ``SpeechService.speak``, including the real-time deadline inputs:
+        """Stream one utterance on the freest engine; see ``speak_on``."""
+        return self.speak_on(
+            self.freest(), request_id, text, params, voice,
+            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
+        )  # fmt: skip
+
+    def speak_on(
+        self,
+        engine: int,
+        request_id: str,
+        text: str,
+        params: SynthesisParams,
+        voice: VoicePrompt | None = None,
+        *,
+        persona: str | None = None,
+        playback_lead_s: float | None = None,
+        playback_due: float | None = None,
+    ) -> AsyncGenerator[StepOutput, None]:
+        """Stream one utterance on engine ``engine``; closing the iterator early aborts it, and every failure
+        raises one ``SpeechFailure`` (as ``SpeechService.speak``, including the real-time deadline inputs:
         ``time.monotonic`` is one clock for every process of the machine)."""
         try:
             self.check_persona(persona)
@@ -119,29 +182,57 @@ class EngineProxy:
         request = Request(
             request_id, text, self.prefill_tokens(text, voice), params, voice, playback_lead_s, playback_due
         )
-        return typed_failures(self._speak(request))
+        return typed_failures(self._speak(self._links[engine], request))
 
-    async def _speak(self, request: Request) -> AsyncGenerator[StepOutput, None]:
+    async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[StepOutput, None]:
         request_id = request.request_id
         channel = self._streams.open(request_id)
-        self._send(ipc.Add(request))
-        async for output in self._streams.stream(request_id, channel, self.abort):
-            yield output
+        self._engine_of[request_id] = link
+        link.unconfirmed.add(request_id)
+        link.send(ipc.Add(request))
+        stream = self._streams.stream(request_id, channel, self.abort)
+        try:
+            async with contextlib.aclosing(stream):  # an early exit aborts on this engine before it is forgotten
+                async for output in stream:
+                    yield output
+        finally:
+            del self._engine_of[request_id]
+            link.unconfirmed.discard(request_id)
 
     def check_persona(self, persona: str | None) -> None:
         check_persona(self.personas, persona)
 
+    def freest(self) -> int:
+        """The index of the engine with the most free capacity (``_EngineLink.free``)."""
+        return max(self._links, key=lambda link: link.free(self._max_running)).index
+
     def abort(self, request_id: str) -> None:
-        if self._streams.closed_reason is None:
-            self._send(ipc.Abort(request_id))
+        link = self._engine_of.get(request_id)
+        if link is not None and self._streams.closed_reason is None:
+            link.send(ipc.Abort(request_id))
 
     def stats(self) -> EngineStats:
-        return self._stats
+        """Every engine's load added up."""
+        every = self.engine_stats()
+        return EngineStats(
+            running=sum(s.running for s in every),
+            waiting=sum(s.waiting for s in every),
+            steps=sum(s.steps for s in every),
+            step_seconds=sum(s.step_seconds for s in every),
+            kv_blocks_used=sum(s.kv_blocks_used for s in every),
+            kv_blocks_total=sum(s.kv_blocks_total for s in every),
+            graph_captures=sum(s.graph_captures for s in every),
+        )
+
+    def engine_stats(self) -> list[EngineStats]:
+        """Each engine's load after its latest step or heartbeat, by engine index."""
+        return [link.stats for link in self._links]
 
     @property
     def queue_full(self) -> bool:
-        """Whether the engine's queue was full at its latest step or heartbeat (a new request would be refused)."""
-        return engine_queue_full(self._stats, self._max_waiting, self._max_running)
+        """Whether every engine's queue was full at its latest step or heartbeat (a new request would be refused:
+        it goes to the freest engine)."""
+        return all(engine_queue_full(s, self._max_waiting, self._max_running) for s in self.engine_stats())
 
     async def encode_voice(
         self,
@@ -151,7 +242,7 @@ class EngineProxy:
         reference_audio: AudioSource | None = None,
         sample_rate: int | None = None,
     ) -> VoicePrompt:
-        """Encode a voice clip in the engine process (the model and its device live there)."""
+        """Encode a voice clip in the freest engine process (the model and its device live there)."""
         if self._streams.closed_reason is not None:
             raise EngineDeadError(self._streams.closed_reason)
         call_id = next(self._calls)
@@ -164,19 +255,21 @@ class EngineProxy:
             "reference_audio": reference_audio,
             "reference_sample_rate": sample_rate,
         }
-        self._send(ipc.EncodeVoice(call_id, kwargs))
+        self._links[self.freest()].send(ipc.EncodeVoice(call_id, kwargs))
         try:
             return await future
         finally:
             self._voice_calls.pop(call_id, None)
 
     async def publish_voice(self, voice: Voice | None = None, deleted: str | None = None) -> None:
-        """Tell the other frontends about a saved or deleted voice; returns once all of them have it (or after
-        ``VOICE_SYNC_TIMEOUT_S``, if one does not answer), so the client's next request finds it everywhere."""
+        """Tell the other frontends (through engine 0) about a saved or deleted voice; returns once all of them
+        have it (or after ``VOICE_SYNC_TIMEOUT_S``, if one does not answer), so the client's next request finds
+        it everywhere."""
         call_id = next(self._calls)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncs[call_id] = future
-        self._send(ipc.VoiceSaved(call_id, voice) if voice is not None else ipc.VoiceDeleted(call_id, deleted or ""))
+        hub = self._links[0]
+        hub.send(ipc.VoiceSaved(call_id, voice) if voice is not None else ipc.VoiceDeleted(call_id, deleted or ""))
         try:
             await asyncio.wait_for(future, VOICE_SYNC_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -184,28 +277,27 @@ class EngineProxy:
         finally:
             self._syncs.pop(call_id, None)
 
-    # ---- the engine's messages ------------------------------------------------------------------------------
+    # ---- the engines' messages ------------------------------------------------------------------------------
 
-    def _send(self, message: object) -> None:
-        # Unbounded high-water mark: the send never blocks, and its future is already done.
-        self._socket.send(ipc.dumps(message), zmq.NOBLOCK)
-
-    async def _read(self) -> None:
+    async def _read(self, link: _EngineLink) -> None:
         while True:
-            frames = await self._socket.recv_multipart()
+            frames = await link.socket.recv_multipart()
             message = ipc.loads(frames[0])
             if isinstance(message, ipc.Outputs):
-                self._stats = message.stats
-                self._streams.dispatch(ipc.unpack_outputs(message, frames[1]))
+                link.stats = message.stats
+                outputs = ipc.unpack_outputs(message, frames[1])
+                link.unconfirmed.difference_update(output.request_id for output in outputs)
+                self._streams.dispatch(outputs)
             elif isinstance(message, ipc.Heartbeat):
-                self._stats = message.stats
+                link.stats = message.stats
             elif isinstance(message, ipc.Rejected):
+                link.unconfirmed.discard(message.request_id)
                 self._streams.reject(message.request_id, message.error)
             elif isinstance(message, ipc.VoiceEncoded):
                 self._resolve(message)
             elif isinstance(message, ipc.VoicesChanged):
                 self.on_voices(message)
-                self._send(ipc.VoicesApplied(message.sync))
+                link.send(ipc.VoicesApplied(message.sync))
             elif isinstance(message, ipc.VoicesSynced):
                 synced = self._syncs.get(message.call_id)
                 if synced is not None and not synced.done():
@@ -229,6 +321,82 @@ class EngineProxy:
         for synced in self._syncs.values():  # no other frontend is left to tell
             if not synced.done():
                 synced.set_result(None)
+
+
+class _PinnedService:
+    """One WebSocket connection's view of the ``EngineProxy``: its utterances all run on one engine (the freest
+    when its first one starts), so a voice continued from an earlier utterance is spoken where it was."""
+
+    def __init__(self, proxy: EngineProxy, engine: int | None = None) -> None:
+        self._proxy = proxy
+        self._engine = engine
+        """None until the first utterance picks the freest engine."""
+        self.info = proxy.info
+        self.personas = proxy.personas
+
+    async def start(self) -> None:
+        """Nothing: the proxy is started by the app."""
+
+    async def stop(self) -> None:
+        """Nothing: the proxy is stopped by the app."""
+
+    @property
+    def queue_full(self) -> bool:
+        return self._proxy.queue_full
+
+    def pinned(self) -> Service:
+        return self
+
+    def per_engine(self) -> list[Service]:
+        return [self]
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        return self._proxy.new_request_id(prefix)
+
+    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
+        return self._proxy.prefill_tokens(text, voice)
+
+    def check_persona(self, persona: str | None) -> None:
+        self._proxy.check_persona(persona)
+
+    def speak(
+        self,
+        request_id: str,
+        text: str,
+        params: SynthesisParams,
+        voice: VoicePrompt | None = None,
+        *,
+        persona: str | None = None,
+        playback_lead_s: float | None = None,
+        playback_due: float | None = None,
+    ) -> AsyncGenerator[StepOutput, None]:
+        if self._engine is None:
+            self._engine = self._proxy.freest()
+        return self._proxy.speak_on(
+            self._engine, request_id, text, params, voice,
+            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
+        )  # fmt: skip
+
+    def abort(self, request_id: str) -> None:
+        self._proxy.abort(request_id)
+
+    async def encode_voice(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        reference_audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        return await self._proxy.encode_voice(
+            text=text, audio=audio, reference_audio=reference_audio, sample_rate=sample_rate
+        )
+
+    def stats(self) -> EngineStats:
+        return self._proxy.stats()
+
+    def engine_stats(self) -> list[EngineStats]:
+        return self._proxy.engine_stats()
 
 
 class SharedVoiceStore(VoiceStore):

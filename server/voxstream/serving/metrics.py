@@ -8,12 +8,14 @@ Prometheus. ``GET /metrics`` serves ``exposition()``.
 With ``--workers`` every frontend process records into prometheus_client's multiprocess folder
 (``PROMETHEUS_MULTIPROC_DIR``, set by the supervisor before the frontends start), and any frontend's
 ``/metrics`` sums them all: one view of the service. There the open WebSockets are a ``livesum`` gauge
-that each frontend keeps current (``refresh``), and the engine's load comes from the one engine.
+that each frontend keeps current (``refresh``), and the engines' load comes from the engines' own reports.
+The engine gauges, step times and graph captures carry an ``engine`` label (``engine="0"``; one per
+``--devices`` entry): ``sum without (engine)`` gives the server's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -34,7 +36,7 @@ class Metrics:
 
     def __init__(
         self,
-        engine_stats: Callable[[], EngineStats],
+        engine_stats: Callable[[], Sequence[EngineStats]],
         connections: Callable[[], int],
         *,
         multiprocess_dir: str | None = None,
@@ -101,31 +103,50 @@ class Metrics:
 class _LoadCollector(Collector):
     """Gauges read when scraped: engine load and step time, open WebSocket connections."""
 
-    def __init__(self, engine_stats: Callable[[], EngineStats], connections: Callable[[], int] | None) -> None:
+    def __init__(
+        self, engine_stats: Callable[[], Sequence[EngineStats]], connections: Callable[[], int] | None
+    ) -> None:
         """``connections`` None: the gauge comes from the multiprocess files instead."""
         self._engine_stats = engine_stats
         self._connections = connections
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine_stats()
-        yield GaugeMetricFamily(
-            "voxstream_sessions_active", "Utterances being synthesized (holding an engine slot).", stats.running
+        every = self._engine_stats()
+        yield self._gauge(
+            "voxstream_sessions_active",
+            "Utterances being synthesized (holding an engine slot).",
+            [s.running for s in every],
         )
-        yield GaugeMetricFamily("voxstream_sessions_queued", "Utterances waiting for an engine slot.", stats.waiting)
+        yield self._gauge(
+            "voxstream_sessions_queued", "Utterances waiting for an engine slot.", [s.waiting for s in every]
+        )
         if self._connections is not None:
             yield GaugeMetricFamily(_CONNECTIONS, _CONNECTIONS_HELP, self._connections())
-        yield GaugeMetricFamily(
-            "voxstream_kv_blocks_used", "KV cache blocks held by running utterances.", stats.kv_blocks_used
+        used = [s.kv_blocks_used for s in every]
+        yield self._gauge("voxstream_kv_blocks_used", "KV cache blocks held by running utterances.", used)
+        yield self._gauge(
+            "voxstream_kv_blocks_total", "KV cache blocks in the pool.", [s.kv_blocks_total for s in every]
         )
-        yield GaugeMetricFamily("voxstream_kv_blocks_total", "KV cache blocks in the pool.", stats.kv_blocks_total)
-        yield CounterMetricFamily(
+        captures = CounterMetricFamily(
             "voxstream_graph_captures",
             "CUDA graphs captured; all are captured before /ready, so this does not move while serving.",
-            stats.graph_captures,
+            labels=["engine"],
         )
-        yield SummaryMetricFamily(
+        steps = SummaryMetricFamily(
             "voxstream_engine_step_seconds",
             "Wall time of engine steps (one batched decode of every running session).",
-            count_value=stats.steps,
-            sum_value=stats.step_seconds,
+            labels=["engine"],
         )
+        for index, stats in enumerate(every):
+            captures.add_metric([str(index)], stats.graph_captures)
+            steps.add_metric([str(index)], count_value=stats.steps, sum_value=stats.step_seconds)
+        yield captures
+        yield steps
+
+    @staticmethod
+    def _gauge(name: str, documentation: str, values: list[int]) -> GaugeMetricFamily:
+        """A gauge with one sample per engine (label ``engine``: its index, ``--devices`` order)."""
+        gauge = GaugeMetricFamily(name, documentation, labels=["engine"])
+        for index, value in enumerate(values):
+            gauge.add_metric([str(index)], value)
+        return gauge

@@ -88,6 +88,14 @@ class Service(Protocol):
         """Whether the engine's queue was full after its latest step (a new request would be refused)."""
         ...
 
+    def pinned(self) -> Service:
+        """The service one WebSocket connection uses: all its utterances on one engine (``--devices``)."""
+        ...
+
+    def per_engine(self) -> list[Service]:
+        """One view per engine (``--devices``), each speaking on its engine only: the warm-up runs on every one."""
+        ...
+
     def new_request_id(self, prefix: str = "req") -> str: ...
 
     def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
@@ -122,7 +130,11 @@ class Service(Protocol):
     ) -> VoicePrompt: ...
 
     def stats(self) -> EngineStats:
-        """The engine's load after its latest step (for metrics)."""
+        """The engine's load after its latest step (every engine's added up, with ``--devices``)."""
+        ...
+
+    def engine_stats(self) -> list[EngineStats]:
+        """Each engine's load after its latest step, by engine index (for metrics)."""
         ...
 
 
@@ -156,6 +168,12 @@ class SpeechService:
         """Whether the engine's queue was full after its latest step (a new request would be refused): the
         engine's rule, ``max_waiting`` beyond the free slots."""
         return engine_queue_full(self.engine.stats(), self._max_waiting, self._max_running)
+
+    def pinned(self) -> Service:
+        return self  # one engine
+
+    def per_engine(self) -> list[Service]:
+        return [self]
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -203,6 +221,9 @@ class SpeechService:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def engine_stats(self) -> list[EngineStats]:
+        return [self.engine.stats()]
 
     async def encode_voice(
         self,

@@ -1,15 +1,16 @@
-"""``voxstream serve --workers N``: one engine process, N frontend processes on one port, and their supervisor.
+"""``voxstream serve --workers N [--devices D,...]``: engine processes, frontends on one port, their supervisor.
 
-The process that runs ``voxstream serve`` becomes the supervisor: it reserves the port, starts the
-engine process (``engine_core.run_engine``: the model, the device, no event loop) and N frontends
+The process that runs ``voxstream serve`` becomes the supervisor: it reserves the port, starts one
+engine process per device (``engine_core.run_engine``: the model, the device, no event loop; one with
+no ``--devices``) and N frontends (at least one with ``--devices``)
 (``run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
 listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them. Then it watches:
 
 - SIGTERM/SIGINT: the frontends drain (``/ready`` 503, live utterances finish, WebSockets close 1001),
   then the engine stops; exit 0.
 - A frontend exits: only its connections end (the kernel closes them); it is started again, and the
-  engine aborts the requests the dead process left behind when the new one says hello.
-- The engine exits: every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as
+  engines abort the requests the dead process left behind when the new one says hello.
+- An engine exits: every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as
   ``unavailable`` and closes; exit 1.
 
 Children stop on their own when the supervisor disappears (they watch their parent process id).
@@ -46,7 +47,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def supervise(config: ServerConfig) -> int:
-    """Run the engine and ``config.workers`` frontends until a signal or the engine's death; the exit status."""
+    """Run the engines and ``config.frontends`` frontends until a signal or an engine's death; the exit status."""
     context = multiprocessing.get_context("spawn")  # no fork: the engine may hold CUDA, frontends must not
     log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     with tempfile.TemporaryDirectory(prefix="voxstream-") as folder:
@@ -57,9 +58,8 @@ def supervise(config: ServerConfig) -> int:
         reserved = _reserve_port(config.host, config.port)
         try:
             port = reserved.getsockname()[1]
-            supervisor = _Supervisor(
-                context, replace(config, port=port), f"ipc://{folder}/engine", metrics_dir, log_level
-            )
+            endpoints = tuple(f"ipc://{folder}/engine-{i}" for i in range(len(config.engine_devices())))
+            supervisor = _Supervisor(context, replace(config, port=port), endpoints, metrics_dir, log_level)
             return supervisor.run()
         finally:
             reserved.close()
@@ -81,13 +81,13 @@ class _Supervisor:
         self,
         context: multiprocessing.context.SpawnContext,
         config: ServerConfig,
-        endpoint: str,
+        endpoints: tuple[str, ...],
         metrics_dir: Path,
         log_level: str,
     ) -> None:
         self.context = context
         self.config = config
-        self.endpoint = endpoint
+        self.endpoints = endpoints
         self.metrics_dir = metrics_dir
         self.log_level = log_level
         self.frontends: dict[int, multiprocessing.process.BaseProcess] = {}
@@ -99,21 +99,28 @@ class _Supervisor:
             signal.signal(signum, self._on_signal)
         from voxstream.serving.engine_core import run_engine
 
-        engine = self.context.Process(
-            target=run_engine, args=(self.config, self.endpoint, self.log_level), name="voxstream-engine"
-        )
-        engine.start()
-        for index in range(self.config.workers):
+        engines = []
+        for index, (device, endpoint) in enumerate(zip(self.config.engine_devices(), self.endpoints, strict=True)):
+            # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
+            config = replace(self.config, device=device, devices=())
+            engine = self.context.Process(
+                target=run_engine, args=(config, index, endpoint, self.log_level), name=f"voxstream-engine-{index}"
+            )
+            engine.start()
+            logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
+            engines.append(engine)
+        for index in range(self.config.frontends):
             self._start_frontend(index)
-        logger.info("supervising the engine (pid %d) and %d frontend(s)", engine.pid, self.config.workers)
+        logger.info("supervising %d engine(s) and %d frontend(s)", len(engines), self.config.frontends)
         while not self.stop_requested:
             time.sleep(_WATCH_S)
-            if not engine.is_alive():
-                return self._engine_died(engine.exitcode)
+            for engine in engines:
+                if not engine.is_alive():
+                    return self._engine_died(engine, engines)
             for index, process in list(self.frontends.items()):
                 if not process.is_alive() and not self.stop_requested:
                     self._restart(index, process)
-        return self._shutdown(engine)
+        return self._shutdown(engines)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
@@ -121,7 +128,7 @@ class _Supervisor:
     def _start_frontend(self, index: int) -> None:
         process = self.context.Process(
             target=run_frontend,
-            args=(self.config, index, self.endpoint, str(self.metrics_dir), self.log_level),
+            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level),
             name=f"voxstream-frontend-{index}",
         )
         process.start()
@@ -137,21 +144,21 @@ class _Supervisor:
             multiprocess.mark_process_dead(process.pid, str(self.metrics_dir))
         self._start_frontend(index)
 
-    def _shutdown(self, engine: multiprocessing.process.BaseProcess) -> int:
-        logger.info("shutting down: the frontends drain, then the engine stops")
+    def _shutdown(self, engines: list[multiprocessing.process.BaseProcess]) -> int:
+        logger.info("shutting down: the frontends drain, then the engines stop")
         self._stop_frontends(signal.SIGTERM, self.config.drain_timeout_s + _STOP_GRACE_S)
-        engine.terminate()
-        engine.join(_STOP_GRACE_S)
-        if engine.is_alive():
-            logger.error("the engine did not stop in %.0f s: killing it", _STOP_GRACE_S)
-            engine.kill()
-            engine.join()
+        _stop_engines(engines)
         logger.info("stopped")
-        return 0 if engine.exitcode == 0 else 1
+        return 0 if all(engine.exitcode == 0 for engine in engines) else 1
 
-    def _engine_died(self, exitcode: int | None) -> int:
-        logger.error("the engine process exited with %s: closing the frontends", exitcode)
+    def _engine_died(
+        self, dead: multiprocessing.process.BaseProcess, engines: list[multiprocessing.process.BaseProcess]
+    ) -> int:
+        # A frontend's connections may be pinned to the dead engine, and its voices hub may be gone: the whole
+        # server stops (exit 1) and its orchestrator restarts it, as with one engine.
+        logger.error("%s exited with %s: closing the frontends and the other engines", dead.name, dead.exitcode)
         self._stop_frontends(signal.SIGUSR1, _STOP_GRACE_S)
+        _stop_engines([engine for engine in engines if engine is not dead])
         return 1
 
     def _stop_frontends(self, signum: signal.Signals, timeout: float) -> None:
@@ -167,24 +174,40 @@ class _Supervisor:
                 process.join()
 
 
+def _stop_engines(engines: list[multiprocessing.process.BaseProcess]) -> None:
+    for engine in engines:
+        if engine.is_alive():
+            engine.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for engine in engines:
+        engine.join(max(0.0, deadline - time.monotonic()))
+        if engine.is_alive():
+            logger.error("%s did not stop in %.0f s: killing it", engine.name, _STOP_GRACE_S)
+            engine.kill()
+            engine.join()
+
+
 # ---- the frontend process ---------------------------------------------------------------------------------------
 
 
-def run_frontend(config: ServerConfig, index: int, endpoint: str, metrics_dir: str, log_level: str) -> None:
+def run_frontend(
+    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str
+) -> None:
     """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the engine died."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
     from voxstream.serving.app import run_loop
 
-    raise SystemExit(run_loop(_frontend(config, index, endpoint, metrics_dir)))
+    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir)))
 
 
-async def _frontend(config: ServerConfig, index: int, endpoint: str, metrics_dir: str) -> int:
+async def _frontend(config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str) -> int:
     from voxstream.serving.app import build_app, run_app
     from voxstream.serving.engine_proxy import EngineProxy, SharedVoiceStore
     from voxstream.serving.keys import METRICS_KEY, STATE_KEY, Phase
 
     parent = os.getppid()
-    proxy = await EngineProxy.connect(endpoint, index, config)
+    # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
+    proxy = await EngineProxy.connect(endpoints, index, config)
     voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     stop = asyncio.Event()

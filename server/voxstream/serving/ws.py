@@ -88,7 +88,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
         await ws.prepare(request)
         socket = _Socket(ws, request)
         session = Session(
-            app[SERVICE_KEY],
+            app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
             config,
             app[VOICES_KEY],
             app[STATE_KEY],

@@ -204,6 +204,9 @@ class ClipService:
         self.chunks_sent = 0
         self._ids = 0
 
+    def pinned(self) -> ClipService:
+        return self  # one engine: every connection uses the service itself
+
     def new_request_id(self, prefix: str = "req") -> str:
         self._ids += 1
         return f"{prefix}-{self._ids}"
