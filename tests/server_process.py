@@ -45,14 +45,7 @@ class ServerProcess:
         self.process.wait(timeout=30)
 
     def status(self, path: str, token: str | None = None) -> int | None:
-        request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as error:
-            return error.code
-        except OSError:
-            return None
+        return http_status(self.url + path, token)
 
     def get(self, path: str, token: str | None = None) -> str:
         request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -91,6 +84,18 @@ class ServerProcess:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self._lines.append(line)
+
+
+def http_status(url: str, token: str | None = None) -> int | None:
+    """The HTTP status of a GET (an error status included), or None when nothing answers."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
 
 
 def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

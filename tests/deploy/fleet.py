@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from tests.server_process import http_status
+
 from voxstream.client.connection import Connection
 from voxstream.client.errors import ClientError
 from voxstream.serving.protocol import AudioFrame, Done, End, Error, Start, Text
@@ -46,16 +48,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
 
 
 def http_text(url: str) -> str:

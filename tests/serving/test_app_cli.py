@@ -7,12 +7,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 
 import pytest
+from tests.server_process import http_status, poll
 
 from voxstream.cli.main import build_parser, main
 from voxstream.cli.serve import config_from_args
@@ -120,9 +117,9 @@ def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> 
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = _listening_url(process)
-        ready = _poll(lambda: _get_status(f"{url}/ready") == 200, timeout=60)
+        ready = poll(lambda: http_status(f"{url}/ready") == 200, timeout=60, interval=0.05)
         assert ready, "never became ready"
-        assert _get_status(f"{url}/metrics") == 401
+        assert http_status(f"{url}/metrics") == 401
         process.send_signal(signal.SIGTERM)
         _, log = process.communicate(timeout=30)
     finally:
@@ -140,20 +137,3 @@ def _listening_url(process: subprocess.Popen[str]) -> str:
     raise AssertionError("the server exited before listening")
 
 
-def _get_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
-
-
-def _poll(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False

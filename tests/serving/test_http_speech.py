@@ -19,6 +19,8 @@ from aiohttp.test_utils import TestClient
 from voxstream.engine import SynthesisParams
 from voxstream.serving.keys import SERVICE_KEY, STATE_KEY
 
+from .ws.test_ws_normalize import record_engine_texts
+
 pytestmark = pytest.mark.asyncio
 
 TEXT = "Hello from the test."
@@ -251,15 +253,7 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
 
 
 async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClient, monkeypatch) -> None:
-    service = client.server.app[SERVICE_KEY]
-    texts: list[str] = []
-    speak = service.speak
-
-    def recording(request_id: str, text: str, *args: object, **kwargs: object) -> object:
-        texts.append(text)
-        return speak(request_id, text, *args, **kwargs)
-
-    monkeypatch.setattr(service, "speak", recording)
+    texts = record_engine_texts(client.server.app, monkeypatch)
     sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
     audio = await sdk.audio.speech.create(
         model="tts-1", voice="alloy", input="It costs $12.50.", response_format="pcm", extra_body={"normalize": True}
