@@ -97,7 +97,7 @@ def arrival_gaps(tts: VoxCPM, running: int, patches: int, arrivals: int) -> None
         now = time.perf_counter()
         steps.append(now - start)
         for out in outputs:
-            if out.request_id in long_ids and out.chunk.size:
+            if out.request_id in long_ids and out.audio.size:
                 if out.request_id in last_chunk:
                     gaps.append(now - last_chunk[out.request_id])
                 last_chunk[out.request_id] = now

@@ -98,8 +98,8 @@ def run_engine(
         now = time.perf_counter()
         steps.append(now - began)
         for out in outputs:
-            if out.chunk.size:
-                chunks.setdefault(out.request_id, []).append(out.chunk)
+            if out.audio.size:
+                chunks.setdefault(out.request_id, []).append(out.audio)
                 first.setdefault(out.request_id, now - start)
         step += 1
     return {rid: np.concatenate(c) for rid, c in chunks.items()}, first, steps

@@ -1,4 +1,4 @@
-"""``VoxCPM``: a loaded model with its tokenizer, voice encoding and the one-utterance API.
+"""``VoxCPM``: a loaded model (``voxstream.model.loaded.LoadedModel``) with voice encoding and the one-utterance API.
 
 ``generate`` and ``stream`` run the same batched ``prefill`` and ``decode_step`` the engine runs, at
 batch size 1, and decode audio with the exact streaming VAE decoder, so their output is the
@@ -11,55 +11,30 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from voxstream.audio.clip import AudioSource, load_clip
-from voxstream.config import ModelConfig
+from voxstream.chunk import Chunk
 from voxstream.errors import InvalidInputError
-from voxstream.model.audio_vae import StreamingVAEDecoder
+from voxstream.finish_reason import FinishReason
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
+from voxstream.model.loaded import LoadedModel
 from voxstream.model.lora import load_lora
-from voxstream.model.personas import PersonaBank
-from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxstream.model.voxcpm import PrefillBatch
 from voxstream.params import SynthesisParams
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
-from voxstream.text.tokenizer import TextTokenizer
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """One generated patch and its audio."""
-
-    audio: np.ndarray  # (samples_per_patch,) float32 at the model's sample rate
-    patch: torch.Tensor  # (P, D) float32 latent patch (what a continuation prompt is made of)
-    stopped: bool  # True on the last chunk when the stop head ended the utterance (False: length cap)
-
-
-class VoxCPM:
-    def __init__(self, config: ModelConfig, model: VoxCPMModel, tokenizer: TextTokenizer, name: str) -> None:
-        self.config = config
-        self.model = model.eval().requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.name = name
-        self.device = next(model.parameters()).device
-        self.dtype = model.base_lm.norm.weight.dtype
-        self.vae_decoder = StreamingVAEDecoder(model.audio_vae)
-        self.personas: PersonaBank | None = None
+class VoxCPM(LoadedModel):
+    """A loaded model with the one-utterance API: personas by name or directory, voice prompts, ``generate``
+    and ``stream``."""
 
     # ---- personas (LoRA adapters) ----
-    def enable_personas(self, max_personas: int = 4, max_rank: int = 64) -> PersonaBank:
-        """Make the model able to run LoRA personas, ``max_personas`` resident at once with ranks up to
-        ``max_rank``; returns the bank (made once: later calls return it unchanged)."""
-        if self.personas is None:
-            self.personas = PersonaBank(self.model, max_personas, max_rank)
-        return self.personas
-
     def load_persona(self, name: str, directory: str | os.PathLike[str]) -> None:
         """Load a LoRA checkpoint directory (the reference's format) as persona ``name``."""
         bank = self.enable_personas()
@@ -88,19 +63,6 @@ class VoxCPM:
             yield torch.tensor([slot], device=self.device)
         finally:
             bank.release(name)
-
-    def cast(self, dtype: torch.dtype) -> None:
-        """Switch the transformer parts to ``dtype`` (the VAE stays float32); only between utterances."""
-        self.model.cast_transformers(dtype)
-        self.dtype = dtype
-
-    @property
-    def sample_rate(self) -> int:
-        return self.config.sample_rate
-
-    @property
-    def samples_per_patch(self) -> int:
-        return self.config.samples_per_patch
 
     # ---- voices ----
     @torch.inference_mode()
@@ -196,7 +158,8 @@ class VoxCPM:
         progress: bool = False,
         lora: str | os.PathLike[str] | None = None,
     ) -> Iterator[Chunk]:
-        """Like ``generate``, yielding each patch's audio as soon as it is decoded."""
+        """Like ``generate``, yielding each patch's audio as soon as it is decoded, with its latent patch (what a
+        continuation prompt is made of); the last chunk says why the utterance ended (stop head or length cap)."""
         params = SynthesisParams(cfg_value, inference_timesteps, min_len, max_len, seed)
         sequence = build_sequence(self.tokenizer, self.config, text, prompt)
         if lora is not None:
@@ -241,6 +204,7 @@ class VoxCPM:
                 patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
             audio = self.vae_decoder.decode(patch.float().transpose(1, 2), vae_state)
             stopped = step > params.min_len and bool(stop_logits.argmax(dim=-1)[0] == 1)
-            yield Chunk(audio[0].cpu().numpy(), patch[0].float().cpu(), stopped)
+            finish = FinishReason.STOP if stopped else FinishReason.LENGTH if step + 1 == cap else None
+            yield Chunk("", audio[0].cpu().numpy(), finish, patch=patch[0].float().cpu().numpy())
             if stopped:
                 return

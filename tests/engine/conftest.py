@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from voxstream.chunk import EMPTY_AUDIO, Audio
 from voxstream.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
 from voxstream.engine.cost_model import StepCost
-from voxstream.engine.outputs import EMPTY_CHUNK, Chunk
 
 PATCH = 4  # samples per chunk in these tests
 
 
-def fake_chunk(request_id: str, step_index: int) -> Chunk:
-    """The chunk FakeRunner emits for ``request_id`` at ``step_index``."""
+def fake_chunk(request_id: str, step_index: int) -> Audio:
+    """The audio FakeRunner emits for ``request_id`` at ``step_index``."""
     tag = zlib.crc32(request_id.encode()) % 65536
     return np.array([tag, step_index, 0.5, -0.5], dtype=np.float32)
 
@@ -126,14 +126,14 @@ class FakeRunner:
             error = errors.get(rid) or self.row_error(rid, i)
             if error is not None:
                 errors[rid] = error
-        chunks = tuple(
-            EMPTY_CHUNK if rid in errors else fake_chunk(rid, i)
+        audio = tuple(
+            EMPTY_AUDIO if rid in errors else fake_chunk(rid, i)
             for rid, i in zip(plan.request_ids, plan.step_indices, strict=True)
         )
         stops = tuple(self.stop(rid, i) for rid, i in zip(plan.request_ids, plan.step_indices, strict=True))
         for rid in plan.request_ids:
             self.state[rid] += 1
-        return RunnerOutput(chunks, stops, caps, errors)
+        return RunnerOutput(audio, stops, caps, errors)
 
 
 @dataclass
@@ -193,7 +193,7 @@ def make_request() -> Callable[..., Request]:
 
 
 @pytest.fixture
-def chunk_of() -> Callable[[str, int], Chunk]:
+def chunk_of() -> Callable[[str, int], Audio]:
     return fake_chunk
 
 

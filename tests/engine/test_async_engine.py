@@ -41,7 +41,7 @@ def test_concurrent_sessions_get_their_chunks_in_order(make_engine, make_request
             for (rid, n), outputs in zip(lengths.items(), await asyncio.gather(*streams), strict=True):
                 assert [o.finish_reason for o in outputs] == [None] * (n - 1) + [FinishReason.LENGTH]
                 for i, output in enumerate(outputs):
-                    np.testing.assert_array_equal(output.chunk, chunk_of(rid, i))
+                    np.testing.assert_array_equal(output.audio, chunk_of(rid, i))
 
     _run(main())
 

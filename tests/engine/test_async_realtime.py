@@ -19,7 +19,7 @@ def test_a_stream_behind_is_never_skipped_and_one_far_ahead_yields(make_realtime
         async with AsyncEngine(engine) as driver:
             ahead = driver.stream(make_request("ahead", max_len=50, playback_due=time.monotonic() + 3600))
             first = await anext(ahead)  # admitted, decoded once (its first chunk comes with that step)
-            assert first.chunk.size and not first.finished
+            assert first.audio.size and not first.finished
             steps_before = len(runner.plans)
             behind = make_request("behind", max_len=12, playback_due=time.monotonic() - 10)
             outputs = [output async for output in driver.stream(behind)]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import voxstream
-from voxstream.engine import Engine, EngineConfig, Request, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
 from voxstream.engine.calibration import CostSample, fit_step_cost, spread, time_step
 from voxstream.engine.cost_model import StepCost
 from voxstream.engine.runner import ModelRunner
@@ -72,11 +72,11 @@ def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
-def speak(runner: ModelRunner, realtime: bool = False) -> list[StepOutput]:
+def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
     engine = Engine(runner, EngineConfig(max_running=runner.num_slots, realtime=realtime))
     text = "Measured or not, the same words."
     engine.add(Request("r", text, len(runner.tts.tokenizer.encode(text)) + 1, SynthesisParams(seed=7, max_len=12)))
-    outputs: list[StepOutput] = []
+    outputs: list[Chunk] = []
     now = 0.0
     while engine.has_work():
         outputs += engine.step(now)
@@ -100,5 +100,5 @@ def test_a_measured_runner_states_its_cost_and_serves_as_if_never_measured(tts: 
     for outputs in (speak(measured), speak(measured, realtime=True)):
         assert [o.finish_reason for o in outputs] == [o.finish_reason for o in expected]
         np.testing.assert_array_equal(
-            np.concatenate([o.chunk for o in outputs]), np.concatenate([o.chunk for o in expected])
+            np.concatenate([o.audio for o in outputs]), np.concatenate([o.audio for o in expected])
         )

@@ -26,7 +26,7 @@ def test_new_session_gets_its_first_chunk_in_the_step_that_admits_it(make_engine
     engine.add(make_request("a"))
     [output] = engine.step()
     assert output.request_id == "a" and output.finish_reason is None
-    np.testing.assert_array_equal(output.chunk, chunk_of("a", 0))
+    np.testing.assert_array_equal(output.audio, chunk_of("a", 0))
     assert runner.plans[0].prefills[0].request.text == "hello world"
 
 
@@ -36,7 +36,7 @@ def test_length_cap_ends_the_stream_after_cap_chunks(make_engine, make_request, 
     outputs = _drain(engine)
     assert [o.finish_reason for o in outputs] == [None] * 4 + [FinishReason.LENGTH]
     for i, output in enumerate(outputs):
-        np.testing.assert_array_equal(output.chunk, chunk_of("a", i))
+        np.testing.assert_array_equal(output.audio, chunk_of("a", i))
 
 
 def test_stop_flag_counts_only_after_min_len(make_engine, make_request):
@@ -55,7 +55,7 @@ def test_abort_mid_stream_frees_the_slot_and_silences_the_id(make_engine, make_r
     assert engine.abort("a") and not engine.abort("a")
     assert engine.num_running == 1  # freed at once, before the next step
     final = _stream_of(engine.step(), "a")
-    assert [(o.finish_reason, o.chunk.size) for o in final] == [(FinishReason.ABORTED, 0)]
+    assert [(o.finish_reason, o.audio.size) for o in final] == [(FinishReason.ABORTED, 0)]
     assert runner.plans[-1].released == ("a",) and "a" not in runner.rows
     later = _drain(engine)
     assert not _stream_of(later, "a") and later[-1].request_id == "b"

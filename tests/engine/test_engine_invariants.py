@@ -118,9 +118,9 @@ class Checked:
         rid = output.request_id
         assert not self.finals[rid], f"{rid} mentioned after its final output"
         if output.finish_reason in (FinishReason.ABORTED, FinishReason.ERROR):
-            assert output.chunk.size == 0
+            assert output.audio.size == 0
         else:
-            np.testing.assert_array_equal(output.chunk, self.chunk_of(rid, self.next_index[rid]))
+            np.testing.assert_array_equal(output.audio, self.chunk_of(rid, self.next_index[rid]))
             self.next_index[rid] += 1
         if output.finished:
             self.finals[rid] += 1

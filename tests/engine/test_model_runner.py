@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import voxstream
-from voxstream.engine import Engine, EngineConfig, FinishReason, Request, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, Engine, EngineConfig, FinishReason, Request, SynthesisParams
 from voxstream.engine.outputs import PrefillItem, StepPlan
 from voxstream.engine.runner import ModelRunner
 from voxstream.errors import InvalidInputError
@@ -38,9 +38,9 @@ def request(rid: str, text: str, tts: VoxCPM, **params: object) -> Request:
     return Request(rid, text, prefill_tokens=tokens, params=SynthesisParams(**params))
 
 
-def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[StepOutput]]:
+def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[Chunk]]:
     """Step until idle; ``arrivals[k]`` are added before step k. Returns each request's outputs."""
-    outputs: dict[str, list[StepOutput]] = {}
+    outputs: dict[str, list[Chunk]] = {}
     for step in range(limit):
         for req in arrivals.get(step, []):
             engine.add(req)
@@ -51,8 +51,8 @@ def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) ->
     raise AssertionError("engine did not finish")
 
 
-def audio(outputs: list[StepOutput]) -> np.ndarray:
-    return np.concatenate([o.chunk for o in outputs])
+def audio(outputs: list[Chunk]) -> np.ndarray:
+    return np.concatenate([o.audio for o in outputs])
 
 
 def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> None:
@@ -118,7 +118,7 @@ def test_abort_mid_stream_frees_the_slot_and_silences_the_session(tts: VoxCPM) -
     assert engine.num_free_slots == 1
     seen = [out for _ in range(20) for out in engine.step()]
     assert [o.finish_reason for o in seen if o.request_id == "a"] == [FinishReason.ABORTED]
-    assert all(o.chunk.size == 0 for o in seen if o.request_id == "a")
+    assert all(o.audio.size == 0 for o in seen if o.request_id == "a")
     assert seen[-1].request_id == "b" and seen[-1].finished
     engine.step()  # delivers the last release to the runner
     assert not runner.requests and engine.num_free_slots == 2
@@ -264,14 +264,14 @@ def test_decode_slots_may_be_any_subset_of_the_occupied_slots(tts: VoxCPM) -> No
     first = runner.execute(
         StepPlan(prefills=tuple(items), request_ids=ids, step_indices=(0, 0, 0), decode_slots=(0, 1, 2))
     )
-    for rid, chunk in zip(ids, first.chunks, strict=True):
+    for rid, chunk in zip(ids, first.audio, strict=True):
         got[rid].append(chunk)
     subset = runner.execute(StepPlan(request_ids=("r2", "r0"), step_indices=(1, 1), decode_slots=(2, 0)))
-    for rid, chunk in zip(("r2", "r0"), subset.chunks, strict=True):
+    for rid, chunk in zip(("r2", "r0"), subset.audio, strict=True):
         got[rid].append(chunk)
     for _ in range(2):
         result = runner.execute(StepPlan(request_ids=ids, step_indices=(0, 0, 0), decode_slots=(0, 1, 2)))
-        for rid, chunk in zip(ids, result.chunks, strict=True):
+        for rid, chunk in zip(ids, result.audio, strict=True):
             got[rid].append(chunk)
     for rid in ids:
         count = len(got[rid])

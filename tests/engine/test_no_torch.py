@@ -1,11 +1,22 @@
-"""The engine package (everything but the runner) must import without torch."""
+"""The engine's layering: the package (everything but the runner) imports without torch, the runner talks to
+``voxstream.model`` without the one-utterance API (``voxstream.tts``), and ``Chunk`` is a leaf type."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 
-def test_engine_package_does_not_import_torch():
-    code = "import sys, voxstream.engine; assert 'torch' not in sys.modules, 'voxstream.engine imported torch'"
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("voxstream.engine", "torch"),
+        ("voxstream.chunk", "torch"),
+        ("voxstream.engine.runner", "voxstream.tts"),
+    ],
+)
+def test_module_does_not_import(module: str, absent: str) -> None:
+    code = f"import sys, {module}; assert {absent!r} not in sys.modules, '{module} imported {absent}'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -143,7 +143,7 @@ def test_removing_a_persona_lets_its_requests_finish_and_refuses_new_ones(
     eng.add(later)
     while eng.has_work():
         outputs += eng.step()
-    heard = np.concatenate([o.chunk for o in outputs if o.request_id == "first"])
+    heard = np.concatenate([o.audio for o in outputs if o.request_id == "first"])
     np.testing.assert_allclose(heard, expected, atol=1e-4, rtol=0)
     last = [o for o in outputs if o.request_id == "later"][-1]
     assert last.finish_reason == FinishReason.ERROR and "unknown persona 'B'" in (last.error or "")
@@ -186,7 +186,7 @@ def test_adding_personas_while_sessions_speak_leaves_them_unchanged(
     eng.add(voiced)
     while eng.has_work():
         outputs += eng.step()
-    heard = {rid: np.concatenate([o.chunk for o in outputs if o.request_id == rid]) for rid in ("r0", "r1")}
+    heard = {rid: np.concatenate([o.audio for o in outputs if o.request_id == rid]) for rid in ("r0", "r1")}
     np.testing.assert_allclose(heard["r0"], expected_plain, atol=1e-4, rtol=0)
     np.testing.assert_allclose(heard["r1"], solo(tts, voiced), atol=1e-4, rtol=0)
 

@@ -142,7 +142,7 @@ def test_a_new_sessions_first_chunk_comes_in_the_step_that_admits_it(make_realti
     # gets its first chunk in this, its admitting, step.
     assert [p.request_id for p in runner.plans[-1].prefills] == ["late"]
     assert set(outputs) == {"a", "b", "c", "late"}
-    np.testing.assert_array_equal(outputs["late"].chunk, chunk_of("late", 0))
+    np.testing.assert_array_equal(outputs["late"].audio, chunk_of("late", 0))
 
 
 def test_a_stream_that_is_behind_is_never_skipped_for_one_that_is_ahead(make_realtime_engine, make_request):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import voxstream
-from voxstream.engine import Engine, EngineConfig, Request, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
 from voxstream.engine.runner import ModelRunner
 from voxstream.engine.voice_cache import VoiceCache
 from voxstream.prompt import VoicePrompt
@@ -36,11 +36,11 @@ def speak(runner: ModelRunner, *requests: Request) -> dict[str, np.ndarray]:
     engine = Engine(runner, EngineConfig(max_running=runner.num_slots))
     for request in requests:
         engine.add(request)
-    outputs: dict[str, list[StepOutput]] = {}
+    outputs: dict[str, list[Chunk]] = {}
     while engine.has_work():
         for out in engine.step():
             outputs.setdefault(out.request_id, []).append(out)
-    return {rid: np.concatenate([o.chunk for o in outs]) for rid, outs in outputs.items()}
+    return {rid: np.concatenate([o.audio for o in outs]) for rid, outs in outputs.items()}
 
 
 def say(rid: str, text: str, prompt: VoicePrompt | None, seed: int) -> Request:

@@ -11,6 +11,7 @@ import torch
 
 import voxstream
 from voxstream.errors import InvalidInputError
+from voxstream.finish_reason import FinishReason
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import KVCache
 from voxstream.model.voxcpm import PrefillBatch
@@ -41,16 +42,20 @@ def test_same_seed_same_audio_other_seed_other_audio(v2: VoxCPM) -> None:
 def test_stream_yields_one_patch_per_chunk_and_equals_generate(v2: VoxCPM) -> None:
     chunks = list(v2.stream("Streaming equals offline.", seed=3, max_len=9))
     assert all(c.audio.shape == (v2.samples_per_patch,) for c in chunks)
-    assert all(not c.stopped for c in chunks[:-1])
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert all(c.patch is not None and c.patch.shape == (v2.config.patch_size, v2.config.feat_dim) for c in chunks)
     full = v2.generate("Streaming equals offline.", seed=3, max_len=9)
     np.testing.assert_array_equal(np.concatenate([c.audio for c in chunks]), full)
 
 
 def test_min_len_and_length_cap(v2: VoxCPM) -> None:
-    assert len(list(v2.stream("Hi.", seed=1, min_len=6, max_len=7))) == 7
+    capped = list(v2.stream("Hi.", seed=1, min_len=6, max_len=7))
+    assert len(capped) == 7 and capped[-1].finish_reason is FinishReason.LENGTH
     # "Hi." is few tokens: the reference's cap int(tokens * 6 + 10) binds before max_len.
     tokens = len(v2.tokenizer.encode("Hi."))
-    assert len(list(v2.stream("Hi.", seed=1, min_len=1000, max_len=4096))) == int(tokens * 6 + 10)
+    uncapped = list(v2.stream("Hi.", seed=1, min_len=1000, max_len=4096))
+    assert len(uncapped) == int(tokens * 6 + 10) and uncapped[-1].finish_reason is FinishReason.LENGTH
 
 
 @pytest.mark.parametrize(
@@ -101,7 +106,7 @@ def test_prompt_errors_are_typed(v1: VoxCPM, v2: VoxCPM, tmp_path: Path) -> None
 def test_continuation_across_utterances_keeps_the_voice(v1: VoxCPM) -> None:
     first = list(v1.stream("The first part.", seed=4, max_len=6))
     prompt = v1.make_prompt(text="Intro.", audio=np.zeros(3200, dtype=np.float32), sample_rate=16000)
-    continued = prompt.continued("The first part.", torch.stack([c.patch for c in first]))
+    continued = prompt.continued("The first part.", torch.from_numpy(np.stack([c.patch for c in first])))
     sequence = build_sequence(v1.tokenizer, v1.config, "The second part.", continued)
     assert sequence.feats.shape[0] == sequence.tokens.shape[0]
     assert int(sequence.audio_mask.sum()) == prompt.audio_patches.shape[0] + len(first)

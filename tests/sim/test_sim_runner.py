@@ -36,7 +36,7 @@ def run_to_end(engine: Engine) -> dict[str, list[np.ndarray]]:
     audio: dict[str, list[np.ndarray]] = {}
     while engine.has_unfinished():
         for output in engine.step():
-            audio.setdefault(output.request_id, []).append(output.chunk)
+            audio.setdefault(output.request_id, []).append(output.audio)
     return audio
 
 

@@ -27,7 +27,7 @@ def expected_audio() -> np.ndarray:
     engine.add(Request("a", TEXT, 10, SynthesisParams(seed=SEED)))
     chunks = []
     while engine.has_unfinished():
-        chunks += [output.chunk for output in engine.step()]
+        chunks += [output.audio for output in engine.step()]
     return np.concatenate(chunks)
 
 

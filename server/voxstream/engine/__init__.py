@@ -6,11 +6,12 @@ imported only by whoever builds an engine around a real model.
 
 from __future__ import annotations
 
+from voxstream.chunk import Chunk
 from voxstream.engine.async_engine import AsyncEngine, EngineStats
 from voxstream.engine.config import EngineConfig
 from voxstream.engine.engine import Engine
 from voxstream.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
-from voxstream.engine.outputs import Chunk, PrefillItem, Runner, RunnerOutput, StepOutput, StepPlan
+from voxstream.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
 from voxstream.engine.request import FinishReason, ParamLimits, Request, RequestStatus, SynthesisParams
 from voxstream.engine.slots import SlotMove
 
@@ -32,7 +33,6 @@ __all__ = [
     "Runner",
     "RunnerOutput",
     "SlotMove",
-    "StepOutput",
     "StepPlan",
     "SynthesisParams",
 ]

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from voxstream.chunk import Chunk
 from voxstream.engine.engine import Engine
 from voxstream.engine.errors import EngineDeadError, EngineError
-from voxstream.engine.outputs import StepOutput
 from voxstream.engine.request import Request
 from voxstream.engine.streams import OutputStreams
 
@@ -72,7 +72,7 @@ class AsyncEngine:
 
         async with AsyncEngine(Engine(runner, config)) as engine:
             async for output in engine.stream(request):
-                ...  # output.chunk, then output.finish_reason on the last one
+                ...  # output.audio, then output.finish_reason on the last one
     """
 
     def __init__(self, engine: Engine, *, thread_name: str = "voxstream-engine") -> None:
@@ -119,7 +119,7 @@ class AsyncEngine:
         # still open never got a final output because the thread died on its way out.
         self._streams.close("the engine is stopped")
 
-    async def stream(self, request: Request) -> AsyncGenerator[StepOutput, None]:
+    async def stream(self, request: Request) -> AsyncGenerator[Chunk, None]:
         """Submit ``request`` and yield its outputs in order; the last one has a finish reason.
 
         Leaving early (cancellation, ``aclose()``, an exception in the consumer) aborts the request.
@@ -143,7 +143,7 @@ class AsyncEngine:
         if self._streams.closed_reason is None:
             self._submit(lambda: self._engine.abort(request_id))
 
-    def _open(self, request: Request) -> asyncio.Queue[StepOutput | BaseException]:
+    def _open(self, request: Request) -> asyncio.Queue[Chunk | BaseException]:
         if self._loop is None:
             raise EngineDeadError("the engine is not started")
         if self._streams.closed_reason is None and asyncio.get_running_loop() is not self._loop:
@@ -213,7 +213,7 @@ class AsyncEngine:
 
     # ---- event loop ----------------------------------------------------------------------
 
-    def _dispatch(self, outputs: list[StepOutput]) -> None:
+    def _dispatch(self, outputs: list[Chunk]) -> None:
         self._streams.dispatch(outputs)
 
     def _reject(self, request_id: str, exc: BaseException) -> None:

@@ -1,7 +1,7 @@
 """``Engine``: the synchronous, sans-I/O core of the streaming micro-batcher.
 
 One ``step(now)`` is schedule → execute → update: the scheduler plans the step, the runner runs it
-as one batched forward pass, and the engine turns the runner's raw output into one ``StepOutput``
+as one batched forward pass, and the engine turns the runner's raw output into one ``Chunk``
 per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
 drives this class from its own thread, and tests drive it with a fake runner. Time is an argument:
 ``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator).
@@ -13,9 +13,10 @@ import logging
 
 import numpy as np
 
+from voxstream.chunk import EMPTY_AUDIO, Chunk
 from voxstream.engine.blocks import BlockAllocator
 from voxstream.engine.config import EngineConfig
-from voxstream.engine.outputs import EMPTY_CHUNK, RealtimeRunner, Runner, RunnerOutput, StepOutput, StepPlan
+from voxstream.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan
 from voxstream.engine.policy import RealtimePolicy
 from voxstream.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
 from voxstream.engine.scheduler import Scheduler
@@ -109,7 +110,7 @@ class Engine:
     def kv_blocks_total(self) -> int:
         return self.scheduler.blocks.num_total
 
-    def step(self, now: float | None = None) -> list[StepOutput]:
+    def step(self, now: float | None = None) -> list[Chunk]:
         """Run one batched step; return the outputs it produced, at most one per request.
 
         ``now`` is when the step starts, on the caller's clock; the real-time policy requires it.
@@ -117,7 +118,7 @@ class Engine:
         if self.scheduler.realtime is not None and now is None:
             raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
         self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
-        outputs = [StepOutput(s.request_id, EMPTY_CHUNK, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
+        outputs = [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return outputs
@@ -142,35 +143,35 @@ class Engine:
             session.first_sent_at = now
         self._unsent.clear()
 
-    def _fail(self, rows: list[Session], message: str) -> list[StepOutput]:
+    def _fail(self, rows: list[Session], message: str) -> list[Chunk]:
         self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
-        return [StepOutput(s.request_id, EMPTY_CHUNK, FinishReason.ERROR, message) for s in rows]
+        return [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ERROR, message) for s in rows]
 
-    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput) -> list[StepOutput]:
+    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput) -> list[Chunk]:
         for rid, cap in result.length_caps.items():
             self.scheduler.sessions[rid].length_cap = cap
-        outputs: list[StepOutput] = []
+        outputs: list[Chunk] = []
         finished: list[tuple[Session, RequestStatus]] = []
         patches = result.patches or (None,) * len(rows)
         errors, running = result.errors, RequestStatus.RUNNING
         # The per-row loop is the engine's host cost per step: kept to a few attribute reads per row.
-        for session, rid, chunk, stop_flag, patch in zip(
-            rows, plan.request_ids, result.chunks, result.stop_flags, patches, strict=True
+        for session, rid, audio, stop_flag, patch in zip(
+            rows, plan.request_ids, result.audio, result.stop_flags, patches, strict=True
         ):
             error = errors.get(rid) if errors else None
             if error is not None:
                 finished.append((session, RequestStatus.FINISHED_ERROR))
-                outputs.append(StepOutput(rid, EMPTY_CHUNK, FinishReason.ERROR, error))
+                outputs.append(Chunk(rid, EMPTY_AUDIO, FinishReason.ERROR, error))
                 continue
             status = session.status_after(stop_flag)
             if session.step_index == 0:
                 self._unsent.append(session)
             session.step_index += 1
             if status is running:
-                outputs.append(StepOutput(rid, chunk, None, None, patch))
+                outputs.append(Chunk(rid, audio, None, None, patch))
             else:
                 finished.append((session, status))
-                outputs.append(StepOutput(rid, chunk, FINISH_REASONS[status], None, patch))
+                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch))
         self.scheduler.finish(finished)
         return outputs
 
@@ -189,9 +190,9 @@ def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | N
 def _check_output(plan: StepPlan, result: RunnerOutput) -> None:
     """Raise if ``result`` breaks the ``RunnerOutput`` contract for ``plan`` (treated as a runner failure)."""
     rows = len(plan.request_ids)
-    if len(result.chunks) != rows or len(result.stop_flags) != rows or len(result.patches) not in (0, rows):
-        got = f"{len(result.chunks)} and {len(result.stop_flags)}"
-        raise RuntimeError(f"expected {rows} chunks and stop flags (one per decode row), got {got}")
+    if len(result.audio) != rows or len(result.stop_flags) != rows or len(result.patches) not in (0, rows):
+        got = f"{len(result.audio)} and {len(result.stop_flags)}"
+        raise RuntimeError(f"expected {rows} audio arrays and stop flags (one per decode row), got {got}")
     prefilled = {item.request_id for item in plan.prefills}
     caps, errors = set(result.length_caps), set(result.errors)
     unanswered = prefilled - caps - errors
@@ -200,6 +201,6 @@ def _check_output(plan: StepPlan, result: RunnerOutput) -> None:
         raise RuntimeError(f"{got} do not match the prefills {sorted(prefilled)}")
     if any(not isinstance(cap, int) or cap < 1 for cap in result.length_caps.values()):
         raise RuntimeError(f"length caps must be ints >= 1, got {result.length_caps}")
-    for rid, chunk in zip(plan.request_ids, result.chunks, strict=True):
-        if rid not in result.errors and (chunk.ndim != 1 or chunk.dtype != np.float32):
-            raise RuntimeError(f"chunk of {rid!r} must be 1-D float32, got shape {chunk.shape} dtype {chunk.dtype}")
+    for rid, audio in zip(plan.request_ids, result.audio, strict=True):
+        if rid not in result.errors and (audio.ndim != 1 or audio.dtype != np.float32):
+            raise RuntimeError(f"audio of {rid!r} must be 1-D float32, got shape {audio.shape} dtype {audio.dtype}")

@@ -2,7 +2,7 @@
 
 Each error says what was refused and why, so the serving layer can turn it into a close reason
 without parsing messages. Errors of a single request *during* synthesis are not exceptions: they
-finish that request with ``FinishReason.ERROR`` and a message (see ``outputs.StepOutput``).
+finish that request with ``FinishReason.ERROR`` and a message (see ``voxstream.chunk.Chunk``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The values that cross the engine's boundaries, and the runner contract.
 
 ``StepPlan`` is the only thing the engine hands the runner and ``RunnerOutput`` the only thing it
-gets back (vLLM's SchedulerOutput / ModelRunnerOutput split); ``StepOutput`` is what callers of
-``Engine.step`` receive. This module holds no logic beyond trivial views of these values.
+gets back (vLLM's SchedulerOutput / ModelRunnerOutput split); callers of ``Engine.step`` receive one
+``voxstream.chunk.Chunk`` per session. This module holds no logic beyond trivial views of these values.
 """
 
 from __future__ import annotations
@@ -10,21 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-import numpy.typing as npt
-
+from voxstream.chunk import Audio, Patch
 from voxstream.engine.cost_model import StepCost
-from voxstream.engine.request import FinishReason, Request
+from voxstream.engine.request import Request
 from voxstream.engine.slots import SlotMove
-
-Chunk = npt.NDArray[np.float32]
-"""1-D float32 PCM at the model's sample rate: one patch of samples per decode step."""
-
-Patch = npt.NDArray[np.float32]
-"""(patch_size, feat_dim) float32 latent patch: what the chunk's audio was decoded from."""
-
-EMPTY_CHUNK: Chunk = np.zeros(0, dtype=np.float32)
-EMPTY_CHUNK.flags.writeable = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,22 +66,23 @@ class StepPlan:
 class RunnerOutput:
     """What the runner produced for one ``StepPlan``.
 
-    ``chunks`` and ``stop_flags`` are aligned with ``plan.decode_slots`` (and ``plan.request_ids``).
+    ``audio`` and ``stop_flags`` are aligned with ``plan.decode_slots`` (and ``plan.request_ids``).
     Every request prefilled this step has a length cap unless it is in ``errors``. A request in
     ``errors`` (a failed prefill, e.g. a text that tokenizes to nothing, or a failure of that row
-    alone) finishes with ``FinishReason.ERROR`` and its slot is freed; its chunk and stop flag are
-    ignored (an empty chunk is customary). A failed prefill still has a decode row in the plan,
+    alone) finishes with ``FinishReason.ERROR`` and its slot is freed; its audio and stop flag are
+    ignored (empty audio is customary). A failed prefill still has a decode row in the plan,
     because the plan is made before the runner finds the failure; the runner may skip computing it.
     """
 
-    chunks: tuple[Chunk, ...] = ()
+    audio: tuple[Audio, ...] = ()
+    """Per decode row, the step's audio (one patch of samples)."""
     stop_flags: tuple[bool, ...] = ()
     length_caps: dict[str, int] = field(default_factory=dict)
     """Per request prefilled this step: min(int(text tokens * 6 + 10), max_len)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Per failed request, a message for the client."""
     patches: tuple[Patch, ...] = ()
-    """Aligned with ``chunks`` when the runner reports them: each row's latent patch, which a caller
+    """Aligned with ``audio`` when the runner reports them: each row's latent patch, which a caller
     keeps to continue the voice in a later utterance (a continuation prompt). Empty if not reported."""
 
 
@@ -146,26 +136,3 @@ class RealtimeRunner(Runner, Protocol):
     def chunk_seconds(self) -> float:
         """Seconds of audio in one chunk: the real-time budget of a step."""
         ...
-
-
-# eq=False: the fields hold arrays, which have no single truth value to compare by. Not frozen: one is
-# made per row per step on the engine thread's hot path, and a frozen init costs 3x; never mutate one.
-@dataclass(slots=True, eq=False)
-class StepOutput:
-    """One session's share of a step: its new chunk and, on its last output, why it finished.
-
-    Every request gets exactly one output with ``finish_reason`` set, and none after it. Outputs of
-    aborted or failed requests carry an empty chunk.
-    """
-
-    request_id: str
-    chunk: Chunk
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    """Set with ``FinishReason.ERROR``: what went wrong."""
-    patch: Patch | None = None
-    """The chunk's latent patch, when the runner reports patches (see ``RunnerOutput.patches``)."""
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None

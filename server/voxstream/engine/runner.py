@@ -38,22 +38,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from voxstream.chunk import EMPTY_AUDIO
 from voxstream.engine.blocks import blocks_for
 from voxstream.engine.calibration import CostSample, fit_step_cost, spread, time_step
 from voxstream.engine.cost_model import StepCost
 from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
-from voxstream.engine.outputs import EMPTY_CHUNK, PrefillItem, RunnerOutput, StepPlan
+from voxstream.engine.outputs import PrefillItem, RunnerOutput, StepPlan
 from voxstream.engine.request import Request, SynthesisParams
 from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
 from voxstream.errors import InvalidInputError
 from voxstream.model.audio_vae import VAEStreamState
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import NULL_BLOCK, KVCache
+from voxstream.model.loaded import LoadedModel
 from voxstream.model.personas import PersonaBank, PersonaError
 from voxstream.model.voxcpm import DecodeState, PrefillBatch
 from voxstream.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxstream.sampling import NoiseStream, random_seed
-from voxstream.tts import VoxCPM
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -70,7 +71,7 @@ class _Personas:
     """The runner's side of LoRA personas: which bank slot each request holds, and the per-slot table of
     bank slots the step gathers (0: no adapter; padding rows stay 0)."""
 
-    def __init__(self, tts: VoxCPM, rows: int) -> None:
+    def __init__(self, tts: LoadedModel, rows: int) -> None:
         self.tts = tts
         self.table = torch.zeros(rows, dtype=torch.long, device=tts.device)
         self.held: dict[str, str] = {}  # request id -> persona name
@@ -123,7 +124,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        tts: VoxCPM,
+        tts: LoadedModel,
         num_slots: int,
         max_length: int | None = None,
         *,
@@ -284,7 +285,7 @@ class ModelRunner:
         return 0 if self.graphs is None else self.graphs.captures
 
     @staticmethod
-    def bytes_per_position(tts: VoxCPM) -> int:
+    def bytes_per_position(tts: LoadedModel) -> int:
         """Pool memory one position of one session takes: both LMs' keys and values, and a noise value."""
         config, dtype = tts.config, tts.dtype
         element = torch.empty((), dtype=dtype).element_size()
@@ -292,7 +293,7 @@ class ModelRunner:
         return kv + config.feat_dim * config.patch_size * element
 
     @staticmethod
-    def bytes_per_slot(tts: VoxCPM) -> int:
+    def bytes_per_slot(tts: LoadedModel) -> int:
         """Memory one batch row holds outside the block pool: decode state, VAE state, table and settings."""
         config, dtype = tts.config, tts.dtype
         element = torch.empty((), dtype=dtype).element_size()
@@ -492,12 +493,12 @@ class ModelRunner:
             rows, slots = list(range(len(plan.request_ids))), np.asarray(plan.decode_slots, dtype=np.int64)
         if not rows:
             empty = len(plan.request_ids)
-            return RunnerOutput((EMPTY_CHUNK,) * empty, (False,) * empty, caps, errors)
+            return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
         stopped, audio, patch = self._run(slots)
         patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
         if len(rows) == len(plan.request_ids):
             return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
-        chunks, stops = [EMPTY_CHUNK] * len(plan.request_ids), [False] * len(plan.request_ids)
+        chunks, stops = [EMPTY_AUDIO] * len(plan.request_ids), [False] * len(plan.request_ids)
         patch_rows: list[np.ndarray] = [np.zeros_like(patches[0])] * len(plan.request_ids)
         for out_row, row in enumerate(rows):
             chunks[row], stops[row], patch_rows[row] = audio[out_row], bool(stopped[out_row]), patches[out_row]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Iterable
 
+from voxstream.chunk import Chunk
 from voxstream.engine.errors import DuplicateRequestError, EngineDeadError
-from voxstream.engine.outputs import StepOutput
 
-_Channel = asyncio.Queue[StepOutput | BaseException]
+_Channel = asyncio.Queue[Chunk | BaseException]
 
 
 class OutputStreams:
@@ -49,7 +49,7 @@ class OutputStreams:
 
     async def stream(
         self, request_id: str, channel: _Channel, abort: Callable[[str], None]
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Yield the request's outputs up to its final one; leaving early calls ``abort(request_id)``."""
         try:
             while True:
@@ -66,7 +66,7 @@ class OutputStreams:
             if self._channels.get(request_id) is channel:
                 abort(request_id)
 
-    def dispatch(self, outputs: Iterable[StepOutput]) -> None:
+    def dispatch(self, outputs: Iterable[Chunk]) -> None:
         for output in outputs:
             channel = self._channels.get(output.request_id)
             if channel is None:

@@ -24,7 +24,7 @@ from types import FrameType
 
 import zmq
 
-from voxstream.engine import Engine, EngineError, EngineStats, StepOutput
+from voxstream.engine import Chunk, Engine, EngineError, EngineStats
 from voxstream.engine.async_engine import stats_after_step
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
@@ -205,7 +205,7 @@ class EngineCore:
         outputs = self.engine.step(started)
         ended = time.monotonic()
         self._stats = stats_after_step(self.engine, self._stats, ended - started)
-        by_frontend: dict[bytes, tuple[list[StepOutput], list[StepOutput]]] = {}
+        by_frontend: dict[bytes, tuple[list[Chunk], list[Chunk]]] = {}
         for output in outputs:
             rid = output.request_id
             owner = self._owners.pop(rid, None) if output.finished else self._owners.get(rid)

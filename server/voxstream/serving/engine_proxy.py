@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from voxstream.audio.clip import AudioSource
-from voxstream.engine import EngineDeadError, EngineStats, Request, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, EngineDeadError, EngineStats, Request, SynthesisParams
 from voxstream.engine.streams import OutputStreams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
@@ -153,7 +153,7 @@ class EngineProxy:
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on the freest engine; see ``speak_on``."""
         return self.speak_on(
             self.freest(), request_id, text, params, voice,
@@ -171,7 +171,7 @@ class EngineProxy:
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on engine ``engine``; closing the iterator early aborts it, and every failure
         raises one ``SpeechFailure`` (as ``SpeechService.speak``, including the real-time deadline inputs:
         ``time.monotonic`` is one clock for every process of the machine)."""
@@ -184,7 +184,7 @@ class EngineProxy:
         )
         return typed_failures(self._speak(self._links[engine], request))
 
-    async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[StepOutput, None]:
+    async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[Chunk, None]:
         request_id = request.request_id
         channel = self._streams.open(request_id)
         self._engine_of[request_id] = link
@@ -369,7 +369,7 @@ class _PinnedService:
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         if self._engine is None:
             self._engine = self._proxy.freest()
         return self._proxy.speak_on(

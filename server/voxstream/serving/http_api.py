@@ -35,7 +35,7 @@ from aiohttp.typedefs import Handler
 
 from voxstream.audio.clip import ClipTooLongError, load_clip
 from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, StreamEncoder, make_encoder
-from voxstream.engine import FinishReason, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, FinishReason, SynthesisParams
 from voxstream.errors import InvalidInputError
 from voxstream.serving.admission import RETRY_AFTER_S, refusal
 from voxstream.serving.config import ServerConfig
@@ -379,7 +379,7 @@ def _sse_done(input_tokens: int, output_tokens: int) -> bytes:
 
 
 async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[StepOutput, None], *, input_tokens: int
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], *, input_tokens: int
 ) -> web.StreamResponse:
     app = request.app
     service, config = app[SERVICE_KEY], app[CONFIG_KEY]
@@ -399,7 +399,7 @@ async def _stream_speech(
 
 async def stream_audio(
     request: web.Request,
-    outputs: AsyncGenerator[StepOutput, None],
+    outputs: AsyncGenerator[Chunk, None],
     encoder: StreamEncoder,
     headers: Mapping[str, str],
     frame: Callable[[bytes], bytes] = bytes,
@@ -420,9 +420,9 @@ async def stream_audio(
     samples = patches = 0
     try:
         while True:
-            samples += output.chunk.size
-            patches += int(output.chunk.size > 0)
-            for block in await encoders.encode(encoder, output.chunk):
+            samples += output.audio.size
+            patches += int(output.audio.size > 0)
+            for block in await encoders.encode(encoder, output.audio):
                 await response.write(frame(block))
             if output.finished:
                 break

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from voxstream.engine import EngineStats, FinishReason, Request, StepOutput
-from voxstream.engine.outputs import EMPTY_CHUNK, Patch
+from voxstream.chunk import EMPTY_AUDIO, Patch
+from voxstream.engine import Chunk, EngineStats, FinishReason, Request
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.speech_model import ModelInfo, PromptLength
 from voxstream.serving.voices import Voice
@@ -110,18 +110,18 @@ class Outputs:
     stats: EngineStats
 
 
-def pack_outputs(outputs: list[StepOutput], stats: EngineStats) -> tuple[bytes, npt.NDArray[np.float32]]:
+def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.NDArray[np.float32]]:
     """The two frames of an ``Outputs`` message."""
-    rows = [(o.request_id, o.chunk.size, o.finish_reason, o.error, o.patch) for o in outputs]
-    audio = np.concatenate([o.chunk for o in outputs]) if outputs else EMPTY_CHUNK
+    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch) for o in outputs]
+    audio = np.concatenate([o.audio for o in outputs]) if outputs else EMPTY_AUDIO
     return dumps(Outputs(rows, stats)), audio
 
 
-def unpack_outputs(message: Outputs, audio: bytes) -> list[StepOutput]:
+def unpack_outputs(message: Outputs, audio: bytes) -> list[Chunk]:
     samples = np.frombuffer(audio, dtype=np.float32)
     outputs, start = [], 0
     for request_id, size, finish_reason, error, patch in message.rows:
-        outputs.append(StepOutput(request_id, samples[start : start + size], finish_reason, error, patch))
+        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch))
         start += size
     return outputs
 

@@ -2,7 +2,7 @@
 
 It owns the ``SpeechModel`` (a loaded VoxCPM or the simulator), the batching ``AsyncEngine`` over its runner,
 and nothing about
-sockets or encodings. Handlers ask it to speak a text (an async stream of ``StepOutput`` chunks at the
+sockets or encodings. Handlers ask it to speak a text (an async stream of ``Chunk`` chunks at the
 model's sample rate) and to encode voice clips; GPU work never runs on the event loop.
 """
 
@@ -17,12 +17,12 @@ from typing import Protocol
 from voxstream.audio.clip import AudioSource
 from voxstream.engine import (
     AsyncEngine,
+    Chunk,
     Engine,
     EngineDeadError,
     EngineStats,
     QueueFullError,
     Request,
-    StepOutput,
     SynthesisParams,
 )
 from voxstream.errors import VoxstreamError
@@ -46,7 +46,7 @@ class SpeechFailure(VoxstreamError):
         self.finish = finish
 
 
-async def typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGenerator[StepOutput, None]:
+async def typed_failures(stream: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:
     """``stream``'s outputs, each failure turned into a ``SpeechFailure`` (the one place that maps them)."""
     async with contextlib.aclosing(stream):
         try:
@@ -66,7 +66,7 @@ async def typed_failures(stream: AsyncGenerator[StepOutput, None]) -> AsyncGener
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
 
-async def refused(failure: SpeechFailure) -> AsyncGenerator[StepOutput, None]:
+async def refused(failure: SpeechFailure) -> AsyncGenerator[Chunk, None]:
     """A stream that fails at its first output, as the engine's refusals do."""
     raise failure
     yield  # a generator  # pragma: no cover
@@ -114,7 +114,7 @@ class Service(Protocol):
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``typed_failures``)."""
         ...
 
@@ -196,7 +196,7 @@ class SpeechService:
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncGenerator[StepOutput, None]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
 
         Every way the utterance can fail (refused, engine gone, ended in error or by shutdown, a persona

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstream.engine import StepOutput
-from voxstream.engine.outputs import Patch
+from voxstream.chunk import Patch
+from voxstream.engine import Chunk
 from voxstream.errors import InvalidInputError
 from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
@@ -374,7 +374,7 @@ class Session:
             utterance.first_request_at = time.monotonic()
         start = utterance.samples
         patches: list[Patch] = []
-        final: StepOutput | None = None
+        final: Chunk | None = None
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = utterance.playback_lead_s, utterance.playback_due()
@@ -384,10 +384,10 @@ class Session:
         )
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
-                if final.chunk.size:
+                if final.audio.size:
                     if utterance.samples == start:  # this sentence's first audio
                         self._announce(utterance, index, text, spoken)
-                    await self._on_chunk(utterance, final.chunk)
+                    await self._on_chunk(utterance, final.audio)
                 if final.patch is not None:
                     patches.append(final.patch)
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.

@@ -22,8 +22,8 @@ import torch
 
 from voxstream.audio.formats import OpusPacketStream, StreamEncoder, make_encoder
 from voxstream.audio.opus import OpusSettings
+from voxstream.chunk import Patch
 from voxstream.engine import ParamLimits, SynthesisParams
-from voxstream.engine.outputs import Patch
 from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.outbox import Delivery

@@ -23,7 +23,7 @@ import soxr
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from voxstream.engine import FinishReason, StepOutput, SynthesisParams
+from voxstream.engine import Chunk, FinishReason, SynthesisParams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.app import make_app
 from voxstream.serving.config import ServerConfig
@@ -224,7 +224,7 @@ class ClipService:
         persona: str | None = None,
         playback_lead_s: float | None = None,
         playback_due: float | None = None,
-    ) -> AsyncIterator[StepOutput]:
+    ) -> AsyncIterator[Chunk]:
         self.requests.append((text, params, voice))
         self.timings.append((playback_lead_s, playback_due))
         patch = self.info.samples_per_patch
@@ -237,7 +237,7 @@ class ClipService:
                 last = start + patch >= self.clip.size
                 self.chunks_sent += 1
                 finished = last
-                yield StepOutput(request_id, chunk, FinishReason.STOP if last else None, None, patch_latent)
+                yield Chunk(request_id, chunk, FinishReason.STOP if last else None, None, patch_latent)
         finally:
             if not finished:
                 self.aborted.append(request_id)

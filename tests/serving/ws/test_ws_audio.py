@@ -54,7 +54,7 @@ async def speak(stream: StreamClient, text: str, **settings: object) -> Heard:
 async def engine_audio(server: TestServer, text: str, seed: int) -> np.ndarray:
     service = server.app[SERVICE_KEY]
     outputs = [output async for output in service.speak("reference", text, SynthesisParams(seed=seed))]
-    return np.concatenate([output.chunk for output in outputs])
+    return np.concatenate([output.audio for output in outputs])
 
 
 def decode_packets(packets: list[bytes], pre_skip: int, samples_48k: int, tmp_path: Path) -> np.ndarray:

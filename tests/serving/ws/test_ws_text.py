@@ -153,7 +153,7 @@ async def test_the_next_sentence_continues_the_voice_of_the_previous_one(
     outputs = [o async for o in server.app[SERVICE_KEY].speak("ref", "First sentence.", SynthesisParams(seed=7))]
     patches = torch.from_numpy(np.stack([o.patch for o in outputs]))
 
-    np.testing.assert_array_equal(audio[:cut], np.concatenate([o.chunk for o in outputs]))
+    np.testing.assert_array_equal(audio[:cut], np.concatenate([o.audio for o in outputs]))
     # Sentence k uses seed + k and, as its prompt, sentence k-1 (its text, a space, and its latent patches).
     voice = VoicePrompt("First sentence. ", patches)
     continued = tiny_tts.generate("Second sentence.", prompt=voice, seed=8)
