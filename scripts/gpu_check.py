@@ -57,7 +57,7 @@ TEXTS = [
 def build(name: str, device: torch.device) -> VoxCPM:
     config = ModelConfig.from_dict(ALL_CONFIGS[name], source=name)
     main = {k: v.to(torch.bfloat16) for k, v in random_model_weights(config, seed=0).items()}
-    vae = fold_weight_norm(random_published_state_dict(config.audio_vae_config, config.architecture, seed=0))
+    vae = fold_weight_norm(random_published_state_dict(config.audio_vae_config, config.vae_variant, seed=0))
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_tokenizer(Path(tmp))
         tokenizer = TextTokenizer.from_dir(tmp)

@@ -35,8 +35,8 @@ def streamed_audio(vae: AudioVAE, latents: torch.Tensor, patch_size: int) -> tor
 @torch.no_grad()
 def measure(config_name: str, patches: int, batch: int, seed: int, dtype: torch.dtype) -> dict[str, float | int | str]:
     config = ModelConfig.from_dict(ALL_CONFIGS[config_name], source=config_name)
-    vae = AudioVAE(config.audio_vae_config, config.architecture)
-    weights = random_published_state_dict(config.audio_vae_config, config.architecture, seed)
+    vae = AudioVAE(config.audio_vae_config, config.vae_variant)
+    weights = random_published_state_dict(config.audio_vae_config, config.vae_variant, seed)
     vae.load_state_dict(fold_weight_norm(weights))
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn(batch, config.feat_dim, patches * config.patch_size, generator=generator)

@@ -57,7 +57,7 @@ def chirp_clip(sample_rate: int, length: int, generator: torch.Generator) -> tor
 def make_fixture(name: str) -> dict[str, torch.Tensor]:
     config = ModelConfig.from_dict(TINY_CONFIGS[name])
     vae_config = config.audio_vae_config
-    weights = random_published_state_dict(vae_config, config.architecture, WEIGHT_SEED)
+    weights = random_published_state_dict(vae_config, config.vae_variant, WEIGHT_SEED)
     vae = reference_vae(name)
     vae.load_state_dict(weights, strict=True)
     vae.eval()

@@ -143,6 +143,22 @@ class AudioVAEConfig:
         return self.out_sample_rate or self.sample_rate
 
 
+@dataclass(frozen=True)
+class AudioVAEVariant:
+    """Where a checkpoint's AudioVAE departs from the voxcpm one (the reference's ``AudioVAE`` vs ``AudioVAEV2``).
+
+    ``ModelConfig.vae_variant`` decides it once from the architecture, so the VAE never reads the architecture's
+    name. The defaults are voxcpm's.
+    """
+
+    encoder_pads_by_stride: bool = False
+    """Each strided encoder conv left-pads by its stride ``s`` (voxcpm2) instead of ``2·ceil(s/2)`` (voxcpm:
+    one sample more for odd strides); both give L/s frames."""
+    sample_rate_conditioning: bool = False
+    """The decoder conditions every block's input on the output sample rate's bucket of ``sr_bin_boundaries``
+    (voxcpm2 with boundaries)."""
+
+
 _VAE_V1_KEYS = (
     "encoder_dim",
     "encoder_rates",
@@ -231,6 +247,15 @@ class ModelConfig:
     def reference_cloning(self) -> bool:
         """Whether the model clones a voice from a reference clip alone (no transcript): voxcpm2."""
         return self.architecture == "voxcpm2"
+
+    @property
+    def vae_variant(self) -> AudioVAEVariant:
+        """How this checkpoint's AudioVAE differs from voxcpm's."""
+        v2 = self.architecture == "voxcpm2"
+        return AudioVAEVariant(
+            encoder_pads_by_stride=v2,
+            sample_rate_conditioning=v2 and self.audio_vae_config.sr_bin_boundaries is not None,
+        )
 
     @property
     def decode_context_patches(self) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from voxstream.config import AudioVAEConfig, ModelConfig
+from voxstream.config import AudioVAEConfig, AudioVAEVariant, ModelConfig
 from voxstream.model.audio_vae import (
     AudioVAE,
     StreamingVAEDecoder,
@@ -24,8 +24,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "vae
 FIXTURE_NAMES = ("voxcpm-16k", "voxcpm-44k", "voxcpm2")
 TOLERANCE = 1e-5  # max |ours - expected| relative to max |expected|, fp32
 
+V1 = AudioVAEVariant()
+V2 = AudioVAEVariant(encoder_pads_by_stride=True, sample_rate_conditioning=True)
 REAL_CONFIGS = {
-    "VoxCPM-0.5B": (AudioVAEConfig(), "voxcpm"),
+    "VoxCPM-0.5B": (AudioVAEConfig(), V1),
     "VoxCPM1.5": (
         AudioVAEConfig(
             encoder_dim=64,
@@ -34,7 +36,7 @@ REAL_CONFIGS = {
             decoder_rates=(7, 7, 6, 3, 2),
             sample_rate=44100,
         ),
-        "voxcpm",
+        V1,
     ),
     "VoxCPM2": (
         AudioVAEConfig(
@@ -46,20 +48,20 @@ REAL_CONFIGS = {
             cond_dim=128,
             cond_out_layer=False,
         ),
-        "voxcpm2",
+        V2,
     ),
 }
 
 
-def tiny(name: str) -> tuple[AudioVAEConfig, str]:
+def tiny(name: str) -> tuple[AudioVAEConfig, AudioVAEVariant]:
     config = ModelConfig.from_dict(TINY_CONFIGS[name])
-    return config.audio_vae_config, config.architecture
+    return config.audio_vae_config, config.vae_variant
 
 
 def random_vae(name: str, seed: int = 5) -> AudioVAE:
-    config, architecture = tiny(name)
-    vae = AudioVAE(config, architecture)
-    vae.load_state_dict(fold_weight_norm(random_published_state_dict(config, architecture, seed)), strict=True)
+    config, variant = tiny(name)
+    vae = AudioVAE(config, variant)
+    vae.load_state_dict(fold_weight_norm(random_published_state_dict(config, variant, seed)), strict=True)
     return vae.eval()
 
 
@@ -157,16 +159,14 @@ def test_fold_rejects_half_a_pair(suffix: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
 def test_random_weights_are_deterministic_non_trivial_and_audible(name: str) -> None:
-    config, architecture = tiny(name)
-    first = random_published_state_dict(config, architecture, 3)
+    config, variant = tiny(name)
+    first = random_published_state_dict(config, variant, 3)
     assert all(
         torch.equal(value, second)
-        for value, second in zip(
-            first.values(), random_published_state_dict(config, architecture, 3).values(), strict=True
-        )
+        for value, second in zip(first.values(), random_published_state_dict(config, variant, 3).values(), strict=True)
     )
     assert not torch.equal(
-        first["encoder.fc_mu.weight_v"], random_published_state_dict(config, architecture, 4)["encoder.fc_mu.weight_v"]
+        first["encoder.fc_mu.weight_v"], random_published_state_dict(config, variant, 4)["encoder.fc_mu.weight_v"]
     )
     alphas = torch.cat([v.flatten() for k, v in first.items() if k.endswith(".alpha")])
     assert alphas.min() > 0.4 and alphas.max() < 1.6 and alphas.std() > 0.2
@@ -181,12 +181,19 @@ def test_random_weights_are_deterministic_non_trivial_and_audible(name: str) -> 
 
 def test_unsupported_configurations_are_rejected() -> None:
     config, _ = tiny("voxcpm2")
-    with pytest.raises(ValueError, match="architecture"):
-        AudioVAE(config, "voxcpm3")
     with pytest.raises(ValueError, match="use_noise_block"):
-        AudioVAE(AudioVAEConfig(use_noise_block=True), "voxcpm")
+        AudioVAE(AudioVAEConfig(use_noise_block=True), V1)
     with pytest.raises(ValueError, match="cond_type"):
-        AudioVAE(AudioVAEConfig(**{**config.__dict__, "cond_type": "concat"}), "voxcpm2")
+        AudioVAE(AudioVAEConfig(**{**config.__dict__, "cond_type": "concat"}), V2)
+    with pytest.raises(ValueError, match="sr_bin_boundaries"):
+        AudioVAE(AudioVAEConfig(), V2)
+
+
+@pytest.mark.parametrize(
+    ("name", "variant"), [("voxcpm-16k", V1), ("voxcpm-44k", V1), ("voxcpm2", V2), ("voxcpm2-b", V2)]
+)
+def test_each_architecture_gets_its_vae_variant(name: str, variant: AudioVAEVariant) -> None:
+    assert ModelConfig.from_dict(TINY_CONFIGS[name]).vae_variant == variant
 
 
 def test_encode_rejects_a_channel_axis() -> None:

@@ -3,7 +3,8 @@
 The VAE is a DAC-style stack of causal convolutions, Snake activations and causal transposed
 convolutions. Module attribute names equal the keys of the published ``audiovae.pth``
 ``state_dict`` once weight norm is folded (see ``fold_weight_norm``), so checkpoints load with
-``strict=True``. V1 and V2 share every building block; they differ in two parametrised places:
+``strict=True``. V1 and V2 share every building block; they differ in two parametrised places, which
+``AudioVAEVariant`` (computed by ``ModelConfig.vae_variant``) states:
 
 * the encoder's strided convolutions: V1 left-pads an odd stride ``s`` by ``s + 1``, V2 by ``s``;
 * V2's decoder applies a per-channel affine sample-rate conditioning before every decoder block.
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from voxstream.config import ARCHITECTURES, AudioVAEConfig
+from voxstream.config import AudioVAEConfig, AudioVAEVariant
 from voxstream.kernels import ops
 
 # Stream state of a decode: one buffer per context-carrying layer, indexed by the layer's state_slot.
@@ -219,10 +220,10 @@ def _residual_units(dim: int, depthwise: bool) -> list[nn.Module]:
 class CausalEncoderBlock(nn.Module):
     """Three residual units at C channels, Snake, then a strided conv C -> 2C that downsamples by ``stride``."""
 
-    def __init__(self, in_dim: int, stride: int, depthwise: bool, architecture: str) -> None:
+    def __init__(self, in_dim: int, stride: int, depthwise: bool, pad_by_stride: bool) -> None:
         super().__init__()
         # V1 pads by 2·ceil(s/2), one sample more than V2 for odd strides; both give L/s frames.
-        left_pad = stride if architecture == "voxcpm2" else 2 * math.ceil(stride / 2)
+        left_pad = stride if pad_by_stride else 2 * math.ceil(stride / 2)
         self.block = nn.Sequential(
             *_residual_units(in_dim, depthwise),
             Snake1d(in_dim),
@@ -237,12 +238,12 @@ class CausalEncoderBlock(nn.Module):
 class CausalEncoder(nn.Module):
     """Waveform -> latent mean ``mu``; ``fc_logvar`` is kept only because checkpoints carry it."""
 
-    def __init__(self, config: AudioVAEConfig, architecture: str) -> None:
+    def __init__(self, config: AudioVAEConfig, variant: AudioVAEVariant) -> None:
         super().__init__()
         dim = config.encoder_dim
         layers: list[nn.Module] = [CausalConv1d(1, dim, 7, left_pad=6)]
         for stride in config.encoder_rates:
-            layers.append(CausalEncoderBlock(dim, stride, config.depthwise, architecture))
+            layers.append(CausalEncoderBlock(dim, stride, config.depthwise, variant.encoder_pads_by_stride))
             dim *= 2
         self.block = nn.Sequential(*layers)
         self.fc_mu = CausalConv1d(dim, config.latent_dim, 3, left_pad=2)
@@ -345,13 +346,11 @@ def _assign_state_slots(model: nn.Module) -> list[tuple[int, int]]:
 class AudioVAE(nn.Module):
     """The VoxCPM AudioVAE: ``encode`` waveform -> latents, ``decode`` latents -> waveform (whole sequences)."""
 
-    def __init__(self, config: AudioVAEConfig, architecture: str) -> None:
+    def __init__(self, config: AudioVAEConfig, variant: AudioVAEVariant) -> None:
         super().__init__()
-        _check_supported(config, architecture)
-        conditioned = architecture == "voxcpm2" and config.sr_bin_boundaries is not None
-        self.encoder = CausalEncoder(config, architecture)
-        self.decoder = CausalDecoder(config, conditioned)
-        self.architecture = architecture
+        _check_supported(config, variant)
+        self.encoder = CausalEncoder(config, variant)
+        self.decoder = CausalDecoder(config, variant.sample_rate_conditioning)
         self.sample_rate = config.sample_rate
         self.output_sample_rate = config.output_sample_rate
         self.encoder_hop = config.encoder_hop
@@ -379,13 +378,13 @@ class AudioVAE(nn.Module):
         return self.decoder.model[0].weight.dtype
 
 
-def _check_supported(config: AudioVAEConfig, architecture: str) -> None:
+def _check_supported(config: AudioVAEConfig, variant: AudioVAEVariant) -> None:
     """Reject configurations no published checkpoint uses rather than silently computing something else."""
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {architecture!r}; expected one of {ARCHITECTURES}")
     if config.use_noise_block:
         raise ValueError("audio_vae_config.use_noise_block=true (random noise in the decoder) is not supported")
-    if architecture == "voxcpm2" and config.sr_bin_boundaries is not None:
+    if variant.sample_rate_conditioning:
+        if config.sr_bin_boundaries is None:
+            raise ValueError("sample-rate conditioning needs audio_vae_config.sr_bin_boundaries")
         if config.cond_type not in _SUPPORTED_COND_TYPES:
             raise ValueError(
                 f"audio_vae_config.cond_type={config.cond_type!r} is not supported; "
@@ -529,7 +528,7 @@ def to_published_state_dict(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def random_published_state_dict(config: AudioVAEConfig, architecture: str, seed: int) -> dict[str, Tensor]:
+def random_published_state_dict(config: AudioVAEConfig, variant: AudioVAEVariant, seed: int) -> dict[str, Tensor]:
     """Deterministic random VAE weights in the published (weight_g/weight_v) layout, fp32.
 
     Scales are chosen so that signals neither vanish nor blow up through the stack and the decoder's
@@ -538,7 +537,7 @@ def random_published_state_dict(config: AudioVAEConfig, architecture: str, seed:
     so fixtures can store it losslessly in half the bytes.
     """
     with torch.device("meta"):
-        shapes = AudioVAE(config, architecture)
+        shapes = AudioVAE(config, variant)
     gains = {
         id(unit.block[3]): _RESIDUAL_BRANCH_GAIN for unit in shapes.modules() if isinstance(unit, CausalResidualUnit)
     }

@@ -126,7 +126,7 @@ class VoxCPMModel(nn.Module):
             self.fusion_concat_proj = nn.Linear(2 * hidden, hidden)
         self.stop_proj = nn.Linear(hidden, hidden)
         self.stop_head = nn.Linear(hidden, 2, bias=False)
-        self.audio_vae = AudioVAE(config.audio_vae_config, config.architecture)
+        self.audio_vae = AudioVAE(config.audio_vae_config, config.vae_variant)
         self.embed_scale = lm.scale_emb if lm.use_mup else 1.0
 
     def cast_transformers(self, dtype: torch.dtype) -> None:

@@ -43,7 +43,7 @@ def make_tiny_checkpoint(directory: str | Path, name: str = "voxcpm2", seed: int
         torch.save(weights, directory / "pytorch_model.bin")
     else:
         save_file(weights, str(directory / "model.safetensors"))
-    vae = random_published_state_dict(config.audio_vae_config, config.architecture, seed)
+    vae = random_published_state_dict(config.audio_vae_config, config.vae_variant, seed)
     torch.save({"state_dict": vae}, directory / "audiovae.pth")
     write_tiny_tokenizer(directory)
     return directory
