@@ -31,9 +31,14 @@ from voxstream.engine.streams import OutputStreams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
-from voxstream.serving.protocol import ErrorCode
-from voxstream.serving.service import Service, SpeechFailure, engine_queue_full, refused, typed_failures
+from voxstream.serving.personas import PersonaRegistry, check_persona
+from voxstream.serving.service import (
+    DEFAULT_OPTIONS,
+    Service,
+    UtteranceOptions,
+    engine_queue_full,
+    speech_stream,
+)
 from voxstream.serving.voices import Voice, VoiceInfo, VoiceStore
 
 logger = logging.getLogger(__name__)
@@ -149,16 +154,10 @@ class EngineProxy:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on the freest engine; see ``speak_on``."""
-        return self.speak_on(
-            self.freest(), request_id, text, params, voice,
-            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
-        )  # fmt: skip
+        return self.speak_on(self.freest(), request_id, text, params, voice, options)
 
     def speak_on(
         self,
@@ -167,22 +166,12 @@ class EngineProxy:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on engine ``engine``; closing the iterator early aborts it, and every failure
-        raises one ``SpeechFailure`` (as ``SpeechService.speak``, including the real-time deadline inputs:
-        ``time.monotonic`` is one clock for every process of the machine)."""
-        try:
-            self.check_persona(persona)
-        except UnknownPersonaError as exc:
-            return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-        request = Request(
-            request_id, text, self.prefill_tokens(text, voice), params, voice, playback_lead_s, playback_due
-        )
-        return typed_failures(self._speak(self._links[engine], request))
+        raises one ``SpeechFailure`` (as ``SpeechService.speak``)."""
+        link = self._links[engine]
+        return speech_stream(self, request_id, text, params, voice, options, lambda request: self._speak(link, request))
 
     async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[Chunk, None]:
         request_id = request.request_id
@@ -365,17 +354,11 @@ class _PinnedService:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
         if self._engine is None:
             self._engine = self._proxy.freest()
-        return self._proxy.speak_on(
-            self._engine, request_id, text, params, voice,
-            persona=persona, playback_lead_s=playback_lead_s, playback_due=playback_due,
-        )  # fmt: skip
+        return self._proxy.speak_on(self._engine, request_id, text, params, voice, options)
 
     def abort(self, request_id: str) -> None:
         self._proxy.abort(request_id)

@@ -51,7 +51,7 @@ from voxstream.serving.keys import (
     Phase,
 )
 from voxstream.serving.personas import PersonaLoadError, PersonaRegistry, UnknownPersonaError
-from voxstream.serving.service import SpeechFailure
+from voxstream.serving.service import SpeechFailure, UtteranceOptions
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
@@ -357,7 +357,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     service.check_persona(speech.persona)
     text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, persona=speech.persona)
+        options = UtteranceOptions(speech.persona)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, options)
         async with contextlib.aclosing(outputs):
             input_tokens = service.prefill_tokens(text, voice)
             return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)

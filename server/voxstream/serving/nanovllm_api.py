@@ -58,6 +58,7 @@ from voxstream.serving.http_api import (
 )
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, VOICES_KEY
 from voxstream.serving.personas import PersonaLoadError, UnknownPersonaError
+from voxstream.serving.service import UtteranceOptions
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -203,7 +204,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Channels": "1",
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
-    outputs = service.speak(service.new_request_id("generate"), text, params, voice, persona=lora)
+    outputs = service.speak(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
     async with contextlib.aclosing(outputs):
         response, _ = await stream_audio(request, outputs, encoder, headers)
     await response.write_eof()

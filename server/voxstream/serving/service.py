@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from voxstream.audio.clip import AudioSource
@@ -33,7 +34,10 @@ from voxstream.serving.error_codes import ErrorCode
 from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
 from voxstream.serving.speech_model import ModelInfo, SpeechModel
 
-__all__ = ["ModelInfo", "Service", "SpeechFailure", "SpeechService", "refused", "typed_failures"]
+__all__ = [
+    "ModelInfo", "Service", "SpeechFailure", "SpeechService", "UtteranceOptions", "refused", "speech_stream",
+    "typed_failures",
+]  # fmt: skip
 
 
 class SpeechFailure(VoxstreamError):
@@ -70,6 +74,22 @@ async def refused(failure: SpeechFailure) -> AsyncGenerator[Chunk, None]:
     """A stream that fails at its first output, as the engine's refusals do."""
     raise failure
     yield  # a generator  # pragma: no cover
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceOptions:
+    """How one utterance is spoken, beyond its text, parameters and voice (every ``Service.speak`` takes one)."""
+
+    persona: str | None = None
+    """A LoRA persona registered now; None is the base model."""
+    playback_lead_s: float | None = None
+    """The real-time scheduler's deadline inputs (``Request``): the listener's lead (None: the engine's default)
+    and, for a sentence continuing a stream that plays already, when its first chunk is due (on
+    ``time.monotonic``, one clock for every process of the machine; None: a new stream)."""
+    playback_due: float | None = None
+
+
+DEFAULT_OPTIONS = UtteranceOptions()
 
 
 class Service(Protocol):
@@ -110,12 +130,9 @@ class Service(Protocol):
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
-        """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``typed_failures``)."""
+        """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``speech_stream``)."""
         ...
 
     def abort(self, request_id: str) -> None: ...
@@ -141,6 +158,30 @@ class Service(Protocol):
 def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) -> bool:
     """The engine's refusal rule, seen from its latest stats: ``max_waiting`` beyond the free slots."""
     return stats.waiting >= max_waiting + max_running - stats.running
+
+
+def speech_stream(
+    service: Service,
+    request_id: str,
+    text: str,
+    params: SynthesisParams,
+    voice: VoicePrompt | None,
+    options: UtteranceOptions,
+    run: Callable[[Request], AsyncGenerator[Chunk, None]],
+) -> AsyncGenerator[Chunk, None]:
+    """One utterance's outputs from ``run`` (an engine's stream of its ``Request``), for every ``Service.speak``.
+
+    Its persona is checked first (unknown: the stream fails with ``unknown_persona``), and every failure
+    raises one ``SpeechFailure`` (``typed_failures``), so each transport reports it with the same code."""
+    try:
+        service.check_persona(options.persona)
+    except UnknownPersonaError as exc:
+        return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
+    request = Request(
+        request_id, text, service.prefill_tokens(text, voice), params, voice,
+        playback_lead_s=options.playback_lead_s, playback_due=options.playback_due, persona=options.persona,
+    )  # fmt: skip
+    return typed_failures(run(request))
 
 
 class SpeechService:
@@ -192,29 +233,15 @@ class SpeechService:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
 
         Every way the utterance can fail (refused, engine gone, ended in error or by shutdown, a persona
-        no longer loaded) raises one ``SpeechFailure``, so the WebSocket and HTTP paths report failures
-        with the same codes. ``playback_lead_s`` and ``playback_due`` (on ``time.monotonic``) are the
-        real-time scheduler's deadline inputs (``Request``); None takes the engine's default lead and
-        starts a new stream.
+        no longer loaded) raises one ``SpeechFailure`` (``speech_stream``), so the WebSocket and HTTP
+        paths report failures with the same codes.
         """
-        try:
-            self.check_persona(persona)
-        except UnknownPersonaError as exc:
-            return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-        tokens = self.prefill_tokens(text, voice)
-        request = Request(
-            request_id, text, tokens, params, voice,
-            playback_lead_s=playback_lead_s, playback_due=playback_due, persona=persona,
-        )  # fmt: skip
-        return typed_failures(self.engine.stream(request))
+        return speech_stream(self, request_id, text, params, voice, options, self.engine.stream)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -54,7 +54,7 @@ from voxstream.serving.protocol import (
     Text,
     decode_client,
 )
-from voxstream.serving.service import SpeechFailure, SpeechService
+from voxstream.serving.service import SpeechFailure, SpeechService, UtteranceOptions
 from voxstream.serving.utterance import Utterance, UtteranceStatus, continuation, ready_message, resolve_settings
 from voxstream.serving.voices import VoiceStore
 from voxstream.text.normalize import normalize_in_worker, preload_in_worker
@@ -378,10 +378,8 @@ class Session:
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = utterance.playback_lead_s, utterance.playback_due()
-        persona = utterance.settings.persona
-        speech = self.service.speak(
-            request_id, spoken, params, prompt, persona=persona, playback_lead_s=lead, playback_due=due
-        )
+        options = UtteranceOptions(utterance.settings.persona, playback_lead_s=lead, playback_due=due)
+        speech = self.service.speak(request_id, spoken, params, prompt, options)
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.audio.size:

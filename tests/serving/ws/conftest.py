@@ -39,7 +39,7 @@ from voxstream.serving.protocol import (
     decode_server,
     encode,
 )
-from voxstream.serving.service import ModelInfo
+from voxstream.serving.service import DEFAULT_OPTIONS, ModelInfo, UtteranceOptions
 from voxstream.serving.voices import VoiceStore
 from voxstream.serving.ws import STREAM_PATH, add_ws_routes
 from voxstream.tts import VoxCPM
@@ -220,13 +220,10 @@ class ClipService:
         text: str,
         params: SynthesisParams,
         voice: VoicePrompt | None = None,
-        *,
-        persona: str | None = None,
-        playback_lead_s: float | None = None,
-        playback_due: float | None = None,
+        options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncIterator[Chunk]:
         self.requests.append((text, params, voice))
-        self.timings.append((playback_lead_s, playback_due))
+        self.timings.append((options.playback_lead_s, options.playback_due))
         patch = self.info.samples_per_patch
         finished = False
         try:
