@@ -79,7 +79,6 @@ def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> 
     [
         (["--devices", "cpu,,cpu"], "devices=('cpu', '', 'cpu')"),
         (["--device", "cpu", "--devices", "cpu"], "devices="),
-        (["--devices", "cpu,cpu", "--lora", "a=/loras/a"], "with workers > 0 or devices"),  # personas: one process only
     ],
 )
 def test_bad_devices_flags_are_clear_cli_errors(

@@ -160,11 +160,6 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
         persona_app(loras=(("A", LORA.parent),))
 
 
-def test_personas_are_refused_with_workers() -> None:
-    with pytest.raises(ValueError, match="workers > 0"):
-        ServerConfig(loras=(("A", LORA),), workers=2)
-
-
 @pytest.mark.asyncio
 async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
     from voxstream.sim.model import SimSpeech

@@ -1,3 +1,3 @@
-from tests.serving.conftest import tiny_tts
+from tests.serving.conftest import persona_tts, tiny_tts
 
-__all__ = ["tiny_tts"]
+__all__ = ["persona_tts", "tiny_tts"]

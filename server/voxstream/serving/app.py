@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 from aiohttp import WSCloseCode, web
 
 from voxstream.engine import SynthesisParams
-from voxstream.errors import InvalidInputError
 from voxstream.serving.access_log import ACCESS_LOGGER, AccessLogger
 from voxstream.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxstream.serving.config import ServerConfig
@@ -40,7 +39,7 @@ from voxstream.serving.keys import (
 )
 from voxstream.serving.metrics import Metrics
 from voxstream.serving.nanovllm_api import add_nanovllm_routes
-from voxstream.serving.personas import PersonaRegistry
+from voxstream.serving.personas import LocalPersonas, open_registry
 from voxstream.serving.service import Service, SpeechService
 from voxstream.serving.speech_model import SpeechModel, VoxCPMSpeech, load_speech_model
 from voxstream.serving.voices import VoiceStore
@@ -69,12 +68,8 @@ _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 def make_app(config: ServerConfig, *, tts: VoxCPM | SpeechModel | None = None) -> web.Application:
     """Build the server's application; the model is loaded from ``config`` (blocking) unless given (tests)."""
     model = load_speech_model(config) if tts is None else VoxCPMSpeech(tts) if isinstance(tts, VoxCPM) else tts
-    personas = PersonaRegistry(model.tts, config) if isinstance(model, VoxCPMSpeech) else None
-    if personas is not None:
-        personas.load_configured()  # a bad --lora stops the server here, before it listens
-    elif config.loras:
-        raise InvalidInputError(f"--lora needs a checkpoint model; {config.model!r} has no LoRA layers")
-    service = SpeechService(model, config, personas)
+    registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
+    service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
     voices = VoiceStore(config.voices_dir, model.info.name, model.patch_shape, config.max_voices)
     return build_app(config, service, voices)
 

@@ -215,12 +215,6 @@ class ServerConfig:
         ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
         _check("loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
         _check("loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
-        _check(
-            "loras",
-            self.loras,
-            not (names and self.frontends),
-            "empty with workers > 0 or devices (not served there yet)",
-        )
         for name in ("api_keys", "allowed_origins"):
             values = getattr(self, name)
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)

@@ -10,16 +10,20 @@ connection's later utterances stay on the engine of its first (``pinned``). ``Sh
 frontends' voices equal: a voice saved or deleted here is announced to engine 0, the voices' one keeper,
 which tells the other frontends. A clip is encoded on the engine with the most free capacity; the encoded
 prompt travels with each request to whichever engine speaks it (and is cached on that engine's device).
+``RemotePersonas`` loads and removes LoRA personas on every engine (each one's registry is the truth for
+its requests) and keeps the names requests are checked against equal on every frontend, through engine 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import os
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import zmq
@@ -31,7 +35,7 @@ from voxstream.engine.streams import OutputStreams
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
-from voxstream.serving.personas import PersonaRegistry, check_persona
+from voxstream.serving.personas import PersonaInfo, UnknownPersonaError, check_persona
 from voxstream.serving.service import (
     DEFAULT_OPTIONS,
     Service,
@@ -44,7 +48,8 @@ from voxstream.serving.voices import Voice, VoiceInfo, VoiceStore
 logger = logging.getLogger(__name__)
 
 STOPPED = "the engine is stopped"
-VOICE_SYNC_TIMEOUT_S = 5.0
+SYNC_TIMEOUT_S = 5.0
+"""Longest wait for every frontend to apply a change of voices or personas (one that hangs is not waited for)."""
 
 
 class _EngineLink:
@@ -96,14 +101,15 @@ class EngineProxy:
         self.patch_shape = welcome.patch_shape
         self.prefill_tokens = welcome.prompt_length
         self.initial_voices = welcome.voices
-        self.personas: PersonaRegistry | None = None
-        """LoRA personas are not served with ``--workers`` (the config refuses ``--lora`` with it)."""
+        self.personas = RemotePersonas(self, welcome.personas) if welcome.personas is not None else None
+        """The engines' LoRA personas (None: a model without LoRA layers)."""
         self._streams = OutputStreams()
         self._engine_of: dict[str, _EngineLink] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}"
-        self._calls = itertools.count()
-        self._voice_calls: dict[int, asyncio.Future[VoicePrompt]] = {}
+        self._call_ids = itertools.count()
+        self._calls: dict[int, asyncio.Future[object]] = {}
+        """Calls to an engine waiting for its answer (``VoiceEncoded``, ``PersonaReply``), by call id."""
         self._syncs: dict[int, asyncio.Future[None]] = {}
         self._readers: list[asyncio.Task[None]] = []
         self.on_voices: Callable[[ipc.VoicesChanged], None] = lambda changes: None
@@ -133,7 +139,7 @@ class EngineProxy:
             link.socket.close()
 
     def engine_died(self) -> None:
-        """The supervisor saw an engine process exit: every stream and voice call fails now."""
+        """The supervisor saw an engine process exit: every stream and call fails now."""
         logger.error("an engine process died: failing %d open stream(s)", len(self._streams))
         self._fail("the engine process died")
 
@@ -232,11 +238,6 @@ class EngineProxy:
         sample_rate: int | None = None,
     ) -> VoicePrompt:
         """Encode a voice clip in the freest engine process (the model and its device live there)."""
-        if self._streams.closed_reason is not None:
-            raise EngineDeadError(self._streams.closed_reason)
-        call_id = next(self._calls)
-        future: asyncio.Future[VoicePrompt] = asyncio.get_running_loop().create_future()
-        self._voice_calls[call_id] = future
         kwargs = {
             "text": text,
             "audio": audio,
@@ -244,25 +245,46 @@ class EngineProxy:
             "reference_audio": reference_audio,
             "reference_sample_rate": sample_rate,
         }
-        self._links[self.freest()].send(ipc.EncodeVoice(call_id, kwargs))
+        prompt = await self.call(self.freest(), lambda call_id: ipc.EncodeVoice(call_id, kwargs))
+        assert isinstance(prompt, VoicePrompt)
+        return prompt
+
+    async def call(self, engine: int, message: Callable[[int], object]) -> object:
+        """Send engine ``engine`` the message ``message(call id)`` and wait for its answer's value (its error
+        raised here; ``EngineDeadError`` if an engine dies first)."""
+        if self._streams.closed_reason is not None:
+            raise EngineDeadError(self._streams.closed_reason)
+        call_id = next(self._call_ids)
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._links[engine].send(message(call_id))
         try:
             return await future
         finally:
-            self._voice_calls.pop(call_id, None)
+            self._calls.pop(call_id, None)
+
+    def engines(self) -> range:
+        return range(len(self._links))
 
     async def publish_voice(self, voice: Voice | None = None, deleted: str | None = None) -> None:
-        """Tell the other frontends (through engine 0) about a saved or deleted voice; returns once all of them
-        have it (or after ``VOICE_SYNC_TIMEOUT_S``, if one does not answer), so the client's next request finds
-        it everywhere."""
-        call_id = next(self._calls)
+        """Tell the other frontends (through engine 0) about a saved or deleted voice; see ``publish``."""
+        if voice is not None:
+            await self.publish(lambda call_id: ipc.VoiceSaved(call_id, voice))
+        else:
+            await self.publish(lambda call_id: ipc.VoiceDeleted(call_id, deleted or ""))
+
+    async def publish(self, message: Callable[[int], object]) -> None:
+        """Send engine 0, the hub, the announcement ``message(call id)``; returns once every frontend it concerns
+        has applied it (or after ``SYNC_TIMEOUT_S``, if one does not answer), so the client's next request
+        finds the change everywhere."""
+        call_id = next(self._call_ids)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncs[call_id] = future
-        hub = self._links[0]
-        hub.send(ipc.VoiceSaved(call_id, voice) if voice is not None else ipc.VoiceDeleted(call_id, deleted or ""))
+        self._links[0].send(message(call_id))
         try:
-            await asyncio.wait_for(future, VOICE_SYNC_TIMEOUT_S)
+            await asyncio.wait_for(future, SYNC_TIMEOUT_S)
         except asyncio.TimeoutError:
-            logger.warning("a voice change reached the other frontends late (over %.0f s)", VOICE_SYNC_TIMEOUT_S)
+            logger.warning("a change of voices or personas reached the frontends late (over %.0f s)", SYNC_TIMEOUT_S)
         finally:
             self._syncs.pop(call_id, None)
 
@@ -283,28 +305,33 @@ class EngineProxy:
                 link.unconfirmed.discard(message.request_id)
                 self._streams.reject(message.request_id, message.error)
             elif isinstance(message, ipc.VoiceEncoded):
-                self._resolve(message)
+                self._resolve(message.call_id, message.prompt, message.error)
+            elif isinstance(message, ipc.PersonaReply):
+                self._resolve(message.call_id, message.infos, message.error)
             elif isinstance(message, ipc.VoicesChanged):
                 self.on_voices(message)
-                link.send(ipc.VoicesApplied(message.sync))
-            elif isinstance(message, ipc.VoicesSynced):
+                link.send(ipc.Applied(message.sync))
+            elif isinstance(message, ipc.PersonasChanged):
+                if self.personas is not None:
+                    self.personas.apply(message.names)
+                link.send(ipc.Applied(message.sync))
+            elif isinstance(message, ipc.Synced):
                 synced = self._syncs.get(message.call_id)
                 if synced is not None and not synced.done():
                     synced.set_result(None)
 
-    def _resolve(self, encoded: ipc.VoiceEncoded) -> None:
-        future = self._voice_calls.get(encoded.call_id)
+    def _resolve(self, call_id: int, value: object, error: BaseException | None) -> None:
+        future = self._calls.get(call_id)
         if future is None or future.done():
             return  # the caller left
-        if encoded.error is not None:
-            future.set_exception(encoded.error)
+        if error is not None:
+            future.set_exception(error)
         else:
-            assert encoded.prompt is not None
-            future.set_result(encoded.prompt)
+            future.set_result(value)
 
     def _fail(self, reason: str) -> None:
         self._streams.close(reason)
-        for future in self._voice_calls.values():
+        for future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
         for synced in self._syncs.values():  # no other frontend is left to tell
@@ -408,3 +435,86 @@ class SharedVoiceStore(VoiceStore):
             self.adopt(voice)
         for voice_id in changes.deleted:
             self.forget(voice_id)
+
+
+class RemotePersonas:
+    """The engines' LoRA personas, seen from one frontend (``Personas``).
+
+    Adding, removing and listing go to every engine process (each owns its model's bank, and its registry
+    decides for the requests it runs); a request's persona is checked here against the names engine 0 last
+    announced (``apply``), which every frontend has before a change answers its client. An engine still
+    refuses a request naming a persona it no longer has (``unknown_persona``), as the single-process server
+    does.
+
+    With ``--devices``, a persona is on every engine or on none: if one engine cannot load it, the engines that
+    did remove it again and the add fails with that engine's error (two frontends adding one name at once may
+    thus both fail with ``persona_exists``; the client retries). A remove succeeds if any engine had the persona.
+    """
+
+    def __init__(self, proxy: EngineProxy, names: Sequence[str]) -> None:
+        self._proxy = proxy
+        self._names = frozenset(names)
+
+    def apply(self, names: Sequence[str]) -> None:
+        """Engine 0's persona names now (``PersonasChanged``)."""
+        self._names = frozenset(names)
+
+    def names(self) -> list[str]:
+        return sorted(self._names)
+
+    def check(self, name: str | None) -> None:
+        if name is not None and name not in self._names:
+            known = ", ".join(self.names()) or "none are loaded"
+            raise UnknownPersonaError(f"unknown persona {name!r} (personas: {known})")
+
+    async def infos(self) -> list[PersonaInfo]:
+        """Engine 0's personas, each with the requests holding it on every engine."""
+        every = await self._on_every_engine(ipc.ListPersonas)
+        users: collections.Counter[str] = collections.Counter()
+        for infos in every:
+            assert isinstance(infos, tuple)
+            users.update({info.name: info.in_use for info in infos})
+        first = every[0]
+        assert isinstance(first, tuple)
+        return [replace(info, in_use=users[info.name]) for info in first]
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        results = await asyncio.gather(
+            *(self._proxy.call(i, lambda call_id: ipc.AddPersona(call_id, name, path)) for i in self._proxy.engines()),
+            return_exceptions=True,
+        )
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            engines = zip(self._proxy.engines(), results, strict=True)
+            loaded = [i for i, result in engines if not isinstance(result, BaseException)]
+            await asyncio.gather(
+                *(self._proxy.call(i, lambda call_id: ipc.RemovePersona(call_id, name)) for i in loaded),
+                return_exceptions=True,
+            )
+            if loaded:
+                logger.warning("persona %r loaded on %d of %d engines: removed again", name, len(loaded), len(results))
+                await self._publish()
+            raise failed[0]
+        await self._publish()
+        first = results[0]
+        assert isinstance(first, tuple)
+        return first[0]
+
+    async def remove(self, name: str) -> None:
+        results = await asyncio.gather(
+            *(self._proxy.call(i, lambda call_id: ipc.RemovePersona(call_id, name)) for i in self._proxy.engines()),
+            return_exceptions=True,
+        )
+        if len([result for result in results if isinstance(result, BaseException)]) < len(results):
+            await self._publish()
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, UnknownPersonaError):
+                raise result
+        if all(isinstance(result, UnknownPersonaError) for result in results):
+            raise results[0]
+
+    async def _on_every_engine(self, message: Callable[[int], object]) -> list[object]:
+        return list(await asyncio.gather(*(self._proxy.call(i, message) for i in self._proxy.engines())))
+
+    async def _publish(self) -> None:
+        await self._proxy.publish(ipc.PersonasPublished)

@@ -50,7 +50,7 @@ from voxstream.serving.keys import (
     VOICES_KEY,
     Phase,
 )
-from voxstream.serving.personas import PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxstream.serving.personas import PersonaLoadError, Personas, UnknownPersonaError
 from voxstream.serving.service import SpeechFailure, UtteranceOptions
 from voxstream.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 from voxstream.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
@@ -585,21 +585,21 @@ async def create_lora(request: web.Request) -> web.Response:
 
 
 async def list_loras(request: web.Request) -> web.Response:
-    infos = persona_registry(request.app).infos()
+    infos = await persona_registry(request.app).infos()
     return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
 
 
 async def delete_lora(request: web.Request) -> web.Response:
     """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``."""
     name = request.match_info["name"]
-    persona_registry(request.app).remove(name)
+    await persona_registry(request.app).remove(name)
     return web.json_response({"name": name, "object": "lora", "deleted": True})
 
 
-def persona_registry(app: web.Application) -> PersonaRegistry:
-    """The server's personas; 400 ``personas_unavailable`` where there are none (``--workers``, ``--model sim``)."""
+def persona_registry(app: web.Application) -> Personas:
+    """The server's personas; 400 ``personas_unavailable`` where there are none (``--model sim``)."""
     personas = app[SERVICE_KEY].personas
     if personas is None:
-        message = "this server cannot serve LoRA personas (they need one process with a checkpoint model)"
+        message = "this server cannot serve LoRA personas (they need a checkpoint model)"
         raise ApiError(ErrorCode.PERSONAS_UNAVAILABLE, message)
     return personas

@@ -8,6 +8,11 @@ owns, never one message per row. It is two frames: the pickled ``Outputs`` (ids,
 reasons), then the step's audio for that frontend as one float32 buffer (``pack_outputs``): pickling
 a few hundred arrays one by one costs ~10x more than one concatenation, and the frontend's chunks are
 zero-copy views of the buffer it receives (``unpack_outputs``).
+
+Engine 0 is the hub of what every frontend must see alike (saved voices, the persona names): a change is
+announced to it, it tells every frontend (``VoicesChanged``, ``PersonasChanged``), and once each has
+answered ``Applied`` it answers the announcer ``Synced``, so a client's next request finds the change on
+any frontend.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy.typing as npt
 from voxstream.chunk import EMPTY_AUDIO, Patch
 from voxstream.engine import Chunk, EngineStats, FinishReason, Request
 from voxstream.prompt import VoicePrompt
+from voxstream.serving.personas import PersonaInfo
 from voxstream.serving.speech_model import ModelInfo, PromptLength
 from voxstream.serving.voices import Voice
 
@@ -82,10 +88,38 @@ class VoiceDeleted:
 
 
 @dataclass(frozen=True, slots=True)
-class VoicesApplied:
-    """A frontend applied ``VoicesChanged`` (its ``sync``)."""
+class Applied:
+    """A frontend applied ``VoicesChanged`` or ``PersonasChanged`` (its ``sync``)."""
 
     sync: tuple[bytes, int]
+
+
+@dataclass(frozen=True, slots=True)
+class AddPersona:
+    """Load a LoRA checkpoint folder as a persona (``PersonaRegistry.add``); answered by ``PersonaReply``."""
+
+    call_id: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemovePersona:
+    call_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListPersonas:
+    call_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersonasPublished:
+    """A frontend changed the personas (on every engine): engine 0 tells every frontend its names, then answers
+    ``Synced``."""
+
+    call_id: int
 
 
 # ---- engine -> frontend -----------------------------------------------------------------------------------------
@@ -99,6 +133,8 @@ class Welcome:
     patch_shape: tuple[int, int]
     prompt_length: PromptLength
     voices: tuple[Voice, ...]
+    personas: tuple[str, ...] | None
+    """The registered personas' names; None: the model has no LoRA layers (the simulator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +186,7 @@ class VoiceEncoded:
 
 @dataclass(frozen=True, slots=True)
 class VoicesChanged:
-    """Another frontend saved or deleted voices; answer ``VoicesApplied(sync)`` once they are in the store."""
+    """Another frontend saved or deleted voices; answer ``Applied(sync)`` once they are in the store."""
 
     sync: tuple[bytes, int]
     """The origin frontend's identity and its call id."""
@@ -159,7 +195,26 @@ class VoicesChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class VoicesSynced:
-    """Every other frontend has the change of the origin's call ``call_id``: the upload or delete may answer."""
+class PersonasChanged:
+    """The personas' names now (engine 0's); answer ``Applied(sync)`` once requests are checked against them."""
+
+    sync: tuple[bytes, int]
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    """Every frontend concerned has the change of the origin's call ``call_id``: the request that made it may
+    answer."""
 
     call_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersonaReply:
+    """The answer to ``AddPersona`` (the persona), ``RemovePersona`` (nothing) or ``ListPersonas`` (all of
+    them); ``error``: ``UnknownPersonaError``, ``PersonaLoadError`` or an unexpected failure."""
+
+    call_id: int
+    infos: tuple[PersonaInfo, ...] = ()
+    error: BaseException | None = None

@@ -57,7 +57,7 @@ from voxstream.serving.http_api import (
     stream_audio,
 )
 from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, VOICES_KEY
-from voxstream.serving.personas import PersonaLoadError, UnknownPersonaError
+from voxstream.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
 from voxstream.serving.service import UtteranceOptions
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -324,11 +324,12 @@ async def info(request: web.Request) -> web.Response:
     app = request.app
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
     registry = service.personas
-    names = registry.names() if registry is not None else []
+    infos = await registry.infos() if registry is not None else []
+    names = [info.name for info in infos]
     lora = {
         "enabled": registry is not None, "enable_lm": True, "enable_dit": True, "enable_proj": True,
         "max_loras": config.max_personas, "max_lora_rank": config.max_lora_rank,
-        **(registry.targets() if registry is not None else {}), "registered_names": names, "loaded": bool(names),
+        **(persona_targets(infos) if registry is not None else {}), "registered_names": names, "loaded": bool(names),
     }  # fmt: skip
     patch_size, feat_dim = app[VOICES_KEY].patch_shape
     model = {
@@ -354,5 +355,5 @@ async def register_lora(request: web.Request) -> web.Response:
 
 async def unregister_lora(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    persona_registry(request.app).remove(name)
+    await persona_registry(request.app).remove(name)
     return web.json_response({"name": name})

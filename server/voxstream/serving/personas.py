@@ -1,22 +1,31 @@
-"""``PersonaRegistry``: the server's view of the model's LoRA personas (``voxstream.model.personas``).
+"""LoRA personas as the server sees them: ``PersonaRegistry`` over one model's bank (``voxstream.model.personas``),
+and ``Personas``, what the handlers use.
 
-Every transport checks a persona's name here before it starts work (``check``: an unknown name is an
+Every transport checks a persona's name before it starts work (``check``: an unknown name is an
 ``UnknownPersonaError``, the same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the
-``/v1/loras`` API). Loading reads files and briefly holds the engine's step lock, so it runs on a worker
-thread, never on the event loop. Removing a persona lets the requests already holding it finish; new ones
-are refused. A persona removed between ``check`` and the engine's prefill ends that request in error.
+``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
+
+``PersonaRegistry`` is plain blocking code: the single-process server wraps it in ``LocalPersonas`` (loads on
+a worker thread, never on the event loop); with ``--workers`` each engine process owns one, and the frontends
+reach it over IPC (``engine_proxy.RemotePersonas``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from voxstream.errors import ModelLoadError, VoxstreamError
+from voxstream.errors import InvalidInputError, ModelLoadError, VoxstreamError
 from voxstream.model.personas import PersonaError
 from voxstream.serving.config import ServerConfig, is_persona_name
+from voxstream.serving.speech_model import SpeechModel, VoxCPMSpeech
 from voxstream.tts import VoxCPM
+
+TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
+"""The reference config's keys of the modules an adapter targets."""
 
 
 class UnknownPersonaError(VoxstreamError):
@@ -30,6 +39,10 @@ class PersonaLoadError(VoxstreamError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    def __reduce__(self) -> tuple[type[PersonaLoadError], tuple[str, str]]:
+        # It crosses the engine-frontend IPC pickled; the default would rebuild it from ``args`` alone.
+        return type(self), (self.code, str(self))
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ class PersonaInfo:
     projections: bool
     in_use: int
     """Requests holding it now."""
+    modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The modules it adapts, by the reference config's keys (``TARGET_KEYS``)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -53,7 +68,33 @@ class PersonaInfo:
         }  # fmt: skip
 
 
-def check_persona(personas: PersonaRegistry | None, persona: str | None) -> None:
+def persona_targets(infos: Iterable[PersonaInfo]) -> dict[str, list[str]]:
+    """The modules any of ``infos`` adapts, by the reference config's keys (Nano-vLLM-VoxCPM's ``GET /info``)."""
+    infos = list(infos)
+    return {key: sorted({module for info in infos for module in info.modules.get(key, ())}) for key in TARGET_KEYS}
+
+
+class Personas(Protocol):
+    """The personas requests may name, as the handlers use them (``LocalPersonas``, ``RemotePersonas``)."""
+
+    def names(self) -> list[str]: ...
+
+    def check(self, name: str | None) -> None:
+        """Raise ``UnknownPersonaError`` unless ``name`` is None (the base model) or a registered persona."""
+        ...
+
+    async def infos(self) -> list[PersonaInfo]: ...
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        """Load the checkpoint folder ``path`` (on the server) as ``name``; ``PersonaLoadError`` if it cannot."""
+        ...
+
+    async def remove(self, name: str) -> None:
+        """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``."""
+        ...
+
+
+def check_persona(personas: Personas | PersonaRegistry | None, persona: str | None) -> None:
     """Raise ``UnknownPersonaError`` unless ``persona`` is None (the base model) or loaded in ``personas``."""
     if persona is None:
         return
@@ -62,14 +103,26 @@ def check_persona(personas: PersonaRegistry | None, persona: str | None) -> None
     personas.check(persona)
 
 
+def open_registry(model: SpeechModel, config: ServerConfig) -> PersonaRegistry | None:
+    """The personas of ``model`` with ``config.loras`` loaded (blocking: at startup, before the server reports
+    ready, so a bad ``--lora`` stops it); None for a model without LoRA layers (the simulator)."""
+    if not isinstance(model, VoxCPMSpeech):
+        if config.loras:
+            raise InvalidInputError(f"--lora needs a checkpoint model; {config.model!r} has no LoRA layers")
+        return None
+    registry = PersonaRegistry(model.tts, config)
+    for name, path in config.loras:  # the operator's folders: not bound to ``lora_root``
+        registry.load(name, Path(path))
+    return registry
+
+
 class PersonaRegistry:
-    """Names → adapters of one model; the model's ``PersonaBank`` is made with the configured capacity."""
+    """Names → adapters of one model (blocking calls); the model's ``PersonaBank`` is made with the configured
+    capacity. Its callers run one ``add`` at a time, so two loads of one name cannot both pass the checks."""
 
     def __init__(self, tts: VoxCPM, config: ServerConfig) -> None:
         self.tts = tts
         self.config = config
-        self._lock = asyncio.Lock()
-        """Serializes adds, so two loads of one name cannot both pass the existence check."""
 
     def _bank_names(self) -> list[str]:
         bank = self.tts.personas
@@ -95,34 +148,33 @@ class PersonaRegistry:
         for name, adapter in sorted(adapters.items()):
             lora = adapter.config
             targets = (lora.enable_lm, lora.enable_dit, lora.enable_proj)
-            infos.append(PersonaInfo(name, adapter.source, adapter.rank, lora.alpha, *targets, users[name]))
+            modules = {key: tuple(getattr(lora, key)) for key in TARGET_KEYS}
+            infos.append(PersonaInfo(name, adapter.source, adapter.rank, lora.alpha, *targets, users[name], modules))
         return infos
 
-    def targets(self) -> dict[str, list[str]]:
-        """The modules the registered personas adapt, by the reference config's keys (``GET /info``)."""
-        bank = self.tts.personas
-        configs = [adapter.config for adapter in bank.adapters.values()] if bank is not None else []
-        keys = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
-        return {key: sorted({module for lora in configs for module in getattr(lora, key)}) for key in keys}
-
-    def load_configured(self) -> None:
-        """Load ``config.loras`` (blocking: at startup, before the server reports ready)."""
-        for name, path in self.config.loras:
-            self._load(name, Path(path))
-
-    async def add(self, name: str, path: str) -> PersonaInfo:
-        """Load the checkpoint folder ``path`` (on the server) as ``name``, off the event loop."""
+    def add(self, name: str, path: str) -> PersonaInfo:
+        """Load the checkpoint folder ``path`` (on the server) as ``name`` (blocking: reads files, and briefly
+        holds the engine's step lock)."""
         if not is_persona_name(name):
             raise PersonaLoadError("invalid_name", "a persona name is 1-64 letters, digits or ._-")
         folder = self._folder(path)
-        async with self._lock:
-            if name in self._bank_names():
-                raise PersonaLoadError("persona_exists", f"persona {name!r} exists; delete it first")
-            if len(self._bank_names()) >= self.config.max_loras:
-                limit = self.config.max_loras
-                raise PersonaLoadError("persona_limit", f"{limit} personas are loaded (max_loras); delete one first")
-            await asyncio.to_thread(self._load, name, folder)
+        if name in self._bank_names():
+            raise PersonaLoadError("persona_exists", f"persona {name!r} exists; delete it first")
+        if len(self._bank_names()) >= self.config.max_loras:
+            limit = self.config.max_loras
+            raise PersonaLoadError("persona_limit", f"{limit} personas are loaded (max_loras); delete one first")
+        self.load(name, folder)
         return next(info for info in self.infos() if info.name == name)
+
+    def load(self, name: str, folder: Path) -> None:
+        """Load the checkpoint ``folder`` as ``name``, unchecked (``add`` checks a client's request)."""
+        self.tts.enable_personas(self.config.max_personas, self.config.max_lora_rank)
+        try:
+            self.tts.load_persona(name, folder)
+        except ModelLoadError as exc:
+            raise PersonaLoadError("invalid_lora", str(exc)) from exc
+        except PersonaError as exc:  # a rank above max_lora_rank
+            raise PersonaLoadError("lora_too_large", str(exc)) from exc
 
     def remove(self, name: str) -> None:
         """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``."""
@@ -145,11 +197,27 @@ class PersonaRegistry:
             raise PersonaLoadError("invalid_path", f"{path!r} is not a folder on the server")
         return folder
 
-    def _load(self, name: str, folder: Path) -> None:
-        self.tts.enable_personas(self.config.max_personas, self.config.max_lora_rank)
-        try:
-            self.tts.load_persona(name, folder)
-        except ModelLoadError as exc:
-            raise PersonaLoadError("invalid_lora", str(exc)) from exc
-        except PersonaError as exc:  # a rank above max_lora_rank
-            raise PersonaLoadError("lora_too_large", str(exc)) from exc
+
+class LocalPersonas:
+    """``Personas`` of the single-process server: its model's registry, loads off the event loop."""
+
+    def __init__(self, registry: PersonaRegistry) -> None:
+        self.registry = registry
+        self._lock = asyncio.Lock()
+        """Serializes adds, so two loads of one name cannot both pass the existence check."""
+
+    def names(self) -> list[str]:
+        return self.registry.names()
+
+    def check(self, name: str | None) -> None:
+        self.registry.check(name)
+
+    async def infos(self) -> list[PersonaInfo]:
+        return self.registry.infos()
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        async with self._lock:
+            return await asyncio.to_thread(self.registry.add, name, path)
+
+    async def remove(self, name: str) -> None:
+        self.registry.remove(name)

@@ -31,7 +31,7 @@ from voxstream.finish_reason import FinishReason
 from voxstream.prompt import VoicePrompt
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.error_codes import ErrorCode
-from voxstream.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona
+from voxstream.serving.personas import Personas, UnknownPersonaError, check_persona
 from voxstream.serving.speech_model import ModelInfo, SpeechModel
 
 __all__ = [
@@ -66,6 +66,8 @@ async def typed_failures(stream: AsyncGenerator[Chunk, None]) -> AsyncGenerator[
             raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
         except EngineDeadError as exc:
             raise SpeechFailure(ErrorCode.UNAVAILABLE, str(exc)) from None
+        except UnknownPersonaError as exc:  # removed after the check (an engine process refused it)
+            raise SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
         except ValueError as exc:  # a parameter past the engine's limits, a text it cannot use
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
 
@@ -96,8 +98,8 @@ class Service(Protocol):
     """What the handlers use: ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``)."""
 
     info: ModelInfo
-    personas: PersonaRegistry | None
-    """The LoRA personas requests may name (None: none, e.g. the simulator or ``--workers`` frontends)."""
+    personas: Personas | None
+    """The LoRA personas requests may name (None: none, e.g. the simulator)."""
 
     async def start(self) -> None: ...
 
@@ -187,7 +189,7 @@ def speech_stream(
 class SpeechService:
     """Async facade over one model and its engine. Start it inside the event loop that will use it."""
 
-    def __init__(self, model: SpeechModel, config: ServerConfig, personas: PersonaRegistry | None = None) -> None:
+    def __init__(self, model: SpeechModel, config: ServerConfig, personas: Personas | None = None) -> None:
         self.model = model
         self.personas = personas
         """The LoRA personas requests may name; None: the base model only."""

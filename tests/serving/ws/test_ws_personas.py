@@ -95,7 +95,7 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     await stream.expect(Segment)  # the utterance is under way: its first audio frame follows
 
     assert persona_tts.personas is not None and persona_tts.personas.users("A") == 1  # held by this utterance
-    server.app[SERVICE_KEY].personas.remove("A")
+    await server.app[SERVICE_KEY].personas.remove("A")
     heard = await stream.heard()
     assert heard.errors == []
     audio = heard.pcm()
