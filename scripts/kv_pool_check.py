@@ -65,7 +65,7 @@ class Server:
         command = [
             sys.executable, "-m", "voxstream.cli.main", "serve", "--model", str(model), "--device", "cpu",
             "--port", str(self.port), "--max-sessions", str(MAX_SESSIONS), "--max-length", str(MAX_LENGTH),
-            "--kv-cache-gb", str(kv_cache_gb), "--max-waiting", "256", "--log-level", "WARNING",
+            "--kv-cache-gb", str(kv_cache_gb), "--max-waiting", "256", "--log-level", "WARNING", "--workers", "0",
         ]  # fmt: skip
         self.process = subprocess.Popen(command)
         self.url = f"http://127.0.0.1:{self.port}"

@@ -18,7 +18,8 @@ class ServerProcess:
     """``voxstream serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "voxstream.cli.main", "serve", *args, "--port", "0"]
+        single = () if "--workers" in args else ("--workers", "0")  # one process unless a test asks for workers
+        command = [sys.executable, "-m", "voxstream.cli.main", "serve", *single, *args, "--port", "0"]
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         )

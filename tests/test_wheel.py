@@ -67,7 +67,8 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [venv / "bin" / "voxstream", "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port)],
+        [venv / "bin" / "voxstream", "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "0"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

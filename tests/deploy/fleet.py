@@ -102,6 +102,7 @@ class Fleet:
     def replica(self, name: str, *flags: str) -> Replica:
         port = free_port()
         command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--port", str(port), "--replica-id", name]
+        command += ["--workers", "0"]  # each replica in one process: the fleet tests are about balancing
         replica = self.start(name, [*command, *flags], port=port)
         assert isinstance(replica, Replica)
         return replica

@@ -24,9 +24,11 @@ def test_every_limit_flag_is_in_the_readme_limits_table() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme[readme.index("#### Limits") : readme.index("### HTTP API")]
+    per_machine = {"workers": "one per spare core"}  # defaults computed from the machine, shown as their rule
     for name in _LIMITS:
         default = getattr(ServerConfig(), name)
         shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
+        shown = per_machine.get(name, shown)
         assert f"| `--{name.replace('_', '-')}` | {shown} |" in table, name
 
 
@@ -70,7 +72,7 @@ def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> 
         build_parser().parse_args(["serve", "--devices", "cpu,cpu", "--workers", "3"]), environ={}
     )
     assert config.frontends == 3
-    single = config_from_args(build_parser().parse_args(["serve", "--device", "cpu"]), environ={})
+    single = config_from_args(build_parser().parse_args(["serve", "--device", "cpu", "--workers", "0"]), environ={})
     assert (single.engine_devices(), single.frontends) == (("cpu",), 0)
 
 
@@ -112,6 +114,7 @@ def test_lora_flags_make_the_persona_config(capsys: pytest.CaptureFixture[str]) 
 
 def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
     command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
+    command += ["--workers", "0"]  # the single-process server's own shutdown (tests/workers cover --workers N)
     env = {**os.environ, "VOXSTREAM_API_KEYS": "k"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -32,9 +32,8 @@ LONG = " ".join([SENTENCE] * 4)
 
 def sim_devices(*extra: str) -> ServerProcess:
     # A 60 ms step per 160 ms chunk: utterances last seconds, long enough to see both engines at work.
-    return ServerProcess(
-        "--model", "sim", "--sim-cost", "60ms", "--devices", "cpu,cpu", *extra, env={"VOXSTREAM_API_KEYS": KEY}
-    )
+    flags = ("--model", "sim", "--sim-cost", "60ms", "--devices", "cpu,cpu", "--workers", "1")
+    return ServerProcess(*flags, *extra, env={"VOXSTREAM_API_KEYS": KEY})
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +146,7 @@ def test_ready_waits_for_every_engine() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", "sim", "--devices", "cpu,cpu"]
+    command += ["--workers", "1"]  # one frontend, whatever the machine's cores
     process = subprocess.Popen(
         [*command, "--port", str(port)], stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )

@@ -50,7 +50,8 @@ _LIMITS: dict[str, str] = {
     "opus_bitrate": "Opus bitrate, bits per second",
     "opus_complexity": "Opus encoder complexity, 0-10 (7 and up cost ~5x the CPU of 6 on speech)",
     "encoder_threads": "threads running audio encoders off the event loop (0: on the loop)",
-    "workers": "frontend processes sharing the port, with one engine process owning the model (0: one process)",
+    "workers": "frontend processes sharing the port, with one engine process owning the model (default: one per spare "
+    "core, at least 1; 0: one process)",
     "max_personas": "LoRA personas resident on the device at once (more are swapped in, least recently used first)",
     "max_lora_rank": "largest LoRA rank accepted (resident adapters are padded to it)",
     "max_loras": "LoRA personas registered at once (--lora and POST /v1/loras)",

@@ -8,6 +8,7 @@ that an operator might want to change.
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -32,6 +33,25 @@ _POSITIVE_FLOATS = (
 )  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A persona's name: safe in URLs (``DELETE /v1/loras/{name}``), logs and headers."""
+
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+"""cgroup v2 CPU quota ("<quota> <period>" or "max <period>"): a container's CPU limit, which affinity ignores."""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may use: its CPU affinity, capped by a container's CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = CGROUP_CPU_MAX.read_text().split()
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no quota
+        return cores
+
+
+def spare_cores() -> int:
+    """The default ``--workers``: the usable cores less the one the engine process keeps busy; at least 1."""
+    return max(1, usable_cores() - 1)
 
 
 @dataclass(frozen=True)
@@ -160,14 +180,14 @@ class ServerConfig:
     """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
 
     # ---- processes ----
-    workers: int = 0
+    workers: int = field(default_factory=spare_cores)
     """Frontend processes (``--workers N``): each runs its own event loop, sockets and encoders on the shared
-    port, and one engine process owns the model; 0 serves everything from this one process."""
+    port, and one engine process owns the model; 0 serves everything from this one process. Default: one per
+    core the engine process does not need (``spare_cores``)."""
     devices: tuple[str, ...] = ()
     """``--devices cuda:0,cuda:1``: one engine process per device (each its own KV pool and graphs), new
     utterances to the one with the most free capacity; empty: one engine on ``device``. Implies at least one
     frontend process (``frontends``), since the engines run in processes of their own."""
-    """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
