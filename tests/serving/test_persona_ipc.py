@@ -1,0 +1,188 @@
+"""Personas across processes, without spawning any: the engine process's side of the persona messages
+(``EngineCore`` on its ZeroMQ socket, driven by a test DEALER), and the frontend's ``RemotePersonas`` over
+several engines (a load that fails on one engine is rolled back on the others)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import zmq
+
+from voxstream.engine import Engine, Request
+from voxstream.serving import ipc
+from voxstream.serving.config import ServerConfig
+from voxstream.serving.engine_core import EngineCore
+from voxstream.serving.engine_proxy import RemotePersonas
+from voxstream.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxstream.serving.speech_model import VoxCPMSpeech
+from voxstream.tts import VoxCPM
+
+from .conftest import LORA
+
+
+class Frontend:
+    """A frontend's socket to one ``EngineCore``: send a message, receive the next one."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(0))
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(endpoint)
+
+    def send(self, message: object) -> None:
+        self.socket.send(ipc.dumps(message))
+
+    def receive(self, kind: type, timeout_s: float = 30.0) -> object:
+        """The next message of type ``kind`` (heartbeats and step outputs in between are skipped)."""
+        while self.socket.poll(int(timeout_s * 1000)):
+            message = ipc.loads(self.socket.recv_multipart()[0])
+            if isinstance(message, kind):
+                return message
+        raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
+
+
+@pytest.fixture
+def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
+    """An engine process's core on the persona model, in a thread, with no persona loaded."""
+    bank = persona_tts.personas
+    for name in list(bank.adapters) if bank is not None else []:
+        bank.remove(name)
+    config = ServerConfig(max_sessions=2, max_lora_rank=16, realtime=False, workers=0)
+    model = VoxCPMSpeech(persona_tts)
+    endpoint = f"ipc://{tmp_path}/engine-0"
+    core = EngineCore(model, Engine(model.new_runner(config), config.engine_config()), endpoint,
+                      PersonaRegistry(persona_tts, config))  # fmt: skip
+    thread = threading.Thread(target=core.run, name="test-engine-core")
+    thread.start()
+    frontend = Frontend(endpoint)
+    try:
+        frontend.send(ipc.Hello(1))
+        welcome = frontend.receive(ipc.Welcome)
+        assert isinstance(welcome, ipc.Welcome) and welcome.personas == ()
+        yield frontend
+    finally:
+        core.stop()
+        thread.join(timeout=30)
+        frontend.socket.close()
+
+
+def test_the_engine_loads_lists_announces_and_removes_personas(engine: Frontend) -> None:
+    engine.send(ipc.AddPersona(1, "A", str(LORA)))
+    reply = engine.receive(ipc.PersonaReply)
+    assert isinstance(reply, ipc.PersonaReply) and reply.error is None
+    [info] = reply.infos
+    assert (info.name, info.rank, info.in_use) == ("A", 8, 0) and info.modules["target_modules_lm"]
+
+    engine.send(ipc.AddPersona(2, "A", str(LORA)))
+    refused = engine.receive(ipc.PersonaReply)
+    assert isinstance(refused, ipc.PersonaReply) and isinstance(refused.error, PersonaLoadError)
+    assert refused.error.code == "persona_exists"  # pickled across the socket with its code
+
+    engine.send(ipc.PersonasPublished(3))  # the origin is told too, and answers before it hears Synced
+    changed = engine.receive(ipc.PersonasChanged)
+    assert isinstance(changed, ipc.PersonasChanged) and changed.names == ("A",)
+    engine.send(ipc.Applied(changed.sync))
+    synced = engine.receive(ipc.Synced)
+    assert isinstance(synced, ipc.Synced) and synced.call_id == 3
+
+    engine.send(ipc.ListPersonas(4))
+    listed = engine.receive(ipc.PersonaReply)
+    assert isinstance(listed, ipc.PersonaReply) and [i.name for i in listed.infos] == ["A"]
+    engine.send(ipc.RemovePersona(5, "A"))
+    removed = engine.receive(ipc.PersonaReply)
+    assert isinstance(removed, ipc.PersonaReply) and removed.error is None
+    engine.send(ipc.RemovePersona(6, "A"))
+    again = engine.receive(ipc.PersonaReply)
+    assert isinstance(again, ipc.PersonaReply) and isinstance(again.error, UnknownPersonaError)
+
+
+def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: Frontend) -> None:
+    # A frontend whose list of names is stale (a removal not yet announced) still gets the typed refusal.
+    engine.send(ipc.Add(Request("r-1", "Hello there.", 8, persona="gone")))
+    rejected = engine.receive(ipc.Rejected)
+    assert isinstance(rejected, ipc.Rejected) and rejected.request_id == "r-1"
+    assert isinstance(rejected.error, UnknownPersonaError) and "gone" in str(rejected.error)
+
+
+# ---- RemotePersonas over several engines ------------------------------------------------------------------------
+
+
+def info(name: str, in_use: int = 0) -> PersonaInfo:
+    return PersonaInfo(name, f"/loras/{name}", 8, 16.0, True, True, True, in_use)
+
+
+@dataclass
+class FakeEngines:
+    """``EngineProxy``'s calls as ``RemotePersonas`` uses them: each engine answers by message type."""
+
+    answers: list[dict[type, object]]
+    sent: list[tuple[int, object]] = field(default_factory=list)
+    published: int = 0
+
+    def engines(self) -> range:
+        return range(len(self.answers))
+
+    async def call(self, engine: int, message: Callable[[int], object]) -> object:
+        sent = message(len(self.sent))
+        self.sent.append((engine, sent))
+        answer = self.answers[engine][type(sent)]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def publish(self, message: Callable[[int], object]) -> None:
+        self.published += 1
+
+
+@pytest.mark.asyncio
+async def test_a_persona_one_engine_cannot_load_is_removed_from_the_others() -> None:
+    bad = PersonaLoadError("invalid_lora", "engine 1 could not read it")
+    engines = FakeEngines([{ipc.AddPersona: (info("B"),), ipc.RemovePersona: ()}, {ipc.AddPersona: bad}])
+    personas = RemotePersonas(engines, ["A"])  # type: ignore[arg-type]
+    with pytest.raises(PersonaLoadError) as caught:
+        await personas.add("B", "/loras/B")
+    assert caught.value is bad
+    removes = [(engine, message.name) for engine, message in engines.sent if isinstance(message, ipc.RemovePersona)]
+    assert removes == [(0, "B")] and engines.published == 1  # the frontends hear the rolled-back list
+
+
+@pytest.mark.asyncio
+async def test_a_persona_every_engine_loads_is_announced_once() -> None:
+    engines = FakeEngines([{ipc.AddPersona: (info("B"),)}, {ipc.AddPersona: (info("B"),)}])
+    personas = RemotePersonas(engines, ["A"])  # type: ignore[arg-type]
+    assert await personas.add("B", "/loras/B") == info("B")
+    assert engines.published == 1 and not any(isinstance(m, ipc.RemovePersona) for _, m in engines.sent)
+
+
+@pytest.mark.asyncio
+async def test_listing_counts_users_on_every_engine_and_remove_needs_one_engine_to_know_it() -> None:
+    unknown = UnknownPersonaError("unknown persona 'B'")
+    engines = FakeEngines(
+        [
+            {ipc.ListPersonas: (info("A", 1), info("B", 0)), ipc.RemovePersona: ()},
+            {ipc.ListPersonas: (info("A", 2), info("B", 3)), ipc.RemovePersona: unknown},
+        ]
+    )
+    personas = RemotePersonas(engines, ["A", "B"])  # type: ignore[arg-type]
+    assert [(i.name, i.in_use) for i in await personas.infos()] == [("A", 3), ("B", 3)]
+    await personas.remove("B")  # engine 1 had lost it already: removed all the same
+    assert engines.published == 1
+    engines.answers[0][ipc.RemovePersona] = unknown
+    with pytest.raises(UnknownPersonaError):
+        await personas.remove("B")
+    assert engines.published == 1  # nothing changed, nothing to announce
+
+
+def test_names_are_checked_against_the_last_announced_list() -> None:
+    personas = RemotePersonas(FakeEngines([{}]), ["A"])  # type: ignore[arg-type]
+    personas.check("A")
+    personas.check(None)
+    with pytest.raises(UnknownPersonaError, match="'B'"):
+        personas.check("B")
+    personas.apply(("A", "B"))
+    personas.check("B")
+    assert personas.names() == ["A", "B"]
