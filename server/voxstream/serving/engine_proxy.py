@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -469,9 +469,11 @@ class RemotePersonas:
 
     async def infos(self) -> list[PersonaInfo]:
         """Engine 0's personas, each with the requests holding it on every engine."""
-        every = await self._on_every_engine(ipc.ListPersonas)
+        every = await self._on_each(ipc.ListPersonas, self._proxy.engines())
         users: collections.Counter[str] = collections.Counter()
         for infos in every:
+            if isinstance(infos, BaseException):
+                raise infos
             assert isinstance(infos, tuple)
             users.update({info.name: info.in_use for info in infos})
         first = every[0]
@@ -479,42 +481,36 @@ class RemotePersonas:
         return [replace(info, in_use=users[info.name]) for info in first]
 
     async def add(self, name: str, path: str) -> PersonaInfo:
-        results = await asyncio.gather(
-            *(self._proxy.call(i, lambda call_id: ipc.AddPersona(call_id, name, path)) for i in self._proxy.engines()),
-            return_exceptions=True,
-        )
-        failed = [result for result in results if isinstance(result, BaseException)]
-        if failed:
+        results = await self._on_each(lambda call_id: ipc.AddPersona(call_id, name, path), self._proxy.engines())
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if errors:
             engines = zip(self._proxy.engines(), results, strict=True)
             loaded = [i for i, result in engines if not isinstance(result, BaseException)]
-            await asyncio.gather(
-                *(self._proxy.call(i, lambda call_id: ipc.RemovePersona(call_id, name)) for i in loaded),
-                return_exceptions=True,
-            )
             if loaded:
-                logger.warning("persona %r loaded on %d of %d engines: removed again", name, len(loaded), len(results))
+                logger.warning("persona %r loaded on %d of %d engines: removing it", name, len(loaded), len(results))
+                await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), loaded)
                 await self._publish()
-            raise failed[0]
+            raise errors[0]
         await self._publish()
         first = results[0]
         assert isinstance(first, tuple)
         return first[0]
 
     async def remove(self, name: str) -> None:
-        results = await asyncio.gather(
-            *(self._proxy.call(i, lambda call_id: ipc.RemovePersona(call_id, name)) for i in self._proxy.engines()),
-            return_exceptions=True,
-        )
-        if len([result for result in results if isinstance(result, BaseException)]) < len(results):
+        results = await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), self._proxy.engines())
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if len(errors) < len(results):
             await self._publish()
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, UnknownPersonaError):
-                raise result
-        if all(isinstance(result, UnknownPersonaError) for result in results):
-            raise results[0]
+        unexpected = [error for error in errors if not isinstance(error, UnknownPersonaError)]
+        if unexpected:
+            raise unexpected[0]
+        if len(errors) == len(results):  # no engine had it
+            raise errors[0]
 
-    async def _on_every_engine(self, message: Callable[[int], object]) -> list[object]:
-        return list(await asyncio.gather(*(self._proxy.call(i, message) for i in self._proxy.engines())))
+    async def _on_each(self, message: Callable[[int], object], engines: Iterable[int]) -> list[object]:
+        """Each of ``engines``' answer to ``message(call id)``, or the exception it raised."""
+        calls = (self._proxy.call(engine, message) for engine in engines)
+        return list(await asyncio.gather(*calls, return_exceptions=True))
 
     async def _publish(self) -> None:
         await self._proxy.publish(ipc.PersonasPublished)
