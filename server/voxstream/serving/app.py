@@ -25,6 +25,7 @@ from voxstream.serving.access_log import ACCESS_LOGGER, AccessLogger
 from voxstream.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxstream.serving.config import ServerConfig
 from voxstream.serving.encoding import EncoderPool
+from voxstream.serving.heap import freeze_startup_heap
 from voxstream.serving.http_api import add_http_routes, error_middleware
 from voxstream.serving.keys import (
     CONFIG_KEY,
@@ -219,6 +220,13 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
+async def _freeze_when_ready(app: web.Application) -> None:
+    """Wait for the warm-up, then take the startup heap out of garbage collection (see ``heap``)."""
+    while not app[STATE_KEY].accepting:
+        await asyncio.sleep(_READY_POLL_S)
+    freeze_startup_heap("server")
+
+
 async def run_app(
     app: web.Application, config: ServerConfig, *, reuse_port: bool = False, stop: asyncio.Event | None = None
 ) -> None:
@@ -227,10 +235,10 @@ async def run_app(
     joins the port only once warmed up, so no connection lands on one that cannot serve it yet."""
     runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
     await runner.setup()
+    ready = asyncio.create_task(_freeze_when_ready(app), name="voxstream-freeze-heap")
     try:
         if reuse_port:
-            while not app[STATE_KEY].accepting:
-                await asyncio.sleep(_READY_POLL_S)
+            await asyncio.shield(ready)
         await web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None).start()
         for host, port, *_ in runner.addresses:
             logger.info("listening on http://%s:%d", host, port)
@@ -242,5 +250,6 @@ async def run_app(
         logger.info("shutting down: draining live utterances (at most %.0f s)", config.drain_timeout_s)
         await drain(app)
     finally:
+        ready.cancel()
         await runner.cleanup()
     logger.info("stopped")

@@ -32,6 +32,7 @@ from voxstream.engine.async_engine import stats_after_step
 from voxstream.prompt import VoicePrompt
 from voxstream.serving import ipc
 from voxstream.serving.config import ServerConfig
+from voxstream.serving.heap import freeze_startup_heap
 from voxstream.serving.personas import (
     PersonaInfo,
     PersonaLoadError,
@@ -323,6 +324,7 @@ def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str) 
         core.stop()
 
     signal.signal(signal.SIGTERM, on_term)
+    freeze_startup_heap(f"engine process {index}")
     logger.info("engine process %d serving %s on %s", index, model.info.name, endpoint)
     core.run()
     logger.info("engine process stopped")
