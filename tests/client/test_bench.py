@@ -199,3 +199,24 @@ async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
     with pytest.raises(ServerError) as caught:  # checked before the run
         await run_plan(BenchPlan(config(server, personas=("A", "nobody"))))
     assert caught.value.code == "unknown_persona"
+
+
+async def test_users_ramp_up_evenly_and_each_utterance_names_its_user(serve) -> None:
+    server = await serve()
+    ramp = BenchPlan(config(server, duration_s=2.5, ramp_up_s=1.5), concurrency=(3,))
+    [level] = (await run_plan(ramp))["levels"]
+    first_start = {}
+    for record in sorted(level["records"], key=lambda record: record["started_s"]):
+        first_start.setdefault(record["user"], record["started_s"])
+    assert sorted(first_start) == [0, 1, 2]
+    for user, started in first_start.items():  # user k of 3 starts 0.5 k s into the level
+        assert 0.5 * user <= started < 0.5 * user + 0.4, first_start
+    [together] = (await run_plan(BenchPlan(config(server, duration_s=1.0), concurrency=(3,))))["levels"]
+    assert min(record["started_s"] for record in together["records"] if record["user"] == 2) < 0.1  # no ramp
+
+
+async def test_a_ramp_must_fit_in_the_level() -> None:
+    with pytest.raises(ValueError, match=r"ramp_up_s=3\.0 is invalid"):
+        BenchConfig(server="ws://localhost:1", texts=SHORT_TEXTS, duration_s=2.0, ramp_up_s=3.0)
+    with pytest.raises(ValueError, match=r"ramp_up_s=-1\.0 is invalid"):
+        BenchConfig(server="ws://localhost:1", texts=SHORT_TEXTS, duration_s=2.0, ramp_up_s=-1.0)

@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="LoRA persona loaded on the server (repeatable: users take them in turn, mixing personas in a batch)",
     )
     parser.add_argument("--seed", type=int, help="synthesis seed")
+    parser.add_argument(
+        "--ramp-up-s",
+        type=float,
+        default=0.0,
+        help="closed loop: start the users evenly over this many seconds of each level (default 0: all at once)",
+    )
     parser.add_argument("--player-buffer-ms", type=float, default=200.0, help="simulated player's lead (default 200)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before one utterance counts as failed")
     parser.add_argument(
@@ -103,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         retry = RetryPolicy(retries=args.retries)
     except ValueError as exc:
         raise InvalidInputError(f"--retries: {exc}") from None
+    if not 0 <= args.ramp_up_s < args.duration:
+        raise InvalidInputError(f"--ramp-up-s {args.ramp_up_s:g}: must be >= 0 and shorter than --duration")
 
     async def bench() -> dict[str, Any]:
         async def against(server: str) -> dict[str, Any]:
@@ -120,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 utterance_timeout_s=args.timeout,
                 progress=not args.quiet,
                 retry=retry,
+                ramp_up_s=args.ramp_up_s,
             )
             plan = BenchPlan(
                 config, args.concurrency, args.rate or (), args.find_max, args.slo_p99_ttfa_ms, args.max_concurrency

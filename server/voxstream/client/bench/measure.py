@@ -114,6 +114,8 @@ class UtteranceRecord:
     finish_reason: str | None = None
     error: str | None = None
     """The server's error code (or the client's, e.g. ``connection_lost``); such utterances have no latencies."""
+    user: int | None = None
+    """The closed-loop user (or open-loop visitor) that spoke it."""
 
     def complete(self, arrivals: Sequence[tuple[float, float]], decodable_at: float | None, lead_s: float) -> None:
         """Fill the derived fields from the frames' ``(arrival, seconds)`` once ``done`` came at ``wall_s``."""

@@ -49,6 +49,16 @@ class BenchConfig:
     utterance_timeout_s: float = 120.0
     progress: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    ramp_up_s: float = 0.0
+    """Closed loop: user k of N starts its first utterance ``k * ramp_up_s / N`` into the level, as load tools
+    ramp up their users, instead of all N at the same instant (0); its utterances count like any other."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.ramp_up_s < self.duration_s):
+            raise ValueError(
+                f"ramp_up_s={self.ramp_up_s!r} is invalid: must be >= 0 and shorter than a level "
+                f"({self.duration_s} s)"
+            )
 
     def start(self, user: int = 0) -> Start:
         persona = self.personas[user % len(self.personas)] if self.personas else None
@@ -76,7 +86,11 @@ async def check_server(config: BenchConfig) -> None:
 async def run_closed(config: BenchConfig, concurrency: int) -> LevelResult:
     result = LevelResult("closed", concurrency)
     with _Progress(config, f"{concurrency} users", result) as progress:
-        await _run(result, [_user(config, index, result, progress) for index in range(concurrency)])
+        users = [
+            _user(config, index, index * config.ramp_up_s / concurrency, result, progress)
+            for index in range(concurrency)
+        ]
+        await _run(result, users)
     return result
 
 
@@ -132,17 +146,19 @@ async def _run(result: LevelResult, work: list[Awaitable[None]]) -> None:
     result.wall_s = time.perf_counter() - started
 
 
-async def _user(config: BenchConfig, index: int, result: LevelResult, progress: _Progress) -> None:
-    """One closed-loop user: one connection, utterances back to back until the duration is over."""
+async def _user(config: BenchConfig, index: int, start_s: float, result: LevelResult, progress: _Progress) -> None:
+    """One closed-loop user: from ``start_s`` into the level, one connection, utterances back to back until the
+    duration is over."""
     texts = list(config.texts)
     random.Random(index).shuffle(texts)  # users do not all speak the same text at the same time
     connection: Connection | None = None
+    await asyncio.sleep(max(0.0, start_s - progress.elapsed()))
     try:
         for number in itertools.count():
             if progress.elapsed() >= config.duration_s:
                 break
             text = texts[number % len(texts)]
-            record = UtteranceRecord(result.level, len(text), progress.elapsed())
+            record = UtteranceRecord(result.level, len(text), progress.elapsed(), user=index)
             try:
                 if connection is None:
                     connection = await _connect(config, record, index)
@@ -176,7 +192,7 @@ async def _arrivals(
 
 
 async def _visitor(config: BenchConfig, index: int, text: str, result: LevelResult, progress: _Progress) -> None:
-    record = UtteranceRecord(result.level, len(text), progress.elapsed())
+    record = UtteranceRecord(result.level, len(text), progress.elapsed(), user=index)
     with progress.in_flight():
         try:
             async with await _connect(config, record, index) as connection:
