@@ -1,11 +1,12 @@
 """Benchmark (not a test): real-time Opus streams through ``voxstream serve --model sim``, and the server's CPU.
 
     python scripts/bench_workers.py [--workers 0,2] [--concurrency 200] [--duration 30]
-                                    [--sim-cost "120ms+0.1ms/row"] [--json out.json]
+                                    [--sim-cost "120ms+0.1ms/row"] [--ramp-up-s 0] [--json out.json]
 
 For each ``--workers`` value it starts ``voxstream serve --model sim`` (every process of it: supervisor,
 engine, frontends), waits for ``/ready`` on fresh connections, runs ``voxstream bench`` closed loop at
-``--concurrency`` (Opus, 200 ms player lead) and reads the CPU time the server's processes used during
+``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, all at once by
+default) and reads the CPU time the server's processes used during
 the run from ``/proc`` (Linux), reported per second of audio streamed. The bench client runs on the
 same machine and competes for its cores, as it would in ``voxstream bench --local``.
 """
@@ -96,7 +97,7 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
             subprocess.run(
                 [sys.executable, "-m", "voxstream.cli.main", "bench", "--server", url.replace("http", "ws", 1),
                  "--concurrency", str(args.concurrency), "--duration", str(args.duration), "--json", str(report),
-                 "--quiet"],
+                 "--ramp-up-s", str(args.ramp_up_s), "--quiet"],
                 check=True,
             )  # fmt: skip
             cpu = cpu_seconds(pids) - cpu_before
@@ -112,6 +113,7 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
     return {
         "workers": workers,
         "concurrency": args.concurrency,
+        "ramp_up_s": args.ramp_up_s,
         "utterances": len(level["records"]),
         "failed": level["failed"],
         "ttfa_p50_ms": level["ttfa_ms"]["p50"],
@@ -131,6 +133,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--sim-cost", default="120ms+0.1ms/row")
+    parser.add_argument("--ramp-up-s", type=float, default=0.0, help="start the bench's users over this many seconds")
     parser.add_argument(
         "--serve-args",
         default="--max-prefill-tokens-per-step 8192",
@@ -141,13 +144,13 @@ def main() -> None:
     args = parser.parse_args()
     rows = [run_level(workers, args) for workers in args.workers]
     print(
-        "| workers | streams | utterances | failed | TTFA p50 (ms) | TTFA p99 (ms) | RTF p50 | underruns "
+        "| workers | streams | ramp-up (s) | utterances | failed | TTFA p50 (ms) | TTFA p99 (ms) | RTF p50 | underruns "
         "| x realtime | server CPU (cores) | server CPU (ms per stream-second) | bench client CPU (cores) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['workers']} | {row['concurrency']} | {row['utterances']} | {row['failed']} "
+            f"| {row['workers']} | {row['concurrency']} | {row['ramp_up_s']:g} | {row['utterances']} | {row['failed']} "
             f"| {row['ttfa_p50_ms']:.0f} | {row['ttfa_p99_ms']:.0f} | {row['rtf_p50']:.2f} | {row['underruns']} "
             f"| {row['x_realtime']:.1f} | {row['server_cpu_cores']:.2f} | {row['server_cpu_ms_per_stream_s']:.2f} "
             f"| {row['client_cpu_cores']:.2f} |"
