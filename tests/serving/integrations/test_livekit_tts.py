@@ -24,9 +24,9 @@ def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     requests: list[tuple[str, bool]] = []
     speak = service.speak
 
-    def recording(request_id: str, text: str, params: object, prompt: object = None, **timing: object) -> object:
+    def recording(request_id: str, text: str, params: object, prompt: object = None, *rest: object) -> object:
         requests.append((text, prompt is not None))
-        return speak(request_id, text, params, prompt, **timing)
+        return speak(request_id, text, params, prompt, *rest)
 
     monkeypatch.setattr(service, "speak", recording)
     return requests
