@@ -245,3 +245,73 @@ def test_a_request_waiting_for_kv_blocks_does_not_stall_the_running_ones(make_re
         if not engine.has_unfinished():
             break
     assert finished == ["first", "second"]
+
+
+# ---- an idle engine gathers a burst of arrivals ---------------------------------------------------------------
+
+GATHER = {"gather_quiet_s": 0.002, "gather_max_s": 0.05}
+
+
+def _serve_arrivals(engine: Engine, clock: Clock, make_request, times: list[float]) -> None:
+    """Requests arriving at ``times`` at an engine that steps whenever a step is due: one arriving during
+    a step is added with its arrival time once the step ends, as the engine's thread sees it."""
+    pending = list(times)
+    while pending or engine.scheduler.waiting:
+        while pending and pending[0] <= clock.now:
+            engine.add(make_request(f"r{len(times) - len(pending)}", "x" * 20), pending.pop(0))
+        if pending and engine.next_step_at(clock.now) > pending[0]:
+            clock.now = pending[0]
+        else:
+            clock.step()
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_a_burst_on_an_idle_engine_is_admitted_in_one_step(make_realtime_engine, make_request, gather):
+    # A 120 ms fixed step cost, as --model sim's load test uses: a step started for the burst's first request
+    # makes the other 29 wait for it to end and then for their own admission step.
+    engine, runner = make_realtime_engine("120ms+0.1ms/row", config=GATHER if gather else {}, num_slots=32)
+    clock = Clock(engine)
+    _serve_arrivals(engine, clock, make_request, [i / 1000 for i in range(30)])
+    first_chunks = [len(plan.prefills) for plan in runner.plans]
+    if gather:
+        assert first_chunks == [30]  # every first chunk 154 ms after the first arrival
+        assert clock.now == pytest.approx(0.031 + 0.123)
+    else:
+        assert first_chunks == [1, 29]  # the first alone, the rest only after it: 243 ms
+        assert clock.now == pytest.approx(0.1201 + 0.123)
+
+
+def test_a_lone_request_waits_only_the_quiet_gap(make_realtime_engine, make_request):
+    engine, _ = make_realtime_engine(config=GATHER)
+    engine.add(make_request("lone", "x" * 20), 1.0)
+    assert engine.next_step_at(1.0) == pytest.approx(1.002)
+    assert engine.next_step_at(1.5) == 1.5
+
+
+def test_arrivals_that_never_pause_are_gathered_at_most_gather_max(make_realtime_engine, make_request):
+    engine, _ = make_realtime_engine(config={**GATHER, "max_waiting": 128}, num_slots=32)
+    for i in range(100):
+        engine.add(make_request(f"r{i}", "x" * 20), i / 1000)
+    assert engine.next_step_at(0.049) == pytest.approx(0.05)  # the first arrived at 0, the last at 0.099
+
+
+def test_a_running_engine_admits_at_its_next_step_without_gathering(make_realtime_engine, make_request):
+    engine, _ = make_realtime_engine(config=GATHER)
+    clock = Clock(engine)
+    engine.add(make_request("a", "x" * 20), clock.now)
+    clock.step()
+    engine.add(make_request("b", "x" * 20), clock.now)
+    assert engine.next_step_at(clock.now) == clock.now
+
+
+def test_requests_added_without_a_time_are_not_gathered(make_realtime_engine, make_request):
+    engine, _ = make_realtime_engine(config=GATHER)
+    engine.add(make_request("a", "x" * 20))
+    assert engine.next_step_at(3.0) == 3.0
+
+
+@pytest.mark.parametrize("field", ["gather_quiet_s", "gather_max_s"])
+@pytest.mark.parametrize("value", [-0.001, float("inf"), float("nan")])
+def test_bad_gathering_is_refused(make_realtime_engine, field, value):
+    with pytest.raises(ValueError, match=field):
+        make_realtime_engine(config={field: value})
