@@ -21,15 +21,13 @@ def test_real_time_is_on_by_default_with_the_documented_lead_and_horizon() -> No
 def test_the_flags_reach_the_engine() -> None:
     engine = engine_config_of("--no-realtime", "--playback-lead-ms", "450", "--max-ahead-ms", "2500")
     assert (engine.realtime, engine.playback_lead_s, engine.max_ahead_s) == (False, 0.45, 2.5)
-    engine = engine_config_of("--gather-quiet-ms", "5", "--gather-max-ms", "80")
-    assert (engine.gather_quiet_s, engine.gather_max_s) == (0.005, 0.08)
     assert engine_config_of("--realtime", "--playback-lead-ms", "0").playback_lead_s == 0.0
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
     [("playback_lead_ms", -1), ("playback_lead_ms", 10_001), ("playback_lead_ms", 0.5), ("max_ahead_ms", 0),
-     ("realtime", 1), ("gather_quiet_ms", -1), ("gather_max_ms", 1001), ("gather_max_ms", 0.5)],
+     ("realtime", 1)],
 )  # fmt: skip
 def test_bad_real_time_settings_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):

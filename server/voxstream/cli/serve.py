@@ -46,9 +46,6 @@ _LIMITS: dict[str, str] = {
     "max_buffer_delay_ms": "default wait for more text before speaking an incomplete sentence",
     "playback_lead_ms": "audio a listener buffers before playing, for clients that announce none (real-time)",
     "max_ahead_ms": "a stream this far ahead of its listener skips engine steps (real-time)",
-    "gather_quiet_ms": "an idle engine starts a step once arrivals pause this long, so a burst shares one "
-    "admission step (0: at once)",
-    "gather_max_ms": "an idle engine gathers arrivals at most this long after the first",
     "drain_timeout_s": "on shutdown, how long live utterances may keep speaking",
     "opus_bitrate": "Opus bitrate, bits per second",
     "opus_complexity": "Opus encoder complexity, 0-10 (7 and up cost ~5x the CPU of 6 on speech)",

@@ -186,8 +186,7 @@ class AsyncEngine:
             command()
         if stopping:
             self._engine.abort_all()
-        # A step may be due only later (an idle engine gathering a burst, every stream far enough ahead).
-        if self._engine.has_work() and self._engine.next_step_at(time.monotonic()) <= time.monotonic():
+        if self._engine.has_work():
             started = time.monotonic()
             outputs = self._engine.step(started)
             ended = time.monotonic()
@@ -204,7 +203,7 @@ class AsyncEngine:
 
     def _add(self, request: Request) -> None:
         try:
-            self._engine.add(request, time.monotonic())
+            self._engine.add(request)
         except (EngineError, ValueError) as exc:
             self._post(self._reject, request.request_id, exc)
 

@@ -32,12 +32,6 @@ class EngineConfig:
     (``Request.playback_lead_s``); real-time policy only."""
     max_ahead_s: float = 1.0
     """Sessions with this much audio buffered ahead of their listener skip steps; real-time policy only."""
-    gather_quiet_s: float = 0.0
-    """An idle engine (no session running) starts its next step only once arrivals have paused this
-    long, so a burst of requests shares one admission step instead of waiting behind a step that
-    admitted its first few; 0 starts at once. Requests added without a time are not gathered."""
-    gather_max_s: float = 0.0
-    """The gathering ends this long after the first waiting request arrived, however busy arrivals stay."""
     limits: ParamLimits = field(default_factory=ParamLimits)
     """Bounds on per-request synthesis parameters."""
 
@@ -51,7 +45,3 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.playback_lead_s={self.playback_lead_s!r} is invalid: must be >= 0")
         if not (self.max_ahead_s > 0 and math.isfinite(self.max_ahead_s)):
             raise ValueError(f"EngineConfig.max_ahead_s={self.max_ahead_s!r} is invalid: must be > 0")
-        for name in ("gather_quiet_s", "gather_max_s"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be a finite number >= 0")

@@ -45,9 +45,8 @@ class Engine:
         # Sessions whose first chunk the last step produced, until mark_sent stamps them.
         self._unsent: list[Session] = []
 
-    def add(self, request: Request, now: float | None = None) -> None:
-        """Queue ``request``, which arrived at ``now`` (the clock of ``step``; only the idle engine's
-        gathering of a burst reads it); its outputs appear in later ``step()`` results.
+    def add(self, request: Request) -> None:
+        """Queue ``request``; its outputs appear in later ``step()`` results.
 
         Raises:
             ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
@@ -64,7 +63,7 @@ class Engine:
                 f"{blocks.num_total * blocks.block_size}: lower max_len, shorten the text, or give the KV cache "
                 "more memory (--kv-cache-gb)"
             )
-        self.scheduler.add(request, positions, now)
+        self.scheduler.add(request, positions)
 
     def abort(self, request_id: str) -> bool:
         """Abort a waiting or running request; its final ``aborted`` output comes with the next step.

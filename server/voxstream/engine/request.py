@@ -125,8 +125,6 @@ class Session:
     """The KV blocks it owns while running."""
     serial: int = 0
     """Arrival order among the engine's requests: FIFO among equals."""
-    arrived_at: float | None = None
-    """When ``add`` was given it, on the caller's clock (None: not said, so never gathered)."""
     first_sent_at: float | None = None
     """When its first chunk left (``Engine.mark_sent``); the real-time policy's playback clock."""
 

@@ -54,9 +54,8 @@ class Scheduler:
         self._released: list[str] = []
         self._moves: list[SlotMove] = []
 
-    def add(self, request: Request, kv_positions: int = 1, now: float | None = None) -> None:
-        """Append ``request``, which arrived at ``now``, to the waiting queue; ``kv_positions``: the KV
-        positions it can reach.
+    def add(self, request: Request, kv_positions: int = 1) -> None:
+        """Append ``request`` to the waiting queue; ``kv_positions``: the KV positions it can reach.
 
         Raises:
             DuplicateRequestError: a request with the same id has not finished yet.
@@ -73,7 +72,7 @@ class Scheduler:
                 f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running, no slot free)"
             )
         self._serial += 1
-        session = Session(request, kv_positions=kv_positions, serial=self._serial, arrived_at=now)
+        session = Session(request, kv_positions=kv_positions, serial=self._serial)
         self.waiting.append(session)
         self.sessions[rid] = session
 
@@ -132,26 +131,15 @@ class Scheduler:
         """When a step would next do any work: ``now`` if it would now, ``inf`` if only new requests can
         make it. Under the real-time policy a step whose running sessions are all far enough ahead
         decodes nothing; the caller should wait until this time instead."""
-        if self._released or self._moves or self._aborted:
+        if self._released or self._moves or self._aborted or self._admissible():
             return now
         if not self.slots.num_used:
-            return max(now, self._gathered_at()) if self._admissible() else math.inf
-        if self._admissible():
-            return now
+            return math.inf
         if self.realtime is None:
             return now
         policy = self.realtime
         earliest = min(self._deadline(self.sessions[rid], policy) for rid in self.slots.owners)
         return max(now, policy.runs_from(earliest))
-
-    def _gathered_at(self) -> float:
-        """When an idle engine stops gathering arrivals: once they paused ``gather_quiet_s``, or
-        ``gather_max_s`` after the first. Without it, the first arrival's step would run alone and every
-        request arriving meanwhile would wait for it to end before its own admission step."""
-        first, last = self.waiting[0].arrived_at, self.waiting[-1].arrived_at
-        if first is None or last is None or not self.config.gather_max_s:
-            return -math.inf
-        return min(last + self.config.gather_quiet_s, first + self.config.gather_max_s)
 
     def _deadline(self, session: Session, policy: RealtimePolicy) -> float:
         start = session.playback_start(self.config.playback_lead_s)

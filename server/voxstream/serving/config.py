@@ -20,9 +20,6 @@ from voxstream.engine.cost_model import StepCost
 from voxstream.serving.protocol import MAX_PLAYBACK_LEAD_MS
 from voxstream.sim.runner import DEFAULT_SIM_COST, SimConfig
 
-MAX_GATHER_MS = 1000
-"""Longest gathering of arrivals an idle engine may be told to do: beyond it the wait is a stall."""
-
 # Fields that must be > 0; the others are checked by name in __post_init__.
 _POSITIVE_INTS = (
     "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
@@ -118,11 +115,6 @@ class ServerConfig:
     """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms``."""
     max_ahead_ms: int = 1000
     """A stream with this much audio ready ahead of its listener skips steps (real-time policy)."""
-    gather_quiet_ms: int = 2
-    """An idle engine starts its next step once arrivals pause this long, so a burst of utterances is
-    admitted in one step (0: start at once); a lone utterance's first audio waits this much longer."""
-    gather_max_ms: int = 50
-    """An idle engine gathers arrivals at most this long after the first one."""
     max_length: int | None = None
     """LM positions per slot (prompt + generated patches); None uses the model's ``max_length``."""
     max_inference_timesteps: int = 50
@@ -222,9 +214,6 @@ class ServerConfig:
         _check("playback_lead_ms", lead, _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "an int in [0, 10000]")
         ahead = self.max_ahead_ms
         _check("max_ahead_ms", ahead, _is_int(ahead) and ahead > 0, "an int > 0")
-        for name in ("gather_quiet_ms", "gather_max_ms"):
-            value = getattr(self, name)
-            _check(name, value, _is_int(value) and 0 <= value <= MAX_GATHER_MS, f"an int in [0, {MAX_GATHER_MS}]")
         _check("realtime", self.realtime, isinstance(self.realtime, bool), "a bool")
         _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
         for name in ("encoder_threads", "workers"):
@@ -277,8 +266,6 @@ class ServerConfig:
             realtime=self.realtime,
             playback_lead_s=self.playback_lead_ms / 1000,
             max_ahead_s=self.max_ahead_ms / 1000,
-            gather_quiet_s=self.gather_quiet_ms / 1000,
-            gather_max_s=self.gather_max_ms / 1000,
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )
 

@@ -198,7 +198,7 @@ class EngineCore:
         request = add.request
         try:
             check_persona(self.personas, request.persona)  # the registry here is the one that counts
-            self.engine.add(request, time.monotonic())
+            self.engine.add(request)
         except (EngineError, ValueError, UnknownPersonaError) as exc:
             self._send(sender, ipc.Rejected(request.request_id, exc))
             return
