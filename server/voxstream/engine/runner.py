@@ -25,6 +25,10 @@ persona slots on the device and the adapted layers pick each row's adapter by th
 CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
 of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
 
+Batch-invariant numerics (``batch_invariant=True``, off by default: it costs speed): every model call runs
+within ``kernels.batch_invariant``, whose GEMMs, convolutions and decode attention give each row the same bits
+in any batch, and prompts are prefilled one at a time, so a session's audio is bit for bit what it is alone.
+
 Per step the host uploads one small array (the batch's slot indices) and reads one array back (stop
 flags, audio and patches of every row together). On CUDA every (bucket, timesteps) step is captured
 as a CUDA graph at construction (``cuda_graphs.StepGraphs``), before the server reports ready; on
@@ -47,6 +51,7 @@ from voxstream.engine.outputs import PrefillItem, RunnerOutput, StepPlan
 from voxstream.engine.request import Request, SynthesisParams
 from voxstream.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
 from voxstream.errors import InvalidInputError
+from voxstream.kernels.batch_invariant import batch_invariant as invariant_numerics
 from voxstream.model.audio_vae import VAEStreamState
 from voxstream.model.cfm import CfmSchedule
 from voxstream.model.kv_cache import NULL_BLOCK, KVCache
@@ -136,6 +141,7 @@ class ModelRunner:
         graph_timesteps: tuple[int, ...] = (10,),
         voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
         measure_cost: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
         """
         Args:
@@ -152,6 +158,7 @@ class ModelRunner:
             voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
             measure_cost: time steps after the warm-up and state the fitted ``step_cost`` (what the
                 real-time policy budgets with); off, the runner states none.
+            batch_invariant: compute every row independently of the rest of its batch, bit for bit (slower).
         """
         config = tts.config
         if num_slots < 1:
@@ -160,6 +167,7 @@ class ModelRunner:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
         self.tts = tts
         self.block_size = block_size
+        self.batch_invariant = batch_invariant
         self.max_length = min(max_length or config.max_length, config.max_length)
         self.pad_slot = num_slots  # the extra row padding rows gather from and scatter to
         device, dtype = tts.device, tts.dtype
@@ -407,54 +415,60 @@ class ModelRunner:
             self._positions[dst], self._timesteps[dst] = self._positions[src], self._timesteps[src]
 
     def _prefill(self, items: tuple[PrefillItem, ...]) -> tuple[dict[str, int], dict[str, str]]:
-        """Prefill every admitted request in one right-padded batch, straight into its blocks; a bad
-        request fails alone (its slot gets no blocks, so its decode row is skipped)."""
+        """Prefill every admitted request straight into its blocks, in one right-padded batch (one at a time with
+        batch-invariant numerics: the padded length would change every shape); a bad request fails alone (its
+        slot gets no blocks, so its decode row is skipped)."""
         caps: dict[str, int] = {}
         errors: dict[str, str] = {}
-        ready: list[tuple[PrefillItem, InputSequence]] = []
-        persona_slots: list[int] = []
+        ready: list[tuple[PrefillItem, InputSequence, int]] = []  # with each request's persona slot
         for item in items:
             try:
                 sequence, cap = self._sequence(item.request)
                 if sequence.length + cap > len(item.blocks) * self.block_size:
                     raise InvalidInputError(f"request {item.request_id!r} was given too few KV blocks")
-                persona_slots.append(self.personas.acquire(item.request_id, item.request.persona))  # last
+                persona = self.personas.acquire(item.request_id, item.request.persona)  # last
             except InvalidInputError as exc:  # PersonaError included
                 errors[item.request_id] = str(exc)
                 continue
             caps[item.request_id] = cap
-            ready.append((item, sequence))
+            ready.append((item, sequence, persona))
         if not ready:
             return caps, errors
+        with invariant_numerics(self.batch_invariant):
+            for batch in [[row] for row in ready] if self.batch_invariant else [ready]:
+                self._prefill_batch(batch)
+            for item, sequence, _ in ready:
+                request, slot, cap = item.request, item.slot, caps[item.request_id]
+                self.tts.vae_decoder.warm(
+                    sequence.decode_context,
+                    self.tts.dtype,
+                    VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
+                )
+                self._store_noise(item, sequence.length, cap)
+                self.cfg[slot] = request.params.cfg_value
+                self.timesteps[slot] = request.params.inference_timesteps
+                self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
+                self.requests.add(item.request_id)
+        return caps, errors
+
+    def _prefill_batch(self, rows: list[tuple[PrefillItem, InputSequence, int]]) -> None:
+        """One right-padded prefill of these requests: their KV blocks, decode state and persona slots."""
         device = self.tts.device
-        tables = torch.full((len(ready), self.table_width), NULL_BLOCK, dtype=torch.int32)
-        for row, (item, _) in enumerate(ready):
+        tables = torch.full((len(rows), self.table_width), NULL_BLOCK, dtype=torch.int32)
+        for row, (item, _, _) in enumerate(rows):
             tables[row, : len(item.blocks)] = torch.tensor(item.blocks, dtype=torch.int32)
         tables = tables.to(device)
-        slots = torch.tensor([item.slot for item, _ in ready], device=device)
-        sequences = [sequence for _, sequence in ready]
-        encodings = self._voice_encodings([(item.request.prompt, sequence) for item, sequence in ready])
+        slots = torch.tensor([item.slot for item, _, _ in rows], device=device)
+        sequences = [sequence for _, sequence, _ in rows]
+        encodings = self._voice_encodings([(item.request.prompt, sequence) for item, sequence, _ in rows])
         batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, encodings)
-        self.personas.table[slots] = torch.tensor(persona_slots, device=device)
+        self.personas.table[slots] = torch.tensor([persona for _, _, persona in rows], device=device)
         self.personas.select(self.personas.table[slots])
         state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
             buffer[slots] = fresh_rows
         self.block_tables[slots] = tables
         self.vae_state.reset_rows(slots)
-        for item, sequence in ready:
-            request, slot, cap = item.request, item.slot, caps[item.request_id]
-            self.tts.vae_decoder.warm(
-                sequence.decode_context,
-                self.tts.dtype,
-                VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
-            )
-            self._store_noise(item, sequence.length, cap)
-            self.cfg[slot] = request.params.cfg_value
-            self.timesteps[slot] = request.params.inference_timesteps
-            self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
-            self.requests.add(item.request_id)
-        return caps, errors
 
     def _voice_encodings(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
         """LocEnc's outputs for every audio position of the batch, row by row, from the voice cache or encoded
@@ -561,10 +575,11 @@ class ModelRunner:
         flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
         noise = self.noise[flat + state.positions % self.block_size]
         self.personas.select(self.personas.table.index_select(0, index))
-        patch, stop_logits = self.tts.model.decode_step(
-            state, self.base.view(tables), self.residual.view(tables), noise, self.cfg.index_select(0, index), schedule
-        )
-        audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
+        with invariant_numerics(self.batch_invariant):
+            patch, stop_logits = self.tts.model.decode_step(
+                state, self.base.view(tables), self.residual.view(tables), noise, self.cfg.index_select(0, index), schedule
+            )
+            audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
         pools, batch = (*self.state.as_tuple(), *self.vae_state.buffers), (*state.as_tuple(), *vae.buffers)
         for pool, rows in zip(pools, batch, strict=True):
             pool.index_copy_(0, index, rows)

@@ -9,6 +9,10 @@ Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
   the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA a mask
   with ``enable_gqa`` forces the slow MATH backend). It is the CPU path and the oracle of the kernel.
 * the Triton kernel ``voxstream.kernels.paged_decode.paged_decode_attention`` on CUDA, when installed.
+* ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``). SDPA over
+  the batch's longest row sums each row's positions in an order that depends on that length; this one walks
+  the positions in chunks of ``CHUNK_POSITIONS`` aligned to position 0, with an online softmax, so a row's
+  result depends only on its own blocks and length (a chunk past its length changes nothing, exactly).
 
 ``decode_attention`` picks one; ``attention_path`` names the one a device gets (for reports).
 """
@@ -20,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from voxstream.kernels import batch_invariant
 
 PagedDecode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
@@ -48,6 +54,50 @@ def paged_decode_torch(
     return out.reshape(batch, q_heads, dim)
 
 
+CHUNK_POSITIONS = 64
+"""Positions per step of ``paged_decode_chunked`` (rounded up to whole blocks)."""
+
+
+def paged_decode_chunked(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, q_heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    per_chunk = -(-CHUNK_POSITIONS // block_size)
+    width = block_tables.size(1)
+    tables = block_tables.long()
+    if width % per_chunk:  # every chunk has the same shape; the extra blocks are past every row's length
+        tables = F.pad(tables, (0, per_chunk - width % per_chunk))
+    # Products and sums rather than matmuls: a batched matmul's kernel may depend on the batch.
+    grouped = q.view(batch, kv_heads, q_heads // kv_heads, 1, dim).float()
+    best = q.new_full((batch, kv_heads, q_heads // kv_heads), float("-inf"), dtype=torch.float32)
+    total = torch.zeros_like(best)
+    acc = torch.zeros(batch, kv_heads, q_heads // kv_heads, dim, device=q.device)
+    offsets = torch.arange(per_chunk * block_size, device=q.device)
+    for first in range(0, tables.size(1), per_chunk):
+        blocks = tables[:, first : first + per_chunk]
+        # (B, C, Hkv, D) -> (B, Hkv, 1, C, D)
+        keys = k_cache[blocks].view(batch, -1, kv_heads, dim).transpose(1, 2).unsqueeze(2).float()
+        values = v_cache[blocks].view(batch, -1, kv_heads, dim).transpose(1, 2).unsqueeze(2).float()
+        live = (first * block_size + offsets)[None, :] < seq_lens[:, None]  # (B, C)
+        dead = ~live[:, None, None, :]
+        # Zeroed, not only masked: a stale value is never multiplied by a zero weight (0 x NaN = NaN).
+        keys, values = keys.masked_fill(dead[..., None], 0.0), values.masked_fill(dead[..., None], 0.0)
+        scores = ((grouped * keys).sum(-1) * scale).masked_fill(dead, float("-inf"))  # (B, Hkv, G, C)
+        new_best = torch.maximum(best, scores.amax(-1))
+        weights = torch.exp(scores - new_best[..., None])
+        rescale = torch.exp(best - new_best)
+        total = total * rescale + weights.sum(-1)
+        acc = acc * rescale[..., None] + (weights[..., None] * values).sum(-2)
+        best = new_best
+    return (acc / total[..., None]).reshape(batch, q_heads, dim).to(q.dtype)
+
+
 @functools.cache
 def _triton_kernel() -> PagedDecode | None:
     try:
@@ -72,5 +122,7 @@ def decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    if batch_invariant.active():
+        return paged_decode_chunked(q, k_cache, v_cache, block_tables, seq_lens, scale)
     kernel = _triton_kernel() if q.device.type == "cuda" else None
     return (kernel or paged_decode_torch)(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -8,7 +8,9 @@ layer's own weight and bias (same state-dict keys) and holds every resident adap
 Which slot each row uses is a tensor (``PersonaRows.index``), not Python control flow, so a step with any
 mix of personas is one static computation (one CUDA graph). A layer called on ``m * B`` rows (LocDiT's
 CFG-doubled batch: the conditional rows, then the unconditional ones) sees the batch's index repeated
-``m`` times block-wise.
+``m`` times block-wise. With batch-invariant numerics (``kernels.batch_invariant``) the per-row adapters run as
+GEMMs over every slot at once, each row's other slots zeroed, so that a row's update does not depend on the
+batch (a batched matmul's kernel may).
 
 Residency: ``max_personas`` adapters live in device slots; more are registered on the host. ``acquire``
 puts a persona in a slot (evicting the least recently used one that no running request holds) and counts
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxstream.errors import InvalidInputError
+from voxstream.kernels import batch_invariant
 from voxstream.model.lora import LoRAAdapter, target_layers
 
 
@@ -68,9 +71,21 @@ class PersonaLinear(nn.Linear):
             raise ValueError(f"{rows} rows cannot follow a persona index of {index.numel()} rows")
         index = index.repeat(rows // index.numel())
         flat = x.reshape(rows, -1, self.in_features)
-        low = torch.bmm(flat, self.lora_A[index].transpose(1, 2))
-        update = torch.bmm(low, self.lora_B[index].transpose(1, 2)).view(result.shape)
+        if batch_invariant.active():
+            update = self._update_of_every_slot(flat, index).view(result.shape)
+        else:
+            low = torch.bmm(flat, self.lora_A[index].transpose(1, 2))
+            update = torch.bmm(low, self.lora_B[index].transpose(1, 2)).view(result.shape)
         return result + update * self.scaling[index].view(rows, *(1,) * (x.dim() - 1))
+
+    def _update_of_every_slot(self, flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """flat (rows, T, in) -> each row's ``B (A x)`` of its own slot (rows, T, out), from row-tiled GEMMs only:
+        x times every slot's A, the other slots' part zeroed, times every slot's B side by side."""
+        slots, rank, _ = self.lora_A.shape
+        low = batch_invariant.linear(flat, self.lora_A.reshape(slots * rank, self.in_features))
+        own = (index[:, None] == torch.arange(slots, device=index.device)).to(low.dtype)  # (rows, slots)
+        low = (low.view(*flat.shape[:2], slots, rank) * own[:, None, :, None]).flatten(2)
+        return batch_invariant.linear(low, self.lora_B.permute(1, 0, 2).reshape(self.out_features, slots * rank))
 
     def set_slot(self, slot: int, a: torch.Tensor | None, b: torch.Tensor | None, scaling: float) -> None:
         """Write one adapter (or zeros when ``a``/``b`` are None: this persona does not target the layer)."""
