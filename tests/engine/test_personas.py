@@ -21,7 +21,7 @@ from voxstream.prompt import VoicePrompt
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
 from voxstream.tts import VoxCPM
 
-from .test_model_runner import audio, request, run
+from .test_model_runner import audio, crowd, request, run
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
 
@@ -51,8 +51,8 @@ def tts(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -> 
     return persona_model(tmp_path_factory, adapters, max_personas=4)
 
 
-def engine(tts: VoxCPM, slots: int = 4) -> tuple[Engine, ModelRunner]:
-    runner = ModelRunner(tts, num_slots=slots, max_length=256)
+def engine(tts: VoxCPM, slots: int = 4, batch_invariant: bool = False) -> tuple[Engine, ModelRunner]:
+    runner = ModelRunner(tts, num_slots=slots, max_length=256, batch_invariant=batch_invariant)
     return Engine(runner, EngineConfig(max_running=slots)), runner
 
 
@@ -69,16 +69,17 @@ def speakers(tts: VoxCPM) -> list[Request]:
     ]
 
 
-def solo(tts: VoxCPM, req: Request) -> np.ndarray:
-    return audio(run(engine(tts)[0], {0: [req]})[req.request_id])
+def solo(tts: VoxCPM, req: Request, batch_invariant: bool = False) -> np.ndarray:
+    return audio(run(engine(tts, batch_invariant=batch_invariant)[0], {0: [req]})[req.request_id])
 
 
-def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM) -> None:
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
+def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM, batch_invariant: bool) -> None:
     meta = json.loads((LORA / "meta.json").read_text(encoding="utf-8"))
     case = next(c for c in meta["generate"] if c["key"] == "en")
     req = with_persona(request("ref", case["text"], tts, seed=case["seed"], max_len=meta["max_len"]), "A")
     expected = load_file(str(LORA / "fixture.safetensors"))["generate.en"].numpy()
-    np.testing.assert_allclose(solo(tts, req), expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(solo(tts, req, batch_invariant), expected, atol=1e-4, rtol=0)
 
 
 def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> None:
@@ -95,6 +96,19 @@ def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> N
             n = min(voices[i].size, voices[j].size)
             assert float(np.abs(voices[i][:n] - voices[j][:n]).max()) > 0.05
     assert tts.personas is not None and all(tts.personas.users(name) == 0 for name in ("A", "B"))
+
+
+def test_batch_invariant_rows_with_personas_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
+    """With batch-invariant numerics a batch mixing persona A, persona B and none gives each of 12 sessions exactly
+    its solo audio (the adapters' per-row matmuls included)."""
+    reqs = [
+        with_persona(req, persona)
+        for req, persona in zip(crowd(tts, 12), [None, "A", "B", "A", None, "B"] * 2, strict=True)
+    ]
+    alone = {req.request_id: solo(tts, req, batch_invariant=True) for req in reqs}
+    together = run(engine(tts, slots=12, batch_invariant=True)[0], {0: reqs[:5], 1: reqs[5:9], 2: reqs[9:]})
+    for req in reqs:
+        assert np.array_equal(audio(together[req.request_id]), alone[req.request_id]), req.request_id
 
 
 def test_graph_bookkeeping_covers_persona_rows(tts: VoxCPM, emulated_graph_capture: None) -> None:

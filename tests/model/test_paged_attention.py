@@ -11,7 +11,14 @@ import torch.nn.functional as F
 import voxstream
 from voxstream.engine import Engine, EngineConfig, Request, SynthesisParams
 from voxstream.engine.runner import ModelRunner
-from voxstream.model.paged_attention import attention_path, decode_attention, paged_decode_torch
+from voxstream.kernels.batch_invariant import batch_invariant
+from voxstream.model.paged_attention import (
+    PagedDecode,
+    attention_path,
+    decode_attention,
+    paged_decode_chunked,
+    paged_decode_torch,
+)
 from voxstream.tiny.checkpoint import make_tiny_checkpoint
 
 
@@ -33,9 +40,12 @@ def dense_oracle(q, k_cache, v_cache, tables, seq_lens, scale):
     return out
 
 
+@pytest.mark.parametrize("attention", [paged_decode_torch, paged_decode_chunked], ids=["torch", "chunked"])
 @pytest.mark.parametrize(("q_heads", "kv_heads"), [(4, 4), (4, 2), (8, 1), (16, 2)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_paged_attention_equals_the_dense_oracle(q_heads: int, kv_heads: int, block_size: int) -> None:
+def test_paged_attention_equals_the_dense_oracle(
+    q_heads: int, kv_heads: int, block_size: int, attention: PagedDecode
+) -> None:
     generator = torch.Generator().manual_seed(q_heads * 100 + kv_heads * 10 + block_size)
     dim, num_blocks, width = 32, 64, 12
     # Mixed lengths: one position, exactly one block, one past a boundary, a full table, and a tail.
@@ -60,11 +70,11 @@ def test_paged_attention_equals_the_dense_oracle(q_heads: int, kv_heads: int, bl
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     scale = 1 / math.sqrt(dim)
     expected = dense_oracle(q, k_cache, v_cache, tables, seq_lens, scale)
-    got = paged_decode_torch(q, k_cache, v_cache, tables, seq_lens, scale)
+    got = attention(q, k_cache, v_cache, tables, seq_lens, scale)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
     # A table sliced to the blocks the longest row reached (what the CPU runner passes) gives the same.
     live = math.ceil(max(lengths) / block_size)
-    torch.testing.assert_close(paged_decode_torch(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
+    torch.testing.assert_close(attention(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
 
 
 def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
@@ -88,6 +98,37 @@ def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
             q[row : row + 1], k_cache, v_cache, tables[row : row + 1, :width], seq_lens[row : row + 1], 0.125
         )
         assert torch.equal(alone[0], together[row]), row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_attention_of_a_row_is_bitwise_the_same_in_any_batch(dtype: torch.dtype) -> None:
+    """Batch-invariant numerics: whatever the other rows' lengths (so however far the batch's table reaches), a
+    row's chunked attention is the same bits as alone. SDPA over the longest row is not, past a few hundred
+    positions (on this CPU 40% of such rows differ in float32)."""
+    generator = torch.Generator().manual_seed(5)
+    block_size, dim = 16, 64
+    k_cache = torch.randn(400, block_size, 2, dim, generator=generator).to(dtype)
+    v_cache = torch.randn(400, block_size, 2, dim, generator=generator).to(dtype)
+    for batch in (2, 9, 24):
+        lengths = torch.randint(1, 1500, (batch,), generator=generator, dtype=torch.int32)
+        width = math.ceil(int(lengths.max()) / block_size)
+        tables = torch.randint(1, 400, (batch, width), generator=generator, dtype=torch.int32)
+        q = torch.randn(batch, 8, dim, generator=generator).to(dtype)
+        together = paged_decode_chunked(q, k_cache, v_cache, tables, lengths, 0.125)
+        for row in range(batch):
+            own = math.ceil(int(lengths[row]) / block_size)
+            alone = paged_decode_chunked(
+                q[row : row + 1], k_cache, v_cache, tables[row : row + 1, :own], lengths[row : row + 1], 0.125
+            )
+            assert torch.equal(alone[0], together[row]), (batch, row)
+
+
+def test_batch_invariant_numerics_decode_with_the_chunked_path() -> None:
+    q, cache = torch.randn(1, 2, 8), torch.randn(3, 4, 1, 8)
+    tables, lens = torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    with batch_invariant():
+        got = decode_attention(q, cache, cache, tables, lens, 0.3)
+    assert torch.equal(got, paged_decode_chunked(q, cache, cache, tables, lens, 0.3))
 
 
 def test_cpu_decode_uses_the_torch_path() -> None:

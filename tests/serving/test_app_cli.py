@@ -7,10 +7,12 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tests.server_process import http_status, poll
 
+import voxstream
 from voxstream.cli.main import build_parser, main
 from voxstream.cli.serve import config_from_args
 from voxstream.tts import VoxCPM
@@ -62,6 +64,17 @@ def test_bad_kv_cache_flags_are_clear_cli_errors(
 ) -> None:
     assert main(["serve", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_batch_invariant_flag_reaches_the_models_runner(tmp_path: Path) -> None:
+    from voxstream.serving.speech_model import VoxCPMSpeech
+    from voxstream.tiny.checkpoint import make_tiny_checkpoint
+
+    assert not config_from_args(build_parser().parse_args(["serve"]), environ={}).batch_invariant
+    config = config_from_args(build_parser().parse_args(["serve", "--batch-invariant", "--no-realtime"]), environ={})
+    assert config.batch_invariant
+    model = VoxCPMSpeech(voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu"))
+    assert model.new_runner(config).batch_invariant  # type: ignore[attr-defined]
 
 
 def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> None:
@@ -137,5 +150,3 @@ def _listening_url(process: subprocess.Popen[str]) -> str:
         if found:
             return found.group(1)
     raise AssertionError("the server exited before listening")
-
-

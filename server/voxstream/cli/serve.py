@@ -133,6 +133,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "ahead of their listeners yield to those behind, admission is budgeted by step time "
         "(--no-realtime: every stream decodes every step, FIFO admission by --max-prefill-tokens-per-step)",
     )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every session's audio bit for bit what it is alone, whatever else the batch holds (GEMMs over fixed "
+        "row tiles, attention in fixed chunks, one prefill at a time; slower)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.set_defaults(func=run)
 
@@ -167,6 +173,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         kv_cache_gb=args.kv_cache_gb,
         gpu_memory_utilization=args.gpu_memory_utilization,
         realtime=args.realtime,
+        batch_invariant=args.batch_invariant,
         **({"replica_id": args.replica_id} if args.replica_id else {}),
         **{name: getattr(args, name) for name in _LIMITS},
     )

@@ -575,9 +575,10 @@ class ModelRunner:
         flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
         noise = self.noise[flat + state.positions % self.block_size]
         self.personas.select(self.personas.table.index_select(0, index))
+        cfg = self.cfg.index_select(0, index)
         with invariant_numerics(self.batch_invariant):
             patch, stop_logits = self.tts.model.decode_step(
-                state, self.base.view(tables), self.residual.view(tables), noise, self.cfg.index_select(0, index), schedule
+                state, self.base.view(tables), self.residual.view(tables), noise, cfg, schedule
             )
             audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
         pools, batch = (*self.state.as_tuple(), *self.vae_state.buffers), (*state.as_tuple(), *vae.buffers)

@@ -128,6 +128,9 @@ class ServerConfig:
     voice_cache_mb: int = 256
     """Device memory, in MiB, for the encoded patches of recently used voices, so sessions with the same
     voice skip re-encoding it (least recently used voices are dropped first; 0 keeps none)."""
+    batch_invariant: bool = False
+    """Compute every session's rows independently of the rest of the batch, so that its audio is bit for bit what
+    it is alone (``ModelRunner(batch_invariant=True)``); slower (README, Performance)."""
 
     # ---- per-connection and per-request limits ----
     max_connections: int = 256
@@ -214,7 +217,8 @@ class ServerConfig:
         _check("playback_lead_ms", lead, _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "an int in [0, 10000]")
         ahead = self.max_ahead_ms
         _check("max_ahead_ms", ahead, _is_int(ahead) and ahead > 0, "an int > 0")
-        _check("realtime", self.realtime, isinstance(self.realtime, bool), "a bool")
+        for name in ("realtime", "batch_invariant"):
+            _check(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
         _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
         for name in ("encoder_threads", "workers"):
             value = getattr(self, name)

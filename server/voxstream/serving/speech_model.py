@@ -118,6 +118,7 @@ class VoxCPMSpeech:
             max_timesteps=config.max_inference_timesteps,
             voice_cache_bytes=config.voice_cache_bytes,
             measure_cost=config.realtime,  # the real-time policy budgets steps by it
+            batch_invariant=config.batch_invariant,
         )
 
 
