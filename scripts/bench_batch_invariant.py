@@ -72,7 +72,7 @@ def main() -> None:
             start = time.perf_counter()
             runner.execute(plan)
             times[key].append(time.perf_counter() - start)
-    print(f"tiny {args.config}, CPU {tts.dtype}, {args.threads} thread(s), median of {args.rounds} decode steps")
+    print(f"{args.config} (random weights), CPU {tts.dtype}, {args.threads} thread(s), medians of {args.rounds} steps")
     print("| batch | default (ms) | batch-invariant (ms) | invariant / default |")
     print("|---|---|---|---|")
     for batch in batches:

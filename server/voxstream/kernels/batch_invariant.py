@@ -10,10 +10,10 @@ lands on an FSQ rounding boundary and the session's audio changes from there on.
 
 Within ``batch_invariant()`` those ops are computed so that their shapes never depend on the batch:
 
-* ``linear`` (``F.linear``, every ``nn.Linear``), ``matmul`` with a 2-D right operand and ``conv1d`` run over
-  tiles of exactly ``TILE`` rows (batch elements for a convolution), the last one padded with zero rows; a row's
+* ``linear`` (``F.linear``, every ``nn.Linear``) and ``matmul`` with a 2-D right operand run over tiles of exactly
+  ``TILE`` rows, ``conv1d`` over tiles of ``CONV_TILE`` batch elements, the last tile padded with zeros; a row's
   result does not depend on which tile or position it lands in (checked bit for bit by the tests, 1 and 2
-  threads);
+  threads). README (Performance) says how the tile sizes were chosen;
 * ``silu`` runs on the flattened tensor padded to a multiple of ``VECTOR_PAD`` elements, so no element is in a
   scalar tail.
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 TILE = 32
-"""Rows per GEMM (and batch elements per convolution) in the mode."""
+"""Rows per GEMM in the mode."""
 CONV_TILE = 4
 """Batch elements per convolution in the mode."""
 VECTOR_PAD = 64
