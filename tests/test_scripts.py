@@ -91,6 +91,11 @@ def test_bench_lora_smoke() -> None:
     assert "| 4 personas |" in result.stdout and "| no personas |" in result.stdout
 
 
+def test_bench_batch_invariant_smoke() -> None:
+    result = run_script("bench_batch_invariant.py", "--batches", "1,2", "--rounds", "1")
+    assert "| 1 |" in result.stdout and "| 2 |" in result.stdout
+
+
 def test_bench_opus_smoke(tmp_path: Path) -> None:
     out = tmp_path / "opus.json"
     args = ("--complexities", "0,6", "--bitrates", "32000", "--seconds", "2", "--repeats", "1", "--json", str(out))
