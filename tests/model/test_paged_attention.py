@@ -77,6 +77,18 @@ def test_paged_attention_equals_the_dense_oracle(
     torch.testing.assert_close(attention(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
 
 
+@pytest.mark.parametrize("attention", [paged_decode_torch, paged_decode_chunked], ids=["torch", "chunked"])
+def test_a_row_with_no_positions_attends_to_zeros(attention: PagedDecode) -> None:
+    # A batch bucket's padding rows have seq_len 0; their output must be finite (zeros, as the Triton kernel's).
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 8, generator=generator)
+    k_cache, v_cache = torch.randn(4, 4, 2, 8, generator=generator), torch.randn(4, 4, 2, 8, generator=generator)
+    tables = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    got = attention(q, k_cache, v_cache, tables, torch.tensor([0, 5], dtype=torch.int32), 0.3)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    assert torch.isfinite(got[1]).all()
+
+
 def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
     """FSQ after the base LM turns a 1e-7 difference into a different patch now and then, so a session's
     attention must not depend at all on the other rows of its batch or on how far they reach."""

@@ -90,12 +90,16 @@ def paged_decode_chunked(
         keys, values = keys.masked_fill(dead[..., None], 0.0), values.masked_fill(dead[..., None], 0.0)
         scores = ((grouped * keys).sum(-1) * scale).masked_fill(dead, float("-inf"))  # (B, Hkv, G, C)
         new_best = torch.maximum(best, scores.amax(-1))
-        weights = torch.exp(scores - new_best[..., None])
-        rescale = torch.exp(best - new_best)
+        # Until a row has seen a live position its maximum is -inf, and -inf - -inf would be NaN.
+        shift = new_best.masked_fill(new_best == float("-inf"), 0.0)
+        weights = torch.exp(scores - shift[..., None])
+        rescale = torch.exp(best - shift)
         total = total * rescale + weights.sum(-1)
         acc = acc * rescale[..., None] + (weights[..., None] * values).sum(-2)
         best = new_best
-    return (acc / total[..., None]).reshape(batch, q_heads, dim).to(q.dtype)
+    # A row with seq_len 0 saw no position: zeros, as from the other paths.
+    out = acc / torch.where(total > 0, total, 1.0)[..., None]
+    return out.reshape(batch, q_heads, dim).to(q.dtype)
 
 
 @functools.cache
