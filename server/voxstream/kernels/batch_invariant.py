@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-TILE = 32
-"""Rows per GEMM in the mode."""
+TILE = 48
+"""Rows per GEMM in the mode: a multiple of 6, 8 and 16, so no row falls in a GEMM micro-kernel's partial block
+(MKL's AVX2 float32 kernel takes rows 6 at a time and computes a partial block of 2 rows differently)."""
 CONV_TILE = 4
 """Batch elements per convolution in the mode."""
 VECTOR_PAD = 64
