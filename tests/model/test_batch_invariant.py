@@ -5,6 +5,7 @@ whatever else its batch holds, at any position and batch size. The shapes are on
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -93,3 +94,13 @@ def test_the_mode_is_scoped_and_off_by_default() -> None:
     assert not bi.active()
     with bi.batch_invariant(enabled=False):
         assert not bi.active()
+
+
+def test_the_mode_holds_only_on_the_thread_that_entered_it() -> None:
+    seen: list[bool] = []
+    with bi.batch_invariant():
+        other = threading.Thread(target=lambda: seen.append(bi.active()))
+        other.start()
+        other.join()
+        assert bi.active()
+    assert seen == [False]

@@ -27,6 +27,7 @@ every shape (the runner prefills one prompt at a time), and the LoRA personas' p
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -105,24 +106,24 @@ class _BatchInvariantMode(TorchFunctionMode):
         return _ROUTES.get(func, func)(*args, **(kwargs or {}))
 
 
-_active = False
+# Per thread, as torch's function modes are: the engine thread's step must not switch another thread's ops.
+_state = threading.local()
 
 
 def active() -> bool:
-    """Whether the calling code runs within ``batch_invariant()``."""
-    return _active
+    """Whether the calling code runs within ``batch_invariant()`` on this thread."""
+    return getattr(_state, "active", False)
 
 
 @contextmanager
 def batch_invariant(enabled: bool = True) -> Iterator[None]:
-    """Within the block (when ``enabled``), torch ops compute every row independently of the batch."""
-    global _active
+    """Within the block (when ``enabled``), torch ops on this thread compute every row independently of the batch."""
     if not enabled:
         yield
         return
-    previous, _active = _active, True
+    previous, _state.active = active(), True
     try:
         with _BatchInvariantMode():
             yield
     finally:
-        _active = previous
+        _state.active = previous
