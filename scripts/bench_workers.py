@@ -1,12 +1,12 @@
 """Benchmark (not a test): real-time Opus streams through ``voxstream serve --model sim``, and the server's CPU.
 
     python scripts/bench_workers.py [--workers 0,2] [--concurrency 200] [--duration 30]
-                                    [--sim-cost "120ms+0.1ms/row"] [--ramp-up-s 0] [--json out.json]
+                                    [--sim-cost "120ms+0.1ms/row"] [--ramp-up-s S] [--json out.json]
 
 For each ``--workers`` value it starts ``voxstream serve --model sim`` (every process of it: supervisor,
 engine, frontends), waits for ``/ready`` on fresh connections, runs ``voxstream bench`` closed loop at
-``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, all at once by
-default) and reads the CPU time the server's processes used during
+``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, by default over the
+bench's default ramp, one second; 0 starts them all at once) and reads the CPU time the server's processes used during
 the run from ``/proc`` (Linux), reported per second of audio streamed. The bench client runs on the
 same machine and competes for its cores, as it would in ``voxstream bench --local``.
 """
@@ -94,16 +94,18 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
             report = Path(folder) / "bench.json"
             pids = process_tree(server.pid)
             cpu_before, started, client_before = cpu_seconds(pids), time.monotonic(), children_cpu_seconds()
+            ramp = [] if args.ramp_up_s is None else ["--ramp-up-s", str(args.ramp_up_s)]
             subprocess.run(
                 [sys.executable, "-m", "voxstream.cli.main", "bench", "--server", url.replace("http", "ws", 1),
                  "--concurrency", str(args.concurrency), "--duration", str(args.duration), "--json", str(report),
-                 "--ramp-up-s", str(args.ramp_up_s), "--quiet"],
+                 *ramp, "--quiet"],
                 check=True,
             )  # fmt: skip
             cpu = cpu_seconds(pids) - cpu_before
             wall = time.monotonic() - started
             client_cpu = children_cpu_seconds() - client_before
-            level = json.loads(report.read_text())["levels"][0]
+            bench = json.loads(report.read_text())
+            level = bench["levels"][0]
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
     finally:
@@ -113,7 +115,7 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
     return {
         "workers": workers,
         "concurrency": args.concurrency,
-        "ramp_up_s": args.ramp_up_s,
+        "ramp_up_s": bench["settings"]["ramp_up_s"],
         "utterances": len(level["records"]),
         "failed": level["failed"],
         "ttfa_p50_ms": level["ttfa_ms"]["p50"],
@@ -133,7 +135,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--sim-cost", default="120ms+0.1ms/row")
-    parser.add_argument("--ramp-up-s", type=float, default=0.0, help="start the bench's users over this many seconds")
+    parser.add_argument(
+        "--ramp-up-s", type=float, help="start the bench's users over this many seconds (default: the bench's, 1 s)"
+    )
     parser.add_argument(
         "--serve-args",
         default="--max-prefill-tokens-per-step 8192",

@@ -34,8 +34,8 @@ DELAY_S = 0.4
 PERCENTILES = {"p50", "p90", "p99", "mean", "max"}
 LEVEL_FIELDS = {
     "mode", "concurrency", "rate_per_s", "utterances", "failed", "errors", "peak_in_flight", "wall_s", "audio_s",
-    "audio_per_wall_s", "ttfa_ms", "ttfd_ms", "connect_ms", "rtf", "rtf_wall", "stall_ms", "chunk_gap_ms",
-    "max_chunk_gap_ms", "underruns", "records",
+    "audio_per_wall_s", "ttfa_ms", "ttfd_ms", "server_ttfa_ms", "engine_ttfc_ms", "connect_ms", "rtf", "rtf_wall",
+    "stall_ms", "chunk_gap_ms", "max_chunk_gap_ms", "underruns", "records",
 }  # fmt: skip
 
 
@@ -121,6 +121,8 @@ async def test_report_has_every_field_per_level(serve) -> None:
         assert level["rtf"]["p50"] < level["rtf_wall"]["p50"]  # the second also counts the wait for first audio
         assert level["audio_s"] > 0 and level["peak_in_flight"] == level["concurrency"]
         assert level["meets_slo"] is (level["underruns"]["total"] == 0)
+        # The server's share of each TTFA (from its done) lies within what the client measured.
+        assert all(0 < r["engine_ttfc_ms"] <= r["server_ttfa_ms"] <= r["ttfa_ms"] for r in level["records"])
     json.dumps(report)  # the report is plain JSON
 
 
@@ -211,8 +213,20 @@ async def test_users_ramp_up_evenly_and_each_utterance_names_its_user(serve) -> 
     assert sorted(first_start) == [0, 1, 2]
     for user, started in first_start.items():  # user k of 3 starts 0.5 k s into the level
         assert 0.5 * user <= started < 0.5 * user + 0.4, first_start
-    [together] = (await run_plan(BenchPlan(config(server, duration_s=1.0), concurrency=(3,))))["levels"]
+    cold = BenchPlan(config(server, duration_s=1.0, ramp_up_s=0.0), concurrency=(3,))
+    [together] = (await run_plan(cold))["levels"]
     assert min(record["started_s"] for record in together["records"] if record["user"] == 2) < 0.1  # no ramp
+
+
+async def test_users_ramp_up_over_the_first_second_by_default(serve) -> None:
+    server = await serve()
+    report = await run_plan(BenchPlan(config(server, duration_s=2.0), concurrency=(4,)))
+    [level] = report["levels"]
+    assert report["settings"]["ramp_up_s"] == 1.0
+    last = min(record["started_s"] for record in level["records"] if record["user"] == 3)
+    assert 0.75 <= last < 0.75 + 0.4
+    short = BenchConfig(server="ws://localhost:1", texts=SHORT_TEXTS, duration_s=1.0)
+    assert short.effective_ramp_up_s == 0.5  # at most half of a short level
 
 
 async def test_a_ramp_must_fit_in_the_level() -> None:

@@ -57,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--ramp-up-s",
         type=float,
-        default=0.0,
-        help="closed loop: start the users evenly over this many seconds of each level (default 0: all at once)",
+        help="closed loop: start the users evenly over this many seconds of each level (default 1, at most half "
+        "of --duration; 0: all at once, a cold burst)",
     )
     parser.add_argument("--player-buffer-ms", type=float, default=200.0, help="simulated player's lead (default 200)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before one utterance counts as failed")
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         retry = RetryPolicy(retries=args.retries)
     except ValueError as exc:
         raise InvalidInputError(f"--retries: {exc}") from None
-    if not 0 <= args.ramp_up_s < args.duration:
+    if args.ramp_up_s is not None and not 0 <= args.ramp_up_s < args.duration:
         raise InvalidInputError(f"--ramp-up-s {args.ramp_up_s:g}: must be >= 0 and shorter than --duration")
 
     async def bench() -> dict[str, Any]:

@@ -116,6 +116,12 @@ class UtteranceRecord:
     """The server's error code (or the client's, e.g. ``connection_lost``); such utterances have no latencies."""
     user: int | None = None
     """The closed-loop user (or open-loop visitor) that spoke it."""
+    server_ttfa_ms: float | None = None
+    """The server's own TTFA (its ``done.ttfa_s``: first text received to first frame sent): what is left of
+    ``ttfa_ms`` is the network and this client's own delay."""
+    engine_ttfc_ms: float | None = None
+    """Of ``server_ttfa_ms``, the engine's time to first chunk (``done.engine_ttfc_s``): the rest is waiting for
+    a complete sentence and encoding and sending the first chunk."""
 
     def complete(self, arrivals: Sequence[tuple[float, float]], decodable_at: float | None, lead_s: float) -> None:
         """Fill the derived fields from the frames' ``(arrival, seconds)`` once ``done`` came at ``wall_s``."""

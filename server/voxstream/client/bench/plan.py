@@ -42,6 +42,7 @@ async def run_plan(plan: BenchPlan) -> dict[str, Any]:
 def _report(plan: BenchPlan, results: list[LevelResult], found: int | None) -> dict[str, Any]:
     settings = {key: value for key, value in asdict(plan.config).items() if key not in ("token", "texts", "progress")}
     settings["texts"] = len(plan.config.texts)
+    settings["ramp_up_s"] = plan.config.effective_ramp_up_s
     report: dict[str, Any] = {
         "settings": settings,
         "client": {"python": platform.python_version(), "machine": platform.machine()},

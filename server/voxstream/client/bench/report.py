@@ -11,7 +11,7 @@ from typing import Any
 from voxstream.client.bench.measure import percentiles
 from voxstream.client.bench.runner import LevelResult, meets_slo
 
-_LATENCIES = ("ttfa_ms", "ttfd_ms", "connect_ms", "rtf", "rtf_wall", "stall_ms")
+_LATENCIES = ("ttfa_ms", "ttfd_ms", "server_ttfa_ms", "engine_ttfc_ms", "connect_ms", "rtf", "rtf_wall", "stall_ms")
 
 
 def summarize(result: LevelResult, slo_p99_ttfa_ms: float | None = None) -> dict[str, Any]:

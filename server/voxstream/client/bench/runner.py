@@ -31,6 +31,11 @@ from voxstream.serving.protocol import AudioFrame, Done, End, Error, Start, Text
 
 RECONNECT_PAUSE_S = 0.2
 """After a failed connection, so a refusing server is not hammered in a tight loop."""
+DEFAULT_RAMP_UP_S = 1.0
+"""Closed loop: a level's users start evenly over its first second unless told otherwise (at most over half the
+level), as load tools ramp their users up: a service's users do not all arrive in the same instant. Starting
+all N at once (``ramp_up_s=0``) measures something else, how a cold burst is absorbed: the engine's first step
+starts with the first few arrivals and the rest wait for it to end."""
 
 
 @dataclass(frozen=True)
@@ -49,16 +54,21 @@ class BenchConfig:
     utterance_timeout_s: float = 120.0
     progress: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    ramp_up_s: float = 0.0
-    """Closed loop: user k of N starts its first utterance ``k * ramp_up_s / N`` into the level, as load tools
-    ramp up their users, instead of all N at the same instant (0); its utterances count like any other."""
+    ramp_up_s: float | None = None
+    """Closed loop: user k of N starts its first utterance ``k * ramp_up_s / N`` into the level (0: all N at the
+    same instant; None: ``DEFAULT_RAMP_UP_S``); its utterances count like any other."""
 
     def __post_init__(self) -> None:
-        if not (0 <= self.ramp_up_s < self.duration_s):
+        if self.ramp_up_s is not None and not (0 <= self.ramp_up_s < self.duration_s):
             raise ValueError(
-                f"ramp_up_s={self.ramp_up_s!r} is invalid: must be >= 0 and shorter than a level "
-                f"({self.duration_s} s)"
+                f"ramp_up_s={self.ramp_up_s!r} is invalid: must be >= 0 and shorter than a level ({self.duration_s} s)"
             )
+
+    @property
+    def effective_ramp_up_s(self) -> float:
+        if self.ramp_up_s is None:
+            return min(DEFAULT_RAMP_UP_S, self.duration_s / 2)
+        return self.ramp_up_s
 
     def start(self, user: int = 0) -> Start:
         persona = self.personas[user % len(self.personas)] if self.personas else None
@@ -87,7 +97,7 @@ async def run_closed(config: BenchConfig, concurrency: int) -> LevelResult:
     result = LevelResult("closed", concurrency)
     with _Progress(config, f"{concurrency} users", result) as progress:
         users = [
-            _user(config, index, index * config.ramp_up_s / concurrency, result, progress)
+            _user(config, index, index * config.effective_ramp_up_s / concurrency, result, progress)
             for index in range(concurrency)
         ]
         await _run(result, users)
@@ -253,9 +263,15 @@ async def _measure(connection: Connection, text: str, config: BenchConfig, recor
     _, done = await asyncio.wait_for(together(send(), receive()), config.utterance_timeout_s)
     record.wall_s = time.perf_counter() - started
     record.finish_reason = done.finish_reason
+    record.server_ttfa_ms = _ms(done.ttfa_s)
+    record.engine_ttfc_ms = _ms(done.engine_ttfc_s)
     record.complete(arrivals, decodable_at, config.player_buffer_ms / 1000)
     if not arrivals and record.error is None:
         record.error = "no_audio"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _error_code(exc: BaseException) -> str:
