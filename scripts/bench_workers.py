@@ -5,9 +5,9 @@
 
 For each ``--workers`` value it starts ``voxstream serve --model sim`` (every process of it: supervisor,
 engine, frontends), waits for ``/ready`` on fresh connections, runs ``voxstream bench`` closed loop at
-``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, by default over the
-bench's default ramp, one second; 0 starts them all at once) and reads the CPU time the server's processes used during
-the run from ``/proc`` (Linux), reported per second of audio streamed. The bench client runs on the
+``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, by default the
+bench's own ramp of one second; 0 starts them all at once) and reads the CPU time the server's processes used
+during the run from ``/proc`` (Linux), reported per second of audio streamed. The bench client runs on the
 same machine and competes for its cores, as it would in ``voxstream bench --local``.
 """
 
