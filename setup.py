@@ -1,7 +1,7 @@
-"""Build hook: the wheel carries the browser library and demo page from ``client_js/`` as ``voxstream/web/``.
+"""Build hook: the wheel carries the browser library and demo page from ``client_js/`` as ``voxwire/web/``.
 
 Everything else about the package is in pyproject.toml. An editable install skips the copy: the server then
-serves ``client_js/`` from the repository itself (``voxstream.serving.app.CLIENT_DIR``).
+serves ``client_js/`` from the repository itself (``voxwire.serving.app.CLIENT_DIR``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class BuildWithWebFiles(build_py):
         super().run()
         if self.editable_mode:
             return
-        target = Path(self.build_lib) / "voxstream" / "web"
+        target = Path(self.build_lib) / "voxwire" / "web"
         target.mkdir(parents=True, exist_ok=True)
         for path in web_files():
             shutil.copy2(path, target / path.name)

@@ -1,9 +1,9 @@
 /**
- * The public API: a streaming text-to-speech session with a voxstream server, played in the page.
+ * The public API: a streaming text-to-speech session with a voxwire server, played in the page.
  *
  * ```js
- * import { VoxstreamClient } from '/client/client.js';
- * const tts = new VoxstreamClient({ token, voice: 'default', leadSeconds: 0.2 });
+ * import { VoxwireClient } from '/client/client.js';
+ * const tts = new VoxwireClient({ token, voice: 'default', leadSeconds: 0.2 });
  * tts.addEventListener('firstAudio', (e) => console.log(`first audio after ${e.detail.latencyMs} ms`));
  * await tts.connect();              // from a click handler: browsers start audio on a user gesture
  * tts.text('Hello there. ');        // as a language model streams it, word by word
@@ -49,7 +49,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [cfgValue]
  * @property {number} [inferenceTimesteps]
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
- * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxstream[normalize]`)
+ * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxwire[normalize]`)
  * @property {string} [persona] a LoRA persona loaded on the server (`GET /v1/loras`); default: the base model
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
@@ -57,7 +57,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  */
 
 /**
- * Live counters, updated in place (a page may expose the object itself, e.g. `window.voxstreamStats`).
+ * Live counters, updated in place (a page may expose the object itself, e.g. `window.voxwireStats`).
  * @typedef {import('./player.js').PlayerStats & {
  *   decoder: 'webcodecs' | 'pcm' | null,
  *   framesReceived: number,
@@ -71,7 +71,7 @@ export const STREAM_PATH = '/v1/tts/stream';
 
 /** @typedef {{textAt: number, receivedAt: number | null, decodedAt: number | null}} Timing */
 
-export class VoxstreamClient extends EventTarget {
+export class VoxwireClient extends EventTarget {
   /** @param {ClientOptions} [options] */
   constructor(options = {}) {
     super();

@@ -109,12 +109,12 @@ class FakePlayer extends EventTarget {
 
 globalThis.WebSocket = /** @type {any} */ (FakeSocket);
 Player.create = async () => /** @type {any} */ (new FakePlayer());
-const { VoxstreamClient } = await import('./client.js');
+const { VoxwireClient } = await import('./client.js');
 
 function fresh(plan, options = {}) {
   FakeSocket.all = [];
   FakeSocket.plan = plan;
-  const client = new VoxstreamClient({ url: 'ws://replica.test', format: 'pcm_s16le', retry: FAST, ...options });
+  const client = new VoxwireClient({ url: 'ws://replica.test', format: 'pcm_s16le', retry: FAST, ...options });
   /** @type {Record<string, any[]>} */
   const events = { retry: [], interrupted: [], reconnect: [], error: [], close: [] };
   for (const name of Object.keys(events)) client.addEventListener(name, (event) => events[name].push(event.detail));

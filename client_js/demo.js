@@ -3,11 +3,11 @@
  * time to first audio, underruns and the output waveform. The page is static and public; every API
  * call carries the key from the "API key" field (prefilled from the page's `?token=`).
  *
- * For tests and the curious, `window.voxstreamClient` is the client and `window.voxstreamStats` its
+ * For tests and the curious, `window.voxwireClient` is the client and `window.voxwireStats` its
  * live `stats` object (both set on the first connection).
  */
 
-import { VoxstreamClient } from './client.js';
+import { VoxwireClient } from './client.js';
 
 const $ = (/** @type {string} */ id) => /** @type {any} */ (document.getElementById(id));
 const ui = {
@@ -18,9 +18,9 @@ const ui = {
   error: $('error'),
 };
 
-/** @type {VoxstreamClient | null} the connected client (for the display and Stop) */
+/** @type {VoxwireClient | null} the connected client (for the display and Stop) */
 let client = null;
-/** @type {Promise<VoxstreamClient> | null} the client once connected and configured; shared by every caller */
+/** @type {Promise<VoxwireClient> | null} the client once connected and configured; shared by every caller */
 let connection = null;
 /** Settings changed since the last `configure` (applied before the next utterance). */
 let dirty = false;
@@ -69,17 +69,17 @@ function session() {
 }
 
 async function connect() {
-  const tts = new VoxstreamClient({ token: ui.token.value || undefined, ...settings() });
+  const tts = new VoxwireClient({ token: ui.token.value || undefined, ...settings() });
   dirty = false;
-  window.voxstreamClient = tts;
-  window.voxstreamStats = tts.stats;
+  window.voxwireClient = tts;
+  window.voxwireStats = tts.stats;
   listen(tts);
   await tts.connect();
   client = tts;
   return tts;
 }
 
-/** @param {VoxstreamClient} tts */
+/** @param {VoxwireClient} tts */
 function listen(tts) {
   tts.addEventListener('ready', (e) => {
     setStatus('connected', 'on');
@@ -110,7 +110,7 @@ function listen(tts) {
   });
 }
 
-/** The next utterance opens a new client (this one is closed for good). @param {VoxstreamClient} tts */
+/** The next utterance opens a new client (this one is closed for good). @param {VoxwireClient} tts */
 function forget(tts) {
   if (client === tts) {
     client = null;

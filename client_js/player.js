@@ -66,7 +66,7 @@ export class Player extends EventTarget {
     const rate = format === 'opus' ? OPUS_RATE : sampleRate;
     const context = new AudioContext({ sampleRate: rate, latencyHint: 'interactive' });
     await context.audioWorklet.addModule(new URL('./worklet.js', import.meta.url));
-    const node = new AudioWorkletNode(context, 'voxstream-player', {
+    const node = new AudioWorkletNode(context, 'voxwire-player', {
       numberOfInputs: 0,
       outputChannelCount: [1],
       processorOptions: {

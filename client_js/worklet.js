@@ -138,4 +138,4 @@ class PlayerProcessor extends AudioWorkletProcessor {
   }
 }
 
-registerProcessor('voxstream-player', PlayerProcessor);
+registerProcessor('voxwire-player', PlayerProcessor);

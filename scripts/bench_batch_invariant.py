@@ -1,4 +1,4 @@
-"""Benchmark (not a test): what batch-invariant numerics (``voxstream serve --batch-invariant``) cost per decode
+"""Benchmark (not a test): what batch-invariant numerics (``voxwire serve --batch-invariant``) cost per decode
 step, on the CPU.
 
     python scripts/bench_batch_invariant.py [--config voxcpm2] [--batches 1,8,24] [--rounds 20] [--threads 1]
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-import voxstream
-from voxstream.engine import Request, SynthesisParams
-from voxstream.engine.outputs import PrefillItem, StepPlan
-from voxstream.engine.runner import ModelRunner
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Request, SynthesisParams
+from voxwire.engine.outputs import PrefillItem, StepPlan
+from voxwire.engine.runner import ModelRunner
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 
@@ -50,7 +50,7 @@ def prefilled(tts: VoxCPM, batch: int, steps: int, invariant: bool) -> tuple[Mod
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="voxcpm2", help="tiny model shape (voxstream.tiny.configs)")
+    parser.add_argument("--config", default="voxcpm2", help="tiny model shape (voxwire.tiny.configs)")
     parser.add_argument("--batches", default="1,8,24", help="comma-separated batch sizes")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
@@ -58,7 +58,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        tts = voxstream.load_model(make_tiny_checkpoint(Path(tmp) / "model", args.config, seed=0), device="cpu")
+        tts = voxwire.load_model(make_tiny_checkpoint(Path(tmp) / "model", args.config, seed=0), device="cpu")
     settings = {
         (batch, invariant): prefilled(tts, batch, args.rounds + 3, invariant)
         for batch in batches

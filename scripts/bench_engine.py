@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-import voxstream
-from voxstream.engine import Engine, EngineConfig, Request, SynthesisParams
-from voxstream.engine.runner import ModelRunner
-from voxstream.model.audio_vae import VAEStreamState
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine.runner import ModelRunner
+from voxwire.model.audio_vae import VAEStreamState
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 TEXTS = [
     "Hello there, how are you today?",
@@ -168,7 +168,7 @@ def host_overhead(tts: VoxCPM, sessions_count: int, steps: int) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="micro-batcher throughput and arrival gaps on CPU")
-    parser.add_argument("--config", default="voxcpm2", help="a voxstream.tiny.configs.ALL_CONFIGS name")
+    parser.add_argument("--config", default="voxcpm2", help="a voxwire.tiny.configs.ALL_CONFIGS name")
     parser.add_argument("--patches", type=int, default=16, help="patches per session")
     parser.add_argument("--sessions", default="1,2,4,8,16,32", help="concurrency levels")
     parser.add_argument("--arrival-sessions", type=int, default=8, help="running streams in the arrival test")
@@ -181,7 +181,7 @@ def main() -> None:
     threads = args.threads or (1 if args.host_overhead else 2)
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        tts = voxstream.load_model(make_tiny_checkpoint(Path(tmp) / args.config, args.config), device="cpu")
+        tts = voxwire.load_model(make_tiny_checkpoint(Path(tmp) / args.config, args.config), device="cpu")
     if args.host_overhead:
         result = host_overhead(tts, int(args.sessions.split(",")[-1]), args.steps)
         print(json.dumps(result))

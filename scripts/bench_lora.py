@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-import voxstream
-from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.lora import target_layers
-from voxstream.model.voxcpm import DecodeState, PrefillBatch
-from voxstream.prompt import build_sequence
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.lora import target_layers
+from voxwire.model.voxcpm import DecodeState, PrefillBatch
+from voxwire.prompt import build_sequence
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 LORA_CONFIG = {
@@ -52,7 +52,7 @@ LORA_CONFIG = {
 
 def write_adapter(tts: VoxCPM, folder: Path, seed: int) -> Path:
     """A random adapter in the reference's format for every layer ``LORA_CONFIG`` targets."""
-    from voxstream.model.lora import LoRAConfig
+    from voxwire.model.lora import LoRAConfig
 
     config = LoRAConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in LORA_CONFIG.items()})
     generator = torch.Generator().manual_seed(seed)
@@ -95,7 +95,7 @@ class Step:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="voxcpm2", help="tiny model shape (voxstream.tiny.configs)")
+    parser.add_argument("--config", default="voxcpm2", help="tiny model shape (voxwire.tiny.configs)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
@@ -103,8 +103,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_tiny_checkpoint(Path(tmp) / "model", args.config, seed=0)
-        plain = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
-        adapted = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+        plain = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
+        adapted = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
         adapted.enable_personas(max_personas=4, max_rank=8)
         for k in range(4):
             adapted.load_persona(f"p{k}", write_adapter(adapted, Path(tmp) / f"p{k}", seed=k))

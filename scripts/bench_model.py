@@ -1,13 +1,13 @@
-"""Benchmark (not a test): voxstream against the reference implementation at batch 1, on the CPU.
+"""Benchmark (not a test): voxwire against the reference implementation at batch 1, on the CPU.
 
 Run it with the reference environment's python, which has both packages importable
-(``bash scripts/reference/setup_env.sh`` installs voxstream there too):
+(``bash scripts/reference/setup_env.sh`` installs voxwire there too):
 
     .venv-reference/bin/python scripts/bench_model.py [--config voxcpm-0.5b-shape] [--steps 8]
 
 Both load the same random checkpoint (published layout, release shape) in float32 with the same
 thread count, in one process, and their steps are timed alternately (one reference step, one
-voxstream step, ...) so that the machine's load hits both alike. Reported medians:
+voxwire step, ...) so that the machine's load hits both alike. Reported medians:
 
 * decode step: one autoregressive step (CFM with 10 timesteps and CFG, LocEnc, both LM steps);
   the reference's is one iteration of its own ``_inference`` loop;
@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 from voxcpm.core import VoxCPM as ReferenceVoxCPM
 
-import voxstream
-from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import PrefillBatch
-from voxstream.prompt import build_sequence
-from voxstream.sampling import NoiseStream
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import PrefillBatch
+from voxwire.prompt import build_sequence
+from voxwire.sampling import NoiseStream
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank, and then it runs home again."
 
@@ -63,7 +63,7 @@ def reference_decode_steps(ref: ReferenceVoxCPM, steps: int) -> Iterator[object]
     return model._inference(tokens, text_mask, feats, audio_mask, min_len=steps, max_len=steps, streaming=True)
 
 
-def voxstream_decode_steps(tts: voxstream.tts.VoxCPM, steps: int) -> Iterator[object]:
+def voxwire_decode_steps(tts: voxwire.tts.VoxCPM, steps: int) -> Iterator[object]:
     config, model = tts.config, tts.model
     sequence = build_sequence(tts.tokenizer, config, TEXT, None)
     caches = [
@@ -80,9 +80,9 @@ def voxstream_decode_steps(tts: voxstream.tts.VoxCPM, steps: int) -> Iterator[ob
 
 
 @torch.inference_mode()
-def measure(ref: ReferenceVoxCPM, tts: voxstream.tts.VoxCPM, steps: int) -> dict[str, tuple[float, float]]:
+def measure(ref: ReferenceVoxCPM, tts: voxwire.tts.VoxCPM, steps: int) -> dict[str, tuple[float, float]]:
     results = {}
-    ref_steps, our_steps = reference_decode_steps(ref, steps + 2), voxstream_decode_steps(tts, steps + 2)
+    ref_steps, our_steps = reference_decode_steps(ref, steps + 2), voxwire_decode_steps(tts, steps + 2)
     next(ref_steps), next(our_steps)  # the first step carries the prefill
     results["decode step"] = alternate(lambda: next(ref_steps), lambda: next(our_steps), steps)
     ref_stream = ref.tts_model.generate_with_prompt_cache_streaming(TEXT, None, min_len=steps + 2, max_len=steps + 2)
@@ -108,8 +108,8 @@ def measure(ref: ReferenceVoxCPM, tts: voxstream.tts.VoxCPM, steps: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="voxstream vs the reference at batch 1 on CPU")
-    parser.add_argument("--config", default="voxcpm-0.5b-shape", help="a voxstream.tiny.configs.ALL_CONFIGS name")
+    parser = argparse.ArgumentParser(description="voxwire vs the reference at batch 1 on CPU")
+    parser.add_argument("--config", default="voxcpm-0.5b-shape", help="a voxwire.tiny.configs.ALL_CONFIGS name")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per measure (medians are reported)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -119,13 +119,13 @@ def main() -> None:
         config = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**config, "dtype": "float32", "device": "cpu"}))
         ref = ReferenceVoxCPM(str(path), enable_denoiser=False, optimize=False, device="cpu")
-        tts = voxstream.load_model(path, device="cpu", dtype="float32")
+        tts = voxwire.load_model(path, device="cpu", dtype="float32")
         results = measure(ref, tts, args.steps)
     print(
         f"\nconfig {args.config}, CPU float32, {args.threads} threads, batch 1, medians of {args.steps} "
         "alternating steps"
     )
-    print("| measure | reference (ms) | voxstream (ms) | reference / voxstream |\n|---|---|---|---|")
+    print("| measure | reference (ms) | voxwire (ms) | reference / voxwire |\n|---|---|---|---|")
     for label, (reference, ours) in results.items():
         print(f"| {label} | {reference * 1e3:.1f} | {ours * 1e3:.1f} | {reference / ours:.2f} |")
 

@@ -6,7 +6,7 @@ espeak-ng speaks a paragraph; soxr resamples it to 48 kHz (VoxCPM2's rate); the 
 per-session encoder (``OpusEncoder``: 20 ms frames) is fed 160 ms chunks, as the engine emits them, and
 the CPU time of its thread is measured (best of ``--repeats``) per second of audio. The packets are
 decoded with libopus (``opuslib``), the pre-skip dropped, and compared with the source by the
-magnitude-spectrum SNR of ``voxstream.audio.quality`` (phase-blind: what a listener hears).
+magnitude-spectrum SNR of ``voxwire.audio.quality`` (phase-blind: what a listener hears).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import opuslib
 import soundfile
 import soxr
 
-from voxstream.audio.opus import OpusEncoder
-from voxstream.audio.quality import spectral_snr_db
+from voxwire.audio.opus import OpusEncoder
+from voxwire.audio.quality import spectral_snr_db
 
 RATE = 48000
 CHUNK = 7680

@@ -27,13 +27,13 @@ import numpy as np
 import websockets
 from aiohttp import web
 
-import voxstream
-from voxstream.audio.formats import AudioFormat, make_encoder
-from voxstream.serving import protocol
-from voxstream.serving.app import make_app
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import STATE_KEY
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.audio.formats import AudioFormat, make_encoder
+from voxwire.serving import protocol
+from voxwire.serving.app import make_app
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.keys import STATE_KEY
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
 async def client(url: str, utterances: int, seed: int) -> list[protocol.Done]:
@@ -56,7 +56,7 @@ async def client(url: str, utterances: int, seed: int) -> list[protocol.Done]:
 
 async def server_overhead(sessions: list[int], utterances: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        tts = voxstream.load_model(make_tiny_checkpoint(Path(tmp) / "voxcpm2", "voxcpm2"), device="cpu")
+        tts = voxwire.load_model(make_tiny_checkpoint(Path(tmp) / "voxcpm2", "voxcpm2"), device="cpu")
     port = _free_port()
     config = ServerConfig(
         port=port, max_sessions=max(sessions), max_waiting=4 * max(sessions), max_connections=4 * max(sessions)

@@ -1,14 +1,14 @@
-"""Benchmark (not a test): real-time Opus streams through ``voxstream serve --model sim``, and the server's CPU.
+"""Benchmark (not a test): real-time Opus streams through ``voxwire serve --model sim``, and the server's CPU.
 
     python scripts/bench_workers.py [--workers 0,2] [--concurrency 200] [--duration 30]
                                     [--sim-cost "120ms+0.1ms/row"] [--ramp-up-s S] [--json out.json]
 
-For each ``--workers`` value it starts ``voxstream serve --model sim`` (every process of it: supervisor,
-engine, frontends), waits for ``/ready`` on fresh connections, runs ``voxstream bench`` closed loop at
+For each ``--workers`` value it starts ``voxwire serve --model sim`` (every process of it: supervisor,
+engine, frontends), waits for ``/ready`` on fresh connections, runs ``voxwire bench`` closed loop at
 ``--concurrency`` (Opus, 200 ms player lead; the users start evenly over ``--ramp-up-s``, by default the
 bench's own ramp of one second; 0 starts them all at once) and reads the CPU time the server's processes used
 during the run from ``/proc`` (Linux), reported per second of audio streamed. The bench client runs on the
-same machine and competes for its cores, as it would in ``voxstream bench --local``.
+same machine and competes for its cores, as it would in ``voxwire bench --local``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-SERVE = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", "sim", "--port", "0", "--log-level", "INFO"]
+SERVE = [sys.executable, "-m", "voxwire.cli.main", "serve", "--model", "sim", "--port", "0", "--log-level", "INFO"]
 
 
 def process_tree(pid: int) -> list[int]:
@@ -85,7 +85,7 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
     command = [*SERVE, "--sim-cost", args.sim_cost, "--workers", str(workers), "--max-sessions",
                str(args.concurrency + 16), "--max-waiting", str(args.concurrency + 16), "--max-connections",
                str(args.concurrency + 16), *args.serve_args.split()]  # fmt: skip
-    log = tempfile.NamedTemporaryFile("w+", prefix="voxstream-serve-", suffix=".log")  # noqa: SIM115
+    log = tempfile.NamedTemporaryFile("w+", prefix="voxwire-serve-", suffix=".log")  # noqa: SIM115
     server = subprocess.Popen(command, stderr=log, text=True)
     try:
         url = listening_url(Path(log.name), server)
@@ -96,7 +96,7 @@ def run_level(workers: int, args: argparse.Namespace) -> dict[str, object]:
             cpu_before, started, client_before = cpu_seconds(pids), time.monotonic(), children_cpu_seconds()
             ramp = [] if args.ramp_up_s is None else ["--ramp-up-s", str(args.ramp_up_s)]
             subprocess.run(
-                [sys.executable, "-m", "voxstream.cli.main", "bench", "--server", url.replace("http", "ws", 1),
+                [sys.executable, "-m", "voxwire.cli.main", "bench", "--server", url.replace("http", "ws", 1),
                  "--concurrency", str(args.concurrency), "--duration", str(args.duration), "--json", str(report),
                  *ramp, "--quiet"],
                 check=True,
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument(
         "--serve-args",
         default="--max-prefill-tokens-per-step 8192",
-        help="more `voxstream serve` flags (default: a prefill budget that admits a burst of arrivals in one "
+        help="more `voxwire serve` flags (default: a prefill budget that admits a burst of arrivals in one "
         "step, which costs nothing when --sim-cost has no /token term)",
     )
     parser.add_argument("--json", type=Path)

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from voxstream.config import ModelConfig
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import PrefillBatch, VoxCPMModel
-from voxstream.prompt import InputSequence, VoicePrompt, build_sequence
-from voxstream.text.tokenizer import TextTokenizer
-from voxstream.tiny.configs import ALL_CONFIGS
-from voxstream.tiny.tokenizer_files import write_tiny_tokenizer
+from voxwire.config import ModelConfig
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxwire.prompt import InputSequence, VoicePrompt, build_sequence
+from voxwire.text.tokenizer import TextTokenizer
+from voxwire.tiny.configs import ALL_CONFIGS
+from voxwire.tiny.tokenizer_files import write_tiny_tokenizer
 
 TRANSCRIPT = "This is the speaker reading a short passage so that the model can learn how the voice sounds."
 TARGET = "The quick brown fox jumps over the lazy dog near the river bank."

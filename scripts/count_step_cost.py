@@ -12,7 +12,7 @@ bytes are weights and activations a fusion cannot remove. The KV caches hold ``-
 what a length-aware attention reads per row.
 
 ``--fused`` selects the path as it runs on CUDA: q/k/v and gate/up as one GEMM each, the fused ops
-of ``voxstream.kernels.ops`` (one Triton launch each), and the VAE in float16 (``--vae-dtype float16``; bf16 moves
+of ``voxwire.kernels.ops`` (one Triton launch each), and the VAE in float16 (``--vae-dtype float16``; bf16 moves
 the same bytes).
 """
 
@@ -34,14 +34,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from voxstream.config import ModelConfig
-from voxstream.kernels import ops
-from voxstream.model import minicpm
-from voxstream.model.audio_vae import StreamingVAEDecoder
-from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import DecodeState, VoxCPMModel
-from voxstream.tiny.configs import ALL_CONFIGS
+from voxwire.config import ModelConfig
+from voxwire.kernels import ops
+from voxwire.model import minicpm
+from voxwire.model.audio_vae import StreamingVAEDecoder
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import DecodeState, VoxCPMModel
+from voxwire.tiny.configs import ALL_CONFIGS
 
 # Ops that return a view (or metadata) and launch nothing.
 _NO_LAUNCH = {
@@ -265,7 +265,7 @@ def _describe(name: str, cost: StepCost, batch: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="voxcpm2-shape", help="a voxstream.tiny.configs.ALL_CONFIGS name")
+    parser.add_argument("--config", default="voxcpm2-shape", help="a voxwire.tiny.configs.ALL_CONFIGS name")
     parser.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
     parser.add_argument("--context", type=int, default=256, help="cached positions per row (live KV length)")
     parser.add_argument("--timesteps", type=int, default=10, help="CFM timesteps per patch")

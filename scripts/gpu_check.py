@@ -30,17 +30,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxstream.config import ModelConfig
-from voxstream.engine import Engine, EngineConfig, ParamLimits, Request, SynthesisParams
-from voxstream.engine.runner import ModelRunner
-from voxstream.loader import model_from_weights
-from voxstream.model.audio_vae import fold_weight_norm, random_published_state_dict
-from voxstream.model.paged_attention import attention_path
-from voxstream.text.tokenizer import TextTokenizer
-from voxstream.tiny.checkpoint import random_model_weights
-from voxstream.tiny.configs import ALL_CONFIGS
-from voxstream.tiny.tokenizer_files import write_tiny_tokenizer
-from voxstream.tts import VoxCPM
+from voxwire.config import ModelConfig
+from voxwire.engine import Engine, EngineConfig, ParamLimits, Request, SynthesisParams
+from voxwire.engine.runner import ModelRunner
+from voxwire.loader import model_from_weights
+from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
+from voxwire.model.paged_attention import attention_path
+from voxwire.text.tokenizer import TextTokenizer
+from voxwire.tiny.checkpoint import random_model_weights
+from voxwire.tiny.configs import ALL_CONFIGS
+from voxwire.tiny.tokenizer_files import write_tiny_tokenizer
+from voxwire.tts import VoxCPM
 
 TEXTS = [
     "Hello there, how are you today?",
@@ -204,7 +204,7 @@ def format_row(row: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="voxstream GPU correctness and performance check")
+    parser = argparse.ArgumentParser(description="voxwire GPU correctness and performance check")
     parser.add_argument("--config", default="voxcpm2-shape")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--sessions", default="1,64,256,512,768")

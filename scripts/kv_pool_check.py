@@ -4,7 +4,7 @@
 
 Builds a tiny VoxCPM2-like checkpoint with a KV-heavy LM (12 + 8 layers, 4 KV heads, 8192
 positions), for which ``--max-sessions 128 --max-length 8192`` would need a dense pool of > 8 GiB,
-and starts ``voxstream serve --batch-invariant`` on it on the CPU twice: once with a near-empty KV pool (the
+and starts ``voxwire serve --batch-invariant`` on it on the CPU twice: once with a near-empty KV pool (the
 baseline resident memory) and once with ``--kv-cache-gb``. For the second it reports the resident memory over
 the baseline once ``/ready`` answers, then speaks ``--sessions`` different utterances alone (one after
 another) and all at once, and compares each session's 16-bit PCM. Exits 1 if a server does not get
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-import voxstream
-from voxstream.engine.runner import ModelRunner
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tiny.configs import ALL_CONFIGS
+import voxwire
+from voxwire.engine.runner import ModelRunner
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tiny.configs import ALL_CONFIGS
 
 MAX_SESSIONS, MAX_LENGTH = 128, 8192
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
@@ -62,7 +62,7 @@ class Server:
     def __init__(self, model: Path, kv_cache_gb: float) -> None:
         self.port = free_port()
         command = [
-            sys.executable, "-m", "voxstream.cli.main", "serve", "--model", str(model), "--device", "cpu",
+            sys.executable, "-m", "voxwire.cli.main", "serve", "--model", str(model), "--device", "cpu",
             "--port", str(self.port), "--max-sessions", str(MAX_SESSIONS), "--max-length", str(MAX_LENGTH),
             "--kv-cache-gb", str(kv_cache_gb), "--max-waiting", "256", "--log-level", "WARNING", "--workers", "0",
             "--batch-invariant",
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = kv_heavy_checkpoint(Path(tmp) / "kv-heavy")
-        tts = voxstream.load_model(model, device="cpu")
+        tts = voxwire.load_model(model, device="cpu")
         weights = sum(p.numel() * p.element_size() for p in tts.model.parameters())
         dense = MAX_SESSIONS * MAX_LENGTH * ModelRunner.bytes_per_position(tts)
         print(

@@ -1,8 +1,8 @@
 """Render the simulated model's speech clip once: espeak-ng speaks a paragraph, our Ogg Opus encoder packs it.
 
-    python scripts/make_sim_speech.py [--out server/voxstream/sim/speech.opus]
+    python scripts/make_sim_speech.py [--out server/voxwire/sim/speech.opus]
 
-``voxstream serve --model sim`` loops this clip for every session, so load tests carry real speech
+``voxwire serve --model sim`` loops this clip for every session, so load tests carry real speech
 (Opus costs differ between speech and tones) without espeak-ng at run time. The output is committed;
 rerun this only to change the clip. Needs ``espeak-ng`` on the PATH.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import soundfile
 
-from voxstream.audio.formats import AudioFormat, make_encoder
-from voxstream.audio.opus import GRANULE_RATE
+from voxwire.audio.formats import AudioFormat, make_encoder
+from voxwire.audio.opus import GRANULE_RATE
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "server" / "voxstream" / "sim" / "speech.opus"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "server" / "voxwire" / "sim" / "speech.opus"
 TEXT = (
     "Streaming speech arrives a little at a time, so the listener never waits for the whole answer. "
     "Each voice keeps its own pace, and the server keeps every stream ahead of its player. "

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voxstream.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan
-from voxstream.engine.cost_model import StepCost
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan
+from voxwire.engine.cost_model import StepCost
 
 CHUNK = np.zeros(1, dtype=np.float32)
 EPSILON_S = 1e-9  # float noise in the virtual clock is not lateness

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from voxstream.config import ModelConfig
-from voxstream.model.audio_vae import AudioVAE, StreamingVAEDecoder, fold_weight_norm, random_published_state_dict
-from voxstream.tiny.configs import ALL_CONFIGS
+from voxwire.config import ModelConfig
+from voxwire.model.audio_vae import AudioVAE, StreamingVAEDecoder, fold_weight_norm, random_published_state_dict
+from voxwire.tiny.configs import ALL_CONFIGS
 
 
 def streamed_audio(vae: AudioVAE, latents: torch.Tensor, patch_size: int) -> torch.Tensor:

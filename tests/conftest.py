@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def slow_down() -> Callable[[Any, float], None]:
     """``slow_down(app, seconds)``: every engine step of a served app takes at least ``seconds``, still faster
     than real time but slow enough that an utterance is live when a test acts on it."""
-    from voxstream.serving.keys import SERVICE_KEY
+    from voxwire.serving.keys import SERVICE_KEY
 
     def apply(app: Any, seconds: float) -> None:
         runner = app[SERVICE_KEY].runner

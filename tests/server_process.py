@@ -1,4 +1,4 @@
-"""``voxstream serve`` as a child process, for tests of the command as operators run it."""
+"""``voxwire serve`` as a child process, for tests of the command as operators run it."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from types import TracebackType
 
 
 class ServerProcess:
-    """``voxstream serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``."""
+    """``voxwire serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         single = () if "--workers" in args else ("--workers", "0")  # one process unless a test asks for workers
-        command = [sys.executable, "-m", "voxstream.cli.main", "serve", *single, *args, "--port", "0"]
+        command = [sys.executable, "-m", "voxwire.cli.main", "serve", *single, *args, "--port", "0"]
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         )

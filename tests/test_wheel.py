@@ -1,4 +1,4 @@
-"""A built wheel works on its own: installed in a fresh virtual environment, ``voxstream serve`` serves the demo
+"""A built wheel works on its own: installed in a fresh virtual environment, ``voxwire serve`` serves the demo
 page and its modules (copied from client_js/ by setup.py's build step)."""
 
 from __future__ import annotations
@@ -55,19 +55,19 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", source, "-w", dist,
         cwd=tmp_path, env=env)  # fmt: skip
-    (wheel,) = dist.glob("voxstream-*.whl")
+    (wheel,) = dist.glob("voxwire-*.whl")
     venv = tmp_path / "venv"
     # torch and the other dependencies come from this interpreter's site-packages: nothing is downloaded
     run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path, env=env)
     python = venv / "bin" / "python"
     run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path, env=env)
-    location = run(python, "-c", "import voxstream; print(voxstream.__file__)", cwd=tmp_path, env=env)
+    location = run(python, "-c", "import voxwire; print(voxwire.__file__)", cwd=tmp_path, env=env)
     assert Path(location.strip()).is_relative_to(venv), location
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [venv / "bin" / "voxstream", "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port),
+        [venv / "bin" / "voxwire", "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "0"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

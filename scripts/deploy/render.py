@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Render the shipped HAProxy or nginx configuration for a set of voxstream replicas.
+"""Render the shipped HAProxy or nginx configuration for a set of voxwire replicas.
 
     python scripts/deploy/render.py haproxy --listen :8080 --replica 10.0.0.5:8000 --replica 10.0.0.6:8000
-    python scripts/deploy/render.py haproxy --listen :8080 --dns voxstream-headless.voxstream.svc.cluster.local:8000
+    python scripts/deploy/render.py haproxy --listen :8080 --dns voxwire-headless.voxwire.svc.cluster.local:8000
     python scripts/deploy/render.py nginx --listen 8080 --replica 10.0.0.5:8000 --replica 10.0.0.6:8000
 
 The templates (``haproxy.cfg.in``, ``nginx.conf.in``) hold every setting; this fills in only the listen

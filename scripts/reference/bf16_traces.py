@@ -4,7 +4,7 @@ the test which compares them.
 bf16 results depend on the CPU's kernels (AVX-512 BF16/AMX and AVX2 builds round differently), so these
 traces are never committed: ``tests/model/test_reference_parity.py`` runs this script in the reference
 environment (``bash scripts/reference/setup_env.sh``) on its own machine, with its own thread count and
-kernel settings, and compares voxstream's teacher-forced bf16 steps with them:
+kernel settings, and compares voxwire's teacher-forced bf16 steps with them:
 
     .venv-reference/bin/python scripts/reference/bf16_traces.py OUT_DIR --keys en,continuation --threads 1
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "server"))
 
 from voxcpm.core import VoxCPM  # noqa: E402
 
-from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
+from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "model"
 FIELDS = ("lm_hidden", "residual_hidden", "stop_logits", "noise", "patch")

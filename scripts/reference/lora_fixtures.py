@@ -1,6 +1,6 @@
 """Golden LoRA fixtures, made and run by the reference implementation (PyPI voxcpm 2.0.3).
 
-Runs in the reference environment (``bash scripts/reference/setup_env.sh``), never in voxstream's:
+Runs in the reference environment (``bash scripts/reference/setup_env.sh``), never in voxwire's:
 
     .venv-reference/bin/python scripts/reference/lora_fixtures.py
 
@@ -41,7 +41,7 @@ from voxcpm.model.voxcpm import VoxCPMModel  # noqa: E402
 from voxcpm.model.voxcpm2 import LoRAConfig as LoRAConfigV2  # noqa: E402
 from voxcpm.model.voxcpm2 import VoxCPM2Model  # noqa: E402
 
-from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
+from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "reference" / "lora"
 PROMPTS = ROOT / "tests" / "fixtures" / "reference" / "model"

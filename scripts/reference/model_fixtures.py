@@ -1,10 +1,10 @@
 """Golden fixtures for the whole model, recorded from the reference implementation (PyPI voxcpm 2.0.3).
 
-Runs in the reference environment (``bash scripts/reference/setup_env.sh``), never in voxstream's:
+Runs in the reference environment (``bash scripts/reference/setup_env.sh``), never in voxwire's:
 
     .venv-reference/bin/python scripts/reference/model_fixtures.py
 
-For each tiny checkpoint made by ``voxstream.tiny.checkpoint.make_tiny_checkpoint`` it records, with
+For each tiny checkpoint made by ``voxwire.tiny.checkpoint.make_tiny_checkpoint`` it records, with
 the reference code:
 
 * fp32 module outputs on fixed random inputs (base LM prefill and step, residual LM, LocEnc, LocDiT,
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "server"))
 
 from voxcpm.core import VoxCPM  # noqa: E402
 
-from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
+from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "reference" / "model"
 # Per tiny model: the generate() length limit (keeps the fixture small).

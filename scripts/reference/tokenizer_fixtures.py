@@ -3,7 +3,7 @@
 Runs in the reference environment (scripts/reference/setup_env.sh), never in tests:
     <reference venv>/bin/python scripts/reference/tokenizer_fixtures.py
 
-The tiny tokenizer files come from voxstream (they are the input, not the thing under test); the ids
+The tiny tokenizer files come from voxwire (they are the input, not the thing under test); the ids
 come from transformers' LlamaTokenizerFast wrapped by the reference's mask_multichar_chinese_tokens,
 exactly as VoxCPM's models load and call it.
 """
@@ -24,7 +24,7 @@ from tokenizers import Tokenizer  # noqa: E402
 from transformers import LlamaTokenizerFast  # noqa: E402
 from voxcpm.model.utils import mask_multichar_chinese_tokens  # noqa: E402
 
-from voxstream.tiny.tokenizer_files import write_tiny_tokenizer  # noqa: E402
+from voxwire.tiny.tokenizer_files import write_tiny_tokenizer  # noqa: E402
 
 OUTPUT = REPO / "tests" / "fixtures" / "reference" / "tokenizer" / "tiny_tokenizer_ids.json"
 

@@ -2,9 +2,9 @@
 
 For each tiny VAE layout (V1 16 kHz, V1 44.1 kHz, V2 16→48 kHz) this loads random weights in the
 published ``weight_g``/``weight_v`` layout into the *reference* ``AudioVAE`` with
-``load_state_dict(strict=True)`` (which checks voxstream's key layout), runs the reference ``encode``
+``load_state_dict(strict=True)`` (which checks voxwire's key layout), runs the reference ``encode``
 on a fixed clip and ``decode`` on fixed latents, and writes inputs, weights and reference outputs to
-``tests/fixtures/reference/vae/<name>.safetensors``. voxstream is imported only for the tiny configs
+``tests/fixtures/reference/vae/<name>.safetensors``. voxwire is imported only for the tiny configs
 and to draw the random weights; every expected value is computed by the reference.
 
     usage: <reference venv>/bin/python scripts/reference/vae_fixtures.py
@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "server"))
 from voxcpm.modules.audiovae import audio_vae as reference_v1  # noqa: E402
 from voxcpm.modules.audiovae import audio_vae_v2 as reference_v2  # noqa: E402
 
-from voxstream.config import ModelConfig  # noqa: E402
-from voxstream.model.audio_vae import random_published_state_dict  # noqa: E402
-from voxstream.tiny.configs import TINY_CONFIGS  # noqa: E402
+from voxwire.config import ModelConfig  # noqa: E402
+from voxwire.model.audio_vae import random_published_state_dict  # noqa: E402
+from voxwire.tiny.configs import TINY_CONFIGS  # noqa: E402
 
 OUT_DIR = ROOT / "tests" / "fixtures" / "reference" / "vae"
 NAMES = ("voxcpm-16k", "voxcpm-44k", "voxcpm2")

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voxstream.audio.aac import adts_header
-from voxstream.audio.formats import make_encoder
-from voxstream.audio.pcm import to_s16le
+from voxwire.audio.aac import adts_header
+from voxwire.audio.formats import make_encoder
+from voxwire.audio.pcm import to_s16le
 
 
 def chunks_of(samples: np.ndarray, size: int) -> list[np.ndarray]:

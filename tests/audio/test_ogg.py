@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from voxstream.audio.formats import OggOpusStream, make_encoder
-from voxstream.audio.ogg import OggOpusMuxer, build_page, ogg_crc, packet_samples_48k
+from voxwire.audio.formats import OggOpusStream, make_encoder
+from voxwire.audio.ogg import OggOpusMuxer, build_page, ogg_crc, packet_samples_48k
 
 
 @dataclass

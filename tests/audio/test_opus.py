@@ -28,9 +28,9 @@ import pytest
 import soundfile
 import soxr
 
-from voxstream.audio.formats import make_encoder
-from voxstream.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
-from voxstream.audio.quality import spectral_snr_db
+from voxwire.audio.formats import make_encoder
+from voxwire.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
+from voxwire.audio.quality import spectral_snr_db
 
 MAX_LAG = 8
 

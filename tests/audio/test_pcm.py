@@ -12,8 +12,8 @@ import pytest
 import soundfile
 import soxr
 
-from voxstream.audio.formats import OPENAI_RESPONSE_FORMATS, AudioFormat, StreamEncoder, WavStream, make_encoder
-from voxstream.audio.pcm import to_f32le, to_s16le, wav_header
+from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, AudioFormat, StreamEncoder, WavStream, make_encoder
+from voxwire.audio.pcm import to_f32le, to_s16le, wav_header
 
 EDGES = np.array([0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -3.0, 0.5 / 32767, 1.5 / 32767, -1e-9], dtype=np.float32)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voxstream.audio.resample import StreamResampler
+from voxwire.audio.resample import StreamResampler
 
 
 def resample_in_chunks(samples: np.ndarray, sizes: list[int], input_rate: int, output_rate: int) -> np.ndarray:

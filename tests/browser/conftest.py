@@ -23,12 +23,12 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
-import voxstream
-from voxstream.serving.app import make_app
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import STATE_KEY
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.serving.app import make_app
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.keys import STATE_KEY
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -64,7 +64,7 @@ def chromium() -> str:
 @pytest.fixture(scope="session")
 def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("browser-model") / "voxcpm2", "voxcpm2")
-    return voxstream.load_model(folder, device="cpu")
+    return voxwire.load_model(folder, device="cpu")
 
 
 @pytest_asyncio.fixture

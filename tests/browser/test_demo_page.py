@@ -1,6 +1,6 @@
 """The demo page in real headless Chromium against the real server: WebCodecs decodes, the worklet plays.
 
-What the page reports is read from the library's live counters (``window.voxstreamStats``):
+What the page reports is read from the library's live counters (``window.voxwireStats``):
 packets decoded by WebCodecs ``AudioDecoder``, samples output by the ``AudioWorklet``, underruns of
 its jitter buffer, and the time from the first text sent to the first sample played.
 """
@@ -44,13 +44,13 @@ PARAGRAPH = " ".join(
 
 
 async def stats(page: Any) -> dict[str, Any]:
-    return await page.evaluate("() => ({...window.voxstreamStats})")  # type: ignore[no-any-return]
+    return await page.evaluate("() => ({...window.voxwireStats})")  # type: ignore[no-any-return]
 
 
 # Collects every ``done`` message in ``window.dones``, from the moment the page creates its client.
 RECORD_DONE = """
 window.dones = [];
-Object.defineProperty(window, 'voxstreamClient', {
+Object.defineProperty(window, 'voxwireClient', {
     configurable: true,
     get() { return this.recordedClient; },
     set(client) {
@@ -100,14 +100,14 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     await page.click("#play")
 
     # Mid-playback, the page shows the waveform and the numbers: that is the screenshot.
-    await page.wait_for_function(f"() => window.voxstreamStats?.samplesPlayed > {RATE // 4}", timeout=WAIT_MS)
+    await page.wait_for_function(f"() => window.voxwireStats?.samplesPlayed > {RATE // 4}", timeout=WAIT_MS)
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=str(ARTIFACTS / "demo_page.png"))
 
     played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
-    await page.wait_for_function(f"() => ({played_out})(window.voxstreamStats)", timeout=WAIT_MS)
+    await page.wait_for_function(f"() => ({played_out})(window.voxwireStats)", timeout=WAIT_MS)
     result = await stats(page)
-    ready = await page.evaluate("() => window.voxstreamClient.settings")
+    ready = await page.evaluate("() => window.voxwireClient.settings")
     (ARTIFACTS / "demo_page_stats.json").write_text(json.dumps(result, indent=1))
 
     assert result["decoder"] == "webcodecs" and ready["format"] == "opus"
@@ -131,10 +131,10 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     ARTIFACTS.mkdir(exist_ok=True)
     await page.fill("#text", PARAGRAPH)
     await page.click("#play")
-    await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {RATE // 2}", timeout=WAIT_MS)
+    await page.wait_for_function(f"() => window.voxwireStats.samplesPlayed > {RATE // 2}", timeout=WAIT_MS)
     assert (await stats(page))["playedAtCancel"] is None
     await page.click("#stop")
-    await page.wait_for_function("() => window.voxstreamStats.playedAtCancel !== null", timeout=WAIT_MS)
+    await page.wait_for_function("() => window.voxwireStats.playedAtCancel !== null", timeout=WAIT_MS)
     await page.wait_for_timeout(1000)  # late frames of the cancelled utterance arrive and must stay silent
     result = await stats(page)
     (ARTIFACTS / "demo_cancel_stats.json").write_text(json.dumps(result, indent=1))
@@ -148,7 +148,7 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     before = result["samplesPlayed"]
     await page.fill("#text", "And now for something completely different.")
     await page.click("#play")
-    await page.wait_for_function(f"() => window.voxstreamStats.samplesPlayed > {before + RATE // 4}", timeout=WAIT_MS)
+    await page.wait_for_function(f"() => window.voxwireStats.samplesPlayed > {before + RATE // 4}", timeout=WAIT_MS)
     assert page.errors == []
 
 
@@ -167,7 +167,7 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     assert segments == ["Hello there.", "This sentence is typed word by word"]
     dones = await page.evaluate("() => window.dones")
     assert dones[0]["finish_reason"] in ("stop", "length") and dones[0]["segments"] == 2
-    await page.wait_for_function("() => window.voxstreamStats.samplesPlayed > 0", timeout=WAIT_MS)
+    await page.wait_for_function("() => window.voxwireStats.samplesPlayed > 0", timeout=WAIT_MS)
     assert page.errors == []
 
 
@@ -178,9 +178,9 @@ async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer
     await page.fill("#text", SENTENCE)
     await page.click("#play")
     played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
-    await page.wait_for_function(f"() => ({played_out})(window.voxstreamStats)", timeout=WAIT_MS)
+    await page.wait_for_function(f"() => ({played_out})(window.voxwireStats)", timeout=WAIT_MS)
     result = await stats(page)
-    ready = await page.evaluate("() => window.voxstreamClient.settings")
+    ready = await page.evaluate("() => window.voxwireClient.settings")
     dones = await page.evaluate("() => window.dones")
     assert ready["format"] == "pcm_f32le" and result["decoder"] == "pcm" and result["packetsDecoded"] == 0
     assert result["samplesPlayed"] == round(dones[0]["audio_s"] * ready["sample_rate"])
@@ -204,7 +204,7 @@ async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServ
     await page.fill("#text", SENTENCE)
     await page.click("#play")
     await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
-    assert (await page.evaluate("() => window.voxstreamClient.settings.voice")) == voice
+    assert (await page.evaluate("() => window.voxwireClient.settings.voice")) == voice
     assert (await page.evaluate("() => window.dones[0].finish_reason")) in ("stop", "length")
     assert page.errors == []
 
@@ -220,6 +220,6 @@ async def test_the_page_lists_personas_and_speaks_with_one(page: Any, demo_serve
     await page.fill("#text", SENTENCE)
     await page.click("#play")
     await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
-    assert (await page.evaluate("() => window.voxstreamClient.settings.persona")) == "narrator"
+    assert (await page.evaluate("() => window.voxwireClient.settings.persona")) == "narrator"
     assert (await page.evaluate("() => window.dones[0].finish_reason")) in ("stop", "length")
     assert page.errors == []

@@ -1,4 +1,4 @@
-"""``voxstream synth --normalize``: the text is normalized before synthesis; without the extra, a clear error."""
+"""``voxwire synth --normalize``: the text is normalized before synthesis; without the extra, a clear error."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from voxstream.cli.main import main
-from voxstream.text import normalize as normalize_module
-from voxstream.tts import VoxCPM
+from voxwire.cli.main import main
+from voxwire.text import normalize as normalize_module
+from voxwire.tts import VoxCPM
 
 
 def test_synth_speaks_the_normalized_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,4 +35,4 @@ def test_synth_without_the_extra_says_how_to_install_it(
     monkeypatch.setattr(normalize_module, "_normalizer", None)  # not loaded yet in this process
     argv = ["synth", "--model", "demo", "--normalize", "--text", "1 2 3", "--out", str(tmp_path / "x.wav")]
     assert main(argv) == 2
-    assert "pip install 'voxstream[normalize]'" in capsys.readouterr().err
+    assert "pip install 'voxwire[normalize]'" in capsys.readouterr().err

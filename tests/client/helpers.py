@@ -1,4 +1,4 @@
-"""Run the ``voxstream`` command line in a subprocess from a test whose event loop serves the in-process app."""
+"""Run the ``voxwire`` command line in a subprocess from a test whose event loop serves the in-process app."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ class Completed:
     stderr: str
 
 
-async def voxstream(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> Completed:
-    """``voxstream ARGS`` to completion (asynchronously, so the server in this process keeps answering)."""
+async def voxwire(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> Completed:
+    """``voxwire ARGS`` to completion (asynchronously, so the server in this process keeps answering)."""
     process = await launch(*args, env=env)
     stdout, stderr = await asyncio.wait_for(process.communicate(stdin), TIMEOUT_S)
     assert process.returncode is not None
@@ -29,7 +29,7 @@ async def launch(*args: str, env: dict[str, str] | None = None) -> asyncio.subpr
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "voxstream.cli.main",
+        "voxwire.cli.main",
         *args,
         env=env,
         stdin=asyncio.subprocess.PIPE,

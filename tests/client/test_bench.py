@@ -1,4 +1,4 @@
-"""``voxstream bench``: the player simulation and audio meter on known input, the SLO search on a scripted
+"""``voxwire bench``: the player simulation and audio meter on known input, the SLO search on a scripted
 server, and runs against the real app in process: every report field per level, open loop with text
 streamed word by word, a server-side delay before the first chunk showing up in the measured TTFA, and
 the command line writing its table, JSON and PNG."""
@@ -15,17 +15,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from voxstream.audio.formats import make_encoder
-from voxstream.client.bench.measure import AudioMeter, UtteranceRecord, simulate_player
-from voxstream.client.bench.plan import BenchPlan, run_plan
-from voxstream.client.bench.runner import BenchConfig, LevelResult, find_max
-from voxstream.client.bench.texts import BUILTIN_TEXTS, words
-from voxstream.client.errors import ServerError
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import AudioFrame
+from voxwire.audio.formats import make_encoder
+from voxwire.client.bench.measure import AudioMeter, UtteranceRecord, simulate_player
+from voxwire.client.bench.plan import BenchPlan, run_plan
+from voxwire.client.bench.runner import BenchConfig, LevelResult, find_max
+from voxwire.client.bench.texts import BUILTIN_TEXTS, words
+from voxwire.client.errors import ServerError
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import AudioFrame
 
 from ..serving.conftest import LORA
-from .helpers import voxstream
+from .helpers import voxwire
 
 pytestmark = pytest.mark.asyncio
 
@@ -165,7 +165,7 @@ async def test_a_server_side_delay_shows_in_the_printed_ttfa(serve, app_factory,
 
     delay["s"] = DELAY_S
     report_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
-    result = await voxstream(
+    result = await voxwire(
         "bench", "--server", url(server), "--concurrency", "1", "--duration", "3", "--quiet",
         "--json", str(report_path), "--plot", str(plot_path),
     )  # fmt: skip

@@ -12,17 +12,17 @@ from aiohttp import WSCloseCode
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 
-from voxstream.audio.pcm import to_s16le
-from voxstream.client.bench.runner import BenchConfig, run_open
-from voxstream.client.connection import Connection
-from voxstream.client.errors import ConnectionLostError, ServerBusyError
-from voxstream.client.retry import RetryPolicy, open_with_retry
-from voxstream.serving.keys import SESSIONS_KEY
-from voxstream.serving.protocol import PROTOCOL_VERSION, Error, Ready, Text, encode
-from voxstream.serving.ws import STREAM_PATH
-from voxstream.tts import VoxCPM
+from voxwire.audio.pcm import to_s16le
+from voxwire.client.bench.runner import BenchConfig, run_open
+from voxwire.client.connection import Connection
+from voxwire.client.errors import ConnectionLostError, ServerBusyError
+from voxwire.client.retry import RetryPolicy, open_with_retry
+from voxwire.serving.keys import SESSIONS_KEY
+from voxwire.serving.protocol import PROTOCOL_VERSION, Error, Ready, Text, encode
+from voxwire.serving.ws import STREAM_PATH
+from voxwire.tts import VoxCPM
 
-from .helpers import TIMEOUT_S, launch, voxstream
+from .helpers import TIMEOUT_S, launch, voxwire
 
 SEED = 11
 FAST = RetryPolicy(retries=40, first_delay_s=0.02, max_delay_s=0.1)
@@ -91,7 +91,7 @@ async def test_a_connection_refused_as_busy_is_retried_until_a_place_frees(serve
 async def test_say_waits_out_a_busy_server_and_gives_up_with_exit_7(serve, aiohttp_client, tiny_tts: VoxCPM) -> None:
     server = await serve(max_connections=1)
     holder = await (await aiohttp_client(server)).ws_connect(STREAM_PATH)
-    gave_up = await voxstream("say", "--server", url(server), "--retries", "1", "--out", "-", "Hello.")
+    gave_up = await voxwire("say", "--server", url(server), "--retries", "1", "--out", "-", "Hello.")
     assert gave_up.returncode == 7, gave_up.stderr
     assert "gave up after 2 attempt(s)" in gave_up.stderr and "HTTP 503: busy" in gave_up.stderr
 

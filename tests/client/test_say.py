@@ -1,4 +1,4 @@
-"""``voxstream say`` end to end against the real app in process (tiny model on CPU): the audio on stdout is
+"""``voxwire say`` end to end against the real app in process (tiny model on CPU): the audio on stdout is
 the engine's for the seed (bit-exact in float), WAV and Ogg Opus files decode, stdin lines are spoken as
 they arrive, failures exit with their typed codes, speakers get float PCM, and no torch is imported."""
 
@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import soundfile
 
-from voxstream.audio.pcm import to_s16le
-from voxstream.client.connection import endpoint_url
-from voxstream.client.errors import OutputUnavailableError
-from voxstream.client.output import SpeakerSink, choose_sink
-from voxstream.client.say import one_text, say
-from voxstream.errors import InvalidInputError
-from voxstream.tts import VoxCPM
+from voxwire.audio.pcm import to_s16le
+from voxwire.client.connection import endpoint_url
+from voxwire.client.errors import OutputUnavailableError
+from voxwire.client.output import SpeakerSink, choose_sink
+from voxwire.client.say import one_text, say
+from voxwire.errors import InvalidInputError
+from voxwire.tts import VoxCPM
 
-from .helpers import TIMEOUT_S, launch, voxstream
+from .helpers import TIMEOUT_S, launch, voxwire
 
 pytestmark = pytest.mark.asyncio
 
@@ -39,7 +39,7 @@ def url(server) -> str:
 @pytest.mark.parametrize("fmt", ["pcm_f32le", "pcm_s16le"])
 async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: VoxCPM, fmt: str) -> None:
     server = await serve()
-    result = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--format", fmt, "--out", "-", TEXT)
+    result = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--format", fmt, "--out", "-", TEXT)
     assert result.returncode == 0, result.stderr
     expected = tiny_tts.generate(TEXT, seed=SEED)
     if fmt == "pcm_f32le":
@@ -51,8 +51,8 @@ async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: Vox
 async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
     server = await serve()
     path = tmp_path / "hello.wav"
-    piped = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", "-", TEXT)
-    saved = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
+    piped = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", "-", TEXT)
+    saved = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
     assert piped.returncode == saved.returncode == 0, piped.stderr + saved.stderr
 
     expected = np.frombuffer(to_s16le(tiny_tts.generate(TEXT, seed=SEED)), dtype="<i2")
@@ -67,7 +67,7 @@ async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_
 async def test_ogg_opus_file_decodes_to_the_utterance_length(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
     server = await serve()
     path = tmp_path / "hello.ogg"  # the extension picks Ogg Opus
-    result = await voxstream("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
+    result = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
     assert result.returncode == 0, result.stderr
     decoded, rate = soundfile.read(path, dtype="float32")
     assert path.read_bytes()[:4] == b"OggS" and rate == 48000
@@ -97,28 +97,28 @@ async def test_failures_exit_with_typed_codes(serve) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{probe.getsockname()[1]}"
-    unreachable = await voxstream("say", "--server", dead, "--out", "-", TEXT)
+    unreachable = await voxwire("say", "--server", dead, "--out", "-", TEXT)
     assert unreachable.returncode == 3 and "cannot connect" in unreachable.stderr
 
     server = await serve(api_keys=("sesame",))
-    refused = await voxstream("say", "--server", url(server), "--out", "-", TEXT)
+    refused = await voxwire("say", "--server", url(server), "--out", "-", TEXT)
     assert refused.returncode == 4 and "HTTP 401" in refused.stderr and "--token" in refused.stderr
-    env = {**os.environ, "VOXSTREAM_TOKEN": "sesame"}
-    allowed = await voxstream("say", "--server", url(server), "--voice", "nobody", "--out", "-", TEXT, env=env)
+    env = {**os.environ, "VOXWIRE_TOKEN": "sesame"}
+    allowed = await voxwire("say", "--server", url(server), "--voice", "nobody", "--out", "-", TEXT, env=env)
     assert allowed.returncode == 5 and "unknown_voice" in allowed.stderr
-    spoken = await voxstream("say", "--server", url(server) + "v1/tts/stream", "--token", "sesame", "--out", "-", TEXT)
+    spoken = await voxwire("say", "--server", url(server) + "v1/tts/stream", "--token", "sesame", "--out", "-", TEXT)
     assert spoken.returncode == 0 and spoken.stdout[:4] == b"RIFF"
 
 
 async def test_a_persona_speaks_its_own_audio(serve, persona_app, persona_tts: VoxCPM) -> None:
     server = await serve(app=persona_app())
     command = ("say", "--server", url(server), "--seed", str(SEED), "--format", "pcm_f32le", "--out", "-")
-    result = await voxstream(*command, "--persona", "A", TEXT)
+    result = await voxwire(*command, "--persona", "A", TEXT)
     assert result.returncode == 0, result.stderr
     np.testing.assert_array_equal(
         np.frombuffer(result.stdout, dtype="<f4"), persona_tts.generate(TEXT, seed=SEED, lora="A")
     )
-    unknown = await voxstream(*command, "--persona", "nobody", TEXT)
+    unknown = await voxwire(*command, "--persona", "nobody", TEXT)
     assert unknown.returncode == 5 and "unknown_persona" in unknown.stderr
 
 
@@ -158,7 +158,7 @@ async def test_speakers_play_the_engines_float_audio(serve, tiny_tts: VoxCPM) ->
 async def test_without_speakers_a_terminal_gets_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sounddevice", None)  # import fails as if not installed
     terminal = types.SimpleNamespace(isatty=lambda: True)
-    with pytest.raises(OutputUnavailableError, match=r"voxstream\[speakers\].*--out"):
+    with pytest.raises(OutputUnavailableError, match=r"voxwire\[speakers\].*--out"):
         choose_sink(None, "wav", stdout=terminal)  # type: ignore[arg-type]
     piped = io.BytesIO()
     assert choose_sink(None, "wav", stdout=piped).stream is piped  # type: ignore[attr-defined]
@@ -172,7 +172,7 @@ async def test_the_clients_import_no_torch(serve, tmp_path: Path, command: str) 
         "bench": ["bench", "--server", url(server), "--duration", "1", "--quiet", "--json", str(tmp_path / "b.json")],
     }[command]
     script = (
-        "import sys\nfrom voxstream.cli.main import main\n"
+        "import sys\nfrom voxwire.cli.main import main\n"
         f"code = main({args!r})\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)\n"
     )
@@ -184,7 +184,7 @@ async def test_the_clients_import_no_torch(serve, tmp_path: Path, command: str) 
 
 
 async def test_server_addresses_resolve_to_the_stream_endpoint() -> None:
-    from voxstream.serving.ws import STREAM_PATH
+    from voxwire.serving.ws import STREAM_PATH
 
     assert endpoint_url("127.0.0.1:8000") == f"ws://127.0.0.1:8000{STREAM_PATH}"
     assert endpoint_url("https://tts.example.com/") == f"wss://tts.example.com{STREAM_PATH}"

@@ -1,4 +1,4 @@
-"""Real processes on loopback for the load-balancer test: ``voxstream serve`` replicas, HAProxy and nginx running
+"""Real processes on loopback for the load-balancer test: ``voxwire serve`` replicas, HAProxy and nginx running
 the shipped configurations (rendered by ``scripts/deploy/render.py`` with free ports), and a streaming client that
 records which replica served it and every byte of audio it heard."""
 
@@ -23,20 +23,20 @@ from types import ModuleType
 
 from tests.server_process import http_status
 
-from voxstream.client.connection import Connection
-from voxstream.client.errors import ClientError
-from voxstream.serving.protocol import AudioFrame, Done, End, Error, Start, Text
+from voxwire.client.connection import Connection
+from voxwire.client.errors import ClientError
+from voxwire.serving.protocol import AudioFrame, Done, End, Error, Start, Text
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "scripts" / "deploy"
-REPLICA_HEADER = "X-Voxstream-Replica"
+REPLICA_HEADER = "X-Voxwire-Replica"
 START_TIMEOUT_S = 120.0
 """Three interpreters importing torch at once on two shared cores: generous."""
 
 
 def load_render() -> ModuleType:
     """``scripts/deploy/render.py`` as a module (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location("voxstream_deploy_render", DEPLOY / "render.py")
+    spec = importlib.util.spec_from_file_location("voxwire_deploy_render", DEPLOY / "render.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
@@ -101,7 +101,7 @@ class Fleet:
 
     def replica(self, name: str, *flags: str) -> Replica:
         port = free_port()
-        command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--port", str(port), "--replica-id", name]
+        command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--port", str(port), "--replica-id", name]
         command += ["--workers", "0"]  # each replica in one process: the fleet tests are about balancing
         replica = self.start(name, [*command, *flags], port=port)
         assert isinstance(replica, Replica)
@@ -118,13 +118,13 @@ class Fleet:
         port = free_port()
         prefix = self.workdir / "nginx"
         prefix.mkdir()
-        (prefix / "voxstream.conf").write_text(_render("nginx", f"127.0.0.1:{port}", replicas))
+        (prefix / "voxwire.conf").write_text(_render("nginx", f"127.0.0.1:{port}", replicas))
         # The shipped file is an http-level include; this is the smallest main file a non-root nginx runs with.
         kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
         temp = " ".join(f"{kind}_temp_path {prefix / kind};" for kind in kinds)
         (prefix / "nginx.conf").write_text(
             f"pid {prefix / 'nginx.pid'};\nerror_log stderr notice;\nevents {{}}\n"
-            f"http {{\n    access_log off;\n    {temp}\n    include {prefix / 'voxstream.conf'};\n}}\n"
+            f"http {{\n    access_log off;\n    {temp}\n    include {prefix / 'voxwire.conf'};\n}}\n"
         )
         command = [_binary("nginx"), "-e", "stderr", "-p", str(prefix), "-c", str(prefix / "nginx.conf")]
         self.start("nginx", [*command, "-g", "daemon off;"])

@@ -118,7 +118,7 @@ async def _finish(live: Live) -> list[Outcome]:
 
 def _shutting_down_refusals(replica: Replica) -> int:
     """Upgrades the draining replica refused with 503 ``shutting_down`` (its own count, from ``/metrics``)."""
-    found = re.search(r'voxstream_errors_total\{code="shutting_down"\} (\S+)', http_text(f"{replica.url}/metrics"))
+    found = re.search(r'voxwire_errors_total\{code="shutting_down"\} (\S+)', http_text(f"{replica.url}/metrics"))
     return 0 if found is None else int(float(found.group(1)))
 
 

@@ -1,6 +1,6 @@
 """The shipped deployment files: valid YAML and kustomizations, probes that point at what the server serves and
 mean what Kubernetes needs, a grace period that outlasts the drain, balancer configurations their own binaries
-accept, and a non-root CUDA image that runs ``voxstream serve``."""
+accept, and a non-root CUDA image that runs ``voxwire serve``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from aiohttp.test_utils import TestClient
 from tests.deploy.fleet import DEPLOY, has_binary, load_render
 
-from voxstream.serving.keys import STATE_KEY, Phase
+from voxwire.serving.keys import STATE_KEY, Phase
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("base", "keda")
@@ -26,13 +26,13 @@ def documents(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def voxstream_deployment() -> dict[str, Any]:
+def voxwire_deployment() -> dict[str, Any]:
     (deployment,) = [doc for doc in documents(K8S / "base" / "deployment.yaml") if doc["kind"] == "Deployment"]
     return deployment
 
 
-def voxstream_container() -> dict[str, Any]:
-    (container,) = voxstream_deployment()["spec"]["template"]["spec"]["containers"]
+def voxwire_container() -> dict[str, Any]:
+    (container,) = voxwire_deployment()["spec"]["template"]["spec"]["containers"]
     return container
 
 
@@ -54,19 +54,19 @@ def test_kustomizations_build(overlay: str) -> None:
     assert result.returncode == 0, result.stderr
     kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(result.stdout)}
     expected = {
-        ("Deployment", "voxstream"),
-        ("Service", "voxstream"),
-        ("Service", "voxstream-headless"),
-        ("PodDisruptionBudget", "voxstream"),
-        ("Deployment", "voxstream-haproxy"),
+        ("Deployment", "voxwire"),
+        ("Service", "voxwire"),
+        ("Service", "voxwire-headless"),
+        ("PodDisruptionBudget", "voxwire"),
+        ("Deployment", "voxwire-haproxy"),
     }
     if overlay == "keda":
-        expected.add(("ScaledObject", "voxstream"))
+        expected.add(("ScaledObject", "voxwire"))
     assert expected <= kinds
 
 
 def test_probes_use_ready_for_traffic_and_health_for_liveness() -> None:
-    container = voxstream_container()
+    container = voxwire_container()
     probes = ("startupProbe", "readinessProbe", "livenessProbe")
     paths = {probe: container[probe]["httpGet"]["path"] for probe in probes}
     assert paths == {"startupProbe": "/ready", "readinessProbe": "/ready", "livenessProbe": "/health"}
@@ -78,7 +78,7 @@ def test_probes_use_ready_for_traffic_and_health_for_liveness() -> None:
 async def test_the_probe_paths_answer_as_kubernetes_needs(serve, aiohttp_client) -> None:
     """/ready turns 503 while draining (the pod leaves the Service), /health stays 200 (the drain is not killed)."""
     client: TestClient = await aiohttp_client(await serve())
-    container = voxstream_container()
+    container = voxwire_container()
     ready, live = container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]
     assert (await client.get(ready)).status == 200
     assert (await client.get(live)).status == 200
@@ -89,8 +89,8 @@ async def test_the_probe_paths_answer_as_kubernetes_needs(serve, aiohttp_client)
 
 
 def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
-    spec = voxstream_deployment()["spec"]["template"]["spec"]
-    container = voxstream_container()
+    spec = voxwire_deployment()["spec"]["template"]["spec"]
+    container = voxwire_container()
     (drain,) = [float(arg.split("=", 1)[1]) for arg in container["args"] if arg.startswith("--drain-timeout-s=")]
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
@@ -99,14 +99,14 @@ def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
 
 
 def test_each_pod_has_one_gpu_and_runs_as_non_root() -> None:
-    spec = voxstream_deployment()["spec"]["template"]["spec"]
-    assert voxstream_container()["resources"]["limits"]["nvidia.com/gpu"] == 1
+    spec = voxwire_deployment()["spec"]["template"]["spec"]
+    assert voxwire_container()["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
 
 
 def test_the_kubernetes_haproxy_config_is_the_rendered_template() -> None:
-    upstreams = render.Upstreams(dns="voxstream-headless.voxstream.svc.cluster.local:8000")
+    upstreams = render.Upstreams(dns="voxwire-headless.voxwire.svc.cluster.local:8000")
     assert (K8S / "base" / "haproxy.cfg").read_text() == render.render("haproxy", ":8080", upstreams)
 
 
@@ -114,7 +114,7 @@ def test_the_kubernetes_haproxy_config_is_the_rendered_template() -> None:
 def test_rendered_haproxy_configs_are_valid(tmp_path: Path, upstreams: tuple[str, ...] | None) -> None:
     if not has_binary("haproxy"):
         pytest.skip("haproxy is not installed (apt-get install haproxy)")
-    dns = None if upstreams else "voxstream-headless.voxstream.svc.cluster.local:8000"
+    dns = None if upstreams else "voxwire-headless.voxwire.svc.cluster.local:8000"
     config = tmp_path / "haproxy.cfg"
     config.write_text(render.render("haproxy", "127.0.0.1:18080", render.Upstreams(upstreams or (), dns)))
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -128,12 +128,12 @@ def test_rendering_refuses_what_it_cannot_express() -> None:
     with pytest.raises(ValueError, match="either"):
         render.Upstreams()
     with pytest.raises(ValueError, match="nginx resolves"):
-        render.render("nginx", "8080", render.Upstreams(dns="voxstream-headless:8000"))
+        render.render("nginx", "8080", render.Upstreams(dns="voxwire-headless:8000"))
     with pytest.raises(ValueError, match="listen"):
         render.render("haproxy", "8080; evil", render.Upstreams(("127.0.0.1:1",)))
 
 
-def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxstream_serve() -> None:
+def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxwire_serve() -> None:
     """hadolint is not packaged by Debian; its checks that matter here are asserted directly (build it with the
     command at the top of the Dockerfile)."""
     text = (DEPLOY / "Dockerfile").read_text()
@@ -144,7 +144,7 @@ def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxstream_serve() -
     users = [value for keyword, value in instructions if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert keywords.index("USER") < keywords.index("ENTRYPOINT")
-    assert dict(instructions)["ENTRYPOINT"].startswith('["voxstream", "serve"')
+    assert dict(instructions)["ENTRYPOINT"].startswith('["voxwire", "serve"')
     assert "docker build -f scripts/deploy/Dockerfile" in text
     if shutil.which("hadolint"):
         result = subprocess.run(["hadolint", str(DEPLOY / "Dockerfile")], capture_output=True, text=True)

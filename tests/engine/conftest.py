@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from voxstream.chunk import EMPTY_AUDIO, Audio
-from voxstream.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
-from voxstream.engine.cost_model import StepCost
+from voxwire.chunk import EMPTY_AUDIO, Audio
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
+from voxwire.engine.cost_model import StepCost
 
 PATCH = 4  # samples per chunk in these tests
 
@@ -201,7 +201,7 @@ def chunk_of() -> Callable[[str, int], Audio]:
 def emulated_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     """``StepGraphs`` capture emulated on CPU: recording must not change the runner's pool, and a replay
     re-runs the step on whatever the buffers hold then, as a real graph would."""
-    from voxstream.engine.cuda_graphs import StepGraphs
+    from voxwire.engine.cuda_graphs import StepGraphs
 
     def fake_capture(self: StepGraphs, bucket: int, timesteps: int) -> tuple[Callable[[], None], object]:
         runner = self.step.__self__  # type: ignore[attr-defined]

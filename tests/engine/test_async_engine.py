@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from voxstream.engine import AsyncEngine, DuplicateRequestError, EngineDeadError, FinishReason, QueueFullError
+from voxwire.engine import AsyncEngine, DuplicateRequestError, EngineDeadError, FinishReason, QueueFullError
 
 
 def _run(coro) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from voxstream.engine import AsyncEngine
+from voxwire.engine import AsyncEngine
 
 
 def test_a_stream_behind_is_never_skipped_and_one_far_ahead_yields(make_realtime_engine, make_request) -> None:

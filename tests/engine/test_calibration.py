@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import voxstream
-from voxstream.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
-from voxstream.engine.calibration import CostSample, fit_step_cost, spread, time_step
-from voxstream.engine.cost_model import StepCost
-from voxstream.engine.runner import ModelRunner
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
+from voxwire.engine.cost_model import StepCost
+from voxwire.engine.runner import ModelRunner
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 SHAPES = [(1, 0), (4, 0), (16, 0), (1, 20), (1, 80), (1, 250)]
 
@@ -69,7 +69,7 @@ def test_shapes_and_timing_helpers() -> None:
 
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
+    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:

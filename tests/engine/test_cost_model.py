@@ -1,6 +1,6 @@
 import pytest
 
-from voxstream.engine.cost_model import StepCost
+from voxwire.engine.cost_model import StepCost
 
 
 def test_parse_reads_every_kind_of_term():

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from voxstream.engine.cuda_graphs import StepGraphs, bucket_sizes
+from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
 
 
 @pytest.mark.parametrize("max_rows", [1, 5, 32, 33, 100, 768, 1000])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxstream.engine import Engine, EngineConfig, FinishReason, RunnerOutput, StepPlan
+from voxwire.engine import Engine, EngineConfig, FinishReason, RunnerOutput, StepPlan
 
 
 def _drain(engine: Engine, limit: int = 1000) -> list:

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from voxstream.engine import FinishReason, QueueFullError
-from voxstream.engine.policy import playback_deadline
+from voxwire.engine import FinishReason, QueueFullError
+from voxwire.engine.policy import playback_deadline
 
 
 def _pseudo(*key: object) -> int:

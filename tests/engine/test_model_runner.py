@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import voxstream
-from voxstream.engine import Chunk, Engine, EngineConfig, FinishReason, Request, SynthesisParams
-from voxstream.engine.outputs import PrefillItem, StepPlan
-from voxstream.engine.runner import ModelRunner
-from voxstream.errors import InvalidInputError
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Chunk, Engine, EngineConfig, FinishReason, Request, SynthesisParams
+from voxwire.engine.outputs import PrefillItem, StepPlan
+from voxwire.engine.runner import ModelRunner
+from voxwire.errors import InvalidInputError
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 from .test_voice_cache import voice
 
@@ -27,7 +27,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
 
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
+    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def make_engine(
@@ -121,7 +121,7 @@ def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, b
     batch-invariant numerics too: they change roundings only)."""
     meta = json.loads((FIXTURES / "voxcpm2" / "meta.json").read_text(encoding="utf-8"))
     expected = load_file(str(FIXTURES / "voxcpm2" / "fixture.safetensors"))
-    model = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
+    model = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
     folder = FIXTURES / "voxcpm2"
     requests = []
     for case in meta["generate"]:
@@ -221,7 +221,7 @@ def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
     first = run(engine, {0: [request("one", "The first half of a long text.", tts, seed=5, max_len=6)]})["one"]
     patches = torch.from_numpy(np.stack([o.patch for o in first]))
     assert patches.shape == (len(first), tts.config.patch_size, tts.config.feat_dim)
-    voice = voxstream.prompt.VoicePrompt("The first half of a long text.", patches)
+    voice = voxwire.prompt.VoicePrompt("The first half of a long text.", patches)
     second = Request(
         "two", "And the second half.", prefill_tokens=20, params=SynthesisParams(seed=6, max_len=6), prompt=voice
     )

@@ -1,5 +1,5 @@
 """The engine's layering: the package (everything but the runner) imports without torch, the runner talks to
-``voxstream.model`` without the one-utterance API (``voxstream.tts``), and ``Chunk`` is a leaf type."""
+``voxwire.model`` without the one-utterance API (``voxwire.tts``), and ``Chunk`` is a leaf type."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 @pytest.mark.parametrize(
     ("module", "absent"),
     [
-        ("voxstream.engine", "torch"),
-        ("voxstream.chunk", "torch"),
-        ("voxstream.engine.runner", "voxstream.tts"),
+        ("voxwire.engine", "torch"),
+        ("voxwire.chunk", "torch"),
+        ("voxwire.engine.runner", "voxwire.tts"),
     ],
 )
 def test_module_does_not_import(module: str, absent: str) -> None:

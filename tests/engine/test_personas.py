@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import voxstream
-from voxstream.engine import Engine, EngineConfig, FinishReason, Request
-from voxstream.engine.runner import ModelRunner
-from voxstream.model.lora import load_lora
-from voxstream.params import SynthesisParams
-from voxstream.prompt import VoicePrompt
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Engine, EngineConfig, FinishReason, Request
+from voxwire.engine.runner import ModelRunner
+from voxwire.model.lora import load_lora
+from voxwire.params import SynthesisParams
+from voxwire.prompt import VoicePrompt
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 from .test_model_runner import audio, crowd, request, run
 
@@ -39,7 +39,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def persona_model(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path], max_personas: int) -> VoxCPM:
     """A fresh model (adapting wraps its layers) with personas A and B registered."""
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2", seed=0)
-    tts = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    tts = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
     tts.enable_personas(max_personas=max_personas, max_rank=16)
     for name, directory in adapters.items():
         tts.load_persona(name, directory)
@@ -171,7 +171,7 @@ def test_personas_added_after_graph_capture_are_in_the_replayed_step(
     tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory, emulated_graph_capture: None
 ) -> None:
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("late") / "v2", "voxcpm2", seed=0)
-    late = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    late = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
     runner = ModelRunner(late, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
     runner.capture_graphs()
     before = runner.graph_captures
@@ -189,7 +189,7 @@ def test_adding_personas_while_sessions_speak_leaves_them_unchanged(
     """A model serving without personas gets its first ones mid-stream (its layers are adapted then): the
     running session sounds as it would alone, and a session that then asks for the new persona gets it."""
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("add") / "v2", "voxcpm2", seed=0)
-    fresh = voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    fresh = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
     plain, voiced = speakers(tts)[0], speakers(tts)[1]
     expected_plain = solo(fresh, plain)
     eng, _ = engine(fresh)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxstream.engine import Engine, FinishReason
-from voxstream.engine.cost_model import StepCost
-from voxstream.engine.policy import DUE_NOW, RealtimePolicy, playback_deadline
+from voxwire.engine import Engine, FinishReason
+from voxwire.engine.cost_model import StepCost
+from voxwire.engine.policy import DUE_NOW, RealtimePolicy, playback_deadline
 
 CHUNK_S = 0.16
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from voxstream.engine import EngineConfig, ParamLimits, Request, RequestStatus, SynthesisParams
-from voxstream.engine.request import FINISH_REASONS, Session
+from voxwire.engine import EngineConfig, ParamLimits, Request, RequestStatus, SynthesisParams
+from voxwire.engine.request import FINISH_REASONS, Session
 
 
 @pytest.mark.parametrize(

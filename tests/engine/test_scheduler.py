@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxstream.engine import DuplicateRequestError, EngineConfig, QueueFullError
-from voxstream.engine.blocks import BlockAllocator
-from voxstream.engine.policy import admit_count
-from voxstream.engine.scheduler import Scheduler
+from voxwire.engine import DuplicateRequestError, EngineConfig, QueueFullError
+from voxwire.engine.blocks import BlockAllocator
+from voxwire.engine.policy import admit_count
+from voxwire.engine.scheduler import Scheduler
 
 
 @pytest.mark.parametrize(

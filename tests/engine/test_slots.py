@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxstream.engine import SlotMove
-from voxstream.engine.slots import SlotTable
+from voxwire.engine import SlotMove
+from voxwire.engine.slots import SlotTable
 
 
 def test_allocates_lowest_slot_and_refills_holes_from_the_top():

@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-import voxstream
-from voxstream.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
-from voxstream.engine.runner import ModelRunner
-from voxstream.engine.voice_cache import VoiceCache
-from voxstream.prompt import VoicePrompt
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine.runner import ModelRunner
+from voxwire.engine.voice_cache import VoiceCache
+from voxwire.prompt import VoicePrompt
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
+    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def voice(tts: VoxCPM, seed: int, audio: int = 5, reference: int = 3) -> VoicePrompt:

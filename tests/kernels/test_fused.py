@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from voxstream.kernels import fused, ops, reference
+from voxwire.kernels import fused, ops, reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -178,7 +178,7 @@ def test_cpu_tensors_take_the_plain_torch_path() -> None:
     with OpNames() as seen:
         out = ops.rms_norm(x, weight, 1e-5)
     assert torch.equal(out, reference.rms_norm(x, weight, 1e-5))
-    assert not any(name.startswith("voxstream") for name in seen.names)
+    assert not any(name.startswith("voxwire") for name in seen.names)
 
 
 def test_fused_on_meta_is_one_op_each() -> None:
@@ -207,7 +207,7 @@ def test_fused_on_meta_is_one_op_each() -> None:
         "conv_transpose_out",
         "rope_qk",
     )
-    assert launched == [f"voxstream.{op}" for op in fused_ops]
+    assert launched == [f"voxwire.{op}" for op in fused_ops]
     assert extended.shape == added.shape == (2, 3, 14) and summed.shape == x.shape and upsampled.shape == (2, 3, 20)
     assert normed.shape == hidden.shape == x.shape
     assert q.shape == (2, 4, 3, 4) and k.shape == (2, 2, 3, 4)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from voxstream.kernels.paged_decode import paged_decode_attention
-from voxstream.model.paged_attention import paged_decode_torch
+from voxwire.kernels.paged_decode import paged_decode_attention
+from voxwire.model.paged_attention import paged_decode_torch
 
 HEAD_DIM = 16
 KV_HEADS = 2

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from voxstream.config import AudioVAEConfig, AudioVAEVariant, ModelConfig
-from voxstream.model.audio_vae import (
+from voxwire.config import AudioVAEConfig, AudioVAEVariant, ModelConfig
+from voxwire.model.audio_vae import (
     AudioVAE,
     StreamingVAEDecoder,
     VAEStreamState,
@@ -18,7 +18,7 @@ from voxstream.model.audio_vae import (
     random_published_state_dict,
     to_published_state_dict,
 )
-from voxstream.tiny.configs import TINY_CONFIGS
+from voxwire.tiny.configs import TINY_CONFIGS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "vae"
 FIXTURE_NAMES = ("voxcpm-16k", "voxcpm-44k", "voxcpm2")

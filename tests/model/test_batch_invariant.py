@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstream.kernels import batch_invariant as bi
+from voxwire.kernels import batch_invariant as bi
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])

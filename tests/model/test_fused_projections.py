@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from voxstream.config import ModelConfig
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.minicpm import MiniCPMModel
-from voxstream.tiny.configs import ALL_CONFIGS
+from voxwire.config import ModelConfig
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.minicpm import MiniCPMModel
+from voxwire.tiny.configs import ALL_CONFIGS
 
 
 def make_stack(dtype: torch.dtype, seed: int = 0) -> MiniCPMModel:

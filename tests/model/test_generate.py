@@ -9,26 +9,26 @@ import pytest
 import soundfile
 import torch
 
-import voxstream
-from voxstream.errors import InvalidInputError
-from voxstream.finish_reason import FinishReason
-from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import PrefillBatch
-from voxstream.prompt import build_sequence
-from voxstream.sampling import NoiseStream
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.errors import InvalidInputError
+from voxwire.finish_reason import FinishReason
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import PrefillBatch
+from voxwire.prompt import build_sequence
+from voxwire.sampling import NoiseStream
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 
 @pytest.fixture(scope="module")
 def v2(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v2"), "voxcpm2"), device="cpu")
+    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v2"), "voxcpm2"), device="cpu")
 
 
 @pytest.fixture(scope="module")
 def v1(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxstream.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v1"), "voxcpm-16k"), device="cpu")
+    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v1"), "voxcpm-16k"), device="cpu")
 
 
 def test_same_seed_same_audio_other_seed_other_audio(v2: VoxCPM) -> None:

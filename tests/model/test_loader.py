@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import voxstream
-from voxstream.errors import InvalidInputError, ModelLoadError
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.errors import InvalidInputError, ModelLoadError
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +29,12 @@ def checkpoint(pristine: Path, tmp_path: Path) -> Path:
 
 def load_error(path: Path) -> str:
     with pytest.raises(ModelLoadError) as info:
-        voxstream.load_model(path, device="cpu")
+        voxwire.load_model(path, device="cpu")
     return str(info.value)
 
 
 def test_loads_and_speaks(checkpoint: Path) -> None:
-    model = voxstream.load_model(checkpoint, device="cpu")
+    model = voxwire.load_model(checkpoint, device="cpu")
     audio = model.generate("Hello.", seed=0, max_len=6)
     assert audio.dtype == np.float32 and audio.size % model.samples_per_patch == 0 and audio.size > 0
     assert model.sample_rate == 48000 and model.dtype == torch.float32
@@ -45,17 +45,17 @@ def test_pytorch_model_bin_bare_and_wrapped_and_audiovae_safetensors(checkpoint:
     weights = load_file(str(checkpoint / "model.safetensors"))
     (checkpoint / "model.safetensors").unlink()
     torch.save({"state_dict": weights}, checkpoint / "pytorch_model.bin")
-    expected = voxstream.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
+    expected = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
     torch.save(weights, checkpoint / "pytorch_model.bin")
     vae = torch.load(checkpoint / "audiovae.pth", weights_only=True)["state_dict"]
     (checkpoint / "audiovae.pth").unlink()
     save_file(vae, str(checkpoint / "audiovae.safetensors"))
-    audio = voxstream.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
+    audio = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
     np.testing.assert_array_equal(audio, expected)
 
 
 def test_bf16_loads_transformer_in_bf16_and_vae_in_fp32(checkpoint: Path) -> None:
-    model = voxstream.load_model(checkpoint, device="cpu", dtype="bfloat16")
+    model = voxwire.load_model(checkpoint, device="cpu", dtype="bfloat16")
     assert model.model.base_lm.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert model.model.base_lm.rope_emb.cos_cached.dtype == torch.bfloat16
     assert model.model.audio_vae.decoder.model[0].weight.dtype == torch.float32
@@ -111,7 +111,7 @@ def test_ignored_published_keys_are_accepted(checkpoint: Path) -> None:
     config["device"] = "cuda"
     config["dit_config"]["mean_mode"] = False
     (checkpoint / "config.json").write_text(json.dumps(config))
-    voxstream.load_model(checkpoint, device="cpu")
+    voxwire.load_model(checkpoint, device="cpu")
 
 
 def test_not_a_folder(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_not_a_folder(tmp_path: Path) -> None:
 
 
 def test_empty_text_is_a_clear_error(pristine: Path) -> None:
-    model = voxstream.load_model(pristine, device="cpu")
+    model = voxwire.load_model(pristine, device="cpu")
     for text in ("", "   \n ", None):
         with pytest.raises(InvalidInputError, match="non-empty"):
             model.generate(text, seed=0)  # type: ignore[arg-type]
@@ -140,7 +140,7 @@ def test_hugging_face_id_from_offline_cache(pristine: Path, tmp_path: Path, monk
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    model = voxstream.load_model("openbmb/VoxCPM2", device="cpu")
+    model = voxwire.load_model("openbmb/VoxCPM2", device="cpu")
     assert model.sample_rate == 48000
     with pytest.raises(ModelLoadError, match="not in the Hugging Face cache"):
-        voxstream.load_model("openbmb/VoxCPM1.5", device="cpu")
+        voxwire.load_model("openbmb/VoxCPM1.5", device="cpu")

@@ -2,7 +2,7 @@
 
 The adapters and expected audio under ``tests/fixtures/reference/lora/`` were made by
 ``scripts/reference/lora_fixtures.py`` with the reference's ``LoRAConfig``/``LoRALinear`` and its inference
-path; nothing here derives them from voxstream.
+path; nothing here derives them from voxwire.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import voxstream
-from voxstream.errors import ModelLoadError
-from voxstream.model.lora import load_lora
-from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.errors import ModelLoadError
+from voxwire.model.lora import load_lora
+from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
+from voxwire.tts import VoxCPM
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora"
 PROMPTS = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
@@ -38,7 +38,7 @@ def fp32_model(name: str, tmp_root: str) -> VoxCPM:
     directory = make_tiny_checkpoint(Path(tmp_root) / name, name, seed=0)
     meta = json.loads((LORA / name / "meta.json").read_text(encoding="utf-8"))
     assert weights_digest(directory) == meta["weights_digest"], "rerun scripts/reference/lora_fixtures.py"
-    return voxstream.load_model(directory, device="cpu", dtype=torch.float32)
+    return voxwire.load_model(directory, device="cpu", dtype=torch.float32)
 
 
 def cases() -> list:
@@ -139,7 +139,7 @@ def test_ckpt_variant_and_compiled_key_names_load_the_same_weights(
 def test_synth_cli_speaks_with_a_lora_folder(tmp_path: Path, tmp_root: str, capsys: pytest.CaptureFixture) -> None:
     import soundfile
 
-    from voxstream.cli.main import main
+    from voxwire.cli.main import main
 
     meta = json.loads((LORA / "voxcpm2" / "meta.json").read_text(encoding="utf-8"))
     case = next(c for c in meta["generate"] if c["key"] == "en")

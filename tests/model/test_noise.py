@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from voxstream.sampling import NoiseStream
+from voxwire.sampling import NoiseStream
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,16 +7,16 @@ import dataclasses
 
 import torch
 
-import voxstream
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import PrefillBatch
-from voxstream.prompt import VoicePrompt, build_sequence
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import PrefillBatch
+from voxwire.prompt import VoicePrompt, build_sequence
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
 @torch.inference_mode()
 def test_locenc_runs_only_where_there_is_audio(tmp_path) -> None:
-    tts = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
+    tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
     config, model = tts.config, tts.model
     patches = torch.randn(3, config.patch_size, config.feat_dim, generator=torch.Generator().manual_seed(0))
     zero_shot = build_sequence(tts.tokenizer, config, "A zero-shot row, a little longer than the other.", None)

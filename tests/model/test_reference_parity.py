@@ -1,7 +1,7 @@
 """Parity with the reference implementation (PyPI voxcpm 2.0.3) on tiny checkpoints in the published layout.
 
 Expected values were recorded by ``scripts/reference/model_fixtures.py`` running the reference code;
-nothing here derives them from voxstream. Each fixture records the digest of the checkpoint it was made
+nothing here derives them from voxwire. Each fixture records the digest of the checkpoint it was made
 from, and the tests first check that the generator still makes exactly that checkpoint.
 """
 
@@ -18,23 +18,23 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import voxstream
-from voxstream.model.cfm import CfmSchedule
-from voxstream.model.kv_cache import KVCache
-from voxstream.model.voxcpm import PrefillBatch
-from voxstream.prompt import build_sequence
-from voxstream.sampling import NoiseStream
-from voxstream.tiny.checkpoint import make_tiny_checkpoint, weights_digest
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.voxcpm import PrefillBatch
+from voxwire.prompt import build_sequence
+from voxwire.sampling import NoiseStream
+from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
+from voxwire.tts import VoxCPM
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "model"
 NAMES = ["voxcpm-16k", "voxcpm-44k", "voxcpm2", "voxcpm2-b"]
 # The generate cases traced step by step in bf16: zero-shot, continuation, reference clip + continuation.
 TRACE_KEYS = ("en", "continuation", "reference_continuation")
-# The reference environment (scripts/reference/setup_env.sh). CI builds it and sets VOXSTREAM_REQUIRE_REFERENCE=1,
+# The reference environment (scripts/reference/setup_env.sh). CI builds it and sets VOXWIRE_REQUIRE_REFERENCE=1,
 # so there its absence fails the bf16 parity tests instead of skipping them.
-REFERENCE_VENV = Path(os.environ.get("VOXSTREAM_REFERENCE_VENV", ROOT / ".venv-reference"))
+REFERENCE_VENV = Path(os.environ.get("VOXWIRE_REFERENCE_VENV", ROOT / ".venv-reference"))
 
 
 @cache
@@ -50,7 +50,7 @@ def checkpoint(name: str, tmp_root: str) -> Path:
 
 @cache
 def loaded(name: str, tmp_root: str, dtype: torch.dtype) -> VoxCPM:
-    return voxstream.load_model(checkpoint(name, tmp_root), device="cpu", dtype=dtype)
+    return voxwire.load_model(checkpoint(name, tmp_root), device="cpu", dtype=dtype)
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +157,7 @@ def same_machine_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = REFERENCE_VENV / "bin" / "python"
     if not python.is_file():
         message = f"no reference environment at {REFERENCE_VENV}: run bash scripts/reference/setup_env.sh"
-        if os.environ.get("VOXSTREAM_REQUIRE_REFERENCE") == "1":
+        if os.environ.get("VOXWIRE_REQUIRE_REFERENCE") == "1":
             pytest.fail(message)
         pytest.skip(message)
     out = tmp_path_factory.mktemp("bf16-traces")

@@ -1,4 +1,4 @@
-"""The AudioVAE in half precision (``load_model(vae_dtype=...)``, ``voxstream serve --vae-dtype``): the
+"""The AudioVAE in half precision (``load_model(vae_dtype=...)``, ``voxwire serve --vae-dtype``): the
 option takes effect, audio still comes out float32, and its error against float32 stays within the bound
 README states (measured by scripts/vae_bf16_error.py; the tiny configs here, the full shape in README)."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import voxstream
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 ROOT = Path(__file__).parents[2]
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).parents[2]
 @pytest.mark.parametrize("vae_dtype", ["float16", "bfloat16"])
 def test_vae_dtype_option_speaks_float32_audio(tmp_path: Path, vae_dtype: str) -> None:
     checkpoint = make_tiny_checkpoint(tmp_path / "voxcpm2", "voxcpm2")
-    exact = voxstream.load_model(checkpoint, device="cpu")
-    half = voxstream.load_model(checkpoint, device="cpu", vae_dtype=vae_dtype)
+    exact = voxwire.load_model(checkpoint, device="cpu")
+    half = voxwire.load_model(checkpoint, device="cpu", vae_dtype=vae_dtype)
     assert exact.model.audio_vae.dtype == torch.float32
     assert half.model.audio_vae.dtype == getattr(torch, vae_dtype)
     audio, reference = half.generate("Hello.", seed=0, max_len=4), exact.generate("Hello.", seed=0, max_len=4)

@@ -25,12 +25,12 @@ import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-import voxstream
-from voxstream.serving.app import make_app, runner_options
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import CONFIG_KEY, STATE_KEY
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.serving.app import make_app, runner_options
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.keys import CONFIG_KEY, STATE_KEY
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 READY_TIMEOUT_S = 60.0
 
@@ -41,7 +41,7 @@ Serve = Callable[..., Awaitable[TestServer]]
 def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     """One tiny random voxcpm2 model shared by every app of the session (apps only read it)."""
     folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("serving-model") / "voxcpm2", "voxcpm2")
-    return voxstream.load_model(folder, device="cpu")
+    return voxwire.load_model(folder, device="cpu")
 
 
 def _config(**overrides: Any) -> ServerConfig:
@@ -72,7 +72,7 @@ LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
 def persona_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     """A tiny voxcpm2 model of its own for persona tests (personas wrap its layers), float32 like the fixture."""
     folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("persona-model") / "voxcpm2", "voxcpm2", seed=0)
-    return voxstream.load_model(folder, device="cpu", dtype=torch.float32)
+    return voxwire.load_model(folder, device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture

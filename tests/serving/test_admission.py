@@ -11,11 +11,11 @@ from aiohttp import WSServerHandshakeError
 from aiohttp.test_utils import TestClient
 from websockets.asyncio.client import connect
 
-from voxstream.cli.main import build_parser
-from voxstream.cli.serve import config_from_args
-from voxstream.engine import SynthesisParams
-from voxstream.serving.keys import SERVICE_KEY, STATE_KEY, Phase
-from voxstream.serving.ws import STREAM_PATH
+from voxwire.cli.main import build_parser
+from voxwire.cli.serve import config_from_args
+from voxwire.engine import SynthesisParams
+from voxwire.serving.keys import SERVICE_KEY, STATE_KEY, Phase
+from voxwire.serving.ws import STREAM_PATH
 
 TEXT = "Hello from the test."
 SPEECH = {"model": "tts-1", "input": TEXT}
@@ -28,7 +28,7 @@ async def test_speech_while_draining_is_503_with_retry_after(serve, aiohttp_clie
     async with client.post("/v1/audio/speech", json=SPEECH) as response:
         assert response.status == 503
         assert response.headers["Retry-After"] == "1"
-        assert response.headers["X-Voxstream-Replica"] == "replica-a"
+        assert response.headers["X-Voxwire-Replica"] == "replica-a"
         assert (await response.json())["error"]["code"] == "shutting_down"
     client.server.app[STATE_KEY].phase = Phase.READY
 
@@ -38,13 +38,13 @@ async def test_every_response_names_the_replica(serve, aiohttp_client) -> None:
     client: TestClient = await aiohttp_client(await serve(replica_id="pod-7"))
     for path in ("/health", "/ready", "/metrics", "/no-such-path"):
         async with client.get(path) as response:
-            assert response.headers["X-Voxstream-Replica"] == "pod-7", path
+            assert response.headers["X-Voxwire-Replica"] == "pod-7", path
     async with client.post("/v1/audio/speech", json=SPEECH) as response:
         assert response.status == 200
-        assert response.headers["X-Voxstream-Replica"] == "pod-7"
+        assert response.headers["X-Voxwire-Replica"] == "pod-7"
         await response.read()
     async with connect(str(client.make_url(STREAM_PATH)).replace("http", "ws", 1)) as ws:
-        assert ws.response.headers["X-Voxstream-Replica"] == "pod-7"
+        assert ws.response.headers["X-Voxwire-Replica"] == "pod-7"
 
 
 @pytest.mark.asyncio

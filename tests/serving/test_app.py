@@ -13,11 +13,11 @@ from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from voxstream.engine import SynthesisParams
-from voxstream.serving.app import drain
-from voxstream.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxstream.serving.protocol import ErrorCode
-from voxstream.serving.service import SpeechFailure
+from voxwire.engine import SynthesisParams
+from voxwire.serving.app import drain
+from voxwire.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.protocol import ErrorCode
+from voxwire.serving.service import SpeechFailure
 
 pytestmark = pytest.mark.asyncio
 
@@ -65,27 +65,27 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     await status_and_code(client, "POST", "/v1/audio/speech", json={**SPEECH, "response_format": "vorbis"})
     await status_and_code(client, "GET", "/v1/voices/voice_0123456789abcdef/nothing")
     after = await scrape(client)
-    assert after["voxstream_audio_seconds_total"] - before["voxstream_audio_seconds_total"] == pytest.approx(
+    assert after["voxwire_audio_seconds_total"] - before["voxwire_audio_seconds_total"] == pytest.approx(
         audio.size / rate
     )
-    count = "voxstream_time_to_first_audio_seconds_count"
+    count = "voxwire_time_to_first_audio_seconds_count"
     assert after[count] - before[count] == 1
-    assert after['voxstream_errors_total{code="unsupported_format"}'] == 1
-    assert after['voxstream_errors_total{code="not_found"}'] == 1
+    assert after['voxwire_errors_total{code="unsupported_format"}'] == 1
+    assert after['voxwire_errors_total{code="not_found"}'] == 1
     assert (
-        after['voxstream_utterances_total{finish_reason="stop"}']
-        + after.get('voxstream_utterances_total{finish_reason="length"}', 0)
+        after['voxwire_utterances_total{finish_reason="stop"}']
+        + after.get('voxwire_utterances_total{finish_reason="length"}', 0)
         >= 1
     )
     engine = '{engine="0"}'  # the engine's load is labelled by engine (one per --devices entry)
-    steps = f"voxstream_engine_step_seconds_count{engine}"
+    steps = f"voxwire_engine_step_seconds_count{engine}"
     assert after[steps] > before[steps]
-    assert after[f"voxstream_engine_step_seconds_sum{engine}"] > 0
-    for gauge in ("voxstream_sessions_active", "voxstream_sessions_queued"):
+    assert after[f"voxwire_engine_step_seconds_sum{engine}"] > 0
+    for gauge in ("voxwire_sessions_active", "voxwire_sessions_queued"):
         assert after[gauge + engine] == 0
-    assert after["voxstream_websocket_connections"] == 0
-    assert after[f"voxstream_kv_blocks_used{engine}"] == 0 and after[f"voxstream_kv_blocks_total{engine}"] > 0
-    captures = f"voxstream_graph_captures_total{engine}"
+    assert after["voxwire_websocket_connections"] == 0
+    assert after[f"voxwire_kv_blocks_used{engine}"] == 0 and after[f"voxwire_kv_blocks_total{engine}"] > 0
+    captures = f"voxwire_graph_captures_total{engine}"
     assert after[captures] == before[captures] == 0  # CPU: no graphs
 
 
@@ -105,7 +105,7 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient
     response.close()  # the client goes away without reading the rest
     await wait_until(lambda: app[STATE_KEY].live_utterances == 0)
     await wait_until(lambda: app[SERVICE_KEY].engine.stats().running == 0)
-    assert (await scrape(client))['voxstream_dropped_sessions_total{reason="client_disconnected"}'] == 1
+    assert (await scrape(client))['voxwire_dropped_sessions_total{reason="client_disconnected"}'] == 1
 
 
 async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohttp_client, slow_down) -> None:
@@ -138,7 +138,7 @@ async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client, sl
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()
     await asyncio.wait_for(draining, 10)
-    assert app[METRICS_KEY].exposition().count(b'voxstream_dropped_sessions_total{reason="shutdown"} 1.0') == 1
+    assert app[METRICS_KEY].exposition().count(b'voxwire_dropped_sessions_total{reason="shutdown"} 1.0') == 1
 
 
 async def registered_ws(request: web.Request) -> web.WebSocketResponse:
@@ -161,7 +161,7 @@ async def test_shutdown_closes_websockets_with_1001(serve, app_factory, aiohttp_
     client = await aiohttp_client(await serve(app=app))
     ws = await client.ws_connect("/test/ws")
     await wait_until(lambda: len(app[SESSIONS_KEY]) == 1)
-    assert (await scrape(client))["voxstream_websocket_connections"] == 1
+    assert (await scrape(client))["voxwire_websocket_connections"] == 1
     draining = asyncio.create_task(drain(app))
     message = await asyncio.wait_for(ws.receive(), 10)
     assert message.type is WSMsgType.CLOSE and message.data == 1001

@@ -1,4 +1,4 @@
-"""``voxstream serve``: arguments and environment make the config; the process serves and stops on SIGTERM."""
+"""``voxwire serve``: arguments and environment make the config; the process serves and stops on SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from tests.server_process import http_status, poll
 
-import voxstream
-from voxstream.cli.main import build_parser, main
-from voxstream.cli.serve import config_from_args
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.cli.main import build_parser, main
+from voxwire.cli.serve import config_from_args
+from voxwire.tts import VoxCPM
 
 
 def test_every_limit_flag_is_in_the_readme_limits_table() -> None:
     from pathlib import Path
 
-    from voxstream.cli.serve import _LIMITS
-    from voxstream.serving.config import ServerConfig
+    from voxwire.cli.serve import _LIMITS
+    from voxwire.serving.config import ServerConfig
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme[readme.index("#### Limits") : readme.index("### HTTP API")]
@@ -39,7 +39,7 @@ def test_serve_arguments_and_environment_make_the_config() -> None:
         ["serve", "--port", "9000", "--api-key", "a", "--allowed-origin", "https://x.example", "--max-sessions", "3",
          "--max-clip-seconds", "12.5", "--voices-dir", "/tmp/v", "--voice-cache-mb", "64"]
     )  # fmt: skip
-    config = config_from_args(args, environ={"VOXSTREAM_API_KEYS": "b, c,,a"})
+    config = config_from_args(args, environ={"VOXWIRE_API_KEYS": "b, c,,a"})
     assert (config.port, config.max_sessions, config.max_clip_seconds) == (9000, 3, 12.5)
     assert config.api_keys == ("a", "b", "c")
     assert config.allowed_origins == ("https://x.example",)
@@ -67,13 +67,13 @@ def test_bad_kv_cache_flags_are_clear_cli_errors(
 
 
 def test_batch_invariant_flag_reaches_the_models_runner(tmp_path: Path) -> None:
-    from voxstream.serving.speech_model import VoxCPMSpeech
-    from voxstream.tiny.checkpoint import make_tiny_checkpoint
+    from voxwire.serving.speech_model import VoxCPMSpeech
+    from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
     assert not config_from_args(build_parser().parse_args(["serve"]), environ={}).batch_invariant
     config = config_from_args(build_parser().parse_args(["serve", "--batch-invariant", "--no-realtime"]), environ={})
     assert config.batch_invariant
-    model = VoxCPMSpeech(voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu"))
+    model = VoxCPMSpeech(voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu"))
     assert model.new_runner(config).batch_invariant  # type: ignore[attr-defined]
 
 
@@ -125,10 +125,10 @@ def test_lora_flags_make_the_persona_config(capsys: pytest.CaptureFixture[str]) 
     assert "distinct names" in capsys.readouterr().err
 
 
-def test_voxstream_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
-    command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
+def test_voxwire_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
+    command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
     command += ["--workers", "0"]  # the single-process server's own shutdown (tests/workers cover --workers N)
-    env = {**os.environ, "VOXSTREAM_API_KEYS": "k"}
+    env = {**os.environ, "VOXWIRE_API_KEYS": "k"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = _listening_url(process)

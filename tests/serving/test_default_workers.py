@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from voxstream.serving import config as server_config
-from voxstream.serving.config import ServerConfig, spare_cores
+from voxwire.serving import config as server_config
+from voxwire.serving.config import ServerConfig, spare_cores
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from voxstream.audio.formats import make_encoder
-from voxstream.serving.encoding import EncoderPool
-from voxstream.sim.model import speech_clip
+from voxwire.audio.formats import make_encoder
+from voxwire.serving.encoding import EncoderPool
+from voxwire.sim.model import speech_clip
 
 CHUNK = 7680
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from voxstream.serving.error_codes import ErrorCode
-from voxstream.serving.http_api import ApiError, as_api_error
-from voxstream.serving.service import SpeechFailure
+from voxwire.serving.error_codes import ErrorCode
+from voxwire.serving.http_api import ApiError, as_api_error
+from voxwire.serving.service import SpeechFailure
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

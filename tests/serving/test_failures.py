@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import End, Error, Ready, Text
-from voxstream.serving.ws import STREAM_PATH
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import End, Error, Ready, Text
+from voxwire.serving.ws import STREAM_PATH
 
 from .ws.conftest import StreamClient
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from tests.server_process import ServerProcess, poll
 
-from voxstream.serving.heap import freeze_startup_heap
+from voxwire.serving.heap import freeze_startup_heap
 
 
 @pytest.fixture

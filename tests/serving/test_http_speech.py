@@ -16,8 +16,8 @@ import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
 
-from voxstream.engine import SynthesisParams
-from voxstream.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.engine import SynthesisParams
+from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
 
 from .ws.test_ws_normalize import record_engine_texts
 
@@ -267,11 +267,11 @@ async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClie
 
 
 async def test_normalize_without_the_extra_is_a_clear_400(client: TestClient, monkeypatch) -> None:
-    from voxstream.serving import http_api
+    from voxwire.serving import http_api
 
     monkeypatch.setattr(http_api, "normalizer_available", lambda: False)
     status, _, body = await speech(client, normalize=True)
     assert status == 400
     error = json.loads(body)["error"]
     assert error["code"] == "normalize_unavailable"
-    assert "pip install 'voxstream[normalize]'" in error["message"]
+    assert "pip install 'voxwire[normalize]'" in error["message"]

@@ -15,11 +15,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
-import voxstream
-from voxstream.errors import InvalidInputError
-from voxstream.serving.app import make_app
-from voxstream.serving.config import ServerConfig
-from voxstream.tiny.checkpoint import make_tiny_checkpoint
+import voxwire
+from voxwire.errors import InvalidInputError
+from voxwire.serving.app import make_app
+from voxwire.serving.config import ServerConfig
+from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 from .conftest import LORA, Serve
 
@@ -134,7 +134,7 @@ async def test_limits_on_loras(
 @pytest.mark.asyncio
 async def test_a_rank_above_the_limit_is_refused(serve: Serve, aiohttp_client: Client, tmp_path: Path) -> None:
     # A model of its own: the persona capacity is fixed when a model first gets personas.
-    tts = voxstream.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
+    tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
     config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4)
     http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
     async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
@@ -154,7 +154,7 @@ async def test_loras_need_an_api_key_like_voices(
 
 
 def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.Application]) -> None:
-    from voxstream.serving.personas import PersonaLoadError
+    from voxwire.serving.personas import PersonaLoadError
 
     with pytest.raises(PersonaLoadError, match=r"lora_config\.json"):
         persona_app(loras=(("A", LORA.parent),))
@@ -162,7 +162,7 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 
 @pytest.mark.asyncio
 async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
-    from voxstream.sim.model import SimSpeech
+    from voxwire.sim.model import SimSpeech
 
     config = ServerConfig(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
     with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):

@@ -1,4 +1,4 @@
-"""Nano-vLLM-VoxCPM's HTTP API on ``voxstream serve``, driven by a client written from that project's documented API
+"""Nano-vLLM-VoxCPM's HTTP API on ``voxwire serve``, driven by a client written from that project's documented API
 (its deployment README and schemas): ``/encode_latents``, ``/generate`` (mp3 and pcm, zero-shot, prompt and
 reference by wav or latents, ``lora_name``), ``/info`` and ``/loras``, with its error shapes."""
 
@@ -19,8 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
-from voxstream.audio.pcm import to_s16le
-from voxstream.tts import VoxCPM
+from voxwire.audio.pcm import to_s16le
+from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve
 
@@ -88,7 +88,7 @@ async def test_generate_pcm_is_the_models_audio_with_its_headers(client: NanoVll
     assert (headers["X-Audio-Sample-Rate"], headers["X-Audio-Channels"], headers["X-Audio-Encoding"]) == (
         str(rate), "1", "s16le",
     )  # fmt: skip
-    # Its defaults: cfg_value 1.5 (not voxstream's 2.0).
+    # Its defaults: cfg_value 1.5 (not voxwire's 2.0).
     assert body == pcm(persona_tts.generate(TEXT, seed=7, cfg_value=1.5, max_len=40))
 
 

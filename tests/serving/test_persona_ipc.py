@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import zmq
 
-from voxstream.engine import Engine, Request
-from voxstream.serving import ipc
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.engine_core import EngineCore
-from voxstream.serving.engine_proxy import RemotePersonas
-from voxstream.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
-from voxstream.serving.speech_model import VoxCPMSpeech
-from voxstream.tts import VoxCPM
+from voxwire.engine import Engine, Request
+from voxwire.serving import ipc
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.engine_core import EngineCore
+from voxwire.serving.engine_proxy import RemotePersonas
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxwire.serving.speech_model import VoxCPMSpeech
+from voxwire.tts import VoxCPM
 
 from .conftest import LORA
 

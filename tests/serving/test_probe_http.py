@@ -13,7 +13,7 @@ import pytest
 from aiohttp import FormData
 from aiohttp.test_utils import TestClient, TestServer
 
-from voxstream.serving.keys import METRICS_KEY
+from voxwire.serving.keys import METRICS_KEY
 
 from .test_app import scrape
 from .test_voices import clip
@@ -116,7 +116,7 @@ async def test_a_client_leaving_mid_body_is_not_a_server_error(client: TestClien
         await writer.drain()
         await asyncio.sleep(0.2)
         writer.close()
-    dropped = 'voxstream_dropped_sessions_total{reason="client_disconnected"}'
+    dropped = 'voxwire_dropped_sessions_total{reason="client_disconnected"}'
     # The server notices each departure when its body read fails; on a loaded machine that takes a while.
     for _ in range(200):
         after = await scrape(client)
@@ -124,7 +124,7 @@ async def test_a_client_leaving_mid_body_is_not_a_server_error(client: TestClien
             break
         await asyncio.sleep(0.05)
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
-    assert after.get('voxstream_errors_total{code="internal_error"}', 0) == 0
+    assert after.get('voxwire_errors_total{code="internal_error"}', 0) == 0
     assert after.get(dropped, 0) - before.get(dropped, 0) == 2
     assert client.server.app[METRICS_KEY] is not None
 
@@ -190,8 +190,8 @@ async def test_a_client_closing_a_speech_stream_early_is_not_an_error(client: Te
     response.close()  # the client goes away mid-stream
     for _ in range(100):
         after = await scrape(client)
-        if after.get('voxstream_dropped_sessions_total{reason="client_disconnected"}', 0) > before.get(
-            'voxstream_dropped_sessions_total{reason="client_disconnected"}', 0
+        if after.get('voxwire_dropped_sessions_total{reason="client_disconnected"}', 0) > before.get(
+            'voxwire_dropped_sessions_total{reason="client_disconnected"}', 0
         ):
             break
         await asyncio.sleep(0.05)
@@ -199,4 +199,4 @@ async def test_a_client_closing_a_speech_stream_early_is_not_an_error(client: Te
         pytest.fail("the dropped stream was not counted")
     await asyncio.sleep(0.2)
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
-    assert after.get('voxstream_errors_total{code="internal_error"}', 0) == 0
+    assert after.get('voxwire_errors_total{code="internal_error"}', 0) == 0

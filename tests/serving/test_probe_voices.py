@@ -22,10 +22,10 @@ import soundfile
 import torch
 from aiohttp.test_utils import TestClient
 
-from voxstream.audio.clip import ClipTooLongError, load_clip
-from voxstream.errors import InvalidInputError
-from voxstream.prompt import VoicePrompt
-from voxstream.serving.voices import ORPHAN_GRACE_S, VoiceStore
+from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.errors import InvalidInputError
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.voices import ORPHAN_GRACE_S, VoiceStore
 
 from .test_voices import clip, speak_with, upload
 
@@ -144,7 +144,7 @@ def test_files_decode_as_before_in_blocks(tmp_path: Path) -> None:
 _BOMB_SCRIPT = textwrap.dedent(
     """
     import resource, sys
-    from voxstream.audio.clip import ClipTooLongError, load_clip
+    from voxwire.audio.clip import ClipTooLongError, load_clip
     data = open(sys.argv[1], "rb").read()
     idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
@@ -195,7 +195,7 @@ async def test_oversized_text_fields_are_refused_before_any_work(
     serve, aiohttp_client, monkeypatch, field: str, limit_name: str
 ) -> None:
     client = await aiohttp_client(await serve(**{limit_name: 100}))
-    import voxstream.serving.http_api as http_api
+    import voxwire.serving.http_api as http_api
 
     monkeypatch.setattr(http_api, "load_clip", _no_decoding)
     started = time.perf_counter()

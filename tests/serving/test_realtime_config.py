@@ -1,12 +1,12 @@
-"""``voxstream serve``'s real-time flags reach the engine's configuration, and bad values are refused."""
+"""``voxwire serve``'s real-time flags reach the engine's configuration, and bad values are refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from voxstream.cli.main import build_parser
-from voxstream.cli.serve import config_from_args
-from voxstream.serving.config import ServerConfig
+from voxwire.cli.main import build_parser
+from voxwire.cli.serve import config_from_args
+from voxwire.serving.config import ServerConfig
 
 
 def engine_config_of(*flags: str):

@@ -13,8 +13,8 @@ import torch
 from aiohttp import FormData
 from aiohttp.test_utils import TestClient
 
-from voxstream.prompt import VoicePrompt
-from voxstream.serving.voices import VOICE_ID_PATTERN, UnknownVoiceError, VoiceLimitError, VoiceStore
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.voices import VOICE_ID_PATTERN, UnknownVoiceError, VoiceLimitError, VoiceStore
 
 pytestmark = pytest.mark.asyncio
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from voxstream.cli.main import build_parser, main
-from voxstream.cli.serve import config_from_args
-from voxstream.engine.cost_model import StepCost
+from voxwire.cli.main import build_parser, main
+from voxwire.cli.serve import config_from_args
+from voxwire.engine.cost_model import StepCost
 
 
 def test_flags_make_the_config() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxstream.engine import Engine, EngineConfig, Request, SynthesisParams
-from voxstream.engine.cost_model import StepCost
-from voxstream.sim.model import SPEECH_CLIP, SimSpeech, speech_clip
-from voxstream.sim.runner import SimConfig, SimRunner
+from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine.cost_model import StepCost
+from voxwire.sim.model import SPEECH_CLIP, SimSpeech, speech_clip
+from voxwire.sim.runner import SimConfig, SimRunner
 
 COST = "10ms+1ms/row+0.5ms/token"
 

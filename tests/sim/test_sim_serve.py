@@ -1,4 +1,4 @@
-"""``voxstream serve --model sim``: the real server over the simulated runner streams the clip as Opus."""
+"""``voxwire serve --model sim``: the real server over the simulated runner streams the clip as Opus."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import opuslib
 import pytest
 from tests.server_process import ServerProcess
 
-from voxstream.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
-from voxstream.audio.quality import spectral_snr_db
-from voxstream.client.connection import Connection
-from voxstream.engine import Engine, EngineConfig, Request, SynthesisParams
-from voxstream.serving.protocol import AudioFrame, Done, End, Start, Text
-from voxstream.sim.model import speech_clip
-from voxstream.sim.runner import SimConfig, SimRunner
+from voxwire.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
+from voxwire.audio.quality import spectral_snr_db
+from voxwire.client.connection import Connection
+from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.sim.model import speech_clip
+from voxwire.sim.runner import SimConfig, SimRunner
 
 TEXT = "Load tests need speech that sounds like speech."
 SEED = 11

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from voxstream.text import normalize as normalize_module
-from voxstream.text.normalize import NormalizerUnavailableError, TextNormalizer, normalize, normalize_in_worker
+from voxwire.text import normalize as normalize_module
+from voxwire.text.normalize import NormalizerUnavailableError, TextNormalizer, normalize, normalize_in_worker
 
 GOLDEN = Path(__file__).parents[1] / "fixtures" / "reference" / "normalize" / "normalizer.json"
 CASES = {case["input"]: case for case in json.loads(GOLDEN.read_text())["cases"]}
@@ -68,7 +68,7 @@ def test_money_grouped_numbers_and_dates(text: str, spoken: str) -> None:
 
 def test_a_clear_error_when_the_extra_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wetext", None)  # what an uninstalled package looks like to import
-    with pytest.raises(NormalizerUnavailableError, match=r"pip install 'voxstream\[normalize\]'"):
+    with pytest.raises(NormalizerUnavailableError, match=r"pip install 'voxwire\[normalize\]'"):
         TextNormalizer()
 
 
@@ -84,4 +84,4 @@ async def test_the_worker_keeps_wetext_off_the_event_loop(monkeypatch: pytest.Mo
     monkeypatch.setattr(normalize_module, "normalize", spy)
     spoken = await asyncio.gather(*(normalize_in_worker(f"I have {n} cats.") for n in (2, 3)))
     assert spoken == ["I have two cats.", "I have three cats."]
-    assert len(threads) == 2 and all(name.startswith("voxstream-normalize") for name in threads)
+    assert len(threads) == 2 and all(name.startswith("voxwire-normalize") for name in threads)

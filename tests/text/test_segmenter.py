@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxstream.text.segmenter import SentenceSegmenter
+from voxwire.text.segmenter import SentenceSegmenter
 
 
 def segment(text: str, *, pieces: list[str] | None = None, max_chars: int = 250) -> list[str]:

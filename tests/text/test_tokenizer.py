@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from voxstream.text.tokenizer import (
+from voxwire.text.tokenizer import (
     AUDIO_END_ID,
     AUDIO_START_ID,
     REF_AUDIO_END_ID,
@@ -19,8 +19,8 @@ from voxstream.text.tokenizer import (
     TokenizerError,
     normalize_whitespace,
 )
-from voxstream.tiny.configs import TINY_VOCAB_SIZE
-from voxstream.tiny.tokenizer_files import write_tiny_tokenizer
+from voxwire.tiny.configs import TINY_VOCAB_SIZE
+from voxwire.tiny.tokenizer_files import write_tiny_tokenizer
 
 FIXTURE = json.loads(
     (Path(__file__).parents[1] / "fixtures" / "reference" / "tokenizer" / "tiny_tokenizer_ids.json").read_text(

@@ -1,4 +1,4 @@
-"""``voxstream serve --devices cpu,cpu``: two engine processes behind one frontend, utterances routed by load."""
+"""``voxwire serve --devices cpu,cpu``: two engine processes behind one frontend, utterances routed by load."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import pytest
 from tests.server_process import ServerProcess, poll
 from tests.workers.test_workers import KEY, metric, speak, upload_voice, utterance
 
-from voxstream.client.connection import Connection
-from voxstream.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.client.connection import Connection
+from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ LONG = " ".join([SENTENCE] * 4)
 def sim_devices(*extra: str) -> ServerProcess:
     # A 60 ms step per 160 ms chunk: utterances last seconds, long enough to see both engines at work.
     flags = ("--model", "sim", "--sim-cost", "60ms", "--devices", "cpu,cpu", "--workers", "1")
-    return ServerProcess(*flags, *extra, env={"VOXSTREAM_API_KEYS": KEY})
+    return ServerProcess(*flags, *extra, env={"VOXWIRE_API_KEYS": KEY})
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def server() -> Iterator[ServerProcess]:
 def test_every_engine_is_warmed_up_before_ready(server: ServerProcess) -> None:
     scraped = server.get("/metrics", KEY)
     for engine in ("0", "1"):
-        assert metric(scraped, f'voxstream_engine_step_seconds_count{{engine="{engine}"}}') > 0, scraped
+        assert metric(scraped, f'voxwire_engine_step_seconds_count{{engine="{engine}"}}') > 0, scraped
 
 
 def active(server: ServerProcess) -> tuple[float, float]:
     """Utterances running on engine 0 and on engine 1 now."""
     scraped = server.get("/metrics", KEY)
-    return tuple(metric(scraped, f'voxstream_sessions_active{{engine="{i}"}}') for i in range(2))  # type: ignore[return-value]
+    return tuple(metric(scraped, f'voxwire_sessions_active{{engine="{i}"}}') for i in range(2))  # type: ignore[return-value]
 
 
 async def watch_engines(server: ServerProcess, samples: list[tuple[float, float]], stop: asyncio.Event) -> None:
@@ -145,7 +145,7 @@ def test_ready_waits_for_every_engine() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", "sim", "--devices", "cpu,cpu"]
+    command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--model", "sim", "--devices", "cpu,cpu"]
     command += ["--workers", "1"]  # one frontend, whatever the machine's cores
     process = subprocess.Popen(
         [*command, "--port", str(port)], stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}

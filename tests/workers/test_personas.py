@@ -25,11 +25,11 @@ from tests.server_process import ServerProcess, poll
 from tests.serving.conftest import LORA
 from tests.workers.test_workers import KEY, metric
 
-import voxstream
-from voxstream.client.connection import Connection
-from voxstream.client.errors import ServerError
-from voxstream.serving.protocol import AudioFrame, Done, End, Start, Text
-from voxstream.tts import VoxCPM
+import voxwire
+from voxwire.client.connection import Connection
+from voxwire.client.errors import ServerError
+from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.tts import VoxCPM
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def other_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(persona_tts: VoxCPM, other_lora: Path) -> VoxCPM:
     """The served checkpoint in this process, with A and B: what one process speaks for each persona."""
-    tts = voxstream.load_model(persona_tts.name, device="cpu", dtype=torch.float32)
+    tts = voxwire.load_model(persona_tts.name, device="cpu", dtype=torch.float32)
     tts.enable_personas(4, 16)
     tts.load_persona("A", LORA)
     tts.load_persona("B", other_lora)
@@ -60,7 +60,7 @@ def reference(persona_tts: VoxCPM, other_lora: Path) -> VoxCPM:
 def persona_server(persona_tts: VoxCPM, *extra: str) -> ServerProcess:
     args = ("--model", persona_tts.name, "--dtype", "float32", "--max-lora-rank", "16", "--max-loras", "2")
     args += ("--lora", f"A={LORA}", "--encoder-threads", "1")
-    return ServerProcess(*args, *extra, env={"VOXSTREAM_API_KEYS": KEY})
+    return ServerProcess(*args, *extra, env={"VOXWIRE_API_KEYS": KEY})
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_nanovllm_loras_routes_reach_the_engine(server: ServerProcess, other_lor
 
 
 def test_a_bad_lora_on_the_command_line_stops_the_server(persona_tts: VoxCPM) -> None:
-    command = [sys.executable, "-m", "voxstream.cli.main", "serve", "--model", persona_tts.name, "--workers", "2"]
+    command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--model", persona_tts.name, "--workers", "2"]
     command += ["--port", "0", "--lora", f"A={LORA.parent}"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
@@ -210,7 +210,7 @@ def test_with_devices_a_registered_persona_speaks_on_every_engine(
             np.testing.assert_allclose(np.frombuffer(audio, "<f4"), expected, atol=1e-4, rtol=0)
         after = server.get("/metrics", KEY)
         for engine in ("0", "1"):  # each engine stepped the persona's utterance
-            name = f'voxstream_engine_step_seconds_count{{engine="{engine}"}}'
+            name = f'voxwire_engine_step_seconds_count{{engine="{engine}"}}'
             assert metric(after, name) > metric(before, name), (engine, after)
         status, _ = call(server, "DELETE", "/v1/loras/B")
         assert status == 200

@@ -1,4 +1,4 @@
-"""``voxstream serve --workers 2``: one engine process, two frontends on one port, behaving as one server."""
+"""``voxwire serve --workers 2``: one engine process, two frontends on one port, behaving as one server."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from tests.server_process import ServerProcess, poll
 
-from voxstream.client.connection import Connection
-from voxstream.client.errors import AuthenticationError, ServerError
-from voxstream.serving.protocol import AudioFrame, Cancel, Done, End, Start, Text
-from voxstream.tts import VoxCPM
+from voxwire.client.connection import Connection
+from voxwire.client.errors import AuthenticationError, ServerError
+from voxwire.serving.protocol import AudioFrame, Cancel, Done, End, Start, Text
+from voxwire.tts import VoxCPM
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ LONG = " ".join(["This sentence keeps the simulated engine busy for a while."] *
 @pytest.fixture(scope="module")
 def server(tiny_tts: VoxCPM) -> Iterator[ServerProcess]:
     args = ("--model", tiny_tts.name, "--workers", "2", "--max-sessions", "8", "--encoder-threads", "1")
-    with ServerProcess(*args, env={"VOXSTREAM_API_KEYS": KEY}) as process:
+    with ServerProcess(*args, env={"VOXWIRE_API_KEYS": KEY}) as process:
         process.wait_ready()
         yield process
 
@@ -128,7 +128,7 @@ def upload_voice(server: ServerProcess, clip: np.ndarray) -> str:
 
     wav = io.BytesIO()
     soundfile.write(wav, clip, 48000, format="WAV")
-    boundary = "voxstreamtestboundary"
+    boundary = "voxwiretestboundary"
     body = (
         (
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="v.wav"\r\n'
@@ -145,8 +145,8 @@ def upload_voice(server: ServerProcess, clip: np.ndarray) -> str:
 
 
 def test_metrics_are_one_view_of_every_frontend(server: ServerProcess) -> None:
-    name = 'voxstream_utterances_total{finish_reason="stop"}'
-    names = (name, 'voxstream_utterances_total{finish_reason="length"}')
+    name = 'voxwire_utterances_total{finish_reason="stop"}'
+    names = (name, 'voxwire_utterances_total{finish_reason="length"}')
     before = sum(metric(server.get("/metrics", KEY), n) for n in names)
 
     async def several() -> None:
@@ -157,7 +157,7 @@ def test_metrics_are_one_view_of_every_frontend(server: ServerProcess) -> None:
     for _ in range(6):
         scraped = server.get("/metrics", KEY)
         assert sum(metric(scraped, n) for n in names) == before + 2 * len(TEXTS)
-        assert metric(scraped, "voxstream_engine_step_seconds_count") > 0
+        assert metric(scraped, "voxwire_engine_step_seconds_count") > 0
 
 
 def test_cancel_ends_the_utterance_and_frees_its_slot(server: ServerProcess) -> None:
@@ -174,7 +174,7 @@ def test_cancel_ends_the_utterance_and_frees_its_slot(server: ServerProcess) -> 
             return message
 
     assert asyncio.run(cancel()).finish_reason == "cancelled"
-    assert poll(lambda: metric(server.get("/metrics", KEY), "voxstream_sessions_active") == 0, timeout=10)
+    assert poll(lambda: metric(server.get("/metrics", KEY), "voxwire_sessions_active") == 0, timeout=10)
 
 
 # ---- processes coming and going ---------------------------------------------------------------------------------

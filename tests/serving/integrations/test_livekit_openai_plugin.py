@@ -33,8 +33,8 @@ async def test_default_plugin_synthesizes(client: TestClient) -> None:
 
 
 async def audio_seconds(client: TestClient) -> float:
-    """The server's ``voxstream_audio_seconds_total``: the audio it generated so far."""
+    """The server's ``voxwire_audio_seconds_total``: the audio it generated so far."""
     async with client.get("/metrics") as response:
         text = await response.text()
-    (line,) = [line for line in text.splitlines() if line.startswith("voxstream_audio_seconds_total ")]
+    (line,) = [line for line in text.splitlines() if line.startswith("voxwire_audio_seconds_total ")]
     return float(line.split()[1])

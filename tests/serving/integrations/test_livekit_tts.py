@@ -1,4 +1,4 @@
-"""``voxstream.integrations.livekit.VoxstreamTTS`` in LiveKit Agents' own TTS machinery, with the server in process."""
+"""``voxwire.integrations.livekit.VoxwireTTS`` in LiveKit Agents' own TTS machinery, with the server in process."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from livekit.agents.tts import SynthesizedAudio
 
-from voxstream.integrations.livekit import VoxstreamTTS
-from voxstream.serving.keys import SERVICE_KEY
+from voxwire.integrations.livekit import VoxwireTTS
+from voxwire.serving.keys import SERVICE_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,7 +45,7 @@ async def test_stream_speaks_incremental_text_before_it_ends(serve, slow_down, m
     server = await serve()
     slow_down(server.app, 0.02)
     requests = record_requests(server.app, monkeypatch)
-    tts = VoxstreamTTS(server=str(server.make_url("/")), seed=1)
+    tts = VoxwireTTS(server=str(server.make_url("/")), seed=1)
     stream = tts.stream()
     for token in ("The first ", "sentence is ", "here. ", "The second"):
         stream.push_text(token)
@@ -63,7 +63,7 @@ async def test_stream_speaks_incremental_text_before_it_ends(serve, slow_down, m
 
 async def test_synthesize_speaks_a_whole_text(serve) -> None:
     server = await serve()
-    tts = VoxstreamTTS(server=str(server.make_url("/")))
+    tts = VoxwireTTS(server=str(server.make_url("/")))
     async with tts.synthesize("Hello from LiveKit. It works.") as stream:
         events = [event async for event in stream]
     await tts.aclose()
@@ -90,7 +90,7 @@ def record_steps(app: object, step_s: float) -> list[tuple[float, tuple[str, ...
 async def test_interruption_stops_the_server_within_one_step(serve) -> None:
     server = await serve()
     steps = record_steps(server.app, STEP_S)
-    tts = VoxstreamTTS(server=str(server.make_url("/")))
+    tts = VoxwireTTS(server=str(server.make_url("/")))
     stream = tts.stream()
     stream.push_text("This sentence is long enough to keep speaking for a while. And another one follows it. ")
     await asyncio.wait_for(anext(stream), TIMEOUT_S)

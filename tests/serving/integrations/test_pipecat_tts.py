@@ -1,4 +1,4 @@
-"""``voxstream.integrations.pipecat.VoxstreamTTSService`` in a real Pipecat pipeline (its own test processor and
+"""``voxwire.integrations.pipecat.VoxwireTTSService`` in a real Pipecat pipeline (its own test processor and
 worker), against the server in process: tokens streamed as an LLM would, a turn end, an interruption."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-from voxstream.integrations.pipecat import VoxstreamTTSService
+from voxwire.integrations.pipecat import VoxwireTTSService
 
 from .test_livekit_tts import STEP_S, engine_busy, record_requests, record_steps
 
@@ -37,7 +37,7 @@ RATE = 24000
 
 
 class Bot:
-    """A pipeline [VoxstreamTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
+    """A pipeline [VoxwireTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
 
     def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
         self.worker = worker
@@ -65,7 +65,7 @@ class Bot:
 async def running_bot(server_url: str) -> AsyncIterator[Bot]:
     received: asyncio.Queue[Frame] = asyncio.Queue()
     sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
-    tts = VoxstreamTTSService(server=server_url, seed=1)
+    tts = VoxwireTTSService(server=server_url, seed=1)
     params = PipelineParams(audio_out_sample_rate=RATE)
     worker = PipelineWorker(Pipeline([tts, sink]), params=params, cancel_on_idle_timeout=False)
     started = asyncio.Event()

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from voxstream.integrations.session import Audio, SessionOptions, SpeechSession
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import AudioFrame, Done, Segment
+from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import AudioFrame, Done, Segment
 
 pytestmark = pytest.mark.asyncio
 

@@ -23,12 +23,12 @@ import soxr
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from voxstream.engine import Chunk, FinishReason, SynthesisParams
-from voxstream.prompt import VoicePrompt
-from voxstream.serving.app import make_app
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
-from voxstream.serving.protocol import (
+from voxwire.engine import Chunk, FinishReason, SynthesisParams
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.app import make_app
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
+from voxwire.serving.protocol import (
     AudioFrame,
     ClientMessage,
     Done,
@@ -39,10 +39,10 @@ from voxstream.serving.protocol import (
     decode_server,
     encode,
 )
-from voxstream.serving.service import DEFAULT_OPTIONS, ModelInfo, UtteranceOptions
-from voxstream.serving.voices import VoiceStore
-from voxstream.serving.ws import STREAM_PATH, add_ws_routes
-from voxstream.tts import VoxCPM
+from voxwire.serving.service import DEFAULT_OPTIONS, ModelInfo, UtteranceOptions
+from voxwire.serving.voices import VoiceStore
+from voxwire.serving.ws import STREAM_PATH, add_ws_routes
+from voxwire.tts import VoxCPM
 
 TIMEOUT_S = 60.0
 """Per message: generous, the CPU is shared and the first step of a fresh process is slow."""

@@ -24,13 +24,13 @@ import pytest
 import soxr
 from aiohttp.test_utils import TestServer
 
-from voxstream.audio.ogg import OggOpusMuxer
-from voxstream.audio.opus import DEFAULT_BITRATE, OpusEncoder
-from voxstream.audio.pcm import to_s16le
-from voxstream.engine import SynthesisParams
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import End, Ready, Start, Text
-from voxstream.tts import VoxCPM
+from voxwire.audio.ogg import OggOpusMuxer
+from voxwire.audio.opus import DEFAULT_BITRATE, OpusEncoder
+from voxwire.audio.pcm import to_s16le
+from voxwire.engine import SynthesisParams
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import End, Ready, Start, Text
+from voxwire.tts import VoxCPM
 
 from .conftest import ClipService, Connect, Heard, StreamClient, clip_app, require
 

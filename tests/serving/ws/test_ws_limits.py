@@ -16,10 +16,10 @@ import pytest
 from aiohttp import ClientSession, WSMsgType, WSServerHandshakeError
 from aiohttp.test_utils import TestServer
 
-from voxstream.serving.app import drain
-from voxstream.serving.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxstream.serving.protocol import CloseCode, Done, End, Ready, Segment, Start, Text, encode
-from voxstream.serving.ws import STREAM_PATH
+from voxwire.serving.app import drain
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.protocol import CloseCode, Done, End, Ready, Segment, Start, Text, encode
+from voxwire.serving.ws import STREAM_PATH
 
 from .conftest import Connect, StreamClient, engine_idle, until
 
@@ -146,7 +146,7 @@ async def refused_upgrade(connect: Connect, server: TestServer, code: str) -> No
         await connect(server, read_ready=False)
     assert refused.value.status == 503
     assert refused.value.headers is not None and refused.value.headers["Retry-After"] == "1"
-    assert refused.value.headers["X-Voxstream-Replica"] == server.app[CONFIG_KEY].replica_id
+    assert refused.value.headers["X-Voxwire-Replica"] == server.app[CONFIG_KEY].replica_id
     async with ClientSession() as http, http.get(server.make_url(STREAM_PATH), headers=UPGRADE) as response:
         assert response.status == 503
         assert (await response.json())["error"]["code"] == code
@@ -184,7 +184,7 @@ async def test_a_client_that_leaves_mid_utterance_frees_everything(ws_server: Ca
     await engine_idle(server.app, timeout=5.0)
     app = server.app
     await until(lambda: not app[SESSIONS_KEY] and app[STATE_KEY].live_utterances == 0)
-    assert 'voxstream_dropped_sessions_total{reason="client_gone"} 1.0' in app[METRICS_KEY].exposition().decode()
+    assert 'voxwire_dropped_sessions_total{reason="client_gone"} 1.0' in app[METRICS_KEY].exposition().decode()
 
 
 async def test_a_full_engine_queue_fails_the_utterance_with_busy(ws_server: Callable, connect: Connect) -> None:
@@ -251,7 +251,7 @@ async def test_a_client_that_stops_reading_is_cut_off(ws_server: Callable, conne
         await loop.sock_sendall(sock, masked_text_frame(encode(message)))
 
     metrics = server.app[METRICS_KEY]
-    dropped = 'voxstream_dropped_sessions_total{reason="slow_consumer"} 1.0'
+    dropped = 'voxwire_dropped_sessions_total{reason="slow_consumer"} 1.0'
     for _ in range(600):
         if dropped in metrics.exposition().decode():
             break

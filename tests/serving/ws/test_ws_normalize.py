@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from voxstream.serving import utterance as utterance_module
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import End, Ready, Start, Text
-from voxstream.text import normalize as normalize_module
+from voxwire.serving import utterance as utterance_module
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import End, Ready, Start, Text
+from voxwire.text import normalize as normalize_module
 
 from .conftest import Connect, until
 
@@ -70,7 +70,7 @@ async def test_without_the_extra_start_normalize_is_refused_clearly(
     stream = await connect(await ws_server())
     await stream.send(Start(normalize=True))
     error = await stream.error("out_of_range")
-    assert "pip install 'voxstream[normalize]'" in error.message
+    assert "pip install 'voxwire[normalize]'" in error.message
     await stream.send(Start(normalize=False))  # the session goes on
     assert (await stream.expect(Ready)).format == "opus"
 

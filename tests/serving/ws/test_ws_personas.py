@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import End, Ready, Segment, Start, Text
-from voxstream.tts import VoxCPM
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import End, Ready, Segment, Start, Text
+from voxwire.tts import VoxCPM
 
 from ..conftest import Serve
 from .conftest import Connect, StreamClient, with_ws_routes

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from aiohttp import WSMsgType
 
-from voxstream.serving import protocol
-from voxstream.serving.config import ServerConfig
-from voxstream.serving.http_api import health
-from voxstream.serving.protocol import AudioFrame, CloseCode, Done, End, Error, Start, Text, decode_client, encode
-from voxstream.serving.ws import STREAM_PATH
+from voxwire.serving import protocol
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.http_api import health
+from voxwire.serving.protocol import AudioFrame, CloseCode, Done, End, Error, Start, Text, decode_client, encode
+from voxwire.serving.ws import STREAM_PATH
 
 from .conftest import ClipService, clip_app
 from .test_ws_limits import masked_text_frame

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from voxstream.engine.cost_model import StepCost
-from voxstream.serving.keys import SERVICE_KEY
-from voxstream.serving.protocol import AudioFrame, Done, End, Ready, Start, Text
+from voxwire.engine.cost_model import StepCost
+from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.protocol import AudioFrame, Done, End, Ready, Start, Text
 
 from .conftest import ClipService, Connect, clip_app
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from voxstream.prompt import VoicePrompt
-from voxstream.serving.keys import Phase, ServerState
-from voxstream.serving.protocol import (
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.keys import Phase, ServerState
+from voxwire.serving.protocol import (
     AudioFrame,
     Cancel,
     CloseCode,
@@ -25,9 +25,9 @@ from voxstream.serving.protocol import (
     decode_server,
     encode,
 )
-from voxstream.serving.session import Session, SessionPhase
-from voxstream.serving.utterance import continuation
-from voxstream.serving.voices import VoiceStore
+from voxwire.serving.session import Session, SessionPhase
+from voxwire.serving.utterance import continuation
+from voxwire.serving.voices import VoiceStore
 
 from .conftest import ClipService, until, ws_config
 

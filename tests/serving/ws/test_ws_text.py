@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from voxstream.engine import SynthesisParams
-from voxstream.prompt import VoicePrompt
-from voxstream.serving.keys import SERVICE_KEY, STATE_KEY
-from voxstream.serving.protocol import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
-from voxstream.tts import VoxCPM
+from voxwire.engine import SynthesisParams
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.protocol import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
+from voxwire.tts import VoxCPM
 
 from .conftest import Connect, StreamClient, engine_idle
 

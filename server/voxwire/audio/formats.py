@@ -1,0 +1,181 @@
+"""Output formats and the one factory that both the WebSocket and the HTTP paths use.
+
+Every encoder takes float32 mono chunks at the model rate through ``encode`` and returns
+byte blocks that are ready to send (possibly none yet); ``finish`` returns the rest. Blocks
+are never empty. Per format:
+
+- ``opus``: raw Opus packets, one 20 ms frame per block (for WebCodecs ``AudioDecoder``
+  without a description, or any framing the transport adds). ``encoder.opus.pre_skip``
+  tells the client how many 48 kHz samples to drop.
+- ``ogg_opus``: RFC 7845 Ogg pages, one page per chunk; the first block carries the headers.
+- ``pcm_s16le`` / ``pcm_f32le``: raw little-endian mono samples.
+- ``wav``: s16le with a streaming header (0xFFFFFFFF sizes) first; ``final_header()`` gives
+  the header with real sizes for a consumer that can seek back and patch its file.
+- ``flac``: ``fLaC`` and a STREAMINFO with the length unknown first, then each FLAC frame as
+  soon as it is encoded (``audio/flac.py``).
+- ``mp3``: constant bit rate MPEG audio frames (``audio/mp3.py``); ``aac``: AAC-LC in ADTS
+  frames (``audio/aac.py``). Both, like flac, go through PyAV's FFmpeg and hold back at most one
+  codec frame.
+
+``output_rate`` resamples PCM-family and PyAV-encoded output (OpenAI's ``pcm`` is 24 kHz s16le)
+and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import Protocol
+
+import numpy as np
+
+from voxwire.audio.aac import AacStream
+from voxwire.audio.flac import FlacStream
+from voxwire.audio.mp3 import Mp3Stream
+from voxwire.audio.ogg import OggOpusMuxer
+from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
+from voxwire.audio.pcm import to_f32le, to_s16le, wav_header
+from voxwire.audio.resample import StreamResampler
+
+
+class AudioFormat(str, Enum):
+    OPUS = "opus"
+    OGG_OPUS = "ogg_opus"
+    PCM_S16LE = "pcm_s16le"
+    PCM_F32LE = "pcm_f32le"
+    WAV = "wav"
+    FLAC = "flac"
+    MP3 = "mp3"
+    AAC = "aac"
+
+
+OPENAI_RESPONSE_FORMATS: dict[str, tuple[AudioFormat, int | None]] = {
+    "opus": (AudioFormat.OGG_OPUS, None),
+    "wav": (AudioFormat.WAV, None),
+    "flac": (AudioFormat.FLAC, None),
+    "mp3": (AudioFormat.MP3, None),
+    "aac": (AudioFormat.AAC, None),
+    "pcm": (AudioFormat.PCM_S16LE, 24000),
+}
+"""OpenAI ``response_format`` -> (format, output rate); ``None`` keeps the model's rate."""
+
+
+class StreamEncoder(Protocol):
+    sample_rate: int
+    """Rate of the audio in the output (for Opus, the coding rate; decoders may output 48 kHz)."""
+    content_type: str
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]: ...
+
+    def finish(self) -> list[bytes]: ...
+
+
+class OpusPacketStream:
+    """Raw Opus packets, one per 20 ms frame; ``opus`` exposes pre-skip, rate and settings."""
+
+    content_type = "audio/opus"
+
+    def __init__(self, opus: OpusEncoder) -> None:
+        self.opus = opus
+        self.sample_rate = opus.sample_rate
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self.opus.encode(chunk)
+
+    def finish(self) -> list[bytes]:
+        return self.opus.finish()
+
+
+class OggOpusStream:
+    """Ogg Opus pages, one page per chunk, headers first, end-trimmed EOS page last."""
+
+    content_type = "audio/ogg; codecs=opus"
+
+    def __init__(self, opus: OpusEncoder, *, serial: int | None = None) -> None:
+        self.opus = opus
+        self.sample_rate = opus.sample_rate
+        self.muxer = OggOpusMuxer(pre_skip=opus.pre_skip, input_rate=opus.input_rate, serial=serial)
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self.muxer.pages(self.opus.encode(chunk))
+
+    def finish(self) -> list[bytes]:
+        return self.muxer.finish(self.opus.finish(), playable_samples_48k=self.opus.real_samples_48k)
+
+
+class PcmStream:
+    """Raw little-endian samples at ``output_rate``."""
+
+    def __init__(
+        self, input_rate: int, output_rate: int, convert: Callable[[np.ndarray], bytes], encoding: str
+    ) -> None:
+        self.sample_rate = output_rate
+        self.content_type = f"audio/pcm;rate={output_rate};encoding={encoding}"
+        self._resampler = StreamResampler(input_rate, output_rate)
+        self._convert = convert
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self._blocks(self._resampler.process(chunk))
+
+    def finish(self) -> list[bytes]:
+        return self._blocks(self._resampler.flush())
+
+    def _blocks(self, samples: np.ndarray) -> list[bytes]:
+        return [self._convert(samples)] if samples.size else []
+
+
+class WavStream:
+    """s16le WAV: a streaming header (unknown sizes), then the samples."""
+
+    content_type = "audio/wav"
+
+    def __init__(self, input_rate: int, output_rate: int) -> None:
+        self.sample_rate = output_rate
+        self._pcm = PcmStream(input_rate, output_rate, to_s16le, "s16le")
+        self._data_bytes = 0
+        self._header_sent = False
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self._with_header(self._pcm.encode(chunk))
+
+    def finish(self) -> list[bytes]:
+        return self._with_header(self._pcm.finish())
+
+    def final_header(self) -> bytes:
+        """The header with the real sizes, to overwrite the first 44 bytes of a seekable file."""
+        return wav_header(self.sample_rate, self._data_bytes // 2)
+
+    def _with_header(self, blocks: list[bytes]) -> list[bytes]:
+        self._data_bytes += sum(len(block) for block in blocks)
+        if self._header_sent:
+            return blocks
+        self._header_sent = True
+        return [wav_header(self.sample_rate), *blocks]
+
+
+def make_encoder(
+    fmt: AudioFormat | str,
+    input_rate: int,
+    *,
+    output_rate: int | None = None,
+    bitrate: int = DEFAULT_BITRATE,
+    complexity: int = DEFAULT_COMPLEXITY,
+    serial: int | None = None,
+) -> StreamEncoder:
+    """A fresh streaming encoder for one stream; ``bitrate``/``complexity`` only affect Opus, ``serial`` Ogg."""
+    fmt = AudioFormat(fmt)
+    if fmt in (AudioFormat.OPUS, AudioFormat.OGG_OPUS):
+        opus = OpusEncoder(input_rate, opus_rate=output_rate, bitrate=bitrate, complexity=complexity)
+        return OpusPacketStream(opus) if fmt is AudioFormat.OPUS else OggOpusStream(opus, serial=serial)
+    rate = input_rate if output_rate is None else output_rate
+    if fmt is AudioFormat.PCM_S16LE:
+        return PcmStream(input_rate, rate, to_s16le, "s16le")
+    if fmt is AudioFormat.PCM_F32LE:
+        return PcmStream(input_rate, rate, to_f32le, "f32le")
+    if fmt is AudioFormat.WAV:
+        return WavStream(input_rate, rate)
+    if fmt is AudioFormat.MP3:
+        return Mp3Stream(input_rate, rate)
+    if fmt is AudioFormat.AAC:
+        return AacStream(input_rate, rate)
+    return FlacStream(input_rate, rate)

@@ -1,0 +1,47 @@
+"""``Chunk``: one decode step's speech for one stream, the unit the one-utterance API yields, the engine emits
+and the serving layer encodes. A leaf module (numpy only, no torch, no engine), so any layer may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from voxwire.finish_reason import FinishReason
+
+Audio = npt.NDArray[np.float32]
+"""1-D float32 PCM at the model's sample rate: one patch of samples per decode step."""
+
+Patch = npt.NDArray[np.float32]
+"""(patch_size, feat_dim) float32 latent patch: what a chunk's audio was decoded from."""
+
+EMPTY_AUDIO: Audio = np.zeros(0, dtype=np.float32)
+EMPTY_AUDIO.flags.writeable = False
+
+
+# eq=False: the fields hold arrays, which have no single truth value to compare by. Not frozen: the engine
+# makes one per row per step on its thread's hot path, and a frozen init costs 3x; never mutate one.
+@dataclass(slots=True, eq=False)
+class Chunk:
+    """One stream's new audio and, on its last chunk, why the stream finished.
+
+    A stream's chunks end with exactly one that has ``finish_reason`` set. The engine's chunks of aborted or
+    failed requests carry empty audio.
+    """
+
+    request_id: str
+    """The engine request the chunk belongs to ("" from the one-utterance API, which runs one stream)."""
+    audio: Audio
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    """Set with ``FinishReason.ERROR``: what went wrong."""
+    patch: Patch | None = None
+    """The audio's latent patch, which a caller keeps to continue the voice in a later utterance (a
+    continuation prompt). Always set by the one-utterance API; by the engine when its runner reports patches
+    (see ``RunnerOutput.patches``)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

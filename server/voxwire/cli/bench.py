@@ -1,0 +1,157 @@
+"""``voxwire bench``: latency and load measurement of a voxwire server (closed or open loop), no torch needed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+_EPILOG = """examples:
+  voxwire bench --server ws://gpu-box:8000 --concurrency 1,4,16 --duration 30 --json bench.json --plot bench.png
+  voxwire bench --local --concurrency 1,4,16 --duration 20           # a local demo server in a subprocess
+  voxwire bench --server URL --rate 0.5,1,2 --duration 60            # open loop: Poisson arrivals per second
+  voxwire bench --server URL --find-max --slo-p99-ttfa-ms 500        # highest concurrency within the SLO
+  voxwire bench --server URL --words-per-second 8                    # text streamed like a language model
+
+metrics per utterance: TTFA (first text sent -> first audio frame), TTFD (-> first decodable frame),
+RTF = (wall - TTFA) / audio seconds (as Nano-vLLM), wall / audio, gaps between frames, and underruns of a
+player that starts after --player-buffer-ms of audio and plays in real time."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from voxwire.client.bench.measure import BENCH_FORMATS
+    from voxwire.client.connection import DEFAULT_SERVER, TOKEN_ENV
+    from voxwire.client.retry import RetryPolicy
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure latency and throughput of a voxwire server under load",
+        description="Drive concurrent WebSocket sessions against a voxwire server and report time to first "
+        "audio, real-time factor, chunk gaps and player underruns (p50/p90/p99) per load level.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--server", default=DEFAULT_SERVER, help=f"ws://host:port or endpoint URL ({DEFAULT_SERVER})")
+    target.add_argument("--local", action="store_true", help="start `voxwire serve` in a subprocess for the run")
+    parser.add_argument("--local-model", default="demo", help="--model of the --local server (default: demo)")
+    parser.add_argument("--local-args", default="", help="more `voxwire serve` flags for --local, one string")
+    parser.add_argument("--token", help=f"API key (default: ${TOKEN_ENV})")
+    parser.add_argument("--concurrency", type=_ints, default=(1,), help="closed-loop users per level, e.g. 1,4,16")
+    parser.add_argument("--rate", type=_floats, help="open loop instead: Poisson arrivals per second, e.g. 0.5,1,2")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds per level (default 30)")
+    parser.add_argument("--texts", type=Path, help="file with one text per line (default: built-in mixed set)")
+    parser.add_argument("--words-per-second", type=float, help="stream each text word by word at this pace")
+    parser.add_argument("--format", choices=BENCH_FORMATS, default="opus", help="audio format (default opus)")
+    parser.add_argument("--voice", help="voice id")
+    parser.add_argument(
+        "--persona",
+        action="append",
+        default=[],
+        help="LoRA persona loaded on the server (repeatable: users take them in turn, mixing personas in a batch)",
+    )
+    parser.add_argument("--seed", type=int, help="synthesis seed")
+    parser.add_argument(
+        "--ramp-up-s",
+        type=float,
+        help="closed loop: start the users evenly over this many seconds of each level (default 1, at most half "
+        "of --duration; 0: all at once, a cold burst)",
+    )
+    parser.add_argument("--player-buffer-ms", type=float, default=200.0, help="simulated player's lead (default 200)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before one utterance counts as failed")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=RetryPolicy().retries,
+        help="times a refused connection (HTTP 503, close 1013) is tried again, with backoff",
+    )
+    parser.add_argument("--find-max", action="store_true", help="search the highest concurrency meeting the SLO")
+    parser.add_argument("--slo-p99-ttfa-ms", type=float, help="SLO for --find-max (also marks levels in the report)")
+    parser.add_argument("--max-concurrency", type=int, default=256, help="upper bound for --find-max (default 256)")
+    parser.add_argument("--json", type=Path, help="write the full report (with every utterance) here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(int(part) for part in text.split(",") if part.strip())
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("a comma-separated list of integers >= 1")
+    return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    values = tuple(float(part) for part in text.split(",") if part.strip())
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError("a comma-separated list of numbers > 0")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from voxwire.client.bench.local import LocalServer
+    from voxwire.client.bench.plan import BenchPlan, run_plan
+    from voxwire.client.bench.report import plot, table, write_json
+    from voxwire.client.bench.runner import BenchConfig
+    from voxwire.client.bench.texts import load_texts
+    from voxwire.client.connection import token_from_env
+    from voxwire.client.errors import ClientError
+    from voxwire.client.retry import RetryPolicy
+    from voxwire.errors import InvalidInputError
+
+    if args.find_max and args.slo_p99_ttfa_ms is None:
+        raise InvalidInputError("--find-max needs --slo-p99-ttfa-ms")
+    texts = load_texts(args.texts)
+    try:
+        retry = RetryPolicy(retries=args.retries)
+    except ValueError as exc:
+        raise InvalidInputError(f"--retries: {exc}") from None
+    if args.ramp_up_s is not None and not 0 <= args.ramp_up_s < args.duration:
+        raise InvalidInputError(f"--ramp-up-s {args.ramp_up_s:g}: must be >= 0 and shorter than --duration")
+
+    async def bench() -> dict[str, Any]:
+        async def against(server: str) -> dict[str, Any]:
+            config = BenchConfig(
+                server=server,
+                texts=texts,
+                duration_s=args.duration,
+                token=token_from_env(args.token),
+                format=args.format,
+                voice=args.voice,
+                seed=args.seed,
+                personas=tuple(args.persona),
+                words_per_second=args.words_per_second,
+                player_buffer_ms=args.player_buffer_ms,
+                utterance_timeout_s=args.timeout,
+                progress=not args.quiet,
+                retry=retry,
+                ramp_up_s=args.ramp_up_s,
+            )
+            plan = BenchPlan(
+                config, args.concurrency, args.rate or (), args.find_max, args.slo_p99_ttfa_ms, args.max_concurrency
+            )
+            return await run_plan(plan)
+
+        if not args.local:
+            return await against(args.server)
+        async with LocalServer(args.local_model, tuple(shlex.split(args.local_args))) as url:
+            return await against(url)
+
+    try:
+        report = asyncio.run(bench())
+        report["command"] = shlex.join(["voxwire", *sys.argv[1:]])
+        print(table(report["levels"]))
+        if "find_max" in report:
+            found = report["find_max"]["max_concurrency"]
+            print(f"highest concurrency meeting p99 TTFA <= {args.slo_p99_ttfa_ms:g} ms with no underruns: {found}")
+        if args.json is not None:
+            write_json(args.json, report)
+        if args.plot is not None:
+            plot(args.plot, report["levels"], f"voxwire bench: {report['settings']['server']}")
+    except ClientError as exc:
+        print(f"voxwire bench: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,339 @@
+"""Load generators: closed loop (N users, each speaking its next text when the last is done) and open loop
+(Poisson arrivals, a new connection each), plus the search for the highest concurrency within an SLO.
+
+Each utterance is measured from its first ``text`` sent; with ``words_per_second`` its text is sent a word
+at a time, as a language model would write it. A failed utterance is recorded with its error code (the
+run goes on); only a refused API key or an unreachable server before the run stops it. A refused connection
+(HTTP 503 or close 1013: a busy, starting or draining server) is tried again with backoff and jitter before it
+counts as failed (``busy`` after the last retry); a connection lost mid-utterance (1001, 1006) fails that
+utterance (``going_away``, ``connection_lost``) and a closed-loop user goes on with its next text on a new
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from voxwire.client.aio import together
+from voxwire.client.bench.measure import AudioMeter, UtteranceRecord, percentiles
+from voxwire.client.bench.texts import words
+from voxwire.client.connection import Connection
+from voxwire.client.errors import ClientError, ServerBusyError, ServerError
+from voxwire.client.retry import RetryPolicy, open_with_retry
+from voxwire.serving.protocol import AudioFrame, Done, End, Error, Start, Text
+
+RECONNECT_PAUSE_S = 0.2
+"""After a failed connection, so a refusing server is not hammered in a tight loop."""
+DEFAULT_RAMP_UP_S = 1.0
+"""Closed loop: a level's users start evenly over its first second unless told otherwise (at most over half the
+level), as load tools ramp their users up: a service's users do not all arrive in the same instant. Starting
+all N at once (``ramp_up_s=0``) measures something else, how a cold burst is absorbed: the engine's first step
+starts with the first few arrivals and the rest wait for it to end."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    server: str
+    texts: tuple[str, ...]
+    duration_s: float
+    token: str | None = None
+    format: str = "opus"
+    voice: str | None = None
+    seed: int | None = None
+    personas: tuple[str, ...] = ()
+    """LoRA personas the users speak with, in turn (user or visitor k takes ``personas[k % n]``); empty: none."""
+    words_per_second: float | None = None
+    player_buffer_ms: float = 200.0
+    utterance_timeout_s: float = 120.0
+    progress: bool = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    ramp_up_s: float | None = None
+    """Closed loop: user k of N starts its first utterance ``k * ramp_up_s / N`` into the level (0: all N at the
+    same instant; None: ``DEFAULT_RAMP_UP_S``); its utterances count like any other."""
+
+    def __post_init__(self) -> None:
+        if self.ramp_up_s is not None and not (0 <= self.ramp_up_s < self.duration_s):
+            raise ValueError(
+                f"ramp_up_s={self.ramp_up_s!r} is invalid: must be >= 0 and shorter than a level ({self.duration_s} s)"
+            )
+
+    @property
+    def effective_ramp_up_s(self) -> float:
+        if self.ramp_up_s is None:
+            return min(DEFAULT_RAMP_UP_S, self.duration_s / 2)
+        return self.ramp_up_s
+
+    def start(self, user: int = 0) -> Start:
+        persona = self.personas[user % len(self.personas)] if self.personas else None
+        return Start(voice=self.voice, format=self.format, seed=self.seed, persona=persona)
+
+
+@dataclass
+class LevelResult:
+    """Every utterance of one concurrency level (closed loop) or arrival rate (open loop)."""
+
+    mode: str
+    level: float
+    wall_s: float = 0.0
+    peak_in_flight: int = 0
+    records: list[UtteranceRecord] = field(default_factory=list)
+
+
+async def check_server(config: BenchConfig) -> None:
+    """Connect once before the run, so a wrong address, key or setting fails fast with its typed error."""
+    async with await open_with_retry(config.server, config.token, config.retry) as connection:
+        for user in range(max(1, len(config.personas))):  # every persona: an unknown one fails here
+            await connection.configure(config.start(user))
+
+
+async def run_closed(config: BenchConfig, concurrency: int) -> LevelResult:
+    result = LevelResult("closed", concurrency)
+    with _Progress(config, f"{concurrency} users", result) as progress:
+        users = [
+            _user(config, index, index * config.effective_ramp_up_s / concurrency, result, progress)
+            for index in range(concurrency)
+        ]
+        await _run(result, users)
+    return result
+
+
+async def run_open(config: BenchConfig, rate: float, *, rng_seed: int = 0) -> LevelResult:
+    result = LevelResult("open", rate)
+    with _Progress(config, f"{rate:g}/s", result) as progress:
+        await _run(result, [_arrivals(config, rate, random.Random(rng_seed), result, progress)])
+    return result
+
+
+async def find_max(
+    run_level: Callable[[int], Awaitable[LevelResult]], slo_p99_ttfa_ms: float, max_concurrency: int
+) -> tuple[int, list[LevelResult]]:
+    """Highest concurrency meeting the SLO: doubling from 1 until it fails, then bisection. 0 if even 1 fails."""
+    tried: dict[int, LevelResult] = {}
+
+    async def meets(concurrency: int) -> bool:
+        tried[concurrency] = await run_level(concurrency)
+        return meets_slo(tried[concurrency], slo_p99_ttfa_ms)
+
+    good, bad = 0, None
+    concurrency = 1
+    while concurrency <= max_concurrency:
+        if not await meets(concurrency):
+            bad = concurrency
+            break
+        good, concurrency = concurrency, concurrency * 2
+    if bad is None and good < max_concurrency:
+        bad = max_concurrency + 1
+        if await meets(max_concurrency):
+            good = max_concurrency
+    while bad is not None and bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if await meets(middle) else (good, middle)
+    return good, [tried[level] for level in sorted(tried)]
+
+
+def meets_slo(result: LevelResult, slo_p99_ttfa_ms: float) -> bool:
+    """Every utterance succeeded, none underran, and the p99 time to first audio is within the target."""
+    records = result.records
+    if not records or any(record.error or record.underruns for record in records):
+        return False
+    p99 = percentiles([record.ttfa_ms for record in records if record.ttfa_ms is not None])["p99"]
+    return p99 is not None and p99 <= slo_p99_ttfa_ms
+
+
+# ---- load generators ---------------------------------------------------------------------------------------------
+
+
+async def _run(result: LevelResult, work: list[Awaitable[None]]) -> None:
+    started = time.perf_counter()
+    await asyncio.gather(*work)
+    result.wall_s = time.perf_counter() - started
+
+
+async def _user(config: BenchConfig, index: int, start_s: float, result: LevelResult, progress: _Progress) -> None:
+    """One closed-loop user: from ``start_s`` into the level, one connection, utterances back to back until the
+    duration is over."""
+    texts = list(config.texts)
+    random.Random(index).shuffle(texts)  # users do not all speak the same text at the same time
+    connection: Connection | None = None
+    await asyncio.sleep(max(0.0, start_s - progress.elapsed()))
+    try:
+        for number in itertools.count():
+            if progress.elapsed() >= config.duration_s:
+                break
+            text = texts[number % len(texts)]
+            record = UtteranceRecord(result.level, len(text), progress.elapsed(), user=index)
+            try:
+                if connection is None:
+                    connection = await _connect(config, record, index)
+                with progress.in_flight():
+                    await _measure(connection, text, config, record)
+            except (ClientError, asyncio.TimeoutError) as exc:
+                record.error = _error_code(exc)
+                if connection is None:
+                    await asyncio.sleep(RECONNECT_PAUSE_S)
+                else:
+                    await connection.close()
+                    connection = None
+            progress.add(record)
+    finally:
+        if connection is not None:
+            await connection.close()
+
+
+async def _arrivals(
+    config: BenchConfig, rate: float, rng: random.Random, result: LevelResult, progress: _Progress
+) -> None:
+    """Open loop: visitors arrive as a Poisson process at ``rate`` per second; each speaks one text."""
+    visitors: list[asyncio.Task[None]] = []
+    at = rng.expovariate(rate)
+    while at < config.duration_s:
+        await asyncio.sleep(max(0.0, at - progress.elapsed()))
+        text = config.texts[rng.randrange(len(config.texts))]
+        visitors.append(asyncio.ensure_future(_visitor(config, len(visitors), text, result, progress)))
+        at += rng.expovariate(rate)
+    await asyncio.gather(*visitors)
+
+
+async def _visitor(config: BenchConfig, index: int, text: str, result: LevelResult, progress: _Progress) -> None:
+    record = UtteranceRecord(result.level, len(text), progress.elapsed(), user=index)
+    with progress.in_flight():
+        try:
+            async with await _connect(config, record, index) as connection:
+                await _measure(connection, text, config, record)
+        except (ClientError, asyncio.TimeoutError) as exc:
+            record.error = _error_code(exc)
+    progress.add(record)
+
+
+async def _connect(config: BenchConfig, record: UtteranceRecord, user: int) -> Connection:
+    started = time.perf_counter()
+    connection = await open_with_retry(config.server, config.token, config.retry)
+    try:
+        await connection.configure(config.start(user))
+    except BaseException:
+        await connection.close()
+        raise
+    record.connect_ms = (time.perf_counter() - started) * 1000
+    return connection
+
+
+# ---- one utterance -----------------------------------------------------------------------------------------------
+
+
+async def _measure(connection: Connection, text: str, config: BenchConfig, record: UtteranceRecord) -> None:
+    """Speak ``text`` on ``connection`` and fill ``record``; raises ``ClientError`` or ``TimeoutError``."""
+    ready = connection.ready
+    meter = AudioMeter(ready.format, ready.sample_rate)
+    arrivals: list[tuple[float, float]] = []
+    decodable_at: float | None = None
+    started = time.perf_counter()
+
+    async def send() -> None:
+        pieces = words(text) if config.words_per_second else [text]
+        for number, piece in enumerate(pieces):
+            if number:
+                await asyncio.sleep(1 / config.words_per_second)  # type: ignore[operator]
+            await connection.send(Text(piece))
+        await connection.send(End())
+
+    async def receive() -> Done:
+        nonlocal decodable_at
+        while True:
+            message = await connection.receive()
+            if isinstance(message, AudioFrame):
+                now = time.perf_counter() - started
+                seconds, decodable = meter.feed(message)
+                arrivals.append((now, seconds))
+                if decodable and decodable_at is None:
+                    decodable_at = now
+            elif isinstance(message, Error):
+                if message.utterance is None:  # a refused message: no done will come for it
+                    raise ServerError(message.code, message.message)
+                record.error = message.code
+            elif isinstance(message, Done):
+                return message
+
+    _, done = await asyncio.wait_for(together(send(), receive()), config.utterance_timeout_s)
+    record.wall_s = time.perf_counter() - started
+    record.finish_reason = done.finish_reason
+    record.server_ttfa_ms = _ms(done.ttfa_s)
+    record.engine_ttfc_ms = _ms(done.engine_ttfc_s)
+    record.complete(arrivals, decodable_at, config.player_buffer_ms / 1000)
+    if not arrivals and record.error is None:
+        record.error = "no_audio"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, ServerBusyError):
+        return "busy"
+    if isinstance(exc, ServerError):
+        return exc.code
+    return "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+
+
+# ---- progress ----------------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """The level's clock, its in-flight count, and a tqdm bar on stderr (elapsed seconds, utterances, errors)."""
+
+    def __init__(self, config: BenchConfig, label: str, result: LevelResult) -> None:
+        from tqdm import tqdm
+
+        self.result = result
+        self.duration_s = config.duration_s
+        self.origin = time.perf_counter()
+        self.live = 0
+        self.bar = tqdm(
+            total=round(config.duration_s, 1),
+            desc=label,
+            unit="s",
+            file=sys.stderr,
+            leave=False,
+            disable=not config.progress,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}",
+        )
+        self._ticker: asyncio.Task[None] | None = None
+
+    def __enter__(self) -> _Progress:
+        self._ticker = asyncio.ensure_future(self._tick())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self.bar.close()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.origin
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        self.live += 1
+        self.result.peak_in_flight = max(self.result.peak_in_flight, self.live)
+        try:
+            yield
+        finally:
+            self.live -= 1
+
+    def add(self, record: UtteranceRecord) -> None:
+        self.result.records.append(record)
+
+    async def _tick(self) -> None:
+        while True:
+            records = self.result.records
+            errors = sum(1 for record in records if record.error)
+            self.bar.n = min(self.elapsed(), self.duration_s)
+            self.bar.set_postfix_str(f"{len(records)} utterances, {errors} failed, {self.live} live")
+            await asyncio.sleep(0.5)

@@ -1,0 +1,38 @@
+"""The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, and the threaded ``AsyncEngine``.
+
+Nothing in this package imports torch except the runner, which lives in its own module and is
+imported only by whoever builds an engine around a real model.
+"""
+
+from __future__ import annotations
+
+from voxwire.chunk import Chunk
+from voxwire.engine.async_engine import AsyncEngine, EngineStats
+from voxwire.engine.config import EngineConfig
+from voxwire.engine.engine import Engine
+from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
+from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
+from voxwire.engine.request import FinishReason, ParamLimits, Request, RequestStatus, SynthesisParams
+from voxwire.engine.slots import SlotMove
+
+__all__ = [
+    "AsyncEngine",
+    "Chunk",
+    "DuplicateRequestError",
+    "Engine",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStats",
+    "FinishReason",
+    "ParamLimits",
+    "PrefillItem",
+    "QueueFullError",
+    "Request",
+    "RequestStatus",
+    "Runner",
+    "RunnerOutput",
+    "SlotMove",
+    "StepPlan",
+    "SynthesisParams",
+]

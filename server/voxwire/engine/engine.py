@@ -1,0 +1,206 @@
+"""``Engine``: the synchronous, sans-I/O core of the streaming micro-batcher.
+
+One ``step(now)`` is schedule → execute → update: the scheduler plans the step, the runner runs it
+as one batched forward pass, and the engine turns the runner's raw output into one ``Chunk``
+per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
+drives this class from its own thread, and tests drive it with a fake runner. Time is an argument:
+``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from voxwire.chunk import EMPTY_AUDIO, Chunk
+from voxwire.engine.blocks import BlockAllocator
+from voxwire.engine.config import EngineConfig
+from voxwire.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan
+from voxwire.engine.policy import RealtimePolicy
+from voxwire.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
+from voxwire.engine.scheduler import Scheduler
+from voxwire.errors import InvalidInputError
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    """Serves many synthesis requests at once, one patch per running session per ``step()``.
+
+    Not thread-safe: exactly one thread may call its methods. A failure of the runner fails only
+    the sessions it concerns (see ``Runner``); an exception escaping ``step()`` is a bug here.
+    """
+
+    def __init__(self, runner: Runner, config: EngineConfig | None = None) -> None:
+        self.config = config if config is not None else EngineConfig()
+        if self.config.max_running > runner.num_slots:
+            raise ValueError(
+                f"EngineConfig.max_running={self.config.max_running} is invalid: "
+                f"the runner has only {runner.num_slots} slots"
+            )
+        self.runner = runner
+        blocks = BlockAllocator(runner.num_kv_blocks, runner.block_size)
+        self.scheduler = Scheduler(self.config, blocks, _realtime_policy(runner, self.config))
+        # Sessions whose first chunk the last step produced, until mark_sent stamps them.
+        self._unsent: list[Session] = []
+
+    def add(self, request: Request) -> None:
+        """Queue ``request``; its outputs appear in later ``step()`` results.
+
+        Raises:
+            ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
+            InvalidInputError: the request can reach more KV positions than the whole pool holds.
+            DuplicateRequestError: the id is in use by an unfinished request.
+            QueueFullError: the waiting queue is full.
+        """
+        self.config.limits.check(request.params)
+        positions = self.runner.kv_positions(request)
+        blocks = self.scheduler.blocks
+        if blocks.blocks_for(positions) > blocks.num_total:
+            raise InvalidInputError(
+                f"request {request.request_id!r} can reach {positions} KV positions but the whole KV pool holds "
+                f"{blocks.num_total * blocks.block_size}: lower max_len, shorten the text, or give the KV cache "
+                "more memory (--kv-cache-gb)"
+            )
+        self.scheduler.add(request, positions)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a waiting or running request; its final ``aborted`` output comes with the next step.
+
+        The slot is freed at once. Returns False (and does nothing) for an unknown or finished id.
+        """
+        return self.scheduler.abort(request_id)
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request; returns how many were aborted."""
+        return sum(self.scheduler.abort(rid) for rid in list(self.scheduler.sessions))
+
+    def has_unfinished(self) -> bool:
+        """Whether some request still owes its final output."""
+        return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Whether ``step()`` would do anything: unfinished requests or runner housekeeping."""
+        return self.scheduler.has_unfinished() or self.scheduler.has_housekeeping()
+
+    def next_step_at(self, now: float) -> float:
+        """When ``step`` would next do any work (``now`` if it would now; ``inf`` if only new requests
+        can give it some): under the real-time policy, sessions far enough ahead of their listeners
+        make a step idle, and the caller should sleep until then rather than spin."""
+        return self.scheduler.next_step_at(now)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.slots.num_used
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.scheduler.slots.num_free
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.scheduler.blocks.num_used
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.scheduler.blocks.num_total
+
+    def step(self, now: float | None = None) -> list[Chunk]:
+        """Run one batched step; return the outputs it produced, at most one per request.
+
+        ``now`` is when the step starts, on the caller's clock; the real-time policy requires it.
+        """
+        if self.scheduler.realtime is not None and now is None:
+            raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
+        self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
+        outputs = [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
+        plan = self.scheduler.schedule(now)
+        if plan.is_empty:
+            return outputs
+        rows = [self.scheduler.sessions[rid] for rid in plan.request_ids]
+        try:
+            result = self.runner.execute(plan)
+            _check_output(plan, result)
+        except Exception as exc:
+            # TGI's rule: after a failed forward pass no row's state can be trusted, including the
+            # rows that skipped this step.
+            holding = [self.scheduler.sessions[rid] for rid in self.scheduler.slots.owners]
+            logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
+            return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
+        return outputs + self._update(plan, rows, result)
+
+    def mark_sent(self, now: float) -> None:
+        """The outputs of the last ``step`` left at ``now``: first chunks start their listeners' clocks.
+
+        Call it after each step (the real-time policy treats a first chunk not yet marked as due now).
+        """
+        for session in self._unsent:
+            session.first_sent_at = now
+        self._unsent.clear()
+
+    def _fail(self, rows: list[Session], message: str) -> list[Chunk]:
+        self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
+        return [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ERROR, message) for s in rows]
+
+    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput) -> list[Chunk]:
+        for rid, cap in result.length_caps.items():
+            self.scheduler.sessions[rid].length_cap = cap
+        outputs: list[Chunk] = []
+        finished: list[tuple[Session, RequestStatus]] = []
+        patches = result.patches or (None,) * len(rows)
+        errors, running = result.errors, RequestStatus.RUNNING
+        # The per-row loop is the engine's host cost per step: kept to a few attribute reads per row.
+        for session, rid, audio, stop_flag, patch in zip(
+            rows, plan.request_ids, result.audio, result.stop_flags, patches, strict=True
+        ):
+            error = errors.get(rid) if errors else None
+            if error is not None:
+                finished.append((session, RequestStatus.FINISHED_ERROR))
+                outputs.append(Chunk(rid, EMPTY_AUDIO, FinishReason.ERROR, error))
+                continue
+            status = session.status_after(stop_flag)
+            if session.step_index == 0:
+                self._unsent.append(session)
+            session.step_index += 1
+            if status is running:
+                outputs.append(Chunk(rid, audio, None, None, patch))
+            else:
+                finished.append((session, status))
+                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch))
+        self.scheduler.finish(finished)
+        return outputs
+
+
+def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | None:
+    if not config.realtime:
+        return None
+    if not isinstance(runner, RealtimeRunner):
+        raise ValueError(
+            f"EngineConfig.realtime needs a runner that states its step cost (step_cost, chunk_seconds); "
+            f"{type(runner).__name__} does not"
+        )
+    return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s)
+
+
+def _check_output(plan: StepPlan, result: RunnerOutput) -> None:
+    """Raise if ``result`` breaks the ``RunnerOutput`` contract for ``plan`` (treated as a runner failure)."""
+    rows = len(plan.request_ids)
+    if len(result.audio) != rows or len(result.stop_flags) != rows or len(result.patches) not in (0, rows):
+        got = f"{len(result.audio)} and {len(result.stop_flags)}"
+        raise RuntimeError(f"expected {rows} audio arrays and stop flags (one per decode row), got {got}")
+    prefilled = {item.request_id for item in plan.prefills}
+    caps, errors = set(result.length_caps), set(result.errors)
+    unanswered = prefilled - caps - errors
+    if unanswered or not caps <= prefilled or not errors <= set(plan.request_ids):
+        got = f"length caps for {sorted(caps)} and errors for {sorted(errors)}"
+        raise RuntimeError(f"{got} do not match the prefills {sorted(prefilled)}")
+    if any(not isinstance(cap, int) or cap < 1 for cap in result.length_caps.values()):
+        raise RuntimeError(f"length caps must be ints >= 1, got {result.length_caps}")
+    for rid, audio in zip(plan.request_ids, result.audio, strict=True):
+        if rid not in result.errors and (audio.ndim != 1 or audio.dtype != np.float32):
+            raise RuntimeError(f"audio of {rid!r} must be 1-D float32, got shape {audio.shape} dtype {audio.dtype}")

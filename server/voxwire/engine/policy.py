@@ -1,0 +1,146 @@
+"""Who runs in a step: the engine's two scheduling policies, as pure functions of what they are given.
+
+Sans-I/O: no clock is read here. Time comes in as ``now``, on whatever clock the caller drives the
+engine with (``time.monotonic()`` in the server, a virtual clock in ``scripts/simulate_load.py``).
+
+**FIFO** (``admit_count``; the default, for runners that do not state a step cost). Every running
+session decodes every step. Admission walks the waiting queue in order while a slot is free and the
+prefill tokens stay within ``max_prefill_tokens_per_step``; the head is admitted whenever a slot is
+free, and nothing overtakes a request that does not fit.
+
+**Real-time** (``RealtimePolicy``; ``EngineConfig.realtime``). Audio has a deadline, so the rules are:
+
+1. *Playback deadline.* A session's listener starts playing at ``start`` = the time its first chunk
+   left plus its lead (the lead the client announced, else the server's default), or, for a sentence
+   continuing a stream that is already playing, the request's ``playback_due``. Chunk ``k`` is due at
+   ``start + k * chunk_s``. A session's *slack* is its next chunk's deadline minus ``now``: how much
+   audio its listener still has buffered. A first chunk produced but not yet marked sent has no start
+   yet and counts as due now (slack -inf).
+2. *Real-time budget.* A step should take at most one chunk duration ``chunk_s``, as estimated by the
+   runner's ``StepCost`` over its decode rows and prefill tokens.
+3. *Due rows always run.* A session with slack up to ``2 * chunk_s`` (skipped now, its next chance
+   ends one more step later, and it would run late) decodes this step whatever the budget: skipping
+   it would guarantee a late chunk, so overload shows as longer steps, not as starved streams.
+4. *Admission.* The waiting queue is FIFO: requests are admitted in order while a slot (and the
+   scheduler's KV blocks) is free and the step's estimated cost stays within the budget; nothing
+   overtakes one that does not fit, and the head is admitted whenever a slot is free (no
+   starvation). An admitted session decodes in the step that admits it, so its first chunk comes
+   with that step.
+5. *Rows ahead yield first.* The other running sessions join in order of slack, least first (FIFO by
+   arrival among equal slack), while the cost stays within the budget and their slack is at most
+   ``max_ahead_s``. The walk stops at the first that does not fit, so the decoded running sessions
+   are always a prefix of the slack order: a session further ahead never decodes while one that is
+   behind it skips. Rows more than ``max_ahead_s`` ahead skip anyway: steps stay short (a new
+   session's first chunk waits for less) and a barge-in discards less audio.
+6. *No starvation.* A skipped session's slack shrinks as time passes, so it reaches rule 3 within
+   ``max_ahead_s`` and then decodes every step until it is ahead again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from voxwire.engine.cost_model import StepCost
+
+DUE_NOW = -math.inf
+"""The deadline of a chunk whose listener is already waiting (first chunk not yet marked sent)."""
+
+
+def admit_count(prefill_tokens: Iterable[int], free_slots: int, token_budget: int) -> int:
+    """FIFO admission: how many requests at the head of the waiting queue join this step.
+
+    Admit a request while a slot is free and the prefill tokens admitted so far plus its own stay
+    within ``token_budget``. The first request is admitted whenever a slot is free, even if it alone
+    exceeds the budget, so a long prompt cannot starve. Stop at the first request that does not fit.
+
+    Args:
+        prefill_tokens: The ``prefill_tokens`` estimate of each waiting request, queue head first.
+        free_slots: Slots left under ``max_running`` after this step's releases.
+        token_budget: ``EngineConfig.max_prefill_tokens_per_step``.
+    """
+    count = used = 0
+    for tokens in prefill_tokens:
+        if count == free_slots or (count > 0 and used + tokens > token_budget):
+            break
+        count += 1
+        used += tokens
+    return count
+
+
+def playback_deadline(start: float | None, chunks_produced: int, chunk_s: float) -> float:
+    """When the next chunk must have left (rule 1); ``start`` is None until the first chunk is sent."""
+    return DUE_NOW if start is None else start + chunks_produced * chunk_s
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimeDecision:
+    """One step's choice: admit the first ``admit`` waiting requests and decode these running ones."""
+
+    admit: int
+    decode: tuple[int, ...]
+    """Indices into the ``deadlines`` given to ``RealtimePolicy.decide``, in ascending order."""
+
+
+@dataclass(frozen=True, slots=True)
+class RealtimePolicy:
+    """The real-time rules of this module's docstring, for one runner's cost and chunk duration."""
+
+    cost: StepCost
+    """The runner's estimate of a step's duration."""
+    chunk_s: float
+    """Seconds of audio per chunk: the real-time budget of one step."""
+    max_ahead_s: float
+    """Sessions with more slack than this skip the step even when the budget would fit them."""
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_s", "max_ahead_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"RealtimePolicy.{name}={value!r} is invalid: must be a finite number > 0")
+
+    @property
+    def due_within_s(self) -> float:
+        """Rule 3: slack up to this and a session decodes whatever the budget."""
+        return 2 * self.chunk_s
+
+    def runs_from(self, deadline: float) -> float:
+        """The earliest time a session with this deadline decodes in a step that has nothing else to do."""
+        if self.fits(1, 0):
+            return deadline - max(self.max_ahead_s, self.due_within_s)
+        return deadline - self.due_within_s  # one row alone is over budget: it runs only once due
+
+    def fits(self, rows: int, prefill_tokens: int) -> bool:
+        return self.cost.seconds(rows, prefill_tokens) <= self.chunk_s
+
+    def decide(
+        self, now: float, deadlines: Sequence[float], waiting_tokens: Iterable[int], free_slots: int
+    ) -> RealtimeDecision:
+        """Apply rules 3-5.
+
+        Args:
+            now: The current time, on the clock the deadlines are on.
+            deadlines: Per running session, its next chunk's deadline, in arrival (FIFO) order.
+            waiting_tokens: The ``prefill_tokens`` of each waiting request, queue head first.
+            free_slots: How many waiting requests, from the head, have a slot and KV blocks free.
+        """
+        # Stable sort: equal deadlines keep arrival order.
+        order = sorted(range(len(deadlines)), key=deadlines.__getitem__)
+        due = 0
+        # Written as "deadline - threshold <= now" everywhere, so that the time runs_from names is
+        # exactly the time the row runs, float rounding included.
+        while due < len(order) and deadlines[order[due]] - self.due_within_s <= now:
+            due += 1
+        rows, tokens, admit = due, 0, 0
+        for request_tokens in waiting_tokens:
+            if admit == free_slots or (admit > 0 and not self.fits(rows + 1, tokens + request_tokens)):
+                break
+            admit += 1
+            rows += 1
+            tokens += request_tokens
+        end = due
+        while end < len(order) and deadlines[order[end]] - self.max_ahead_s <= now and self.fits(rows + 1, tokens):
+            end += 1
+            rows += 1
+        return RealtimeDecision(admit, tuple(sorted(order[:end])))

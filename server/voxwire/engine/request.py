@@ -1,0 +1,155 @@
+"""What a synthesis request is, and the per-request state the engine keeps while serving it.
+
+``Request`` and ``SynthesisParams`` (defined in the leaf module ``voxwire.params``) are immutable
+values a caller builds and validates up front; ``Session`` is the engine's mutable record of one
+request (status, slot, step counter, KV blocks). The finish
+rule of a decode step lives here (``Session.status_after``) because it depends only on the request.
+This module does not tokenize (the runner reports each session's length cap) and does not schedule.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from voxwire.finish_reason import FinishReason
+from voxwire.params import SynthesisParams, is_int, require
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every status after ``RUNNING`` is final."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.RUNNING
+
+
+FINISH_REASONS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORTED,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamLimits:
+    """Server-configurable bounds on ``SynthesisParams`` (part of ``EngineConfig``)."""
+
+    min_cfg_value: float = 0.0
+    max_cfg_value: float = 10.0
+    max_inference_timesteps: int = 100
+    """Each timestep is a full diffusion pass per patch, so this bounds one request's step cost."""
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min_cfg_value, self.max_cfg_value
+        require(math.isfinite(lo), "min_cfg_value", lo, "must be finite")
+        require(math.isfinite(hi), "max_cfg_value", hi, "must be finite")
+        require(lo <= hi, "min_cfg_value", lo, f"must be <= max_cfg_value={hi}")
+        steps = self.max_inference_timesteps
+        require(is_int(steps) and steps >= 1, "max_inference_timesteps", steps, "must be an int >= 1")
+
+    def check(self, params: SynthesisParams) -> None:
+        """Raise ``ValueError`` naming the first field of ``params`` outside these limits."""
+        lo, hi = self.min_cfg_value, self.max_cfg_value
+        require(lo <= params.cfg_value <= hi, "cfg_value", params.cfg_value, f"must be in [{lo}, {hi}]")
+        steps = self.max_inference_timesteps
+        ok = params.inference_timesteps <= steps
+        require(ok, "inference_timesteps", params.inference_timesteps, f"must be <= {steps}")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One utterance to synthesize: the payload handed to the runner when the request is prefilled."""
+
+    request_id: str
+    """Unique among the engine's unfinished requests."""
+    text: str
+    prefill_tokens: int
+    """The caller's estimate of the prompt length in LM positions; only the admission budget reads it."""
+    params: SynthesisParams = field(default_factory=SynthesisParams)
+    prompt: Any = None
+    """Voice prompt (e.g. cached prompt latents); opaque to the engine, interpreted by the runner."""
+    playback_lead_s: float | None = None
+    """Audio the listener buffers before it plays (the client's announced lead); None: the engine's
+    ``EngineConfig.playback_lead_s``. Only the real-time policy reads it."""
+    playback_due: float | None = None
+    """For a sentence continuing a stream that is already playing: when its first chunk must have left
+    (the listener's buffer runs dry), on the clock ``Engine.step`` is given. None: a new stream, whose
+    listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
+    persona: str | None = None
+    """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
+
+    def __post_init__(self) -> None:
+        rid = self.request_id
+        require(isinstance(rid, str) and rid != "", "request_id", rid, "must be a non-empty str")
+        require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
+        tokens = self.prefill_tokens
+        require(is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
+        lead = self.playback_lead_s
+        lead_ok = lead is None or (_is_number(lead) and 0 <= lead < math.inf)
+        require(lead_ok, "playback_lead_s", lead, "must be None or a finite number >= 0")
+        due = self.playback_due
+        due_ok = due is None or (_is_number(due) and math.isfinite(due))
+        require(due_ok, "playback_due", due, "must be None or a finite number")
+        persona = self.persona
+        require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """The engine's mutable record of one request, from ``add`` to its final output."""
+
+    request: Request
+    status: RequestStatus = RequestStatus.WAITING
+    step_index: int = 0
+    """Index of the next patch to generate (the ``i`` of the finish rule)."""
+    length_cap: int | None = None
+    """Set by the runner at prefill: min(text-length bound, max_len)."""
+    kv_positions: int = 1
+    """KV positions the request can reach (prompt + length cap), as the runner reported on ``add``."""
+    blocks: tuple[int, ...] = ()
+    """The KV blocks it owns while running."""
+    serial: int = 0
+    """Arrival order among the engine's requests: FIFO among equals."""
+    first_sent_at: float | None = None
+    """When its first chunk left (``Engine.mark_sent``); the real-time policy's playback clock."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def playback_start(self, default_lead_s: float) -> float | None:
+        """When its listener starts playing chunk 0; None while the first chunk has not been sent."""
+        if self.request.playback_due is not None:
+            return self.request.playback_due
+        if self.first_sent_at is None:
+            return None
+        lead = self.request.playback_lead_s
+        return self.first_sent_at + (default_lead_s if lead is None else lead)
+
+    def status_after(self, stop_flag: bool) -> RequestStatus:
+        """Status after emitting the chunk of step ``step_index``, given the runner's raw stop flag.
+
+        The chunk is always emitted first; then the stop head counts only past ``min_len`` (as in
+        the reference generate loop), and the length cap ends the stream after ``length_cap`` patches.
+        """
+        assert self.length_cap is not None, "decoded before its prefill reported a length cap"
+        if stop_flag and self.step_index > self.request.params.min_len:
+            return RequestStatus.FINISHED_STOPPED
+        if self.step_index + 1 >= self.length_cap:
+            return RequestStatus.FINISHED_LENGTH
+        return RequestStatus.RUNNING

@@ -1,0 +1,588 @@
+"""``ModelRunner``: the engine's ``Runner`` over a loaded VoxCPM model; the only engine module that
+touches torch devices.
+
+State it owns, all preallocated on the model's device:
+
+* the KV block pool (``KVCache`` for the base LM and for the residual LM, one block id space), sized
+  by memory (``kv_cache_bytes``), not by sessions x max_length. Each block also holds one noise patch
+  per position (see below);
+* per slot (``num_slots`` rows plus one padding row): decode state, streaming-VAE state, block table,
+  guidance strength and CFM timestep count.
+
+A step decodes the plan's ``decode_slots``, any subset of occupied slots: their rows are gathered
+into a batch (padded to a bucket size with the padding row), the model runs on the batch, and the
+rows are scattered back. The KV is not gathered: attention reads each row's blocks in place, only
+up to the row's length (``model.paged_attention``).
+
+The seed contract without per-step generator calls: at prefill a request's whole noise stream (one
+patch per step it may take, ``NoiseStream.take``) is drawn once and stored in its KV blocks, at the
+position each step writes; the step gathers every row's noise by its position on the device.
+
+LoRA personas: each request's persona gets a slot of the model's ``PersonaBank`` at prefill (released
+with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
+persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``).
+
+CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
+of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
+
+Batch-invariant numerics (``batch_invariant=True``, off by default: it costs speed): every model call runs
+within ``kernels.batch_invariant``, whose GEMMs, convolutions and decode attention give each row the same bits
+in any batch, and prompts are prefilled one at a time, so a session's audio is bit for bit what it is alone.
+
+Per step the host uploads one small array (the batch's slot indices) and reads one array back (stop
+flags, audio and patches of every row together). On CUDA every (bucket, timesteps) step is captured
+as a CUDA graph at construction (``cuda_graphs.StepGraphs``), before the server reports ready; on
+CPU the same step runs eagerly and reads only the live blocks of the batch's longest row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxwire.chunk import EMPTY_AUDIO
+from voxwire.engine.blocks import blocks_for
+from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
+from voxwire.engine.cost_model import StepCost
+from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
+from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
+from voxwire.engine.request import Request, SynthesisParams
+from voxwire.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
+from voxwire.errors import InvalidInputError
+from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
+from voxwire.model.audio_vae import VAEStreamState
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import NULL_BLOCK, KVCache
+from voxwire.model.loaded import LoadedModel
+from voxwire.model.personas import PersonaBank, PersonaError
+from voxwire.model.voxcpm import DecodeState, PrefillBatch
+from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
+from voxwire.sampling import NoiseStream, random_seed
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class KVPoolSize:
+    """How a runner's block pool is sized: ``bytes`` of device memory in blocks of ``block_size``."""
+
+    bytes: int
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+
+class _Personas:
+    """The runner's side of LoRA personas: which bank slot each request holds, and the per-slot table of
+    bank slots the step gathers (0: no adapter; padding rows stay 0)."""
+
+    def __init__(self, tts: LoadedModel, rows: int) -> None:
+        self.tts = tts
+        self.table = torch.zeros(rows, dtype=torch.long, device=tts.device)
+        self.held: dict[str, str] = {}  # request id -> persona name
+        self.generation = tts.personas.generation if tts.personas is not None else 0
+
+    @property
+    def bank(self) -> PersonaBank | None:
+        """The model's bank, read each time: personas may be enabled after the runner was made."""
+        return self.tts.personas
+
+    @property
+    def active(self) -> bool:
+        """Adapted layers exist: every model call must say which adapter slot each row uses."""
+        bank = self.bank
+        return bank is not None and bool(bank.layers)
+
+    def acquire(self, request_id: str, persona: str | None) -> int:
+        """The bank slot of the request's persona (0 for none), held until ``release``."""
+        if persona is None:
+            return 0
+        bank = self.bank
+        if bank is None:
+            raise PersonaError(f"unknown persona {persona!r}: this model has no personas loaded")
+        slot = bank.acquire(persona)
+        self.held[request_id] = persona
+        return slot
+
+    def release(self, request_ids: tuple[str, ...]) -> None:
+        bank = self.bank
+        for request_id in request_ids:
+            persona = self.held.pop(request_id, None)
+            if persona is not None and bank is not None:
+                bank.release(persona)
+
+    def select(self, slots: torch.Tensor) -> None:
+        """Point the adapted layers at the bank slots of these rows (device-side, so graph-safe)."""
+        if self.active:
+            self.bank.rows.index = slots  # type: ignore[union-attr]
+
+    def layers_changed(self) -> bool:
+        """Layers were adapted since the last call (graphs captured before do not contain them)."""
+        bank = self.bank
+        generation = bank.generation if bank is not None else 0
+        changed, self.generation = generation != self.generation, generation
+        return changed
+
+
+class ModelRunner:
+    """Runs ``StepPlan``s on a model. Not thread-safe: the engine thread is its only caller."""
+
+    def __init__(
+        self,
+        tts: LoadedModel,
+        num_slots: int,
+        max_length: int | None = None,
+        *,
+        kv_cache_bytes: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        gpu_memory_utilization: float = 0.9,
+        cuda_graphs: bool | None = None,
+        max_timesteps: int = 100,
+        graph_timesteps: tuple[int, ...] = (10,),
+        voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
+        measure_cost: bool = False,
+        batch_invariant: bool = False,
+    ) -> None:
+        """
+        Args:
+            num_slots: most sessions decoded together (batch rows).
+            max_length: most LM positions one session may reach (prompt + patches); default the model's.
+            kv_cache_bytes: device memory of the KV block pool. Default: on CUDA, what is free after the
+                weights and a profiled step at the largest batch, times ``gpu_memory_utilization``; on
+                other devices, room for every slot at ``max_length`` (the dense equivalent).
+            block_size: positions per KV block.
+            cuda_graphs: replay decode steps as CUDA graphs (default: on CUDA devices).
+            max_timesteps: the most CFM timesteps a request may ask for.
+            graph_timesteps: timestep counts graphs are captured for besides ``max_timesteps``; a step
+                runs the smallest one that covers its rows.
+            voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
+            measure_cost: time steps after the warm-up and state the fitted ``step_cost`` (what the
+                real-time policy budgets with); off, the runner states none.
+            batch_invariant: compute every row independently of the rest of its batch, bit for bit (slower).
+        """
+        config = tts.config
+        if num_slots < 1:
+            raise ValueError(f"num_slots={num_slots} is invalid: must be >= 1")
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        self.tts = tts
+        self.block_size = block_size
+        self.batch_invariant = batch_invariant
+        self.max_length = min(max_length or config.max_length, config.max_length)
+        self.pad_slot = num_slots  # the extra row padding rows gather from and scatter to
+        device, dtype = tts.device, tts.dtype
+        rows = num_slots + 1
+        hidden = config.lm_config.hidden_size
+        self.state = DecodeState(
+            lm_hidden=torch.zeros(rows, hidden, device=device, dtype=dtype),
+            residual_hidden=torch.zeros(rows, hidden, device=device, dtype=dtype),
+            cond=torch.zeros(rows, config.patch_size, config.feat_dim, device=device, dtype=dtype),
+            positions=torch.zeros(rows, dtype=torch.long, device=device),
+        )
+        with torch.inference_mode():
+            self.vae_state = tts.vae_decoder.new_state(rows)
+        self.table_width = blocks_for(self.max_length, block_size)
+        self.block_tables = torch.zeros(rows, self.table_width, dtype=torch.int32, device=device)
+        self.cfg = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.timesteps = torch.ones(rows, dtype=torch.long, device=device)
+        self.personas = _Personas(tts, rows)
+        # Host mirrors of what the step's shape depends on: the next position and timesteps per slot.
+        self._positions = np.zeros(rows, dtype=np.int64)
+        self._timesteps = np.ones(rows, dtype=np.int64)
+        self.requests: set[str] = set()  # requests whose state this runner holds
+        self.voice_cache = VoiceCache(voice_cache_bytes)
+        self._build_schedule_tables(max_timesteps)
+        self.index = torch.full((num_slots,), self.pad_slot, dtype=torch.long, device=device)
+        self._index_host = torch.empty(num_slots, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.max_timesteps = max_timesteps
+        use_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.graphs = (
+            StepGraphs(self._graph_step, bucket_sizes(num_slots), sorted({*graph_timesteps, max_timesteps}))
+            if use_graphs
+            else None
+        )
+        if kv_cache_bytes is None:
+            kv_cache_bytes = self._default_kv_bytes(num_slots, gpu_memory_utilization)
+        self._allocate_pool(kv_cache_bytes)
+        if self.graphs is not None and device.type == "cuda":
+            self.capture_graphs()
+        self._step_cost = self.measure_step_cost() if measure_cost else None
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """Capture every step graph now (the constructor does on CUDA, so none is captured while serving)."""
+        assert self.graphs is not None, "this runner does not use CUDA graphs"
+        self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
+        self.graphs.capture_all()
+
+    # ---- step cost: what the real-time policy budgets with (``RealtimeRunner``) ----
+    @property
+    def step_cost(self) -> StepCost:
+        if self._step_cost is None:
+            # AttributeError: to ``isinstance(runner, RealtimeRunner)`` this runner then states no cost.
+            raise AttributeError("this ModelRunner was built without measure_cost=True: it states no step cost")
+        return self._step_cost
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.tts.samples_per_patch / self.tts.sample_rate
+
+    @torch.inference_mode()
+    def measure_step_cost(self, repeats: int = 3) -> StepCost:
+        """Time decode steps at a few batch sizes and admission steps (one prefill, then its row decoded,
+        as the engine runs them) at a few prompt lengths, all at the default timestep count, and fit a
+        ``StepCost`` (``engine.calibration``). Runs before any request: it borrows slot 0, the first KV
+        blocks and the padding row, and leaves them as a new request expects them."""
+        assert not self.requests, "measure the step cost before serving: it uses slot 0 and the first KV blocks"
+        timesteps = SynthesisParams().inference_timesteps
+        pad = self.pad_slot
+        self.timesteps[pad], self._timesteps[pad] = timesteps, timesteps
+        samples: list[CostSample] = []
+        sizes = spread(1, self.num_slots)
+        for rows in sizes if self.graphs is None else sorted({self.graphs.bucket(n) for n in sizes}):
+            slots = np.full(rows, pad, dtype=np.int64)
+            samples += [CostSample(rows, 0, s) for s in time_step(lambda slots=slots: self._run(slots), repeats)]
+        for item, tokens in self._calibration_prefills(timesteps):
+            samples += [CostSample(1, tokens, s) for s in time_step(lambda item=item: self._admit_one(item), repeats)]
+        self.requests.clear()
+        self.block_tables[0], self._positions[0] = NULL_BLOCK, 0
+        self.timesteps[pad], self._timesteps[pad], self._positions[pad] = 1, 1, 0
+        return fit_step_cost(samples)
+
+    def _calibration_prefills(self, timesteps: int) -> list[tuple[PrefillItem, int]]:
+        """Admissions of a few prompt lengths up to 256 positions (a long sentence with a voice prompt) that fit
+        slot 0 and the pool."""
+        params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
+
+        def admission(words: int) -> tuple[Request, int]:
+            made = Request("calibration", " ".join(["calibrate"] * words), 1, params)
+            return made, self._sequence(made)[0].length
+
+        try:
+            (_, short), (_, longer) = admission(8), admission(16)
+        except InvalidInputError:  # max_length too small for even a short prompt: decode samples only
+            return []
+        per_word = max((longer - short) / 8, 1e-9)
+        room = min(self.max_length, (self.num_kv_blocks - 1) * self.block_size) - 1
+        items = []
+        for target in spread(short, min(256, room)):
+            try:
+                made, length = admission(max(1, round(8 + (target - short) / per_word)))
+            except InvalidInputError:
+                continue
+            if length <= room:
+                blocks = tuple(range(1, 1 + blocks_for(length + 1, self.block_size)))
+                items.append((PrefillItem("calibration", 0, made, blocks), length))
+        return items
+
+    def _admit_one(self, item: PrefillItem) -> None:
+        self._prefill((item,))
+        self._run(np.zeros(1, dtype=np.int64))
+
+    # ---- sizes ----
+    @property
+    def num_slots(self) -> int:
+        return self.pad_slot
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.base.num_blocks
+
+    @property
+    def graph_captures(self) -> int:
+        return 0 if self.graphs is None else self.graphs.captures
+
+    @staticmethod
+    def bytes_per_position(tts: LoadedModel) -> int:
+        """Pool memory one position of one session takes: both LMs' keys and values, and a noise value."""
+        config, dtype = tts.config, tts.dtype
+        element = torch.empty((), dtype=dtype).element_size()
+        kv = sum(KVCache.bytes_per_position(lm, dtype) for lm in (config.lm_config, config.residual_lm))
+        return kv + config.feat_dim * config.patch_size * element
+
+    @staticmethod
+    def bytes_per_slot(tts: LoadedModel) -> int:
+        """Memory one batch row holds outside the block pool: decode state, VAE state, table and settings."""
+        config, dtype = tts.config, tts.dtype
+        element = torch.empty((), dtype=dtype).element_size()
+        state = (2 * config.lm_config.hidden_size + config.patch_size * config.feat_dim) * element + 8
+        with torch.inference_mode():
+            vae = tts.vae_decoder.new_state(1).nbytes_per_stream
+        return state + vae
+
+    def _default_kv_bytes(self, num_slots: int, utilization: float) -> int:
+        per_block = self.block_size * self.bytes_per_position(self.tts)
+        if self.tts.device.type != "cuda":
+            return per_block * (1 + num_slots * self.table_width)
+        # Profile the largest step on a minimal pool, so the pool is sized with the activations (and the
+        # graphs' shared memory pool, which the largest step bounds) already taken out of the free memory.
+        self._allocate_pool(2 * per_block)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.inference_mode():
+            self.index.fill_(self.pad_slot)
+            self._graph_step(num_slots, self.max_timesteps)
+        torch.cuda.synchronize()
+        activations = torch.cuda.max_memory_allocated() - before
+        del self.base, self.residual, self.noise
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        budget = int(free - (1 - utilization) * total) - 2 * activations
+        if budget < 2 * per_block:
+            raise ValueError(
+                f"no device memory left for the KV cache ({free} bytes free, {activations} needed for activations): "
+                "lower --max-sessions or raise --gpu-memory-utilization"
+            )
+        return budget
+
+    def _allocate_pool(self, kv_cache_bytes: int) -> None:
+        per_block = self.block_size * self.bytes_per_position(self.tts)
+        num_blocks = kv_cache_bytes // per_block
+        if num_blocks < 2:
+            raise ValueError(
+                f"a KV cache of {kv_cache_bytes} bytes holds no session: one block of {self.block_size} positions "
+                f"takes {per_block} bytes and one more is reserved (raise --kv-cache-gb)"
+            )
+        config, device, dtype = self.tts.config, self.tts.device, self.tts.dtype
+        self.base = KVCache(config.lm_config, num_blocks, self.block_size, device, dtype)
+        self.residual = KVCache(config.residual_lm, num_blocks, self.block_size, device, dtype)
+        self.noise = torch.zeros(
+            num_blocks * self.block_size, config.feat_dim, config.patch_size, device=device, dtype=dtype
+        )
+
+    def _build_schedule_tables(self, max_timesteps: int) -> None:
+        """Row k of each table is the CFM grid of a request with k timesteps (row 0 unused)."""
+        device, dtype = self.tts.device, self.tts.dtype
+        full = CfmSchedule.build(list(range(1, max_timesteps + 1)), dtype, device)
+        self.times_table = torch.cat([torch.zeros_like(full.times[:1]), full.times])
+        self.deltas_table = torch.cat([torch.zeros_like(full.deltas[:1]), full.deltas])
+        self.zero_init_table = torch.cat([torch.ones_like(full.zero_init[:1]), full.zero_init])
+
+    # ---- admission ----
+    def kv_positions(self, request: Request) -> int:
+        try:
+            sequence, cap = self._sequence(request)
+        except InvalidInputError:
+            return 1  # the prefill fails with the reason
+        return sequence.length + cap
+
+    def _sequence(self, request: Request) -> tuple[InputSequence, int]:
+        prompt = request.prompt
+        if prompt is not None and not isinstance(prompt, VoicePrompt):
+            raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
+        steps = request.params.inference_timesteps
+        if steps > self.max_timesteps:
+            # The CFM grid tables (and the graphs) stop there; the engine's limits should be no higher.
+            raise InvalidInputError(f"inference_timesteps={steps} is invalid: the runner holds <= {self.max_timesteps}")
+        sequence = build_sequence(self.tts.tokenizer, self.tts.config, request.text, prompt)
+        return sequence, sequence_length_cap(sequence, request.params.max_len, self.max_length)
+
+    # ---- plan phases ----
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> RunnerOutput:
+        bank = self.personas.bank
+        if bank is None:
+            return self._execute(plan)
+        with bank.lock:  # personas are added and removed from other threads between steps
+            if self.personas.layers_changed() and self.graphs is not None:
+                self.graphs.graphs.clear()  # captured without the new adapted layers
+                self.capture_graphs()
+            return self._execute(plan)
+
+    def _execute(self, plan: StepPlan) -> RunnerOutput:
+        self.requests.difference_update(plan.released)
+        self.personas.release(plan.released)
+        if plan.moves:
+            self._move([move.src for move in plan.moves], [move.dst for move in plan.moves])
+        length_caps, errors = self._prefill(plan.prefills)
+        if not plan.request_ids:
+            return RunnerOutput(length_caps=length_caps, errors=errors)
+        return self._decode(plan, length_caps, errors)
+
+    def _move(self, sources: list[int], targets: list[int]) -> None:
+        # In order: a later move may read a row an earlier one wrote.
+        for src, dst in zip(sources, targets, strict=True):
+            for buffer in (
+                *self.state.as_tuple(),
+                *self.vae_state.buffers,
+                self.block_tables,
+                self.cfg,
+                self.timesteps,
+                self.personas.table,
+            ):
+                buffer[dst] = buffer[src]
+            self._positions[dst], self._timesteps[dst] = self._positions[src], self._timesteps[src]
+
+    def _prefill(self, items: tuple[PrefillItem, ...]) -> tuple[dict[str, int], dict[str, str]]:
+        """Prefill every admitted request straight into its blocks, in one right-padded batch (one at a time with
+        batch-invariant numerics: the padded length would change every shape); a bad request fails alone (its
+        slot gets no blocks, so its decode row is skipped)."""
+        caps: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        ready: list[tuple[PrefillItem, InputSequence, int]] = []  # with each request's persona slot
+        for item in items:
+            try:
+                sequence, cap = self._sequence(item.request)
+                if sequence.length + cap > len(item.blocks) * self.block_size:
+                    raise InvalidInputError(f"request {item.request_id!r} was given too few KV blocks")
+                persona = self.personas.acquire(item.request_id, item.request.persona)  # last
+            except InvalidInputError as exc:  # PersonaError included
+                errors[item.request_id] = str(exc)
+                continue
+            caps[item.request_id] = cap
+            ready.append((item, sequence, persona))
+        if not ready:
+            return caps, errors
+        with invariant_numerics(self.batch_invariant):
+            for batch in [[row] for row in ready] if self.batch_invariant else [ready]:
+                self._prefill_batch(batch)
+            for item, sequence, _ in ready:
+                request, slot, cap = item.request, item.slot, caps[item.request_id]
+                self.tts.vae_decoder.warm(
+                    sequence.decode_context,
+                    self.tts.dtype,
+                    VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
+                )
+                self._store_noise(item, sequence.length, cap)
+                self.cfg[slot] = request.params.cfg_value
+                self.timesteps[slot] = request.params.inference_timesteps
+                self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
+                self.requests.add(item.request_id)
+        return caps, errors
+
+    def _prefill_batch(self, rows: list[tuple[PrefillItem, InputSequence, int]]) -> None:
+        """One right-padded prefill of these requests: their KV blocks, decode state and persona slots."""
+        device = self.tts.device
+        tables = torch.full((len(rows), self.table_width), NULL_BLOCK, dtype=torch.int32)
+        for row, (item, _, _) in enumerate(rows):
+            tables[row, : len(item.blocks)] = torch.tensor(item.blocks, dtype=torch.int32)
+        tables = tables.to(device)
+        slots = torch.tensor([item.slot for item, _, _ in rows], device=device)
+        sequences = [sequence for _, sequence, _ in rows]
+        encodings = self._voice_encodings([(item.request.prompt, sequence) for item, sequence, _ in rows])
+        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, encodings)
+        self.personas.table[slots] = torch.tensor([persona for _, _, persona in rows], device=device)
+        self.personas.select(self.personas.table[slots])
+        state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
+        for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
+            buffer[slots] = fresh_rows
+        self.block_tables[slots] = tables
+        self.vae_state.reset_rows(slots)
+
+    def _voice_encodings(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
+        """LocEnc's outputs for every audio position of the batch, row by row, from the voice cache or encoded
+        now (encoder space: the persona-dependent projection into the LM happens in the prefill). Each voice
+        is encoded by itself, so its encodings never depend on which other requests share the prefill, and a
+        cached copy equals what encoding it again would give, bit for bit."""
+        parts = []
+        for voice, sequence in rows:
+            if voice is None:
+                continue
+            embeds = self.voice_cache.get(voice.digest)
+            if embeds is None:
+                patches = sequence.feats[sequence.audio_mask.bool()].to(self.tts.device, self.tts.dtype)
+                embeds = self.tts.model.encode_patches(patches)
+                self.voice_cache.put(voice.digest, embeds)
+            parts.append(embeds)
+        return torch.cat(parts) if parts else None
+
+    def _store_noise(self, item: PrefillItem, length: int, cap: int) -> None:
+        """Draw the request's noise for every step it may take and store step i's at position length + i."""
+        config, seed = self.tts.config, item.request.params.seed
+        stream = NoiseStream(
+            random_seed() if seed is None else seed, config.feat_dim, config.patch_size, self.tts.dtype, self.tts.device
+        )
+        positions = np.arange(length, length + cap)
+        blocks = np.asarray(item.blocks, dtype=np.int64)[positions // self.block_size]
+        flat = torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.tts.device)
+        self.noise[flat] = stream.take(cap)
+
+    def _decode(self, plan: StepPlan, caps: dict[str, int], errors: dict[str, str]) -> RunnerOutput:
+        """One patch for every decode row whose prefill did not fail; failed rows get an empty chunk."""
+        if errors:
+            rows = [i for i, rid in enumerate(plan.request_ids) if rid not in errors]
+            slots = np.asarray(plan.decode_slots, dtype=np.int64)[rows]
+        else:
+            rows, slots = list(range(len(plan.request_ids))), np.asarray(plan.decode_slots, dtype=np.int64)
+        if not rows:
+            empty = len(plan.request_ids)
+            return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
+        stopped, audio, patch = self._run(slots)
+        patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
+        if len(rows) == len(plan.request_ids):
+            return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
+        chunks, stops = [EMPTY_AUDIO] * len(plan.request_ids), [False] * len(plan.request_ids)
+        patch_rows: list[np.ndarray] = [np.zeros_like(patches[0])] * len(plan.request_ids)
+        for out_row, row in enumerate(rows):
+            chunks[row], stops[row], patch_rows[row] = audio[out_row], bool(stopped[out_row]), patches[out_row]
+        return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patch_rows))
+
+    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Run the batch of ``slots``; returns its stop flags (n,) bool, audio (n, samples) and patches
+        (n, P*D), float32 arrays whose rows outlive the step."""
+        count = len(slots)
+        timesteps = int(self._timesteps[slots].max())
+        if self.graphs is None:
+            self.index[:count].copy_(torch.from_numpy(slots))
+            # Eager: read only the blocks the batch's longest row has reached.
+            width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
+            stopped, audio, patch = self._step(count, timesteps, width)
+            self._positions[slots] += 1
+            # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy.
+            return stopped.numpy(), audio.numpy(), patch.reshape(count, -1).float().numpy()
+        bucket = self.graphs.bucket(count)
+        self._index_host[:count] = torch.from_numpy(slots)
+        self._index_host[count:bucket] = self.pad_slot
+        self.index[:bucket].copy_(self._index_host[:bucket], non_blocking=True)  # the step's one upload
+        packed = self.graphs.run(bucket, self.graphs.timesteps_for(timesteps))[:count]
+        # The step's one read, into a fresh pinned buffer (the host allocator recycles it once the chunks,
+        # which are views of it, are gone): the graph's output is overwritten by the next replay.
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=packed.is_cuda)
+        host.copy_(packed, non_blocking=True)
+        if packed.is_cuda:
+            torch.cuda.current_stream().synchronize()
+        self._positions[slots] += 1
+        values = host.numpy()
+        audio_end = 1 + self.tts.config.samples_per_patch
+        return values[:, 0] != 0, values[:, 1:audio_end], values[:, audio_end:]
+
+    def _graph_step(self, bucket: int, timesteps: int) -> torch.Tensor:
+        """The step with its outputs packed into one (bucket, 1 + samples + P*D) float32 tensor."""
+        stopped, audio, patch = self._step(bucket, timesteps, self.table_width)
+        return torch.cat([stopped.float()[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
+
+    def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batched step on the slots in ``index[:bucket]``, gathered and scattered back in place.
+
+        Uses only device-side inputs (the index buffer and the per-slot tables), so a CUDA graph can
+        capture it. Returns each row's stop flag (bucket,) bool, audio (bucket, samples) float32 and
+        patch (bucket, P, D)."""
+        index = self.index[:bucket]
+        state = DecodeState(*(t.index_select(0, index) for t in self.state.as_tuple()))
+        tables = self.block_tables.index_select(0, index)[:, :width]
+        vae = VAEStreamState([b.index_select(0, index) for b in self.vae_state.buffers])
+        steps = self.timesteps.index_select(0, index)
+        schedule = CfmSchedule(
+            times=self.times_table[steps, :timesteps],
+            deltas=self.deltas_table[steps, :timesteps],
+            steps=steps,
+            zero_init=self.zero_init_table[steps],
+            max_steps=timesteps,
+            uniform_zero_init=1,  # every row skips at least its first step (CFG-Zero*)
+            ragged=True,
+        )
+        flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
+        noise = self.noise[flat + state.positions % self.block_size]
+        self.personas.select(self.personas.table.index_select(0, index))
+        cfg = self.cfg.index_select(0, index)
+        with invariant_numerics(self.batch_invariant):
+            patch, stop_logits = self.tts.model.decode_step(
+                state, self.base.view(tables), self.residual.view(tables), noise, cfg, schedule
+            )
+            audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
+        pools, batch = (*self.state.as_tuple(), *self.vae_state.buffers), (*state.as_tuple(), *vae.buffers)
+        for pool, rows in zip(pools, batch, strict=True):
+            pool.index_copy_(0, index, rows)
+            pool[self.pad_slot].zero_()  # padding rows start every step from zeros
+        return stop_logits.argmax(dim=-1) == 1, audio, patch

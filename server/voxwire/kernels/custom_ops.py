@@ -1,0 +1,120 @@
+"""The fused ops as torch custom ops (``torch.ops.voxwire.*``): a CUDA implementation that launches the
+Triton kernel, and a shape-only implementation for meta and fake tensors.
+
+Going through the dispatcher makes each fused op one node wherever torch looks (CUDA graphs, the
+meta-device step counter, ``torch.compile``), and keeps Triton out of the import path: ``fused`` is
+imported on the first CUDA call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _empty(x: Tensor, other: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=torch.promote_types(x.dtype, other.dtype), device=x.device)
+
+
+@torch.library.custom_op("voxwire::rms_norm", mutates_args=(), device_types="cuda")
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    from voxwire.kernels import fused
+
+    return fused.rms_norm(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return _empty(x, weight)
+
+
+@torch.library.custom_op("voxwire::add_rms_norm", mutates_args=(), device_types="cuda")
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.add_rms_norm(x, residual, weight, eps)
+
+
+@add_rms_norm.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return _empty(x, weight), _empty(x, residual)
+
+
+@torch.library.custom_op("voxwire::rope_qk", mutates_args=(), device_types="cuda")
+def rope_qk(q_and_k: Tensor, cos: Tensor, sin: Tensor, q_heads: int) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.rope_qk(q_and_k, cos, sin, q_heads)
+
+
+@rope_qk.register_fake
+def _(q_and_k: Tensor, cos: Tensor, sin: Tensor, q_heads: int) -> tuple[Tensor, Tensor]:
+    batch, heads, length, head_dim = q_and_k.shape
+    q = q_and_k.new_empty(batch, q_heads, length, head_dim)
+    return q, q_and_k.new_empty(batch, heads - q_heads, length, head_dim)
+
+
+@torch.library.custom_op("voxwire::silu_mul", mutates_args=(), device_types="cuda")
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    from voxwire.kernels import fused
+
+    return fused.silu_mul(gate, up)
+
+
+@silu_mul.register_fake
+def _(gate: Tensor, up: Tensor) -> Tensor:
+    return _empty(gate, up)
+
+
+@torch.library.custom_op("voxwire::snake", mutates_args=(), device_types="cuda")
+def snake(x: Tensor, alpha: Tensor) -> Tensor:
+    from voxwire.kernels import fused
+
+    return fused.snake(x, alpha)
+
+
+@snake.register_fake
+def _(x: Tensor, alpha: Tensor) -> Tensor:
+    return _empty(x, alpha)
+
+
+@torch.library.custom_op("voxwire::snake_with_past", mutates_args=(), device_types="cuda")
+def snake_with_past(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    from voxwire.kernels import fused
+
+    return fused.snake_with_past(x, alpha, past)
+
+
+def _extended(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    batch, channels, length = x.shape
+    return x.new_empty(batch, channels, past.size(-1) + length, dtype=torch.promote_types(x.dtype, alpha.dtype))
+
+
+@snake_with_past.register_fake
+def _(x: Tensor, alpha: Tensor, past: Tensor) -> Tensor:
+    return _extended(x, alpha, past)
+
+
+@torch.library.custom_op("voxwire::add_snake_with_past", mutates_args=(), device_types="cuda")
+def add_snake_with_past(x: Tensor, residual: Tensor, alpha: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.add_snake_with_past(x, residual, alpha, past)
+
+
+@add_snake_with_past.register_fake
+def _(x: Tensor, residual: Tensor, alpha: Tensor, past: Tensor) -> tuple[Tensor, Tensor]:
+    return _extended(x, alpha, past), _empty(x, residual)
+
+
+@torch.library.custom_op("voxwire::conv_transpose_out", mutates_args=(), device_types="cuda")
+def conv_transpose_out(blocks: Tensor, bias: Tensor) -> Tensor:
+    from voxwire.kernels import fused
+
+    return fused.conv_transpose_out(blocks, bias)
+
+
+@conv_transpose_out.register_fake
+def _(blocks: Tensor, bias: Tensor) -> Tensor:
+    batch, length, channels, stride = blocks.shape
+    return blocks.new_empty(batch, channels, length * stride, dtype=torch.promote_types(blocks.dtype, bias.dtype))

@@ -1,0 +1,340 @@
+"""Fused elementwise and normalisation kernels in Triton: RMSNorm (with an optional residual add), SiLU*mul
+and Snake. Each replaces a chain of eager kernels with one launch that reads its inputs once and writes
+its outputs once; the math is that of ``voxwire.kernels.reference`` computed in fp32, with the same
+intermediate roundings to the activation dtype.
+
+Import only where Triton is meant to run (CUDA, or the interpreter tests): ``triton.jit`` decides
+between compiled and interpreted execution at import.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from voxwire.kernels.reference import SNAKE_EPS
+
+_ELEMENTWISE_BLOCK = 1024
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    hidden_ptr,
+    n_cols,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_h,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (residual.to(tl.float32) + x.to(tl.float32)).to(hidden_ptr.dtype.element_ty)
+        tl.store(hidden_ptr + row * stride_h + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    variance = tl.sum(x32 * x32, 0) / n_cols
+    normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, length, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of length ``length``
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < length
+    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
+    x = tl.load(x_ptr + row * length + cols, mask=mask, other=0.0).to(tl.float32)
+    wave = tl.sin(alpha * x)
+    out = x + (1.0 / (alpha + eps)) * (wave * wave)
+    tl.store(out_ptr + row * length + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _snake_with_past_kernel(
+    x_ptr,
+    residual_ptr,
+    alpha_ptr,
+    past_ptr,
+    out_ptr,
+    sum_ptr,
+    channels,
+    length,
+    past_length,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row: past_length past frames, then length new
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    total = past_length + length
+    in_past = cols < past_length
+    is_new = (cols >= past_length) & (cols < total)
+    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
+    past = tl.load(past_ptr + row * past_length + cols, mask=in_past, other=0.0).to(tl.float32)
+    new = row * length + (cols - past_length)
+    x = tl.load(x_ptr + new, mask=is_new, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + new, mask=is_new, other=0.0)
+        x = (residual.to(tl.float32) + x.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # one rounded add
+        tl.store(sum_ptr + new, x, mask=is_new)
+    x = x.to(tl.float32)
+    wave = tl.sin(alpha * x)
+    out = tl.where(in_past, past, x + (1.0 / (alpha + eps)) * (wave * wave))
+    tl.store(out_ptr + row * total + cols, out.to(out_ptr.dtype.element_ty), mask=cols < total)
+
+
+@triton.jit
+def _conv_transpose_out_kernel(blocks_ptr, bias_ptr, out_ptr, channels, length, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of the output, length·stride samples
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < length * stride
+    batch, channel = row // channels, row % channels
+    frame, phase = cols // stride, cols % stride
+    source = ((batch * length + frame) * channels + channel) * stride + phase
+    value = tl.load(blocks_ptr + source, mask=mask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + channel).to(tl.float32)
+    tl.store(out_ptr + row * length * stride + cols, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    heads,
+    q_heads,
+    length,
+    stride_xb,
+    stride_xh,
+    stride_xt,
+    stride_cb,
+    stride_ct,
+    stride_sb,
+    stride_st,
+    HALF: tl.constexpr,
+):
+    row_head = tl.program_id(0)  # (batch row, head) pairs, heads fastest
+    t = tl.program_id(1).to(tl.int64)
+    b = (row_head // heads).to(tl.int64)
+    h = row_head % heads
+    d = tl.arange(0, HALF)
+    x_base = x_ptr + b * stride_xb + h * stride_xh + t * stride_xt
+    x1 = tl.load(x_base + d).to(tl.float32)
+    x2 = tl.load(x_base + HALF + d).to(tl.float32)
+    c_base = cos_ptr + b * stride_cb + t * stride_ct
+    s_base = sin_ptr + b * stride_sb + t * stride_st
+    c1 = tl.load(c_base + d).to(tl.float32)
+    c2 = tl.load(c_base + HALF + d).to(tl.float32)
+    s1 = tl.load(s_base + d).to(tl.float32)
+    s2 = tl.load(s_base + HALF + d).to(tl.float32)
+    # x·cos + rotate_half(x)·sin with rotate_half(x) = (-x2, x1), in the reference's order of operations.
+    out1 = x1 * c1 + (-x2) * s1
+    out2 = x2 * c2 + x1 * s2
+    if h < q_heads:
+        base = q_ptr + ((b * q_heads + h) * length + t) * (2 * HALF)
+    else:
+        base = k_ptr + ((b * (heads - q_heads) + h - q_heads) * length + t) * (2 * HALF)
+    tl.store(base + d, out1.to(q_ptr.dtype.element_ty))
+    tl.store(base + HALF + d, out2.to(q_ptr.dtype.element_ty))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., N) as a (rows, N) view with a unit stride along N (a copy only if no such view exists)."""
+    flat = x.reshape(-1, x.size(-1))
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _launch_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n_cols = x.size(-1)
+    if weight.shape != (n_cols,):
+        raise ValueError(f"weight {tuple(weight.shape)} does not match the last dim {n_cols}")
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    residual2 = _rows(residual) if residual is not None else x2
+    hidden = (
+        torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
+        if (residual is not None)
+        else out
+    )
+    _rms_norm_kernel[(x2.size(0),)](
+        x2,
+        residual2,
+        weight,
+        out,
+        hidden,
+        n_cols,
+        eps,
+        x2.stride(0),
+        residual2.stride(0),
+        out.stride(0),
+        hidden.stride(0),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=triton.next_power_of_2(n_cols),
+    )
+    return out.view(x.shape), hidden.view(x.shape) if residual is not None else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``reference.rms_norm`` in one launch (one program per row)."""
+    out, _ = _launch_rms_norm(x, None, weight, eps)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.add_rms_norm`` in one launch: (normed, residual + x)."""
+    if residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ")
+    out, hidden = _launch_rms_norm(x, residual, weight, eps)
+    assert hidden is not None
+    return out, hidden
+
+
+def rope_qk(
+    q_and_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rope_qk`` in one launch: q_and_k (B, Hq + Hkv, T, hd) with any strides (unit stride along
+    hd), cos/sin (B, 1, T, hd) (broadcast strides allowed) -> contiguous q (B, Hq, T, hd), k (B, Hkv, T, hd)."""
+    batch, heads, length, head_dim = q_and_k.shape
+    if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
+        raise ValueError(f"head_dim must be twice a power of two, got {head_dim}")
+    if cos.shape != (batch, 1, length, head_dim) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be {(batch, 1, length, head_dim)}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if q_and_k.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("q_and_k, cos and sin must have a unit stride along head_dim")
+    q = q_and_k.new_empty(batch, q_heads, length, head_dim)
+    k = q_and_k.new_empty(batch, heads - q_heads, length, head_dim)
+    _rope_kernel[(batch * heads, length)](
+        q_and_k,
+        cos,
+        sin,
+        q,
+        k,
+        heads,
+        q_heads,
+        length,
+        q_and_k.stride(0),
+        q_and_k.stride(1),
+        q_and_k.stride(2),
+        cos.stride(0),
+        cos.stride(2),
+        sin.stride(0),
+        sin.stride(2),
+        HALF=head_dim // 2,
+    )
+    return q, k
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``reference.silu_mul`` in one launch; gate and up may be the two halves of one GEMM's output."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    gate2, up2 = _rows(gate), _rows(up)
+    out = torch.empty(gate2.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
+    n_cols = gate2.size(1)
+    grid = (gate2.size(0), triton.cdiv(n_cols, _ELEMENTWISE_BLOCK))
+    _silu_mul_kernel[grid](
+        gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=_ELEMENTWISE_BLOCK
+    )
+    return out.view(gate.shape)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """``reference.snake`` in one launch: x (B, C, L), alpha (1, C, 1)."""
+    if x.ndim != 3 or alpha.shape != (1, x.size(1), 1):
+        raise ValueError(f"snake expects x (B, C, L) and alpha (1, C, 1), got {tuple(x.shape)}, {tuple(alpha.shape)}")
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
+    batch, channels, length = x.shape
+    grid = (batch * channels, triton.cdiv(length, _ELEMENTWISE_BLOCK))
+    _snake_kernel[grid](x, alpha.reshape(-1), out, channels, length, SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK)
+    return out
+
+
+def _launch_snake_with_past(
+    x: torch.Tensor, residual: torch.Tensor | None, alpha: torch.Tensor, past: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if x.ndim != 3 or alpha.shape != (1, x.size(1), 1):
+        raise ValueError(f"snake expects x (B, C, L) and alpha (1, C, 1), got {tuple(x.shape)}, {tuple(alpha.shape)}")
+    if past.ndim != 3 or past.shape[:2] != x.shape[:2]:
+        raise ValueError(f"past {tuple(past.shape)} does not match x {tuple(x.shape)} in batch and channels")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ")
+    x, past = x.contiguous(), past.contiguous()
+    residual = residual.contiguous() if residual is not None else None
+    batch, channels, length = x.shape
+    total = past.size(-1) + length
+    out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
+    summed = torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype)) if residual is not None else None
+    grid = (batch * channels, triton.cdiv(total, _ELEMENTWISE_BLOCK))
+    _snake_with_past_kernel[grid](
+        x,
+        residual if residual is not None else x,
+        alpha.reshape(-1),
+        past,
+        out,
+        summed if summed is not None else x,
+        channels,
+        length,
+        past.size(-1),
+        SNAKE_EPS,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=_ELEMENTWISE_BLOCK,
+    )
+    return out, summed
+
+
+def snake_with_past(x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """``reference.snake_with_past`` in one launch: x (B, C, L), alpha (1, C, 1), past (B, C, P)."""
+    out, _ = _launch_snake_with_past(x, None, alpha, past)
+    return out
+
+
+def add_snake_with_past(
+    x: torch.Tensor, residual: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.add_snake_with_past`` in one launch: (cat([past, snake(residual + x)]), residual + x)."""
+    out, summed = _launch_snake_with_past(x, residual, alpha, past)
+    assert summed is not None
+    return out, summed
+
+
+def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``reference.conv_transpose_out`` in one launch: blocks (B, L, C, s), bias (C,) -> (B, C, L·s)."""
+    if blocks.ndim != 4 or bias.shape != (blocks.size(2),):
+        raise ValueError(f"expected blocks (B, L, C, s) and bias (C,), got {tuple(blocks.shape)}, {tuple(bias.shape)}")
+    blocks = blocks.contiguous()
+    batch, length, channels, stride = blocks.shape
+    dtype = torch.promote_types(blocks.dtype, bias.dtype)
+    out = torch.empty(batch, channels, length * stride, dtype=dtype, device=blocks.device)
+    grid = (batch * channels, triton.cdiv(length * stride, _ELEMENTWISE_BLOCK))
+    _conv_transpose_out_kernel[grid](blocks, bias, out, channels, length, stride, BLOCK=_ELEMENTWISE_BLOCK)
+    return out

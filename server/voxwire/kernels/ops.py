@@ -1,0 +1,96 @@
+"""The fused ops the model calls: Triton kernels (as ``torch.ops.voxwire`` custom ops) on CUDA, the plain
+torch definitions of ``reference`` everywhere else, so the CPU path is plain torch and bit-for-bit what
+it was before fusion.
+
+``fused_on_meta`` routes meta tensors to the custom ops too, so a meta-device count of the step sees
+the CUDA path (one launch per fused op) rather than the reference's chain of ops.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from voxwire.kernels import reference
+
+_fused_meta = False
+# CUDA builds of torch ship Triton; without it (an unusual install) CUDA runs the plain-torch definitions.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@contextmanager
+def fused_on_meta(enabled: bool = True) -> Iterator[None]:
+    """Within the block, meta tensors take the fused (CUDA) path when ``enabled``."""
+    global _fused_meta
+    previous, _fused_meta = _fused_meta, enabled
+    try:
+        yield
+    finally:
+        _fused_meta = previous
+
+
+def _fused(x: torch.Tensor) -> bool:
+    if (x.is_cuda and _HAS_TRITON) or (_fused_meta and x.is_meta):
+        import voxwire.kernels.custom_ops  # noqa: F401  (registers torch.ops.voxwire)
+
+        return True
+    return False
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of x over its last dim; with ``residual``, of ``residual + x``, returned with that sum:
+    ``(normed, residual + x)``."""
+    if residual is None:
+        return torch.ops.voxwire.rms_norm(x, weight, eps) if _fused(x) else reference.rms_norm(x, weight, eps)
+    if _fused(x):
+        return torch.ops.voxwire.add_rms_norm(x, residual, weight, eps)
+    return reference.add_rms_norm(x, residual, weight, eps)
+
+
+def rope_qk(
+    q_and_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q and k stacked along heads: q_and_k (B, Hq + Hkv, T, hd) -> contiguous q, k; cos/sin
+    broadcast to (B, 1, T, hd) (a (T, hd) table, or (B, 1, 1, hd) per-row positions)."""
+    if _fused(q_and_k):
+        batch, _, length, head_dim = q_and_k.shape
+        table = (batch, 1, length, head_dim)
+        return torch.ops.voxwire.rope_qk(q_and_k, cos.expand(table), sin.expand(table), q_heads)
+    return reference.rope_qk(q_and_k, cos, sin, q_heads)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``."""
+    return torch.ops.voxwire.silu_mul(gate, up) if _fused(gate) else reference.silu_mul(gate, up)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The VAE's Snake activation, x (B, C, L), alpha (1, C, 1)."""
+    return torch.ops.voxwire.snake(x, alpha) if _fused(x) else reference.snake(x, alpha)
+
+
+def snake_with_past(
+    x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``cat([past, snake(x)], dim=-1)``, x (B, C, L), alpha (1, C, 1), past (B, C, P): the Snake written
+    straight into a streaming conv's input, without materialising it on its own first. With ``residual``,
+    of ``residual + x``, returned with that sum: ``(extended, residual + x)``."""
+    if residual is None:
+        if _fused(x):
+            return torch.ops.voxwire.snake_with_past(x, alpha, past)
+        return reference.snake_with_past(x, alpha, past)
+    if _fused(x):
+        return torch.ops.voxwire.add_snake_with_past(x, residual, alpha, past)
+    return reference.add_snake_with_past(x, residual, alpha, past)
+
+
+def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """blocks (B, L, C, s) -> (B, C, L·s) + bias (C,): the layout change and the bias add in one pass."""
+    if _fused(blocks):
+        return torch.ops.voxwire.conv_transpose_out(blocks, bias)
+    return reference.conv_transpose_out(blocks, bias)

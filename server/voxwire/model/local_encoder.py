@@ -1,0 +1,26 @@
+"""LocEnc: turns each latent patch into one embedding (the CLS output of a small non-causal MiniCPM)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from voxwire.config import MiniCPM4Config
+from voxwire.model.minicpm import MiniCPMModel
+
+
+class VoxCPMLocEnc(nn.Module):
+    def __init__(self, config: MiniCPM4Config, input_dim: int, patch_size: int) -> None:
+        super().__init__()
+        self.special_token = nn.Parameter(torch.zeros(1, 1, 1, config.hidden_size))
+        self.in_proj = nn.Linear(input_dim, config.hidden_size, bias=True)
+        self.encoder = MiniCPMModel(config, rope_positions=patch_size + 1)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches (B, T, P, D) -> embeddings (B, T, He)."""
+        batch, length, patch, _ = patches.shape
+        tokens = self.in_proj(patches)
+        cls = self.special_token.expand(batch, length, 1, -1)
+        tokens = torch.cat([cls, tokens], dim=2).reshape(batch * length, patch + 1, -1)
+        hidden, _ = self.encoder(tokens, is_causal=False)
+        return hidden[:, 0].reshape(batch, length, -1)

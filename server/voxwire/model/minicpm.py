@@ -1,0 +1,316 @@
+"""MiniCPM4 transformer stack: the base LM, the residual LM, and the body of LocEnc and LocDiT.
+
+Attribute names equal the checkpoint keys (``layers.{i}.self_attn.q_proj.weight``, ``norm.weight``,
+``embed_tokens.weight``). Two entry points:
+
+* ``forward`` runs a whole sequence (prefill, or a LocEnc/LocDiT call) and returns every layer's
+  post-RoPE keys and values so the caller can fill a KV cache;
+* ``forward_step`` runs one new token per batch row against a paged KV cache, at a per-row position.
+
+Numerics follow the reference exactly (see the spec, section 11): RMSNorm in fp32 cast back before
+the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxwire.config import MiniCPM4Config
+from voxwire.kernels import ops
+from voxwire.kernels.reference import apply_rope
+from voxwire.model.kv_cache import PagedKV
+from voxwire.model.paged_attention import decode_attention
+
+
+class MiniCPMRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normalise ``hidden``; with ``residual``, normalise ``residual + hidden`` and return it too
+        (one fused kernel on CUDA; see ``voxwire.kernels.reference.rms_norm`` for the exact math)."""
+        return ops.rms_norm(hidden, self.weight, self.eps, residual)
+
+
+class MiniCPMLongRoPE(nn.Module):
+    """LongRoPE tables. ``cos_cached``/``sin_cached`` are non-persistent buffers, so casting the module to
+    bf16 rounds them exactly as the reference's ``.to(bf16)`` does.
+
+    Only ``num_positions`` rows are built (the reference builds ``max_position_embeddings`` rows); every
+    row's value is independent of the table length, so a shorter table is exact and saves memory.
+    """
+
+    def __init__(self, config: MiniCPM4Config, num_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.num_positions = num_positions
+        cos, sin = self._tables(None)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    def _tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (num_positions, head_dim) cos and sin tables."""
+        config, rope = self.config, self.config.rope_scaling
+        dim = config.head_dim
+        scale = config.max_position_embeddings / rope.original_max_position_embeddings
+        scaling = math.sqrt(1 + math.log(scale) / math.log(rope.original_max_position_embeddings))
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim))
+        use_long = config.max_position_embeddings > rope.original_max_position_embeddings
+        factors = torch.tensor(rope.long_factor if use_long else rope.short_factor, dtype=torch.float32, device=device)
+        positions = torch.arange(self.num_positions, dtype=torch.float32, device=device)
+        freqs = torch.mul(torch.outer(positions, 1.0 / factors), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * scaling, emb.sin() * scaling
+
+    def init_nonpersistent_buffers(self) -> None:
+        """Recompute the tables in place (after ``to_empty``), rounded to the buffers' current dtype."""
+        cos, sin = self._tables(self.cos_cached.device)
+        self.cos_cached.copy_(cos)
+        self.sin_cached.copy_(sin)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """position_ids (...,) -> cos, sin (..., head_dim)."""
+        return self.cos_cached[position_ids], self.sin_cached[position_ids]
+
+    def prefix(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (length, head_dim) of positions 0..length-1: views of the precomputed tables, so a
+        whole-sequence call (every LocEnc/LocDiT call) launches nothing to get them."""
+        if length > self.num_positions:
+            raise ValueError(f"{length} positions requested but the RoPE tables hold {self.num_positions}")
+        return self.cos_cached[:length], self.sin_cached[:length]
+
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+class _FusedLinear:
+    """Bias-free ``nn.Linear`` layers that read the same input, run as one GEMM.
+
+    ``fuse`` moves their weights into one ``(sum of outputs, input)`` tensor and makes each layer's
+    weight a view of its rows: no second copy of the weights, ``load_state_dict`` (which copies in
+    place) keeps the fused weight current, and parameter names and the state dict are unchanged.
+    Calling returns ``None`` (the caller then runs the layers one by one) until ``fuse`` ran, or once a
+    layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor (the
+    module was moved or cast).
+    """
+
+    def __init__(self) -> None:
+        self.weight: torch.Tensor | None = None
+        self.layers: tuple[nn.Linear, ...] = ()
+        self.addresses: tuple[int, ...] = ()
+
+    def fuse(self, *layers: nn.Linear) -> None:
+        if any(layer.bias is not None for layer in layers):
+            raise ValueError("only bias-free projections are fused")
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        start = 0
+        for layer in layers:
+            rows = layer.weight.size(0)
+            layer.weight = nn.Parameter(weight[start : start + rows], requires_grad=layer.weight.requires_grad)
+            start += rows
+        self.weight, self.layers = weight, layers
+        self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
+
+    def __call__(self, x: torch.Tensor, *layers: nn.Module) -> torch.Tensor | None:
+        if self.weight is None or any(mine is not theirs for mine, theirs in zip(self.layers, layers, strict=True)):
+            return None
+        if any(layer.weight.data_ptr() != address for layer, address in zip(layers, self.addresses, strict=True)):
+            return None
+        return F.linear(x, self.weight)
+
+
+@dataclass(frozen=True)
+class DecodeKV:
+    """What one layer's decode step needs of the cache: the pools, which layer, and each row's position."""
+
+    cache: PagedKV
+    layer: int
+    positions: torch.Tensor  # (B,) long: where this step's token is written
+    seq_lens: torch.Tensor  # (B,) int32: positions + 1, the live length attention reads
+
+
+class MiniCPMAttention(nn.Module):
+    def __init__(self, config: MiniCPM4Config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self._fused = _FusedLinear()
+
+    def fuse_qkv(self) -> None:
+        """Store q/k/v_proj's weights in one buffer so the three projections run as one GEMM (see
+        ``_FusedLinear``); the parameters and the state dict keep their names and shapes."""
+        self._fused.fuse(self.q_proj, self.k_proj, self.v_proj)
+
+    def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, H) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q and k."""
+        batch, length, _ = x.shape
+        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
+        if qkv is not None:
+            # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the
+            # values are those of the separate projections (checked bit for bit on CPU).
+            q_and_k, v = (
+                qkv.view(batch, length, -1, self.head_dim).transpose(1, 2).split([heads[0] + heads[1], heads[2]], 1)
+            )
+            if rope is None:
+                q, k = q_and_k.split(heads[:2], 1)
+            else:
+                q, k = ops.rope_qk(q_and_k, *rope, self.num_heads)
+            return q, k, v
+        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q.contiguous(), k.contiguous(), v.contiguous()
+
+    def _out(self, attn: torch.Tensor) -> torch.Tensor:
+        """attn (B, nh, T, hd) -> (B, T, H)."""
+        batch, _, length, _ = attn.shape
+        return self.o_proj(attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+
+    def forward(
+        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
+        q, k, v = self._qkv(x, rope)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+        return self._out(attn), k, v
+
+    def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
+        """x (B, H): one token per row, written into the paged cache at the step's positions -> output (B, H).
+
+        Attention reads only each row's live positions (``paged_attention``)."""
+        q, k, v = self._qkv(x.unsqueeze(1), rope)
+        step.cache.write(step.layer, step.positions, k[:, :, 0], v[:, :, 0])
+        pools = step.cache.layers[step.layer]
+        attn = decode_attention(
+            q[:, :, 0], pools.keys, pools.values, step.cache.block_tables, step.seq_lens, 1.0 / math.sqrt(self.head_dim)
+        )
+        return self.o_proj(attn.reshape(x.size(0), self.num_heads * self.head_dim))
+
+
+class MiniCPMMLP(nn.Module):
+    def __init__(self, config: MiniCPM4Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self._fused = _FusedLinear()
+
+    def fuse_gate_up(self) -> None:
+        """gate_proj and up_proj as one GEMM (see ``_FusedLinear``)."""
+        self._fused.fuse(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self._fused(x, self.gate_proj, self.up_proj)
+        gate, up = gate_up.chunk(2, dim=-1) if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(ops.silu_mul(gate, up))
+
+
+class MiniCPMDecoderLayer(nn.Module):
+    def __init__(self, config: MiniCPM4Config) -> None:
+        super().__init__()
+        self.self_attn = MiniCPMAttention(config)
+        self.mlp = MiniCPMMLP(config)
+        self.input_layernorm = MiniCPMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = MiniCPMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        # muP depth scaling; every released config has use_mup=false, so this is 1.0 in practice.
+        self.residual_scale = config.scale_depth / math.sqrt(config.num_hidden_layers) if config.use_mup else 1.0
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        return branch * self.residual_scale if self.residual_scale != 1.0 else branch
+
+    # The residual stream is carried as (x, pending): ``pending`` is the previous layer's MLP branch, not yet
+    # added, so each residual add runs fused with the norm that follows it (one kernel on CUDA). The sums
+    # are the same additions in the same order as adding first, so every value is unchanged.
+
+    def _input_norm(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (input_layernorm(x + pending), x + pending); pending is None before the first layer."""
+        if pending is None:
+            return self.input_layernorm(x), x
+        return self.input_layernorm(pending, residual=x)
+
+    def _attention_then_mlp(self, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (x + attn, the MLP branch on it, pending)."""
+        normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
+        return x, self._scaled(self.mlp(normed))
+
+    def forward(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, is_causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, pending) -> (x, pending) after this layer, and its keys and values."""
+        normed, x = self._input_norm(x, pending)
+        attn, k, v = self.self_attn(normed, rope, is_causal)
+        return *self._attention_then_mlp(x, attn), k, v
+
+    def forward_step(
+        self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, step: DecodeKV
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, pending) of one token per row -> (x, pending) after this layer; writes the layer's k/v."""
+        normed, x = self._input_norm(x, pending)
+        return self._attention_then_mlp(x, self.self_attn.forward_step(normed, rope, step))
+
+
+class MiniCPMModel(nn.Module):
+    """A MiniCPM4 stack with no LM head: embeddings in, final-normed hidden states out."""
+
+    def __init__(self, config: MiniCPM4Config, rope_positions: int) -> None:
+        """``rope_positions``: how many RoPE rows to build (the longest sequence this stack will see)."""
+        super().__init__()
+        self.config = config
+        if config.vocab_size > 0:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(MiniCPMDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = MiniCPMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope_emb = None if config.no_rope else MiniCPMLongRoPE(config, rope_positions)
+
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up of every layer as one GEMM each; call once the weights are loaded."""
+        for layer in self.layers:
+            layer.self_attn.fuse_qkv()
+            layer.mlp.fuse_gate_up()
+
+    def forward(
+        self, inputs_embeds: torch.Tensor, is_causal: bool
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """inputs_embeds (B, T, H) at positions 0..T-1 -> hidden (B, T, H) and per-layer (k, v) (B, nkv, T, hd)."""
+        rope = None if self.rope_emb is None else self.rope_emb.prefix(inputs_embeds.size(1))
+        hidden, pending = inputs_embeds, None
+        kvs = []
+        for layer in self.layers:
+            hidden, pending, k, v = layer(hidden, pending, rope, is_causal)
+            kvs.append((k, v))
+        return self._final_norm(hidden, pending), kvs
+
+    def forward_step(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, cache: PagedKV) -> torch.Tensor:
+        """inputs_embeds (B, H), positions (B,) -> hidden (B, H); writes each layer's k/v at the positions."""
+        rope = None
+        if self.rope_emb is not None:
+            cos, sin = self.rope_emb(positions)
+            rope = (cos[:, None, None, :], sin[:, None, None, :])
+        seq_lens = (positions + 1).to(torch.int32)
+        hidden, pending = inputs_embeds, None
+        for index, layer in enumerate(self.layers):
+            hidden, pending = layer.forward_step(hidden, pending, rope, DecodeKV(cache, index, positions, seq_lens))
+        return self._final_norm(hidden, pending)
+
+    def _final_norm(self, hidden: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
+        """The final norm of ``hidden + pending`` (the last layer's MLP branch, added here)."""
+        return self.norm(hidden) if pending is None else self.norm(pending, residual=hidden)[0]

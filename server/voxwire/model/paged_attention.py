@@ -1,0 +1,132 @@
+"""Decode attention over a paged KV cache: one query token per row, reading only that row's live positions.
+
+Two implementations share one signature, ``(q (B, Hq, D), k_cache and v_cache (num_blocks, block_size,
+Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
+
+* ``paged_decode_torch``: plain torch, any device. It gathers the blocks named by ``block_tables`` (pass a
+  table sliced to the batch's longest row to read only live blocks), zeroes keys and values past each
+  row's length (a stale value is never multiplied by a zero weight: 0 x NaN = NaN), and runs SDPA with
+  the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA a mask
+  with ``enable_gqa`` forces the slow MATH backend). It is the CPU path and the oracle of the kernel.
+* the Triton kernel ``voxwire.kernels.paged_decode.paged_decode_attention`` on CUDA, when installed.
+* ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``). SDPA over
+  the batch's longest row sums each row's positions in an order that depends on that length; this one walks
+  the positions in chunks of ``CHUNK_POSITIONS`` aligned to position 0, with an online softmax, so a row's
+  result depends only on its own blocks and length (a chunk past its length changes nothing, exactly).
+
+``decode_attention`` picks one; ``attention_path`` names the one a device gets (for reports).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from voxwire.kernels import batch_invariant
+
+PagedDecode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def paged_decode_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, q_heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    width = block_tables.size(1) * block_size
+    blocks = block_tables.long()
+    # (B, W*bs, Hkv, D) -> (B, Hkv, W*bs, D)
+    keys = k_cache[blocks].view(batch, width, kv_heads, dim).transpose(1, 2)
+    values = v_cache[blocks].view(batch, width, kv_heads, dim).transpose(1, 2)
+    live = torch.arange(width, device=q.device)[None, :] < seq_lens[:, None]  # (B, W*bs)
+    dead = ~live[:, None, :, None]
+    keys, values = keys.masked_fill(dead, 0.0), values.masked_fill(dead, 0.0)
+    # The query heads sharing a KV head become that head's "query positions": GQA without repeating K/V.
+    grouped = q.view(batch, kv_heads, q_heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=live[:, None, None, :], scale=scale)
+    return out.reshape(batch, q_heads, dim)
+
+
+CHUNK_POSITIONS = 64
+"""Positions per step of ``paged_decode_chunked`` (rounded up to whole blocks)."""
+
+
+def paged_decode_chunked(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, q_heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    per_chunk = -(-CHUNK_POSITIONS // block_size)
+    width = block_tables.size(1)
+    tables = block_tables.long()
+    if width % per_chunk:  # every chunk has the same shape; the extra blocks are past every row's length
+        tables = F.pad(tables, (0, per_chunk - width % per_chunk))
+    # Products and sums rather than matmuls: a batched matmul's kernel may depend on the batch.
+    grouped = q.view(batch, kv_heads, q_heads // kv_heads, 1, dim).float()
+    best = q.new_full((batch, kv_heads, q_heads // kv_heads), float("-inf"), dtype=torch.float32)
+    total = torch.zeros_like(best)
+    acc = torch.zeros(batch, kv_heads, q_heads // kv_heads, dim, device=q.device)
+    offsets = torch.arange(per_chunk * block_size, device=q.device)
+    for first in range(0, tables.size(1), per_chunk):
+        blocks = tables[:, first : first + per_chunk]
+        # (B, C, Hkv, D) -> (B, Hkv, 1, C, D)
+        keys = k_cache[blocks].view(batch, -1, kv_heads, dim).transpose(1, 2).unsqueeze(2).float()
+        values = v_cache[blocks].view(batch, -1, kv_heads, dim).transpose(1, 2).unsqueeze(2).float()
+        live = (first * block_size + offsets)[None, :] < seq_lens[:, None]  # (B, C)
+        dead = ~live[:, None, None, :]
+        # Zeroed, not only masked: a stale value is never multiplied by a zero weight (0 x NaN = NaN).
+        keys, values = keys.masked_fill(dead[..., None], 0.0), values.masked_fill(dead[..., None], 0.0)
+        scores = ((grouped * keys).sum(-1) * scale).masked_fill(dead, float("-inf"))  # (B, Hkv, G, C)
+        new_best = torch.maximum(best, scores.amax(-1))
+        # Until a row has seen a live position its maximum is -inf, and -inf - -inf would be NaN.
+        shift = new_best.masked_fill(new_best == float("-inf"), 0.0)
+        weights = torch.exp(scores - shift[..., None])
+        rescale = torch.exp(best - shift)
+        total = total * rescale + weights.sum(-1)
+        acc = acc * rescale[..., None] + (weights[..., None] * values).sum(-2)
+        best = new_best
+    # A row with seq_len 0 saw no position: zeros, as from the other paths.
+    out = acc / torch.where(total > 0, total, 1.0)[..., None]
+    return out.reshape(batch, q_heads, dim).to(q.dtype)
+
+
+@functools.cache
+def _triton_kernel() -> PagedDecode | None:
+    try:
+        from voxwire.kernels.paged_decode import paged_decode_attention  # type: ignore[import-not-found]
+    except ImportError:  # the kernel module or Triton is not installed
+        return None
+    return paged_decode_attention  # type: ignore[no-any-return]
+
+
+def attention_path(device: torch.device) -> str:
+    """Which implementation decode attention uses on ``device``."""
+    if device.type == "cuda" and _triton_kernel() is not None:
+        return "triton-paged"
+    return "torch-paged"
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    if batch_invariant.active():
+        return paged_decode_chunked(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    kernel = _triton_kernel() if q.device.type == "cuda" else None
+    return (kernel or paged_decode_torch)(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -1,0 +1,52 @@
+"""``SynthesisParams``: per-request generation settings, shared by the one-utterance API, the engine and
+the server. A leaf module (no torch, no engine), so any layer may import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from voxwire.errors import InvalidInputError
+
+
+def require(ok: bool, name: str, value: object, rule: str) -> None:
+    """Raise ``InvalidInputError`` naming ``name`` and its ``rule`` unless ``ok``."""
+    if not ok:
+        raise InvalidInputError(f"{name}={value!r} is invalid: {rule}")
+
+
+def is_int(value: object) -> bool:
+    # bool is an int subclass, but True as a step count is always a caller's mistake.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisParams:
+    """Per-request generation settings; defaults are the reference ``VoxCPM.generate`` defaults.
+
+    ``__post_init__`` rejects values no server could accept; the server-configurable upper bounds
+    are checked by ``ParamLimits.check`` when the request is added to an engine.
+    """
+
+    cfg_value: float = 2.0
+    """Classifier-free guidance scale of the local diffusion."""
+    inference_timesteps: int = 10
+    """Euler steps of the diffusion sampler per patch."""
+    min_len: int = 2
+    """The stop head is ignored while the step index is <= min_len."""
+    max_len: int = 4096
+    """Hard cap on patches (steps); the runner lowers it further from the text length."""
+    seed: int | None = None
+    """Noise seed for reproducible output; None draws a fresh one."""
+
+    def __post_init__(self) -> None:
+        cfg = self.cfg_value
+        require(isinstance(cfg, (int, float)) and not isinstance(cfg, bool), "cfg_value", cfg, "must be a number")
+        require(math.isfinite(cfg), "cfg_value", cfg, "must be finite")
+        require(is_int(self.inference_timesteps), "inference_timesteps", self.inference_timesteps, "must be an int")
+        require(self.inference_timesteps >= 1, "inference_timesteps", self.inference_timesteps, "must be >= 1")
+        require(is_int(self.min_len) and self.min_len >= 0, "min_len", self.min_len, "must be an int >= 0")
+        require(is_int(self.max_len) and self.max_len >= 1, "max_len", self.max_len, "must be an int >= 1")
+        seed_ok = self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63)
+        require(seed_ok, "seed", self.seed, "must be None or an int in [0, 2**63)")

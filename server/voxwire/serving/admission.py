@@ -1,0 +1,46 @@
+"""Admission of new work on this replica, asked before any response has begun.
+
+A load balancer can retry a refused request on another replica (nginx ``proxy_next_upstream
+http_503``, HAProxy ``retry-on 503``) but cannot retry a WebSocket it has already upgraded: the
+stream endpoint and ``POST /v1/audio/speech`` therefore ask ``refusal`` before the 101 or the first
+byte of audio, and ``http_api.require_admission`` turns a refusal into HTTP 503 with ``Retry-After``.
+A replica refuses while it warms up or drains, when its WebSocket connections are at
+``max_connections`` (new connections only), and when its engine queue is full (``max_waiting``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from voxwire.serving.error_codes import ErrorCode
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+
+RETRY_AFTER_S = 1
+"""Seconds a refused client should wait before trying again (a balancer retries another replica at once)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why new work cannot start here now: a stable error code and a message for people."""
+
+    code: ErrorCode
+    message: str
+
+
+def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
+    """Why new work cannot start on this replica now; None when it can.
+
+    ``connection``: the work is a new WebSocket connection, which also counts against ``max_connections``.
+    """
+    config, phase = app[CONFIG_KEY], app[STATE_KEY].phase
+    if phase is Phase.STARTING:
+        return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
+    if phase is Phase.DRAINING:
+        return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
+    if connection and len(app[SESSIONS_KEY]) >= config.max_connections:
+        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.max_connections} connections")
+    if app[SERVICE_KEY].queue_full:
+        return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.max_waiting} waiting)")
+    return None

@@ -1,0 +1,255 @@
+"""The aiohttp application: ``make_app`` wires the shared objects, routes and middlewares; lifecycle lives here.
+
+Startup (``cleanup_ctx``): load saved voices, start the engine thread, then warm the model up with one
+short utterance in the background, so ``/health`` answers at once and ``/ready`` turns 200 when the
+first request would not pay for the warm-up. Shutdown (``drain``, also the ``on_shutdown`` hook):
+``/ready`` turns 503 and new work is refused, live utterances may finish for up to
+``drain_timeout_s``, the WebSockets left are closed with 1001 (going away), and the engine thread
+stops; ``voxwire serve`` runs ``drain`` on SIGTERM while still listening, so probes see the 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import WSCloseCode, web
+
+from voxwire.engine import SynthesisParams
+from voxwire.serving.access_log import ACCESS_LOGGER, AccessLogger
+from voxwire.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.encoding import EncoderPool
+from voxwire.serving.heap import freeze_startup_heap
+from voxwire.serving.http_api import add_http_routes, error_middleware
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    ENCODERS_KEY,
+    METRICS_KEY,
+    SERVICE_KEY,
+    SESSIONS_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+    Phase,
+    ServerState,
+)
+from voxwire.serving.metrics import Metrics
+from voxwire.serving.nanovllm_api import add_nanovllm_routes
+from voxwire.serving.personas import LocalPersonas, open_registry
+from voxwire.serving.service import Service, SpeechService
+from voxwire.serving.speech_model import SpeechModel, VoxCPMSpeech, load_speech_model
+from voxwire.serving.voices import VoiceStore
+from voxwire.serving.ws import add_ws_routes
+from voxwire.tts import VoxCPM
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_WARM_UP_TEXT = "Warming up."
+_READY_POLL_S = 0.05
+_JSON_OVERHEAD = 64 * 1024
+"""Room for the JSON around an utterance's text in a request body."""
+
+_PACKAGED_CLIENT_DIR = Path(__file__).resolve().parents[1] / "web"
+CLIENT_DIR = (
+    _PACKAGED_CLIENT_DIR
+    if (_PACKAGED_CLIENT_DIR / "index.html").is_file()
+    else Path(__file__).resolve().parents[3] / "client_js"
+)
+"""The browser library and demo page: ``voxwire/web/`` in a wheel (copied from ``client_js/`` by setup.py's
+build step), else the repository's ``client_js/`` (an editable install)."""
+_CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
+
+
+def make_app(config: ServerConfig, *, tts: VoxCPM | SpeechModel | None = None) -> web.Application:
+    """Build the server's application; the model is loaded from ``config`` (blocking) unless given (tests)."""
+    model = load_speech_model(config) if tts is None else VoxCPMSpeech(tts) if isinstance(tts, VoxCPM) else tts
+    registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
+    service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
+    voices = VoiceStore(config.voices_dir, model.info.name, model.patch_shape, config.max_voices)
+    return build_app(config, service, voices)
+
+
+def build_app(
+    config: ServerConfig, service: Service, voices: VoiceStore, *, metrics_dir: str | None = None
+) -> web.Application:
+    """The application around a service: ``SpeechService`` (one process) or a frontend's ``EngineProxy``.
+
+    ``metrics_dir``: the Prometheus multiprocess folder shared by the frontends of ``--workers``."""
+    sessions: set[web.WebSocketResponse] = set()
+    # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
+    body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
+    app[CONFIG_KEY] = config
+    app[SERVICE_KEY] = service
+    app[STATE_KEY] = ServerState()
+    app[SESSIONS_KEY] = sessions
+    app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
+    app[VOICES_KEY] = voices
+    app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
+    add_http_routes(app)
+    add_ws_routes(app)
+    add_nanovllm_routes(app)
+    add_demo_routes(app)
+    app.on_response_prepare.append(_name_replica)
+    app.on_response_prepare.append(add_cors_headers)
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(drain)
+    return app
+
+
+REPLICA_HEADER = "X-Voxwire-Replica"
+
+
+async def _name_replica(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response (errors and the WebSocket 101 too) says which replica answered, for behind a balancer."""
+    response.headers[REPLICA_HEADER] = request.app[CONFIG_KEY].replica_id
+
+
+def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None:
+    """``/`` serves the demo page, ``/client/<file>`` the browser modules; nothing when ``client_js/`` is absent.
+
+    Only top-level page and module files are served (not tests, ``package.json`` or ``node_modules``).
+    """
+    if not (client_dir / "index.html").is_file():
+        logger.info("no demo page: %s is not there", client_dir)
+        return
+    files = {
+        path.name: path
+        for path in client_dir.iterdir()
+        if path.is_file() and path.suffix in _CLIENT_SUFFIXES and not path.name.endswith(".test.js")
+    }
+
+    async def index(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(files["index.html"])
+
+    async def client_file(request: web.Request) -> web.FileResponse:
+        path = files.get(request.match_info["name"])
+        if path is None:
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app.router.add_get("/", index)
+    app.router.add_get(DEMO_FILES_PREFIX + "{name}", client_file)
+
+
+def runner_options(config: ServerConfig) -> dict[str, Any]:
+    """``web.AppRunner`` settings the server needs: the header timeout and the query-free access log.
+
+    aiohttp closes a connection whose request headers are not complete when its keep-alive timer
+    fires, and starts that timer when the connection opens: ``keepalive_timeout`` is therefore the
+    header timeout (for a fresh connection and between keep-alive requests alike).
+    """
+    return {
+        "keepalive_timeout": config.header_timeout_s,
+        "access_log_class": AccessLogger,
+        "access_log": ACCESS_LOGGER,
+    }
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    service = app[SERVICE_KEY]
+    await asyncio.to_thread(app[VOICES_KEY].load)
+    await service.start()
+    warm_up = asyncio.create_task(_warm_up(app), name="voxwire-warm-up")
+    try:
+        yield
+    finally:
+        warm_up.cancel()
+        await asyncio.gather(warm_up, return_exceptions=True)
+        await service.stop()
+        app[ENCODERS_KEY].close()
+
+
+async def _warm_up(app: web.Application) -> None:
+    """Run one short utterance through each engine, then open for work (unless shutdown began)."""
+    service, state = app[SERVICE_KEY], app[STATE_KEY]
+    started = time.perf_counter()
+    params = SynthesisParams(seed=0, max_len=2)
+    try:
+        for engine in service.per_engine():
+            async for _ in engine.speak(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params):
+                pass
+    except Exception:
+        logger.exception("the warm-up utterance failed: the server stays not ready")
+        return
+    if state.phase is Phase.STARTING:
+        state.phase = Phase.READY
+        info = service.info
+        seconds = time.perf_counter() - started
+        logger.info("model %s warmed up in %.1f s; ready (%d Hz)", info.name, seconds, info.sample_rate)
+
+
+async def drain(app: web.Application) -> None:
+    """Graceful shutdown: refuse new work, let live utterances finish (bounded), close sockets, stop the engine."""
+    state, config = app[STATE_KEY], app[CONFIG_KEY]
+    state.phase = Phase.DRAINING
+    if not await state.wait_idle(config.drain_timeout_s):
+        live = state.live_utterances
+        logger.warning("drain timeout (%.0f s): cutting off %d live utterance(s)", config.drain_timeout_s, live)
+    closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in app[SESSIONS_KEY]]
+    await asyncio.gather(*closing, return_exceptions=True)
+    await app[SERVICE_KEY].stop()
+
+
+def serve(config: ServerConfig) -> int:
+    """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status.
+
+    ``config.workers`` > 0 or ``config.devices`` runs the engines and the frontends in processes of their own
+    (``workers``)."""
+    if config.frontends > 0:
+        from voxwire.serving.workers import supervise
+
+        return supervise(config)
+    app = make_app(config)
+    run_loop(run_app(app, config))
+    return 0
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop (asyncio's own loop where uvloop has no build, e.g. Windows)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+async def _freeze_when_ready(app: web.Application) -> None:
+    """Wait for the warm-up, then take the startup heap out of garbage collection (see ``heap``)."""
+    while not app[STATE_KEY].accepting:
+        await asyncio.sleep(_READY_POLL_S)
+    freeze_startup_heap("server")
+
+
+async def run_app(
+    app: web.Application, config: ServerConfig, *, reuse_port: bool = False, stop: asyncio.Event | None = None
+) -> None:
+    """Listen, wait for SIGTERM or SIGINT (or ``stop``), drain, close. ``reuse_port``: share the port
+    with other processes (``SO_REUSEPORT``: the kernel spreads connections over them); such a process
+    joins the port only once warmed up, so no connection lands on one that cannot serve it yet."""
+    runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
+    await runner.setup()
+    ready = asyncio.create_task(_freeze_when_ready(app), name="voxwire-freeze-heap")
+    try:
+        if reuse_port:
+            await asyncio.shield(ready)
+        await web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None).start()
+        for host, port, *_ in runner.addresses:
+            logger.info("listening on http://%s:%d", host, port)
+        stop = stop if stop is not None else asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        logger.info("shutting down: draining live utterances (at most %.0f s)", config.drain_timeout_s)
+        await drain(app)
+    finally:
+        ready.cancel()
+        await runner.cleanup()
+    logger.info("stopped")

@@ -1,0 +1,96 @@
+"""Typed application keys: how handlers (HTTP and WebSocket) find the server's shared objects.
+
+Everything a handler needs lives on the ``web.Application`` under one of these keys, set by
+``voxwire.serving.app.make_app``; nothing is module-global. Read them with ``request.app[KEY]``.
+
+* ``SERVICE_KEY``: the ``SpeechService`` (model, engine, voice encoding).
+* ``CONFIG_KEY``: the ``ServerConfig`` (limits, timeouts, auth settings).
+* ``VOICES_KEY``: the ``VoiceStore`` (saved voices by id).
+* ``METRICS_KEY``: the ``Metrics`` (Prometheus instruments of this app).
+* ``STATE_KEY``: the ``ServerState``; handlers refuse new sessions and utterances unless
+  ``state.accepting`` (it is false while the model warms up and once shutdown has begun), and
+  run each utterance inside ``with state.utterance():`` so that shutdown can wait for it.
+* ``OWNER_KEY`` (on the request, not the app): who is asking, see below.
+* ``ENCODERS_KEY``: the ``EncoderPool`` (threads that run the audio encoders).
+* ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
+  ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
+  finish (up to ``ServerConfig.drain_timeout_s``) and then closes every socket left here with 1001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.encoding import EncoderPool
+    from voxwire.serving.metrics import Metrics
+    from voxwire.serving.service import Service
+    from voxwire.serving.voices import VoiceStore
+
+
+class Phase(enum.Enum):
+    """Where the server is in its life: only ``READY`` accepts new work."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+@dataclass
+class ServerState:
+    """Lifecycle shared by the handlers and the app's startup/shutdown: the phase and the live utterances."""
+
+    phase: Phase = Phase.STARTING
+    live_utterances: int = 0
+    """Utterances being spoken (HTTP requests, WebSocket utterances from first text to ``done``)."""
+    _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
+
+    @property
+    def accepting(self) -> bool:
+        return self.phase is Phase.READY
+
+    @contextlib.contextmanager
+    def utterance(self) -> Iterator[None]:
+        """Count one live utterance for as long as the block runs."""
+        self.live_utterances += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.live_utterances -= 1
+            if self.live_utterances == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no utterance is live, at most ``timeout`` seconds; whether it got there."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+            return False
+        return True
+
+
+SERVICE_KEY: web.AppKey[Service] = web.AppKey("voxwire.service")
+CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxwire.config")
+VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")
+STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxwire.state")
+SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxwire.sessions")
+OWNER_KEY: web.RequestKey[str | None] = web.RequestKey("voxwire.owner", str | None)
+"""Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
+when authentication is off; voices remember it to tell who may delete them."""
+ENCODERS_KEY: web.AppKey[EncoderPool] = web.AppKey("voxwire.encoders")

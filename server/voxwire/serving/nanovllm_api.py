@@ -1,0 +1,359 @@
+"""Nano-vLLM-VoxCPM's HTTP API (its ``deployment/app``), so its clients work against ``voxwire serve`` unchanged.
+
+=================================  ============================================================================
+``POST /generate``                 ``target_text``; prompt by ``prompt_wav_base64`` + ``prompt_wav_format`` or
+                                   ``prompt_latents_base64``, with ``prompt_text``; reference audio by
+                                   ``ref_audio_wav_base64`` + ``ref_audio_wav_format`` or
+                                   ``ref_audio_latents_base64``; ``lora_name``, ``max_generate_length`` (2000),
+                                   ``temperature`` (1.0), ``cfg_value`` (1.5), ``seed``, ``response_format``
+                                   (``mp3``, the default, or ``pcm``: s16le at the model's rate). Streams the
+                                   audio with ``X-Audio-Sample-Rate``, ``X-Audio-Channels`` and
+                                   ``X-Audio-Encoding`` (``mp3`` or ``s16le``).
+``POST /encode_latents``           ``{wav_base64, wav_format}`` -> ``{prompt_latents_base64, feat_dim,
+                                   latents_dtype, sample_rate, channels}`` (float32 bytes, rows of ``feat_dim``)
+``GET /info``                      ``{model, lora, mp3}``
+``GET /loras``, ``POST /loras``,   ``[{name}]``; ``{name, path}`` -> ``{name}``; ``{name}``
+``DELETE /loras/{name}``
+=================================  ============================================================================
+
+Errors have that API's shape, ``{"detail": "..."}``: 400 for invalid input (an unregistered ``lora_name``
+included), 422 for a body that does not match the schema (``detail`` is a list of ``{loc, msg, type}``),
+503 while the server is not ready. Unknown fields are ignored, as its schemas do. The work itself is
+voxwire's: the same engine, personas (``/loras`` is ``/v1/loras`` under another shape), voice encoding
+and the mp3 encoder of ``/v1/audio/speech``. ``temperature`` scales the diffusion noise in Nano-vLLM;
+voxwire's sampler has no such knob, so only 1.0 (the default) is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from aiohttp import hdrs, web
+
+from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.audio.formats import AudioFormat, make_encoder
+from voxwire.audio.mp3 import MP3_BITRATE
+from voxwire.engine import SynthesisParams
+from voxwire.errors import InvalidInputError
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.error_codes import ErrorCode
+from voxwire.serving.http_api import (
+    ApiError,
+    as_api_error,
+    persona_registry,
+    read_json,
+    require_accepting,
+    require_admission,
+    stream_audio,
+)
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, VOICES_KEY
+from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
+from voxwire.serving.service import UtteranceOptions
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_DEFAULTS = {"max_generate_length": 2000, "temperature": 1.0, "cfg_value": 1.5}
+"""Nano-vLLM-VoxCPM's defaults, which differ from ``/v1/audio/speech``'s."""
+_MP3_QUALITY = 2
+"""What ``/info`` reports as the mp3 quality preset (LAME's scale; the encoder runs libmp3lame's default)."""
+
+
+def add_nanovllm_routes(app: web.Application) -> None:
+    app.router.add_post("/generate", _detail_errors(generate))
+    app.router.add_post("/encode_latents", _detail_errors(encode_latents))
+    app.router.add_get("/info", _detail_errors(info))
+    app.router.add_get("/loras", _detail_errors(list_loras))
+    app.router.add_post("/loras", _detail_errors(register_lora))
+    app.router.add_delete("/loras/{name}", _detail_errors(unregister_lora))
+
+
+def _detail_errors(handler: Handler) -> Handler:
+    """Errors as FastAPI's ``{"detail": ...}`` (what that API's clients read), counted like the others."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (UnknownPersonaError, PersonaLoadError) as exc:  # that API answers 400 for every LoRA refusal
+            error = ApiError(ErrorCode(getattr(exc, "code", ErrorCode.UNKNOWN_PERSONA)), str(exc), status=400)
+        except SchemaError as exc:
+            request.app[METRICS_KEY].count_error("invalid_request")
+            return web.json_response({"detail": exc.detail}, status=422)
+        except Exception as exc:
+            found = as_api_error(exc)
+            if found is None or (request.writer is not None and request.writer.output_size > 0):
+                raise  # a server bug (the error middleware logs it), or a stream already under way
+            error = found
+        request.app[METRICS_KEY].count_error(error.code.value)
+        return web.json_response({"detail": error.message}, status=error.status, headers=error.headers)
+
+    return wrapped
+
+
+class SchemaError(Exception):
+    """A body that does not match the schema: FastAPI's 422 ``detail`` list."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class _Field:
+    kind: type | tuple[type, ...]
+    required: bool = False
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+_GENERATE_FIELDS = {
+    "target_text": _Field(str, required=True),
+    "prompt_wav_base64": _Field(str),
+    "prompt_wav_format": _Field(str),
+    "prompt_latents_base64": _Field(str),
+    "prompt_text": _Field(str),
+    "ref_audio_wav_base64": _Field(str),
+    "ref_audio_wav_format": _Field(str),
+    "ref_audio_latents_base64": _Field(str),
+    "lora_name": _Field(str),
+    "max_generate_length": _Field(int, minimum=1),
+    "temperature": _Field((int, float), minimum=0.0),
+    "cfg_value": _Field((int, float), minimum=0.0),
+    "seed": _Field(int),
+    "response_format": _Field(str, choices=("mp3", "pcm")),
+}
+_ENCODE_FIELDS = {"wav_base64": _Field(str, required=True), "wav_format": _Field(str, required=True)}
+_LORA_FIELDS = {"name": _Field(str, required=True), "path": _Field(str, required=True)}
+
+
+def _parse(body: object, schema: dict[str, _Field]) -> dict[str, Any]:
+    """The schema's fields of ``body`` (others ignored), or a ``SchemaError`` listing every problem."""
+    if not isinstance(body, dict):
+        raise SchemaError([{"loc": ["body"], "msg": "Input should be a valid dictionary", "type": "dict_type"}])
+    problems, values = [], {}
+    for name, spec in schema.items():
+        value = body.get(name)
+        loc = ["body", name]
+        if value is None:
+            if spec.required:
+                problems.append({"loc": loc, "msg": "Field required", "type": "missing"})
+            continue
+        if not isinstance(value, spec.kind) or isinstance(value, bool):
+            problems.append({"loc": loc, "msg": f"Input has the wrong type ({type(value).__name__})", "type": "type"})
+        elif spec.minimum is not None and value < spec.minimum:
+            problems.append({"loc": loc, "msg": f"Input should be >= {spec.minimum:g}", "type": "greater_than_equal"})
+        elif spec.choices and value not in spec.choices:
+            problems.append(
+                {"loc": loc, "msg": f"Input should be one of {list(spec.choices)}", "type": "literal_error"}
+            )
+        else:
+            values[name] = value
+    if problems:
+        raise SchemaError(problems)
+    return values
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_REQUEST, message)
+
+
+# ---- generate ----------------------------------------------------------------------------------
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    require_admission(app, connection=False)
+    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    body = await read_json(request, config.body_timeout_s, _body_limit(config))
+    fields = {**_DEFAULTS, **_parse(body, _GENERATE_FIELDS)}
+    _check_prompt_fields(fields)
+    if fields["temperature"] != 1.0:
+        raise _bad("temperature other than 1.0 is not supported by this server's sampler")
+    lora = fields.get("lora_name")
+    if lora is not None and (service.personas is None or lora not in service.personas.names()):
+        raise _bad(f"LoRA '{lora}' is not registered")
+    text = fields["target_text"]
+    if not text.strip():
+        raise _bad("target_text must not be empty")
+    if len(text) > config.max_text_chars_per_utterance:
+        raise _bad(f"target_text has {len(text)} characters; the limit is {config.max_text_chars_per_utterance}")
+    try:
+        params = SynthesisParams(
+            cfg_value=float(fields["cfg_value"]), max_len=fields["max_generate_length"], seed=fields.get("seed")
+        )
+        config.engine_config().limits.check(params)
+    except ValueError as exc:
+        raise _bad(str(exc)) from exc
+    voice = await _voice(app, fields)
+    pcm = fields.get("response_format", "mp3") == "pcm"
+    rate = service.info.sample_rate
+    encoder = make_encoder(AudioFormat.PCM_S16LE if pcm else AudioFormat.MP3, rate)
+    headers = {
+        hdrs.CONTENT_TYPE: f"audio/L16;rate={rate};channels=1" if pcm else "audio/mpeg",
+        "X-Audio-Sample-Rate": str(rate),
+        "X-Audio-Channels": "1",
+        "X-Audio-Encoding": "s16le" if pcm else "mp3",
+    }
+    outputs = service.speak(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
+    async with contextlib.aclosing(outputs):
+        response, _ = await stream_audio(request, outputs, encoder, headers)
+    await response.write_eof()
+    return response
+
+
+def _check_prompt_fields(fields: dict[str, Any]) -> None:
+    """That API's rules: one prompt form (wav or latents, each with ``prompt_text``) or zero-shot, one reference
+    form; their messages too."""
+    has_wav = "prompt_wav_base64" in fields or "prompt_wav_format" in fields
+    has_latents = "prompt_latents_base64" in fields
+    has_ref_wav = "ref_audio_wav_base64" in fields or "ref_audio_wav_format" in fields
+    if has_wav and has_latents:
+        raise _bad("prompt_wav_* and prompt_latents_base64 are mutually exclusive")
+    if has_ref_wav and "ref_audio_latents_base64" in fields:
+        raise _bad("ref_audio_wav_* and ref_audio_latents_base64 are mutually exclusive")
+    if has_ref_wav and not ("ref_audio_wav_base64" in fields and "ref_audio_wav_format" in fields):
+        raise _bad("reference wav requires ref_audio_wav_base64 + ref_audio_wav_format")
+    if has_wav and not ("prompt_wav_base64" in fields and "prompt_wav_format" in fields):
+        raise _bad("wav prompt requires prompt_wav_base64 + prompt_wav_format")
+    prompt_text = fields.get("prompt_text") or ""
+    if (has_wav or has_latents) and not prompt_text:
+        raise _bad(f"{'wav' if has_wav else 'latents'} prompt requires non-empty prompt_text")
+    if not (has_wav or has_latents) and prompt_text:
+        raise _bad("prompt_text is not allowed for zero-shot")
+
+
+async def _voice(app: web.Application, fields: dict[str, Any]) -> VoicePrompt | None:
+    """The request's voice: prompt and reference audio, each encoded here from a clip or given as latents."""
+    prompt = await _patches(app, fields, "prompt")
+    reference = await _patches(app, fields, "ref_audio")
+    if prompt is None and reference is None:
+        return None
+    try:
+        return VoicePrompt(fields.get("prompt_text", "") if prompt is not None else "", prompt, reference)
+    except InvalidInputError as exc:
+        raise _bad(str(exc)) from exc
+
+
+async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) -> torch.Tensor | None:
+    latents = fields.get(f"{prefix}_latents_base64")
+    if latents is not None:
+        return _latent_patches(latents, f"{prefix}_latents_base64", app[VOICES_KEY].patch_shape)
+    wav = fields.get(f"{prefix}_wav_base64")
+    if wav is None:
+        return None
+    return await _encode(app, _b64(wav, f"{prefix}_wav_base64"), reference=prefix == "ref_audio")
+
+
+def _b64(value: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _bad(f"Invalid base64 in {name}: {exc}") from exc
+
+
+def _latent_patches(value: str, name: str, patch_shape: tuple[int, int]) -> torch.Tensor:
+    """``/encode_latents``' float32 rows of ``feat_dim`` back into whole patches (N, P, D)."""
+    patch, dim = patch_shape
+    data = _b64(value, name)
+    if not data or len(data) % (4 * dim * patch):
+        raise _bad(f"Invalid latent payload in {name}: expected float32 rows of {dim} in whole patches of {patch}")
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(-1, patch, dim).copy())
+
+
+async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> torch.Tensor:
+    """A clip (the bytes of an audio file, any format soundfile reads) as latent patches, encoded by the service
+    (off the event loop) the way a prompt clip or, with ``reference``, a reference clip is (they are padded to
+    whole patches on opposite sides)."""
+    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    rate = service.info.sample_rate
+    if reference and not service.info.reference_cloning:
+        raise _bad("Reference audio is not supported by the loaded model")
+    try:
+        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+        if reference:
+            voice = await service.encode_voice(reference_audio=samples, sample_rate=rate)
+            patches = voice.reference_patches
+        else:  # the transcript does not change the latents; the encoder needs one with prompt audio
+            voice = await service.encode_voice(text="-", audio=samples, sample_rate=rate)
+            patches = voice.audio_patches
+    except ClipTooLongError as exc:
+        raise _bad(str(exc)) from exc
+    except InvalidInputError as exc:
+        raise _bad(f"the audio is not usable: {exc}") from exc
+    assert patches is not None
+    return patches
+
+
+# ---- latents, info, loras ----------------------------------------------------------------------
+
+
+async def encode_latents(request: web.Request) -> web.Response:
+    app = request.app
+    require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
+    config = app[CONFIG_KEY]
+    fields = _parse(await read_json(request, config.body_timeout_s, _body_limit(config)), _ENCODE_FIELDS)
+    patches = await _encode(app, _b64(fields["wav_base64"], "wav_base64"), reference=False)
+    data = patches.reshape(-1, patches.shape[-1]).numpy().astype("<f4").tobytes()
+    return web.json_response(
+        {
+            "prompt_latents_base64": base64.b64encode(data).decode("ascii"),
+            "feat_dim": int(patches.shape[-1]),
+            "latents_dtype": "float32",
+            "sample_rate": app[SERVICE_KEY].info.sample_rate,
+            "channels": 1,
+        }
+    )
+
+
+def _body_limit(config: ServerConfig) -> int:
+    """Room for two base64 clips (prompt and reference, each at most ``max_upload_bytes``) and the text."""
+    return 2 * (4 * config.max_upload_bytes // 3 + 4) + 4 * config.max_text_chars_per_utterance + 64 * 1024
+
+
+async def info(request: web.Request) -> web.Response:
+    app = request.app
+    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    registry = service.personas
+    infos = await registry.infos() if registry is not None else []
+    names = [info.name for info in infos]
+    lora = {
+        "enabled": registry is not None, "enable_lm": True, "enable_dit": True, "enable_proj": True,
+        "max_loras": config.max_personas, "max_lora_rank": config.max_lora_rank,
+        **(persona_targets(infos) if registry is not None else {}), "registered_names": names, "loaded": bool(names),
+    }  # fmt: skip
+    patch_size, feat_dim = app[VOICES_KEY].patch_shape
+    model = {
+        "sample_rate": service.info.sample_rate, "channels": 1, "feat_dim": feat_dim, "patch_size": patch_size,
+        "model_path": service.info.name,
+    }  # fmt: skip
+    mp3 = {"bitrate_kbps": MP3_BITRATE // 1000, "quality": _MP3_QUALITY}
+    return web.json_response({"model": model, "lora": lora, "mp3": mp3})
+
+
+async def list_loras(request: web.Request) -> web.Response:
+    personas = request.app[SERVICE_KEY].personas
+    return web.json_response([{"name": name} for name in (personas.names() if personas is not None else [])])
+
+
+async def register_lora(request: web.Request) -> web.Response:
+    app = request.app
+    require_accepting(app)
+    fields = _parse(await read_json(request, app[CONFIG_KEY].body_timeout_s), _LORA_FIELDS)
+    added = await persona_registry(app).add(fields["name"], fields["path"])
+    return web.json_response({"name": added.name})
+
+
+async def unregister_lora(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    await persona_registry(request.app).remove(name)
+    return web.json_response({"name": name})

@@ -1,0 +1,223 @@
+"""LoRA personas as the server sees them: ``PersonaRegistry`` over one model's bank (``voxwire.model.personas``),
+and ``Personas``, what the handlers use.
+
+Every transport checks a persona's name before it starts work (``check``: an unknown name is an
+``UnknownPersonaError``, the same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the
+``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
+
+``PersonaRegistry`` is plain blocking code: the single-process server wraps it in ``LocalPersonas`` (loads on
+a worker thread, never on the event loop); with ``--workers`` each engine process owns one, and the frontends
+reach it over IPC (``engine_proxy.RemotePersonas``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from voxwire.errors import InvalidInputError, ModelLoadError, VoxwireError
+from voxwire.model.personas import PersonaError
+from voxwire.serving.config import ServerConfig, is_persona_name
+from voxwire.serving.speech_model import SpeechModel, VoxCPMSpeech
+from voxwire.tts import VoxCPM
+
+TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
+"""The reference config's keys of the modules an adapter targets."""
+
+
+class UnknownPersonaError(VoxwireError):
+    """No persona has this name (never loaded, or removed)."""
+
+
+class PersonaLoadError(VoxwireError):
+    """A persona could not be added; ``code`` is stable (``invalid_name``, ``invalid_path``,
+    ``persona_exists``, ``persona_limit``, ``invalid_lora``, ``lora_too_large``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self) -> tuple[type[PersonaLoadError], tuple[str, str]]:
+        # It crosses the engine-frontend IPC pickled; the default would rebuild it from ``args`` alone.
+        return type(self), (self.code, str(self))
+
+
+@dataclass(frozen=True)
+class PersonaInfo:
+    """A registered persona, as ``GET /v1/loras`` lists it."""
+
+    name: str
+    path: str
+    rank: int
+    alpha: float
+    lm: bool
+    dit: bool
+    projections: bool
+    in_use: int
+    """Requests holding it now."""
+    modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The modules it adapts, by the reference config's keys (``TARGET_KEYS``)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name, "object": "lora", "path": self.path, "rank": self.rank, "alpha": self.alpha,
+            "targets": {"lm": self.lm, "dit": self.dit, "projections": self.projections}, "in_use": self.in_use,
+        }  # fmt: skip
+
+
+def persona_targets(infos: Iterable[PersonaInfo]) -> dict[str, list[str]]:
+    """The modules any of ``infos`` adapts, by the reference config's keys (Nano-vLLM-VoxCPM's ``GET /info``)."""
+    infos = list(infos)
+    return {key: sorted({module for info in infos for module in info.modules.get(key, ())}) for key in TARGET_KEYS}
+
+
+class Personas(Protocol):
+    """The personas requests may name, as the handlers use them (``LocalPersonas``, ``RemotePersonas``)."""
+
+    def names(self) -> list[str]: ...
+
+    def check(self, name: str | None) -> None:
+        """Raise ``UnknownPersonaError`` unless ``name`` is None (the base model) or a registered persona."""
+        ...
+
+    async def infos(self) -> list[PersonaInfo]: ...
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        """Load the checkpoint folder ``path`` (on the server) as ``name``; ``PersonaLoadError`` if it cannot."""
+        ...
+
+    async def remove(self, name: str) -> None:
+        """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``."""
+        ...
+
+
+def check_persona(personas: Personas | PersonaRegistry | None, persona: str | None) -> None:
+    """Raise ``UnknownPersonaError`` unless ``persona`` is None (the base model) or loaded in ``personas``."""
+    if persona is None:
+        return
+    if personas is None:
+        raise UnknownPersonaError(f"unknown persona {persona!r}: this server has no personas")
+    personas.check(persona)
+
+
+def open_registry(model: SpeechModel, config: ServerConfig) -> PersonaRegistry | None:
+    """The personas of ``model`` with ``config.loras`` loaded (blocking: at startup, before the server reports
+    ready, so a bad ``--lora`` stops it); None for a model without LoRA layers (the simulator)."""
+    if not isinstance(model, VoxCPMSpeech):
+        if config.loras:
+            raise InvalidInputError(f"--lora needs a checkpoint model; {config.model!r} has no LoRA layers")
+        return None
+    registry = PersonaRegistry(model.tts, config)
+    for name, path in config.loras:  # the operator's folders: not bound to ``lora_root``
+        registry.load(name, Path(path))
+    return registry
+
+
+class PersonaRegistry:
+    """Names → adapters of one model (blocking calls); the model's ``PersonaBank`` is made with the configured
+    capacity. Its callers run one ``add`` at a time, so two loads of one name cannot both pass the checks."""
+
+    def __init__(self, tts: VoxCPM, config: ServerConfig) -> None:
+        self.tts = tts
+        self.config = config
+
+    def _bank_names(self) -> list[str]:
+        bank = self.tts.personas
+        return [] if bank is None else list(bank.adapters)
+
+    def names(self) -> list[str]:
+        return sorted(self._bank_names())
+
+    def check(self, name: str | None) -> None:
+        """Raise ``UnknownPersonaError`` unless ``name`` is None (the base model) or a registered persona."""
+        if name is not None and name not in self._bank_names():
+            known = ", ".join(self.names()) or "none are loaded"
+            raise UnknownPersonaError(f"unknown persona {name!r} (personas: {known})")
+
+    def infos(self) -> list[PersonaInfo]:
+        bank = self.tts.personas
+        if bank is None:
+            return []
+        with bank.lock:
+            adapters = dict(bank.adapters)
+            users = {name: bank.users(name) for name in adapters}
+        infos = []
+        for name, adapter in sorted(adapters.items()):
+            lora = adapter.config
+            targets = (lora.enable_lm, lora.enable_dit, lora.enable_proj)
+            modules = {key: tuple(getattr(lora, key)) for key in TARGET_KEYS}
+            infos.append(PersonaInfo(name, adapter.source, adapter.rank, lora.alpha, *targets, users[name], modules))
+        return infos
+
+    def add(self, name: str, path: str) -> PersonaInfo:
+        """Load the checkpoint folder ``path`` (on the server) as ``name`` (blocking: reads files, and briefly
+        holds the engine's step lock)."""
+        if not is_persona_name(name):
+            raise PersonaLoadError("invalid_name", "a persona name is 1-64 letters, digits or ._-")
+        folder = self._folder(path)
+        if name in self._bank_names():
+            raise PersonaLoadError("persona_exists", f"persona {name!r} exists; delete it first")
+        if len(self._bank_names()) >= self.config.max_loras:
+            limit = self.config.max_loras
+            raise PersonaLoadError("persona_limit", f"{limit} personas are loaded (max_loras); delete one first")
+        self.load(name, folder)
+        return next(info for info in self.infos() if info.name == name)
+
+    def load(self, name: str, folder: Path) -> None:
+        """Load the checkpoint ``folder`` as ``name``, unchecked (``add`` checks a client's request)."""
+        self.tts.enable_personas(self.config.max_personas, self.config.max_lora_rank)
+        try:
+            self.tts.load_persona(name, folder)
+        except ModelLoadError as exc:
+            raise PersonaLoadError("invalid_lora", str(exc)) from exc
+        except PersonaError as exc:  # a rank above max_lora_rank
+            raise PersonaLoadError("lora_too_large", str(exc)) from exc
+
+    def remove(self, name: str) -> None:
+        """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``."""
+        bank = self.tts.personas
+        try:
+            if bank is None:
+                raise PersonaError(f"unknown persona {name!r}")
+            bank.remove(name)
+        except PersonaError as exc:
+            raise UnknownPersonaError(str(exc)) from None
+
+    def _folder(self, path: str) -> Path:
+        if not path or "\0" in path:
+            raise PersonaLoadError("invalid_path", "'path' must name a LoRA checkpoint folder on the server")
+        folder = Path(path).expanduser().resolve()
+        root = self.config.lora_root
+        if root is not None and not folder.is_relative_to(root.expanduser().resolve()):
+            raise PersonaLoadError("invalid_path", f"'path' must be inside the server's LoRA root ({root})")
+        if not folder.is_dir():
+            raise PersonaLoadError("invalid_path", f"{path!r} is not a folder on the server")
+        return folder
+
+
+class LocalPersonas:
+    """``Personas`` of the single-process server: its model's registry, loads off the event loop."""
+
+    def __init__(self, registry: PersonaRegistry) -> None:
+        self.registry = registry
+        self._lock = asyncio.Lock()
+        """Serializes adds, so two loads of one name cannot both pass the existence check."""
+
+    def names(self) -> list[str]:
+        return self.registry.names()
+
+    def check(self, name: str | None) -> None:
+        self.registry.check(name)
+
+    async def infos(self) -> list[PersonaInfo]:
+        return self.registry.infos()
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        async with self._lock:
+            return await asyncio.to_thread(self.registry.add, name, path)
+
+    async def remove(self, name: str) -> None:
+        self.registry.remove(name)

@@ -1,0 +1,423 @@
+"""The WebSocket wire protocol of ``/v1/tts/stream``, sans I/O: every message as a value with encode/decode.
+
+This module is the only place that knows the bytes on the wire (no sockets, no asyncio, no audio
+code, stdlib only); the session logic and any Python client speak in these dataclasses, and
+``tests/fixtures/protocol_vectors.json`` pins the encoding for the clients of other languages.
+
+Control messages are JSON objects in text frames, discriminated by ``"type"``. Client to server:
+``start`` (settings for the utterances that follow; every field optional), ``text``, ``flush``,
+``end``, ``cancel``. Server to client: ``ready``, ``segment``, ``done``, ``error``. A client message
+with an unknown field, a value of the wrong JSON type, or a value out of range is refused as a whole
+with a typed ``ProtocolError`` whose ``code`` is stable (``ErrorCode``). Client messages omit unset
+optional fields; server messages always carry every field (``null`` when unknown).
+
+Audio travels in binary frames, server to client only. Layout (all integers little-endian)::
+
+    offset  size  field
+    0       1     version      FRAME_VERSION (1)
+    1       1     format       0 opus, 1 ogg_opus, 2 pcm_s16le, 3 pcm_f32le (FRAME_FORMATS)
+    2       2     header_size  bytes before the payload (12 in version 1; skip it, do not assume it)
+    4       4     utterance    the utterance number (0, 1, 2, ... per connection)
+    8       4     sequence     this frame's number within its utterance (0, 1, 2, ...)
+    12      ...   payload
+
+The header keeps the payload 4-byte aligned, so ``new Float32Array(buf, 12)`` works for pcm_f32le.
+For ``opus`` the payload is one or more raw Opus packets (RFC 6716, one 20 ms frame each), each
+preceded by its length as a u16: ``[len][packet][len][packet]...``; feed each packet to a WebCodecs
+``AudioDecoder`` as one chunk. For the other formats the payload is the format's bytes (Ogg pages,
+or little-endian mono samples) and frames may be concatenated as they come. A client drops the
+frames of an utterance it cancelled by their ``utterance`` number.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import struct
+import typing
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+from voxwire.serving.error_codes import ErrorCode
+
+PROTOCOL_VERSION = 1
+"""Announced in ``ready``; bumped when a message changes incompatibly."""
+
+FRAME_VERSION = 1
+FRAME_FORMATS = ("opus", "ogg_opus", "pcm_s16le", "pcm_f32le")
+"""The audio formats a WebSocket session can stream; a frame's format byte is the index here."""
+
+_FRAME_HEADER = struct.Struct("<BBHII")
+_PACKET_LENGTH = struct.Struct("<H")
+MAX_PACKET_BYTES = 0xFFFF
+"""Largest Opus packet a u16 length prefix can carry (libopus packets are at most 1275 bytes)."""
+
+MAX_SEED = 2**63
+MAX_BUFFER_DELAY_MS = 60_000
+MAX_PLAYBACK_LEAD_MS = 10_000
+"""Bound on ``start.playback_lead_ms``: a listener buffering more than this is not listening live."""
+"""Longest wait for more text a client may ask for; a minute covers any language model's pause."""
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes the server uses; the close reason starts with the ``ErrorCode`` value."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    """The server is shutting down."""
+    PROTOCOL_ERROR = 1002
+    """A frame that breaks RFC 6455, e.g. an unmasked client frame (``protocol_error``)."""
+    INVALID_DATA = 1007
+    """A text frame that is not UTF-8 (``invalid_json``; RFC 6455 requires closing)."""
+    MESSAGE_TOO_BIG = 1009
+    """A message far over ``max_message_bytes`` (refused before it is read; smaller excesses get an error)."""
+    INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
+    """Not sent by this server (it refuses new connections with HTTP 503); clients retry it like a 503."""
+    SLOW_CONSUMER = 4001
+    """The client did not read audio fast enough; more than ``max_unsent_audio_s`` was waiting."""
+    IDLE_TIMEOUT = 4002
+    """No client message and nothing spoken for ``idle_timeout_s``."""
+    RATE_LIMITED = 4003
+    """More than ``max_messages_per_s`` client messages a second, beyond a one-second burst."""
+
+
+class ProtocolError(Exception):
+    """A message that cannot be accepted; ``code`` is stable, the text is for humans."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---- JSON messages ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Settings for the utterances that follow; an omitted field takes the server's default.
+
+    Accepted between utterances (not while one has text and no ``end``); answered with ``ready``.
+    """
+
+    type: ClassVar[str] = "start"
+    voice: str | None = None
+    """A saved voice id, ``default`` or an OpenAI voice name (the model's default voice)."""
+    format: str | None = None
+    """One of ``FRAME_FORMATS``; the server default is ``opus``."""
+    seed: int | None = None
+    """Segment k of each utterance uses ``seed + k``; omitted means a fresh random seed per segment."""
+    cfg_value: float | None = None
+    inference_timesteps: int | None = None
+    max_buffer_delay_ms: int | None = None
+    """How long an incomplete sentence waits for more text before it is spoken; 0 speaks each text at once."""
+    normalize: bool | None = None
+    """Read numbers, dates and money as words (``voxwire[normalize]``), per sentence; default off."""
+    playback_lead_ms: int | None = None
+    """Audio the client buffers before it starts playing an utterance; the server's real-time scheduler
+    keeps each stream ahead of the playback this implies (default: the server's ``--playback-lead-ms``)."""
+    persona: str | None = None
+    """A LoRA persona loaded on the server (``GET /v1/loras``); omitted means the base model."""
+
+    def check(self) -> None:
+        _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
+        _check_range(self.seed is None or 0 <= self.seed < MAX_SEED, "seed", "in [0, 2**63)")
+        _check_range(self.cfg_value is None or math.isfinite(self.cfg_value), "cfg_value", "finite")
+        _check_range(self.inference_timesteps is None or self.inference_timesteps >= 1, "inference_timesteps", ">= 1")
+        delay = self.max_buffer_delay_ms
+        _check_range(delay is None or 0 <= delay <= MAX_BUFFER_DELAY_MS, "max_buffer_delay_ms", "in [0, 60000]")
+        lead = self.playback_lead_ms
+        _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
+
+
+@dataclass(frozen=True)
+class Text:
+    """Append text to the open utterance (opening one if none is). Send the spaces between words."""
+
+    type: ClassVar[str] = "text"
+    text: str
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Speak everything buffered now, even an incomplete sentence; the utterance stays open."""
+
+    type: ClassVar[str] = "flush"
+
+
+@dataclass(frozen=True)
+class End:
+    """Close the open utterance: the rest of its text is spoken, then ``done`` follows."""
+
+    type: ClassVar[str] = "end"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop every utterance not yet done within one engine step and drop buffered text; each gets ``done``."""
+
+    type: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Sent on connect and after each ``start``: the settings in effect for the next utterance."""
+
+    type: ClassVar[str] = "ready"
+    protocol: int
+    model: str
+    format: str
+    sample_rate: int
+    """Rate of the audio in the frames (Opus: its coding rate; decoders may output 48 kHz)."""
+    chunk_s: float
+    """Audio per model step; a frame usually carries one step's audio."""
+    pre_skip: int
+    """Opus only: 48 kHz samples to drop at the start of each utterance's decoded audio; else 0."""
+    voice: str | None
+    seed: int | None
+    cfg_value: float
+    inference_timesteps: int
+    max_buffer_delay_ms: int
+    playback_lead_ms: int
+    """The listener lead the server schedules this connection's streams by."""
+    persona: str | None
+    """The LoRA persona the next utterances speak with (null: the base model)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A sentence of ``utterance`` starts: sent just before its first audio frame."""
+
+    type: ClassVar[str] = "segment"
+    utterance: int
+    index: int
+    text: str
+    start_sample: int
+    """Offset of its first sample in the utterance's audio, at ``ready.sample_rate`` (Opus: before pre-skip
+    is applied, i.e. in the encoder's input timeline)."""
+    spoken: str
+    """What was spoken: ``text`` normalized when ``start.normalize`` is on, else ``text`` itself."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """The last message of an utterance: no audio frame of it follows."""
+
+    type: ClassVar[str] = "done"
+    utterance: int
+    finish_reason: str
+    """A ``FinishReason`` value."""
+    segments: int
+    """Segments that started speaking."""
+    audio_s: float
+    """Audio of this utterance handed to the socket, in seconds (after a cancel: what the client got)."""
+    ttfa_s: float | None
+    """Time to first audio: the utterance's first ``text`` received to its first frame sent (null: none)."""
+    buffer_s: float | None
+    """Of ``ttfa_s``, the wait for a complete sentence (first text to first engine request)."""
+    engine_ttfc_s: float | None
+    """Of ``ttfa_s``, the engine's own time to first chunk (request submitted to first chunk out)."""
+
+
+@dataclass(frozen=True)
+class Error:
+    """Something was refused or failed; ``code`` is an ``ErrorCode`` value."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    utterance: int | None = None
+    """The utterance that failed, when the error ended one."""
+
+
+ClientMessage = Start | Text | Flush | End | Cancel
+ServerMessage = Ready | Segment | Done | Error
+JsonMessage = ClientMessage | ServerMessage
+CLIENT_MESSAGES: dict[str, type[ClientMessage]] = {cls.type: cls for cls in (Start, Text, Flush, End, Cancel)}
+SERVER_MESSAGES: dict[str, type[ServerMessage]] = {cls.type: cls for cls in (Ready, Segment, Done, Error)}
+
+
+def encode(message: JsonMessage) -> str:
+    """The message as a compact JSON text frame, ``type`` first; client messages omit unset (None) fields."""
+    body = asdict(message)
+    if message.type in CLIENT_MESSAGES:
+        body = {name: value for name, value in body.items() if value is not None}
+    return json.dumps({"type": message.type, **body}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def decode_client(data: str | bytes) -> ClientMessage:
+    """Parse a client's text frame. Raises ``ProtocolError``."""
+    return _decode(data, CLIENT_MESSAGES)
+
+
+def decode_server(data: str | bytes) -> ServerMessage:
+    """Parse a server's text frame (for clients and tests). Raises ``ProtocolError``."""
+    return _decode(data, SERVER_MESSAGES)
+
+
+_M = typing.TypeVar("_M", ClientMessage, ServerMessage)
+
+
+def _decode(data: str | bytes, registry: dict[str, type[_M]]) -> _M:
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"not a JSON text: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, 'a message is a JSON object with a string "type"')
+    cls = registry.get(obj["type"])
+    if cls is None:
+        known = ", ".join(registry)
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {obj['type']!r} (expected one of {known})")
+    message = cls(**_fields_of(cls, obj))
+    check = getattr(message, "check", None)
+    if check is not None:
+        check()
+    return message
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    """One message field's wire rule, worked out once from its annotation."""
+
+    name: str
+    base: type
+    """The JSON-facing Python type (str, int or float)."""
+    optional: bool
+
+
+def _field_specs(cls: type[Any]) -> tuple[_FieldSpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        args = typing.get_args(hints[f.name])
+        base = next(t for t in args or (hints[f.name],) if t is not type(None))
+        specs.append(_FieldSpec(f.name, base, type(None) in args))
+    return tuple(specs)
+
+
+# Resolved at import, not per message: type-hint reflection costs far more than parsing a message.
+_SPECS: dict[type[Any], tuple[_FieldSpec, ...]] = {
+    cls: _field_specs(cls) for cls in (*CLIENT_MESSAGES.values(), *SERVER_MESSAGES.values())
+}
+_NAMES: dict[type[Any], frozenset[str]] = {cls: frozenset(spec.name for spec in specs) for cls, specs in _SPECS.items()}
+
+
+def _fields_of(cls: type[Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """The dataclass fields of ``cls`` from ``obj``, each checked against its annotation."""
+    kind, names = obj["type"], _NAMES[cls]
+    for name in obj:
+        if name != "type" and name not in names:
+            raise ProtocolError(ErrorCode.UNKNOWN_FIELD, f"{kind!r} has no field {name!r}")
+    values: dict[str, Any] = {}
+    for spec in _SPECS[cls]:
+        if spec.name in obj:
+            values[spec.name] = _typed(kind, spec, obj[spec.name])
+        elif not spec.optional:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind!r} needs the field {spec.name!r}")
+    return values
+
+
+_JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
+    if value is None and spec.optional:
+        return None
+    name, base = spec.name, spec.base
+    ok = isinstance(value, base) and (base is bool or not isinstance(value, bool))
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if base is str and ok and not _is_unicode(value):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} is not valid Unicode (a lone surrogate)")
+    if not ok:
+        allowed = _JSON_TYPES[base] + (" or null" if spec.optional else "")
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} must be {allowed}, got {_json_type(value)}")
+    return value
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _check_range(ok: bool, name: str, rule: str) -> None:
+    if not ok:
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.{name} must be {rule}")
+
+
+# ---- binary audio frames ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    """One binary frame: audio of ``utterance``, in order by ``sequence``.
+
+    ``packets`` holds Opus packets for ``opus`` and a single block of bytes for the other formats.
+    """
+
+    format: str
+    utterance: int
+    sequence: int
+    packets: tuple[bytes, ...]
+
+    def encode(self) -> bytes:
+        header = _FRAME_HEADER.pack(
+            FRAME_VERSION, FRAME_FORMATS.index(self.format), _FRAME_HEADER.size, self.utterance, self.sequence
+        )
+        if self.format != "opus":
+            return header + b"".join(self.packets)
+        parts = [header]
+        for packet in self.packets:
+            if not 0 < len(packet) <= MAX_PACKET_BYTES:
+                raise ValueError(f"an Opus packet must have 1..{MAX_PACKET_BYTES} bytes, got {len(packet)}")
+            parts += [_PACKET_LENGTH.pack(len(packet)), packet]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, data: bytes) -> AudioFrame:
+        """Parse a frame. Raises ``ProtocolError`` with ``ErrorCode.BAD_FRAME``."""
+        if len(data) < _FRAME_HEADER.size:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"a frame has at least {_FRAME_HEADER.size} bytes")
+        version, fmt, header_size, utterance, sequence = _FRAME_HEADER.unpack_from(data)
+        if version != FRAME_VERSION or fmt >= len(FRAME_FORMATS) or not _FRAME_HEADER.size <= header_size <= len(data):
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"bad header: version {version}, format {fmt}, size {header_size}")
+        payload = data[header_size:]
+        name = FRAME_FORMATS[fmt]
+        packets = _split_packets(payload) if name == "opus" else (payload,)
+        return cls(name, utterance, sequence, packets)
+
+
+def _split_packets(payload: bytes) -> tuple[bytes, ...]:
+    packets, offset = [], 0
+    while offset < len(payload):
+        if offset + _PACKET_LENGTH.size > len(payload):
+            raise ProtocolError(ErrorCode.BAD_FRAME, "truncated packet length")
+        (size,) = _PACKET_LENGTH.unpack_from(payload, offset)
+        offset += _PACKET_LENGTH.size
+        if size == 0 or offset + size > len(payload):
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"packet of {size} bytes at offset {offset} does not fit")
+        packets.append(payload[offset : offset + size])
+        offset += size
+    return tuple(packets)

@@ -1,0 +1,133 @@
+"""``SpeechModel``: what serving needs from a model, whatever runs it (a loaded VoxCPM or the simulator).
+
+The service asks a ``SpeechModel`` for its description (``ModelInfo``), the shape of its voice latents,
+an admission estimate of a request's prompt length, voice encoding, and a ``Runner`` for the engine.
+``load_speech_model`` picks the implementation from ``--model``: ``sim`` is the load-testing simulator
+(``voxwire.sim``), anything else a checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from voxwire.audio.clip import AudioSource
+from voxwire.engine.outputs import Runner
+from voxwire.prompt import VoicePrompt
+from voxwire.text.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from voxwire.serving.config import ServerConfig
+    from voxwire.tts import VoxCPM
+
+SIM_MODEL = "sim"
+"""``--model sim``: no weights, steps paced by a cost model, a speech clip as output (load tests)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client is told about the model in ``ready`` messages and headers."""
+
+    name: str
+    sample_rate: int
+    samples_per_patch: int
+    reference_cloning: bool
+    """Whether a voice can be made from a clip without its transcript (``ModelConfig.reference_cloning``)."""
+
+    @property
+    def chunk_seconds(self) -> float:
+        return self.samples_per_patch / self.sample_rate
+
+
+class PromptLength(Protocol):
+    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
+        """A request's prompt length in LM positions: its text's tokens and its voice's."""
+        ...
+
+
+def voice_positions(voice: VoicePrompt) -> int:
+    """Positions a voice's latents take in a prompt (each clip has a start and an end position)."""
+    return sum(
+        0 if patches is None else patches.shape[0] + 2 for patches in (voice.audio_patches, voice.reference_patches)
+    )
+
+
+@dataclass(frozen=True)
+class TokenizedPromptLength:
+    """``PromptLength`` by the model's own tokenizer."""
+
+    tokenizer: TextTokenizer
+
+    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
+        tokens = len(self.tokenizer.encode(text)) + 1
+        if voice is not None:
+            tokens += len(self.tokenizer.encode(voice.text)) + voice_positions(voice)
+        return tokens
+
+
+class SpeechModel(Protocol):
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def patch_shape(self) -> tuple[int, int]:
+        """(patch_size, feat_dim) of a voice's latent patches (the voice store checks saved voices by it)."""
+        ...
+
+    @property
+    def prompt_length(self) -> PromptLength:
+        """The admission budget's estimate of a request's prompt length (picklable: frontends use it too)."""
+        ...
+
+    def make_prompt(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+        reference_audio: AudioSource | None = None,
+        reference_sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        """Encode a voice clip (blocking: the caller runs it off the event loop)."""
+        ...
+
+    def new_runner(self, config: ServerConfig) -> Runner:
+        """The engine's runner, sized by the config (sessions, positions, memory)."""
+        ...
+
+
+class VoxCPMSpeech:
+    """A loaded checkpoint as a ``SpeechModel``: ``ModelRunner`` steps, the VAE encodes voices."""
+
+    def __init__(self, tts: VoxCPM) -> None:
+        self.tts = tts
+        self.info = ModelInfo(tts.name, tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
+        self.patch_shape = (tts.config.patch_size, tts.config.feat_dim)
+        self.make_prompt = tts.make_prompt
+        self.prompt_length = TokenizedPromptLength(tts.tokenizer)
+
+    def new_runner(self, config: ServerConfig) -> Runner:
+        from voxwire.engine.runner import ModelRunner
+
+        return ModelRunner(
+            self.tts,
+            num_slots=config.max_sessions,
+            max_length=config.max_length,
+            kv_cache_bytes=config.kv_cache_bytes,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_timesteps=config.max_inference_timesteps,
+            voice_cache_bytes=config.voice_cache_bytes,
+            measure_cost=config.realtime,  # the real-time policy budgets steps by it
+            batch_invariant=config.batch_invariant,
+        )
+
+
+def load_speech_model(config: ServerConfig) -> SpeechModel:
+    """The model ``config.model`` names: ``sim``, ``demo`` (tiny random weights: noise), a folder or a hub id."""
+    if config.model == SIM_MODEL:
+        from voxwire.sim.model import SimSpeech
+
+        return SimSpeech(config.sim_config())
+    from voxwire.loader import load_model
+
+    return VoxCPMSpeech(load_model(config.model, device=config.device, dtype=config.dtype, vae_dtype=config.vae_dtype))

@@ -1,0 +1,242 @@
+"""One WebSocket utterance (its sentences, encoder and timings) and the settings it is spoken with.
+
+An ``Utterance`` is passive state shared by the session (which feeds it text and ends or cancels
+it) and the utterance's speaking task (which takes its sentences one by one). ``Settings`` are the
+validated values of a ``start`` message (``resolve_settings``), announced by ``ready_message``.
+``continuation`` is the rule that makes consecutive segments one voice. Nothing here talks to the
+engine or the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from voxwire.audio.formats import OpusPacketStream, StreamEncoder, make_encoder
+from voxwire.audio.opus import OpusSettings
+from voxwire.chunk import Patch
+from voxwire.engine import ParamLimits, SynthesisParams
+from voxwire.finish_reason import FinishReason
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.outbox import Delivery
+from voxwire.serving.personas import UnknownPersonaError
+from voxwire.serving.protocol import (
+    MAX_SEED,
+    PROTOCOL_VERSION,
+    Done,
+    ErrorCode,
+    ProtocolError,
+    Ready,
+    Start,
+)
+from voxwire.serving.service import ModelInfo, SpeechService
+from voxwire.serving.voices import UnknownVoiceError, VoiceStore
+from voxwire.text.normalize import EXTRA_HINT, normalizer_available
+
+DEFAULT_FORMAT = "opus"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a ``start`` asked for, resolved and validated; applies to utterances opened after it."""
+
+    voice: str | None
+    prompt: VoicePrompt | None
+    """The voice's latents; None is the model's default voice."""
+    format: str
+    params: SynthesisParams
+    """``params.seed`` is the utterance's base seed (segment k uses seed + k)."""
+    max_buffer_delay_ms: int
+    playback_lead_ms: int
+    """Audio the listener buffers before it plays (announced, else the server's default): the real-time
+    scheduler's deadline for each stream."""
+    normalize: bool = False
+    """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
+    persona: str | None = None
+    """The LoRA persona every segment speaks with; None is the base model."""
+
+    def segment_params(self, index: int) -> SynthesisParams:
+        seed = self.params.seed
+        return self.params if seed is None else replace(self.params, seed=(seed + index) % MAX_SEED)
+
+
+def resolve_settings(
+    start: Start,
+    voices: VoiceStore,
+    service: SpeechService,
+    limits: ParamLimits,
+    default_delay_ms: int,
+    default_lead_ms: int,
+) -> Settings:
+    """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice or persona, values past the
+    limits)."""
+    try:
+        prompt = voices.resolve(start.voice)
+    except UnknownVoiceError as exc:
+        raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
+    try:
+        service.check_persona(start.persona)
+    except UnknownPersonaError as exc:
+        raise ProtocolError(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
+    given: dict[str, Any] = {
+        "cfg_value": start.cfg_value,
+        "inference_timesteps": start.inference_timesteps,
+        "seed": start.seed,
+    }
+    try:
+        params = SynthesisParams(**{name: value for name, value in given.items() if value is not None})
+        limits.check(params)
+    except ValueError as exc:
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, str(exc)) from None
+    delay = default_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
+    if start.normalize and not normalizer_available():
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
+    lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
+    fmt = start.format or DEFAULT_FORMAT
+    return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona)
+
+
+def new_encoder(settings: Settings, model_rate: int, opus: OpusSettings) -> StreamEncoder:
+    """One utterance's encoder: each utterance is an independent stream (Opus: its own pre-skip)."""
+    return make_encoder(settings.format, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
+
+
+def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings) -> Ready:
+    rate, pre_skip = _stream_shape(settings.format, info.sample_rate, opus)
+    params = settings.params
+    return Ready(
+        PROTOCOL_VERSION, info.name, settings.format, rate, info.chunk_seconds, pre_skip,
+        settings.voice, params.seed, params.cfg_value, params.inference_timesteps, settings.max_buffer_delay_ms,
+        settings.playback_lead_ms,
+        settings.persona,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _stream_shape(fmt: str, model_rate: int, opus: OpusSettings) -> tuple[int, int]:
+    """(sample rate, Opus pre-skip or 0) of a format's stream; cached, since building an Opus encoder to ask
+    costs about 0.1 ms and every ``start`` is answered with a ``ready``."""
+    encoder = make_encoder(fmt, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
+    return encoder.sample_rate, encoder.opus.pre_skip if isinstance(encoder, OpusPacketStream) else 0
+
+
+class UtteranceStatus(enum.Enum):
+    """Where an utterance is in its life; it only moves forward (``Utterance.move``, ``_TRANSITIONS``)."""
+
+    OPEN = "open"
+    """Taking text (at most one per session)."""
+    ENDED = "ended"
+    """No more text (``end``, ``cancel``, or a failure): speaking what was queued."""
+    FINISHED = "finished"
+    """Its ``done`` is queued; the server still counts it live until that is sent (so a drain lets it out)."""
+    RELEASED = "released"
+    """Its ``done`` was sent, or the session stopped: nothing holds it any more."""
+
+
+_TRANSITIONS: dict[UtteranceStatus, frozenset[UtteranceStatus]] = {
+    UtteranceStatus.OPEN: frozenset({UtteranceStatus.ENDED, UtteranceStatus.RELEASED}),
+    UtteranceStatus.ENDED: frozenset({UtteranceStatus.FINISHED, UtteranceStatus.RELEASED}),
+    UtteranceStatus.FINISHED: frozenset({UtteranceStatus.RELEASED}),
+    UtteranceStatus.RELEASED: frozenset(),
+}
+
+
+class Utterance:
+    """State of one utterance from its first text to its ``done``."""
+
+    def __init__(self, number: int, settings: Settings, model_rate: int, opus: OpusSettings) -> None:
+        self.number = number
+        self.settings = settings
+        self.model_rate = model_rate
+        self.encoder = new_encoder(settings, model_rate, opus)
+        self.delivery = Delivery(number, settings.format)
+        self.status = UtteranceStatus.OPEN
+        self.chars = 0
+        self.queued = 0
+        """Segments handed to the speaking task so far."""
+        self.started = 0
+        """Segments that produced audio."""
+        self.samples = 0
+        """Model-rate samples produced, so the next segment starts at this offset."""
+        self.task: asyncio.Task[None] | None = None
+        self.live = contextlib.ExitStack()
+        """Holds the server's live-utterance count until ``RELEASED``."""
+        self.started_at = time.monotonic()
+        self.first_request_at: float | None = None
+        self.first_chunk_at: float | None = None
+        self._segments: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def move(self, status: UtteranceStatus) -> None:
+        """Go to ``status``; a move the lifecycle does not allow is a server bug. Releasing frees ``live``."""
+        if status not in _TRANSITIONS[self.status]:
+            raise RuntimeError(f"utterance {self.number}: no transition {self.status.value} -> {status.value}")
+        self.status = status
+        if status is UtteranceStatus.RELEASED:
+            self.live.close()
+
+    def add_segment(self, text: str) -> None:
+        self.queued += 1
+        self._segments.put_nowait(text)
+
+    def end(self) -> None:
+        """No more sentences will come: ``next_segment`` returns None after the last one."""
+        self._segments.put_nowait(None)
+
+    async def next_segment(self) -> str | None:
+        """The next sentence to speak; None once the utterance ended and every sentence was taken."""
+        return await self._segments.get()
+
+    def done(self, reason: FinishReason) -> Done:
+        """The utterance's ``done``, with what the socket has taken of it so far."""
+        sent = self.delivery
+        return Done(
+            utterance=self.number,
+            finish_reason=reason.value,
+            segments=self.started,
+            audio_s=round(sent.sent_s, 6),
+            ttfa_s=_between(self.started_at, sent.first_sent_at),
+            buffer_s=_between(self.started_at, self.first_request_at),
+            engine_ttfc_s=_between(self.first_request_at, self.first_chunk_at),
+        )
+
+    @property
+    def playback_lead_s(self) -> float:
+        return self.settings.playback_lead_ms / 1000
+
+    def playback_due(self) -> float | None:
+        """When the next sentence's first chunk is due (``time.monotonic``): the listener started playing one
+        lead after the utterance's first chunk and has been playing every sample produced since. None
+        before the first chunk: that sentence starts a new stream. (If the listener ran dry earlier, it
+        resumed later than this, so this errs early: the sentence is treated as more urgent, never less.)"""
+        if self.first_chunk_at is None:
+            return None
+        return self.first_chunk_at + self.playback_lead_s + self.samples / self.model_rate
+
+    @property
+    def start_sample(self) -> int:
+        """Where the next segment starts, at the encoder's rate (what ``ready.sample_rate`` announced)."""
+        return self.samples * self.encoder.sample_rate // self.model_rate
+
+
+def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> VoicePrompt:
+    """The prompt for the segment after ``text``: the session's voice followed by that segment alone.
+
+    Only the previous segment is carried, so a prompt holds at most the voice plus one segment
+    (a segment is at most the segmenter's ``max_chars``): prompts never grow with the utterance.
+    The space restores the separator the segmenter stripped between the two sentences.
+    """
+    stacked = torch.from_numpy(np.stack(patches))
+    spoken = text + " "
+    return VoicePrompt(spoken, stacked) if base is None else base.continued(spoken, stacked)
+
+
+def _between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 6)

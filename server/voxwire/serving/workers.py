@@ -1,0 +1,237 @@
+"""``voxwire serve --workers N [--devices D,...]``: engine processes, frontends on one port, their supervisor.
+
+The process that runs ``voxwire serve`` becomes the supervisor: it reserves the port, starts one
+engine process per device (``engine_core.run_engine``: the model, the device, no event loop; one with
+no ``--devices``) and N frontends (at least one with ``--devices``)
+(``run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
+listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them. Then it watches:
+
+- SIGTERM/SIGINT: the frontends drain (``/ready`` 503, live utterances finish, WebSockets close 1001),
+  then the engine stops; exit 0.
+- A frontend exits: only its connections end (the kernel closes them); it is started again, and the
+  engines abort the requests the dead process left behind when the new one says hello.
+- An engine exits: every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as
+  ``unavailable`` and closes; exit 1.
+
+Children stop on their own when the supervisor disappears (they watch their parent process id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import multiprocessing.context
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import multiprocess
+
+from voxwire.serving.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+_WATCH_S = 0.1
+"""How often the supervisor looks at its children."""
+_RESTART_INTERVAL_S = 1.0
+"""A frontend that keeps dying is restarted at most this often."""
+_STOP_GRACE_S = 15.0
+"""After the drain timeout, how long a frontend may take to close before it is killed."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def supervise(config: ServerConfig) -> int:
+    """Run the engines and ``config.frontends`` frontends until a signal or an engine's death; the exit status."""
+    context = multiprocessing.get_context("spawn")  # no fork: the engine may hold CUDA, frontends must not
+    log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    with tempfile.TemporaryDirectory(prefix="voxwire-") as folder:
+        metrics_dir = Path(folder) / "metrics"
+        metrics_dir.mkdir()
+        # Read by prometheus_client when the frontends import it: their instruments write to shared files.
+        os.environ[MULTIPROC_ENV] = str(metrics_dir)
+        reserved = _reserve_port(config.host, config.port)
+        try:
+            port = reserved.getsockname()[1]
+            endpoints = tuple(f"ipc://{folder}/engine-{i}" for i in range(len(config.engine_devices())))
+            supervisor = _Supervisor(context, replace(config, port=port), endpoints, metrics_dir, log_level)
+            return supervisor.run()
+        finally:
+            reserved.close()
+            os.environ.pop(MULTIPROC_ENV, None)
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (without listening) so that ``port`` 0 becomes one real port that every frontend then shares."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    reserved = socket.socket(family, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reserved.bind((host, port))
+    return reserved
+
+
+class _Supervisor:
+    def __init__(
+        self,
+        context: multiprocessing.context.SpawnContext,
+        config: ServerConfig,
+        endpoints: tuple[str, ...],
+        metrics_dir: Path,
+        log_level: str,
+    ) -> None:
+        self.context = context
+        self.config = config
+        self.endpoints = endpoints
+        self.metrics_dir = metrics_dir
+        self.log_level = log_level
+        self.frontends: dict[int, multiprocessing.process.BaseProcess] = {}
+        self.started_at: dict[int, float] = {}
+        self.stop_requested = False
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        from voxwire.serving.engine_core import run_engine
+
+        engines = []
+        for index, (device, endpoint) in enumerate(zip(self.config.engine_devices(), self.endpoints, strict=True)):
+            # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
+            config = replace(self.config, device=device, devices=())
+            engine = self.context.Process(
+                target=run_engine, args=(config, index, endpoint, self.log_level), name=f"voxwire-engine-{index}"
+            )
+            engine.start()
+            logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
+            engines.append(engine)
+        for index in range(self.config.frontends):
+            self._start_frontend(index)
+        logger.info("supervising %d engine(s) and %d frontend(s)", len(engines), self.config.frontends)
+        while not self.stop_requested:
+            time.sleep(_WATCH_S)
+            for engine in engines:
+                if not engine.is_alive():
+                    return self._engine_died(engine, engines)
+            for index, process in list(self.frontends.items()):
+                if not process.is_alive() and not self.stop_requested:
+                    self._restart(index, process)
+        return self._shutdown(engines)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+
+    def _start_frontend(self, index: int) -> None:
+        process = self.context.Process(
+            target=run_frontend,
+            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level),
+            name=f"voxwire-frontend-{index}",
+        )
+        process.start()
+        logger.info("frontend %d started (pid %d)", index, process.pid)
+        self.frontends[index] = process
+        self.started_at[index] = time.monotonic()
+
+    def _restart(self, index: int, process: multiprocessing.process.BaseProcess) -> None:
+        if time.monotonic() - self.started_at[index] < _RESTART_INTERVAL_S:
+            return  # it died at once: try again a little later rather than spin
+        logger.error("frontend %d (pid %s) exited with %s: restarting it", index, process.pid, process.exitcode)
+        if process.pid is not None:
+            multiprocess.mark_process_dead(process.pid, str(self.metrics_dir))
+        self._start_frontend(index)
+
+    def _shutdown(self, engines: list[multiprocessing.process.BaseProcess]) -> int:
+        logger.info("shutting down: the frontends drain, then the engines stop")
+        self._stop_frontends(signal.SIGTERM, self.config.drain_timeout_s + _STOP_GRACE_S)
+        _stop_engines(engines)
+        logger.info("stopped")
+        return 0 if all(engine.exitcode == 0 for engine in engines) else 1
+
+    def _engine_died(
+        self, dead: multiprocessing.process.BaseProcess, engines: list[multiprocessing.process.BaseProcess]
+    ) -> int:
+        # A frontend's connections may be pinned to the dead engine, and its voices hub may be gone: the whole
+        # server stops (exit 1) and its orchestrator restarts it, as with one engine.
+        logger.error("%s exited with %s: closing the frontends and the other engines", dead.name, dead.exitcode)
+        self._stop_frontends(signal.SIGUSR1, _STOP_GRACE_S)
+        _stop_engines([engine for engine in engines if engine is not dead])
+        return 1
+
+    def _stop_frontends(self, signum: signal.Signals, timeout: float) -> None:
+        for process in self.frontends.values():
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signum)
+        deadline = time.monotonic() + timeout
+        for process in self.frontends.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                logger.error("frontend pid %s did not stop in time: killing it", process.pid)
+                process.kill()
+                process.join()
+
+
+def _stop_engines(engines: list[multiprocessing.process.BaseProcess]) -> None:
+    for engine in engines:
+        if engine.is_alive():
+            engine.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for engine in engines:
+        engine.join(max(0.0, deadline - time.monotonic()))
+        if engine.is_alive():
+            logger.error("%s did not stop in %.0f s: killing it", engine.name, _STOP_GRACE_S)
+            engine.kill()
+            engine.join()
+
+
+# ---- the frontend process ---------------------------------------------------------------------------------------
+
+
+def run_frontend(
+    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str
+) -> None:
+    """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the engine died."""
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
+    from voxwire.serving.app import run_loop
+
+    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir)))
+
+
+async def _frontend(config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str) -> int:
+    from voxwire.serving.app import build_app, run_app
+    from voxwire.serving.engine_proxy import EngineProxy, SharedVoiceStore
+    from voxwire.serving.keys import METRICS_KEY, STATE_KEY, Phase
+
+    parent = os.getppid()
+    # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
+    proxy = await EngineProxy.connect(endpoints, index, config)
+    voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
+    app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
+    stop = asyncio.Event()
+    engine_dead = False
+
+    def on_engine_death() -> None:
+        nonlocal engine_dead
+        engine_dead = True
+        app[STATE_KEY].phase = Phase.DRAINING  # /ready answers 503 from now on
+        proxy.engine_died()
+        stop.set()
+
+    async def watch() -> None:
+        """Keep this frontend's share of the metrics current; stop if the supervisor is gone."""
+        while os.getppid() == parent:
+            app[METRICS_KEY].refresh()
+            await asyncio.sleep(1.0)
+        logger.error("the supervisor is gone: stopping")
+        stop.set()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, on_engine_death)
+    watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
+    try:
+        await run_app(app, config, reuse_port=True, stop=stop)
+    finally:
+        watcher.cancel()
+    return 1 if engine_dead else 0

@@ -1,0 +1,110 @@
+"""The WebSocket endpoint ``/v1/tts/stream``: admission, then frames in and out of a ``Session``.
+
+This module only adapts aiohttp to the session: it refuses a connection with HTTP 503 before the
+upgrade while the replica is not ready, draining or full (``admission.py``: a balancer can retry a
+503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
+frame to the ``Session`` (which holds every rule of the protocol, see ``session.py`` and
+``protocol.py``) and gives the session a close that cannot hang on a client that stopped reading.
+Authentication and the Origin check happen before, in ``auth.auth_middleware``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import WSMsgType, web
+
+from voxwire.serving.encoding import INLINE
+from voxwire.serving.http_api import require_admission
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    ENCODERS_KEY,
+    METRICS_KEY,
+    SERVICE_KEY,
+    SESSIONS_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+)
+from voxwire.serving.protocol import CloseCode
+from voxwire.serving.session import Session
+from voxwire.serving.ws_frames import StreamSocket
+
+STREAM_PATH = "/v1/tts/stream"
+
+HARD_SIZE_FACTOR = 4
+"""A message up to this many times ``max_message_bytes`` is read and answered with ``message_too_large``;
+a larger one is refused by aiohttp before it is read (close code 1009), which bounds a reader's memory."""
+
+CLOSE_TIMEOUT_S = 2.0
+"""How long a close handshake may take before the TCP connection is cut (a client that stopped reading
+never answers it)."""
+
+
+def add_ws_routes(app: web.Application) -> None:
+    app.router.add_get(STREAM_PATH, stream)
+
+
+class _Socket:
+    """``SessionTransport`` over an aiohttp WebSocket."""
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
+        self.ws = ws
+        self.transport = request.transport
+
+    async def send_str(self, data: str) -> None:
+        await self.ws.send_str(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+
+    async def close(self, code: CloseCode, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), CLOSE_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError):
+            pass  # the connection is cut below all the same
+        finally:
+            # The handshake is over (or timed out), but a closed transport keeps its socket until its write buffer
+            # drains, which a client that stopped reading never lets happen: cut the connection.
+            if self.transport is not None:
+                self.transport.abort()
+
+
+async def stream(request: web.Request) -> web.WebSocketResponse:
+    app = request.app
+    config = app[CONFIG_KEY]
+    # Refused before the 101 (an HTTP 503 with Retry-After), so a load balancer can try another replica.
+    require_admission(app, connection=True)
+    # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
+    ws = StreamSocket(
+        max_message_bytes=config.max_message_bytes,
+        heartbeat=config.ping_interval_s,
+        max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes,
+        compress=False,
+    )
+    sessions = app[SESSIONS_KEY]
+    # Counted from the admission check on (no await in between), so concurrent upgrades cannot exceed the limit.
+    sessions.add(ws)
+    try:
+        await ws.prepare(request)
+        socket = _Socket(ws, request)
+        session = Session(
+            app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
+            config,
+            app[VOICES_KEY],
+            app[STATE_KEY],
+            socket,
+            app.get(METRICS_KEY),
+            app.get(ENCODERS_KEY, INLINE),
+        )
+        async with session:
+            async for message in ws:
+                if message.type is WSMsgType.TEXT:
+                    session.receive(message.data)
+                elif message.type is WSMsgType.BINARY:
+                    session.receive_binary()
+                # Messages already buffered are returned without a suspension: yield, so that a
+                # client sending many at once takes turns with every other connection.
+                await asyncio.sleep(0)
+    finally:
+        sessions.discard(ws)
+    return ws

@@ -1,0 +1,82 @@
+"""``SimSpeech``: the simulator as a ``SpeechModel``: VoxCPM2's rates and shapes, the packaged speech clip."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from voxwire.audio.clip import AudioSource, load_clip
+from voxwire.engine.outputs import Runner
+from voxwire.errors import InvalidInputError
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.speech_model import SIM_MODEL, ModelInfo, voice_positions
+from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
+
+if TYPE_CHECKING:
+    from voxwire.serving.config import ServerConfig
+
+SPEECH_CLIP = Path(__file__).with_name("speech.opus")
+"""~14 s of espeak-ng speech, Ogg Opus (made by ``scripts/make_sim_speech.py``)."""
+PATCH_SHAPE = (4, 64)
+"""VoxCPM2's (patch_size, feat_dim): simulated voices are shaped like real ones."""
+
+
+@cache
+def speech_clip(sample_rate: int) -> npt.NDArray[np.float32]:
+    """The packaged clip as float32 mono at ``sample_rate`` (decoded once per rate)."""
+    return load_clip(SPEECH_CLIP, sample_rate)
+
+
+class SimPromptLength:
+    """``PromptLength`` on the simulated tokenizer (``text_tokens``)."""
+
+    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
+        if voice is None:
+            return text_tokens(text)
+        return text_tokens(text) + (text_tokens(voice.text) if voice.text else 0) + voice_positions(voice)
+
+
+class SimSpeech:
+    """No weights: steps sleep per ``config.cost`` and speak the packaged clip. Voices are accepted and
+    stored (zero latents of the clip's length, so they cost prefill like real ones) but do not change the audio."""
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config if config is not None else SimConfig()
+        self.info = ModelInfo(SIM_MODEL, self.config.sample_rate, self.config.samples_per_patch, reference_cloning=True)
+        self.patch_shape = PATCH_SHAPE
+        self.prompt_length = SimPromptLength()
+
+    def make_prompt(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+        reference_audio: AudioSource | None = None,
+        reference_sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        if (text is None) != (audio is None):
+            raise InvalidInputError("prompt text and prompt audio must be given together")
+        if audio is None and reference_audio is None:
+            raise InvalidInputError("give prompt text and audio, or reference audio")
+        return VoicePrompt(
+            text=text or "",
+            audio_patches=None if audio is None else self._latents(audio, sample_rate),
+            reference_patches=None
+            if reference_audio is None
+            else self._latents(reference_audio, reference_sample_rate),
+        )
+
+    def new_runner(self, config: ServerConfig) -> Runner:
+        clip = speech_clip(self.config.sample_rate)
+        return SimRunner(clip, config.max_sessions, self.config, max_length=config.max_length or 4096)
+
+    def _latents(self, source: AudioSource, sample_rate: int | None) -> torch.Tensor:
+        seconds = load_clip(source, self.config.sample_rate, sample_rate).size / self.config.sample_rate
+        return torch.zeros(max(1, math.ceil(seconds / self.config.chunk_seconds)), *PATCH_SHAPE)

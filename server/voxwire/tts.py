@@ -1,0 +1,210 @@
+"""``VoxCPM``: a loaded model (``voxwire.model.loaded.LoadedModel``) with voice encoding and the one-utterance API.
+
+``generate`` and ``stream`` run the same batched ``prefill`` and ``decode_step`` the engine runs, at
+batch size 1, and decode audio with the exact streaming VAE decoder, so their output is the
+reference's non-streaming audio, chunk by chunk. Calls are independent (each allocates the KV cache its
+utterance needs), but they share the model's compute: the engine serves concurrent sessions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxwire.audio.clip import AudioSource, load_clip
+from voxwire.chunk import Chunk
+from voxwire.errors import InvalidInputError
+from voxwire.finish_reason import FinishReason
+from voxwire.model.cfm import CfmSchedule
+from voxwire.model.kv_cache import KVCache
+from voxwire.model.loaded import LoadedModel
+from voxwire.model.lora import load_lora
+from voxwire.model.voxcpm import PrefillBatch
+from voxwire.params import SynthesisParams
+from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
+from voxwire.sampling import NoiseStream, random_seed
+
+
+class VoxCPM(LoadedModel):
+    """A loaded model with the one-utterance API: personas by name or directory, voice prompts, ``generate``
+    and ``stream``."""
+
+    # ---- personas (LoRA adapters) ----
+    def load_persona(self, name: str, directory: str | os.PathLike[str]) -> None:
+        """Load a LoRA checkpoint directory (the reference's format) as persona ``name``."""
+        bank = self.enable_personas()
+        bank.register(name, load_lora(directory, self.model))
+
+    def _persona_name(self, lora: str | os.PathLike[str]) -> str:
+        """A registered persona's name, or a checkpoint directory (registered under its resolved path)."""
+        bank = self.enable_personas()
+        if isinstance(lora, str) and lora in bank.adapters:
+            return lora
+        name = str(Path(lora).resolve())
+        if name not in bank.adapters:
+            self.load_persona(name, name)
+        return name
+
+    @contextmanager
+    def _persona(self, lora: str | os.PathLike[str] | None) -> Iterator[torch.Tensor | None]:
+        """The one-row persona index for this utterance (None without one), held for its duration."""
+        if lora is None:
+            yield None
+            return
+        name = self._persona_name(lora)
+        bank = self.enable_personas()
+        slot = bank.acquire(name)
+        try:
+            yield torch.tensor([slot], device=self.device)
+        finally:
+            bank.release(name)
+
+    # ---- voices ----
+    @torch.inference_mode()
+    def encode_audio(self, source: AudioSource, sample_rate: int | None = None, pad: str = "left") -> torch.Tensor:
+        """Audio -> latent patches (N, P, D) float32, padded with silence to whole patches on the ``pad`` side
+        (left for continuation prompts, right for v2 reference clips, as the reference does)."""
+        vae = self.model.audio_vae
+        samples = torch.from_numpy(load_clip(source, vae.sample_rate, sample_rate))
+        patch_samples = self.config.patch_size * vae.encoder_hop
+        missing = -samples.numel() % patch_samples
+        samples = torch.nn.functional.pad(samples, (missing, 0) if pad == "left" else (0, missing))
+        latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
+        return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
+
+    def make_prompt(
+        self,
+        *,
+        text: str | None = None,
+        audio: AudioSource | None = None,
+        sample_rate: int | None = None,
+        reference_audio: AudioSource | None = None,
+        reference_sample_rate: int | None = None,
+    ) -> VoicePrompt:
+        """Encode a voice once. ``text`` + ``audio``: continuation prompt (the transcript of the clip);
+        ``reference_audio`` (voxcpm2): isolated cloning; both together are allowed on voxcpm2."""
+        if (text is None) != (audio is None):
+            raise InvalidInputError("prompt text and prompt audio must be given together")
+        if reference_audio is not None and not self.config.reference_cloning:
+            raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
+        if audio is None and reference_audio is None:
+            raise InvalidInputError("give prompt text and audio, or reference audio")
+        if text is not None and not text.strip():
+            raise InvalidInputError("prompt text must not be empty")
+        return VoicePrompt(
+            text=text or "",
+            audio_patches=None if audio is None else self.encode_audio(audio, sample_rate, pad="left"),
+            reference_patches=None
+            if reference_audio is None
+            else self.encode_audio(reference_audio, reference_sample_rate, pad="right"),
+        )
+
+    @contextmanager
+    def _selecting(self, persona: torch.Tensor | None) -> Iterator[None]:
+        """Around one model call: the adapted layers read this utterance's persona index. The bank's lock
+        keeps an engine step (which holds it) or another utterance from changing the index meanwhile."""
+        bank = self.personas
+        if bank is None:
+            yield
+            return
+        with bank.lock:
+            bank.rows.index = persona
+            yield
+
+    # ---- one utterance ----
+    def generate(
+        self,
+        text: str,
+        *,
+        prompt: VoicePrompt | None = None,
+        seed: int | None = None,
+        cfg_value: float = 2.0,
+        inference_timesteps: int = 10,
+        min_len: int = 2,
+        max_len: int = 4096,
+        progress: bool = False,
+        lora: str | os.PathLike[str] | None = None,
+    ) -> np.ndarray:
+        """Synthesize ``text``; returns float32 samples at ``sample_rate``. ``lora``: a persona registered
+        with ``load_persona``, or a LoRA checkpoint directory in the reference's format."""
+        chunks = self.stream(
+            text,
+            prompt=prompt,
+            seed=seed,
+            cfg_value=cfg_value,
+            inference_timesteps=inference_timesteps,
+            min_len=min_len,
+            max_len=max_len,
+            progress=progress,
+            lora=lora,
+        )
+        return np.concatenate([chunk.audio for chunk in chunks])
+
+    def stream(
+        self,
+        text: str,
+        *,
+        prompt: VoicePrompt | None = None,
+        seed: int | None = None,
+        cfg_value: float = 2.0,
+        inference_timesteps: int = 10,
+        min_len: int = 2,
+        max_len: int = 4096,
+        progress: bool = False,
+        lora: str | os.PathLike[str] | None = None,
+    ) -> Iterator[Chunk]:
+        """Like ``generate``, yielding each patch's audio as soon as it is decoded, with its latent patch (what a
+        continuation prompt is made of); the last chunk says why the utterance ended (stop head or length cap)."""
+        params = SynthesisParams(cfg_value, inference_timesteps, min_len, max_len, seed)
+        sequence = build_sequence(self.tokenizer, self.config, text, prompt)
+        if lora is not None:
+            self._persona_name(lora)  # load errors surface here, not at the first chunk
+        return self._run(sequence, params, random_seed() if seed is None else seed, progress, lora)
+
+    @torch.inference_mode()
+    def _run(
+        self,
+        sequence: InputSequence,
+        params: SynthesisParams,
+        seed: int,
+        progress: bool,
+        lora: str | os.PathLike[str] | None,
+    ) -> Iterator[Chunk]:
+        with self._persona(lora) as persona:
+            yield from self._decode(sequence, params, seed, progress, persona)
+
+    def _decode(
+        self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool, persona: torch.Tensor | None
+    ) -> Iterator[Chunk]:
+        cap = sequence_length_cap(sequence, params.max_len, self.config.max_length)
+        # A cache exactly as long as this utterance can get.
+        base, residual = (
+            KVCache.dedicated(lm, 1, sequence.length + cap, self.device, self.dtype)
+            for lm in (self.config.lm_config, self.config.residual_lm)
+        )
+        with self._selecting(persona):
+            state = self.model.prefill(PrefillBatch.from_sequences([sequence], self.device, self.dtype), base, residual)
+        vae_state = self.vae_decoder.new_state(1)
+        self.vae_decoder.warm(sequence.decode_context, self.dtype, vae_state)
+        noise = NoiseStream(seed, self.config.feat_dim, self.config.patch_size, self.dtype, self.device)
+        schedule = CfmSchedule.build([params.inference_timesteps], self.dtype, self.device)
+        cfg = torch.tensor([params.cfg_value], dtype=torch.float32, device=self.device)
+        steps = range(cap)
+        if progress:
+            from tqdm import tqdm
+
+            steps = tqdm(steps, desc="patches", unit="patch")
+        for step in steps:
+            with self._selecting(persona):
+                patch, stop_logits = self.model.decode_step(state, base, residual, noise.next(), cfg, schedule)
+            audio = self.vae_decoder.decode(patch.float().transpose(1, 2), vae_state)
+            stopped = step > params.min_len and bool(stop_logits.argmax(dim=-1)[0] == 1)
+            finish = FinishReason.STOP if stopped else FinishReason.LENGTH if step + 1 == cap else None
+            yield Chunk("", audio[0].cpu().numpy(), finish, patch=patch[0].float().cpu().numpy())
+            if stopped:
+                return
