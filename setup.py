@@ -13,7 +13,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-WEB_SUFFIXES = frozenset({".js", ".css", ".html"})  # the screenshot is for README only
+WEB_SUFFIXES = frozenset({".js", ".css", ".html"})  # the screenshot is for the docs only
 
 
 def web_files() -> list[Path]:

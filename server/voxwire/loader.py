@@ -61,7 +61,7 @@ def load_model(
         dtype: dtype of the transformer parts (default: bfloat16 on CUDA, as the reference runs, and
             float32 elsewhere).
         vae_dtype: dtype the AudioVAE computes in (default float32, as the reference; bfloat16 halves its
-            memory traffic on CUDA at the error bound README states).
+            memory traffic on CUDA at the error bound docs/performance.md states).
 
     Raises:
         ModelLoadError: the folder, a file, the config or the weights cannot make a model.

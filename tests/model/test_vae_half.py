@@ -1,6 +1,6 @@
 """The AudioVAE in half precision (``load_model(vae_dtype=...)``, ``voxwire serve --vae-dtype``): the
 option takes effect, audio still comes out float32, and its error against float32 stays within the bound
-README states (measured by scripts/vae_bf16_error.py; the tiny configs here, the full shape in README)."""
+docs/performance.md states (measured by scripts/vae_bf16_error.py; the tiny configs here, the full shape there)."""
 
 from __future__ import annotations
 

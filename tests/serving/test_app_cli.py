@@ -18,14 +18,14 @@ from voxwire.cli.serve import config_from_args
 from voxwire.tts import VoxCPM
 
 
-def test_every_limit_flag_is_in_the_readme_limits_table() -> None:
+def test_every_limit_flag_is_in_the_operations_limits_table() -> None:
     from pathlib import Path
 
     from voxwire.cli.serve import _LIMITS
     from voxwire.serving.config import ServerConfig
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme[readme.index("#### Limits") : readme.index("### HTTP API")]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = page[page.index("\n## Limits\n") : page.index("\n## ", page.index("\n## Limits\n") + 1)]
     per_machine = {"workers": "one per spare core"}  # defaults computed from the machine, shown as their rule
     for name in _LIMITS:
         default = getattr(ServerConfig(), name)

@@ -1,4 +1,4 @@
-"""One ``ErrorCode`` for both transports: README documents every code, each HTTP code at its own status."""
+"""One ``ErrorCode`` for both transports: the docs document every code, each HTTP code at its own status."""
 
 from __future__ import annotations
 
@@ -11,27 +11,29 @@ from voxwire.serving.error_codes import ErrorCode
 from voxwire.serving.http_api import ApiError, as_api_error
 from voxwire.serving.service import SpeechFailure
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+HTTP_API = (DOCS / "http-api.md").read_text()
+PROTOCOL = (DOCS / "protocol.md").read_text()
 
 
-def _readme_http_table() -> dict[str, int]:
-    """Each code in README's HTTP error table, with the status of its row."""
+def _http_error_table() -> dict[str, int]:
+    """Each code in docs/http-api.md's error table, with the status of its row."""
     statuses: dict[str, int] = {}
-    for status, codes in re.findall(r"^\| ([45]\d\d) \| (.+) \|$", README, flags=re.MULTILINE):
+    for status, codes in re.findall(r"^\| ([45]\d\d) \| (.+) \|$", HTTP_API, flags=re.MULTILINE):
         for code in re.findall(r"`([a-z_]+)`", codes):
             if code in ErrorCode._value2member_map_:
                 statuses.setdefault(code, int(status))
     return statuses
 
 
-def test_readme_http_table_lists_every_http_code_at_its_status() -> None:
+def test_http_error_table_lists_every_http_code_at_its_status() -> None:
     expected = {code.value: code.http_status for code in ErrorCode if code.http_status is not None}
-    assert _readme_http_table() == expected
+    assert _http_error_table() == expected
 
 
 @pytest.mark.parametrize("code", [code for code in ErrorCode if code.http_status is None], ids=str)
-def test_readme_documents_every_websocket_code(code: ErrorCode) -> None:
-    assert f"`{code.value}`" in README
+def test_protocol_documents_every_websocket_code(code: ErrorCode) -> None:
+    assert f"`{code.value}`" in PROTOCOL
 
 
 def test_an_http_error_takes_its_codes_status() -> None:

@@ -28,7 +28,7 @@ DEFAULT_BITRATE = 32000
 """Mono speech is transparent-ish at 24-32 kb/s; the tests measure the quality at this rate."""
 
 DEFAULT_COMPLEXITY = 6
-"""Measured on speech (``scripts/bench_opus.py``, README): complexity 7 and up costs ~5x the CPU of 6
+"""Measured on speech (``scripts/bench_opus.py``, docs/performance.md): complexity 7 and up costs ~5x the CPU of 6
 (SILK's higher-complexity analysis) for ~2 dB of spectral SNR at 32 kb/s; 0-6 cost about the same."""
 APPLICATIONS = ("audio", "voip", "restricted_lowdelay")
 _MAX_PACKET_BYTES = 1275

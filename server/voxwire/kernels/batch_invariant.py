@@ -1,6 +1,6 @@
 """Batch-invariant numerics (``ModelRunner(batch_invariant=True)``, ``voxwire serve --batch-invariant``): each
 row of a batch gets bit for bit the result it gets in any other batch, alone included. Off by default: it costs
-speed (README, Performance).
+speed (docs/performance.md).
 
 Why rows are not invariant otherwise: a GEMM's kernel, blocking and accumulation order depend on its row count,
 so row r of ``x @ W`` changes in the last bits with the batch (1e-7 in float32 on CPU), as does a convolution's
@@ -13,7 +13,7 @@ Within ``batch_invariant()`` those ops are computed so that their shapes never d
 * ``linear`` (``F.linear``, every ``nn.Linear``) and ``matmul`` with a 2-D right operand run over tiles of exactly
   ``TILE`` rows, ``conv1d`` over tiles of ``CONV_TILE`` batch elements, the last tile padded with zeros; a row's
   result does not depend on which tile or position it lands in (checked bit for bit by the tests, 1 and 2
-  threads). README (Performance) says how the tile sizes were chosen;
+  threads). docs/performance.md says how the tile sizes were chosen;
 * ``silu`` runs on the flattened tensor padded to a multiple of ``VECTOR_PAD`` elements, so no element is in a
   scalar tail.
 

@@ -12,7 +12,7 @@ convolutions. Module attribute names equal the keys of the published ``audiovae.
 Because every decoder layer is causal, decoding a latent sequence chunk by chunk while carrying each
 layer's last input frames gives exactly the samples of one decode of the whole sequence.
 ``StreamingVAEDecoder`` does that for many streams at once with preallocated, batch-first state.
-The VAE runs in float32 unless cast (``AudioVAE.to(torch.bfloat16)``, the CUDA option; see README for the
+The VAE runs in float32 unless cast (``AudioVAE.to(torch.bfloat16)``, the CUDA option; see docs/performance.md for the
 measured error against float32): inputs and stream state take the VAE's dtype, audio comes out float32.
 """
 

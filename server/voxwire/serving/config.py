@@ -75,7 +75,7 @@ class ServerConfig:
     replica_id: str = field(default_factory=socket.gethostname)
     """Names this server in every response's ``X-Voxwire-Replica`` header (which replica a balancer chose)."""
     vae_dtype: str | None = None
-    """Dtype of the AudioVAE; None is float32 (float16 halves its memory traffic; error bounds in README)."""
+    """Dtype of the AudioVAE; None is float32 (float16 halves its memory traffic; errors: docs/performance.md)."""
 
     # ---- access ----
     api_keys: tuple[str, ...] = ()
@@ -130,7 +130,7 @@ class ServerConfig:
     voice skip re-encoding it (least recently used voices are dropped first; 0 keeps none)."""
     batch_invariant: bool = False
     """Compute every session's rows independently of the rest of the batch, so that its audio is bit for bit what
-    it is alone (``ModelRunner(batch_invariant=True)``); slower (README, Performance)."""
+    it is alone (``ModelRunner(batch_invariant=True)``); slower (docs/performance.md)."""
 
     # ---- per-connection and per-request limits ----
     max_connections: int = 256
@@ -178,7 +178,7 @@ class ServerConfig:
     opus_bitrate: int = DEFAULT_BITRATE
     """Opus bitrate in bits per second, for every Opus and Ogg Opus stream."""
     opus_complexity: int = DEFAULT_COMPLEXITY
-    """Opus encoder complexity, 0-10: 7 and up cost ~5x the CPU of 6 on speech (README, Performance)."""
+    """Opus encoder complexity, 0-10: 7 and up cost ~5x the CPU of 6 on speech (docs/performance.md)."""
     encoder_threads: int = 2
     """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
 

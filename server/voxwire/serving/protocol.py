@@ -1,5 +1,7 @@
 """The WebSocket wire protocol of ``/v1/tts/stream``, sans I/O: every message as a value with encode/decode.
 
+The normative specification is ``docs/protocol.md``; this module implements it.
+
 This module is the only place that knows the bytes on the wire (no sockets, no asyncio, no audio
 code, stdlib only); the session logic and any Python client speak in these dataclasses, and
 ``tests/fixtures/protocol_vectors.json`` pins the encoding for the clients of other languages.
