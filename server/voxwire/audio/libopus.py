@@ -65,7 +65,7 @@ def libopus() -> ctypes.CDLL:
     bundled = [str(path) for path in bundled_libraries()]
     failures = [] if system else ["the dynamic linker finds no system libopus"]
     if not bundled:
-        failures.append("PyAV, which bundles it, is not installed")
+        failures.append("PyAV is not installed")
     for candidate in ([system] if system else []) + bundled:
         try:
             return _declared(ctypes.CDLL(candidate))
