@@ -10,16 +10,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 
 class ServerProcess:
-    """``voxwire serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``."""
+    """``voxwire serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``.
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    ``launcher`` runs before the command and must exec it (e.g. ``unshare``), so ``process`` is the server."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, launcher: Sequence[str] = ()) -> None:
         single = () if "--workers" in args else ("--workers", "0")  # one process unless a test asks for workers
-        command = [sys.executable, "-m", "voxwire.cli.main", "serve", *single, *args, "--port", "0"]
+        command = [*launcher, sys.executable, "-m", "voxwire.cli.main", "serve", *single, *args, "--port", "0"]
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         )

@@ -3,9 +3,7 @@ page and its modules (copied from client_js/ by setup.py's build step)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,17 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.venvs import ROOT, copy_sources, outside_env, run
 
-ROOT = Path(__file__).parents[1]
 START_TIMEOUT_S = 180.0
 
 pytestmark = pytest.mark.slow
-
-
-def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
 
 
 def free_port() -> int:
@@ -44,14 +36,8 @@ def get(url: str) -> tuple[int, bytes]:
 
 def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
     # Nothing from this checkout may leak in: the venv must import the wheel's copy.
-    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
-    # Build from a copy of the sources, so the build leaves nothing in the checkout.
-    source = tmp_path / "source"
-    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info")
-    for folder in ("server", "client_js"):
-        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
+    env = outside_env()
+    source = copy_sources(tmp_path / "source")
     dist = tmp_path / "dist"
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", source, "-w", dist,
         cwd=tmp_path, env=env)  # fmt: skip

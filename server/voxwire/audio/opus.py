@@ -1,4 +1,4 @@
-"""Per-session Opus encoder for chunked model output (libopus through ``opuslib``).
+"""Per-session Opus encoder for chunked model output (libopus through ``voxwire.audio.libopus``).
 
 One encoder lives for a whole stream so that its state (prediction, overlap, the
 resampler's filter) carries across chunks: a chunked stream produces exactly the packets
@@ -13,10 +13,16 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import opuslib
-import opuslib.api.ctl
-import opuslib.api.encoder
 
+from voxwire.audio.libopus import (
+    APPLICATIONS,
+    GET_BITRATE,
+    GET_COMPLEXITY,
+    GET_LOOKAHEAD,
+    SET_BITRATE,
+    SET_COMPLEXITY,
+    MonoEncoder,
+)
 from voxwire.audio.resample import StreamResampler
 
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -30,7 +36,6 @@ DEFAULT_BITRATE = 32000
 DEFAULT_COMPLEXITY = 6
 """Measured on speech (``scripts/bench_opus.py``, docs/performance.md): complexity 7 and up costs ~5x the CPU of 6
 (SILK's higher-complexity analysis) for ~2 dB of spectral SNR at 32 kb/s; 0-6 cost about the same."""
-APPLICATIONS = ("audio", "voip", "restricted_lowdelay")
 _MAX_PACKET_BYTES = 1275
 """Largest single-frame Opus packet (RFC 6716 section 3.2.1)."""
 
@@ -77,12 +82,12 @@ class OpusEncoder:
         if self.sample_rate not in OPUS_RATES:
             raise ValueError(f"Opus codes at {OPUS_RATES} Hz, not {self.sample_rate}")
         if application not in APPLICATIONS:
-            raise ValueError(f"application must be one of {APPLICATIONS}, got {application!r}")
+            raise ValueError(f"application must be one of {tuple(APPLICATIONS)}, got {application!r}")
         self.frame_size = self.sample_rate * FRAME_MS // 1000
         self._resampler = StreamResampler(input_rate, self.sample_rate)
-        self._encoder = opuslib.Encoder(self.sample_rate, 1, application)
-        self._encoder.bitrate = bitrate
-        self._encoder.complexity = complexity
+        self._encoder = MonoEncoder(self.sample_rate, application, _MAX_PACKET_BYTES)
+        self._encoder.set(SET_BITRATE, bitrate)
+        self._encoder.set(SET_COMPLEXITY, complexity)
         self._pending = np.zeros(0, dtype=np.float32)
         self._frames_encoded = 0
         self._real_samples = 0
@@ -90,16 +95,16 @@ class OpusEncoder:
 
     @property
     def bitrate(self) -> int:
-        return int(self._encoder.bitrate)
+        return self._encoder.get(GET_BITRATE)
 
     @property
     def complexity(self) -> int:
-        return int(self._encoder.complexity)
+        return self._encoder.get(GET_COMPLEXITY)
 
     @property
     def lookahead(self) -> int:
         """Encoder delay in samples at ``sample_rate`` (libopus OPUS_GET_LOOKAHEAD)."""
-        return int(opuslib.api.encoder.encoder_ctl(self._encoder.encoder_state, opuslib.api.ctl.get_lookahead))
+        return self._encoder.get(GET_LOOKAHEAD)
 
     @property
     def pre_skip(self) -> int:
@@ -147,12 +152,7 @@ class OpusEncoder:
         cut = n_frames * self.frame_size
         self._pending = buffered[cut:].copy()
         self._frames_encoded += n_frames
-        return [self._encode_frame(frame) for frame in buffered[:cut].reshape(n_frames, self.frame_size)]
-
-    def _encode_frame(self, frame: np.ndarray) -> bytes:
-        return opuslib.api.encoder.encode_float(
-            self._encoder.encoder_state, frame.tobytes(), self.frame_size, _MAX_PACKET_BYTES
-        )
+        return [self._encoder.encode_float(frame) for frame in buffered[:cut].reshape(n_frames, self.frame_size)]
 
     def _check_open(self) -> None:
         if self._finished:

@@ -21,19 +21,17 @@ RTF = (wall - TTFA) / audio seconds (as Nano-vLLM), wall / audio, gaps between f
 player that starts after --player-buffer-ms of audio and plays in real time."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(parser: argparse.ArgumentParser) -> None:
     from voxwire.client.bench.measure import BENCH_FORMATS
     from voxwire.client.connection import DEFAULT_SERVER, TOKEN_ENV
     from voxwire.client.retry import RetryPolicy
 
-    parser = subparsers.add_parser(
-        "bench",
-        help="measure latency and throughput of a voxwire server under load",
-        description="Drive concurrent WebSocket sessions against a voxwire server and report time to first "
-        "audio, real-time factor, chunk gaps and player underruns (p50/p90/p99) per load level.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser.description = (
+        "Drive concurrent WebSocket sessions against a voxwire server and report time to first "
+        "audio, real-time factor, chunk gaps and player underruns (p50/p90/p99) per load level."
     )
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--server", default=DEFAULT_SERVER, help=f"ws://host:port or endpoint URL ({DEFAULT_SERVER})")
     target.add_argument("--local", action="store_true", help="start `voxwire serve` in a subprocess for the run")

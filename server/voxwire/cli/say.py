@@ -21,19 +21,17 @@ exit codes: 0 spoken, 1 other client error, 2 bad arguments or no audio output, 
 mid-utterance (part of the text was not spoken), 7 the server stayed busy (retries exhausted), 130 interrupted"""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(parser: argparse.ArgumentParser) -> None:
     from voxwire.client.connection import DEFAULT_SERVER, TOKEN_ENV
     from voxwire.client.output import OUTPUT_FORMATS
     from voxwire.client.retry import RetryPolicy
 
-    parser = subparsers.add_parser(
-        "say",
-        help="speak text through a voxwire server (speakers, file or stdout)",
-        description="Stream text to a voxwire server and play the audio as it arrives. Text '-' (or none, "
-        "with stdin not a terminal) reads standard input line by line and speaks each line as it comes.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser.description = (
+        "Stream text to a voxwire server and play the audio as it arrives. Text '-' (or none, "
+        "with stdin not a terminal) reads standard input line by line and speaks each line as it comes."
     )
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("text", nargs="*", help="words to speak, or '-' for standard input")
     parser.add_argument(
         "--server", default=DEFAULT_SERVER, help=f"ws://host:port or the full endpoint URL (default {DEFAULT_SERVER})"

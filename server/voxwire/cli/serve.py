@@ -58,17 +58,15 @@ _LIMITS: dict[str, str] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(parser: argparse.ArgumentParser) -> None:
     from voxwire.serving.config import ServerConfig
 
     defaults = ServerConfig()
-    parser = subparsers.add_parser(
-        "serve",
-        help="run the streaming TTS server (WebSocket, OpenAI-compatible HTTP, metrics)",
-        description="Serve a VoxCPM model: WebSocket /v1/tts/stream, POST /v1/audio/speech, voices, "
-        f"/v1/loras, /health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser.description = (
+        "Serve a VoxCPM model: WebSocket /v1/tts/stream, POST /v1/audio/speech, voices, "
+        f"/v1/loras, /health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated)."
     )
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument(
         "--model",
         default=defaults.model,

@@ -7,12 +7,10 @@ import sys
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "synth",
-        help="synthesize text to an audio file, offline",
-        description="Synthesize one utterance with a local or Hugging Face VoxCPM checkpoint and write it to a "
-        "file (the extension picks WAV, FLAC or OGG).",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Synthesize one utterance with a local or Hugging Face VoxCPM checkpoint and write it to a "
+        "file (the extension picks WAV, FLAC or OGG)."
     )
     parser.add_argument(
         "--model",

@@ -6,14 +6,12 @@ import argparse
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(parser: argparse.ArgumentParser) -> None:
     from voxwire.tiny.configs import ALL_CONFIGS
 
-    parser = subparsers.add_parser(
-        "make-tiny-checkpoint",
-        help="write a small random VoxCPM checkpoint (tests, demos, benchmarks)",
-        description="Writes config.json, model weights, audiovae.pth and tokenizer files, exactly as the "
-        "published checkpoints lay them out, with deterministic random weights. Its audio is noise.",
+    parser.description = (
+        "Writes config.json, model weights, audiovae.pth and tokenizer files, exactly as the "
+        "published checkpoints lay them out, with deterministic random weights. Its audio is noise."
     )
     parser.add_argument("directory", type=Path)
     parser.add_argument("--architecture", choices=("voxcpm", "voxcpm2"), default="voxcpm2")

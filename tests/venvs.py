@@ -1,0 +1,32 @@
+"""Fresh virtual environments with this checkout installed, as a user outside the repository gets it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+
+def outside_env() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: nothing from the checkout leaks into a venv's imports."""
+    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
+
+def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
+    """Run ``command``; its stdout, after asserting it succeeded (the assertion shows its output)."""
+    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def copy_sources(destination: Path) -> Path:
+    """What a build reads (sources, client_js, metadata), copied so a build leaves nothing in the checkout."""
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info")
+    for folder in ("server", "client_js"):
+        shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, destination / name)
+    return destination
