@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,13 +23,13 @@ PHASES = [
     "build",
     "fusion",
     "correctness",
-    "kernel_shapes",
-    "kernel_timing",
-    "profile",
     "server_setup",
     "step_curve",
     "timesteps_50",
     "ttfa",
+    "kernel_shapes",
+    "kernel_timing",
+    "profile",
 ]
 
 
@@ -110,3 +112,41 @@ def test_the_measured_runner_is_built_from_the_server_defaults(gpu_check: Module
     server = ServerConfig(max_sessions=12)
     for setting in dataclasses.fields(settings):
         assert getattr(settings, setting.name) == getattr(server, setting.name), setting.name
+
+
+LAUNCH_EVERY_RECORDED_CALL = """
+import importlib.util, sys
+import torch
+spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gpu_check
+spec.loader.exec_module(gpu_check)
+from voxwire.kernels import fused
+
+plan = gpu_check.make_plan(gpu_check.parse_args(["--smoke"]))
+tts, _ = gpu_check.build_model(plan)
+calls = gpu_check.record_kernel_calls(tts, plan)
+# The CUDA implementations of the custom ops, on CPU tensors through Triton's interpreter.
+for name in {call.label.removeprefix("voxwire::") for call in calls if call.label.startswith("voxwire::")}:
+    torch.library.register_kernel(f"voxwire::{name}", "cpu", getattr(fused, name))
+for call in calls:
+    out = call.launcher(torch.device("cpu"))()
+    for tensor in out if isinstance(out, tuple) else (out,):
+        assert torch.isfinite(tensor).all(), call
+print(len(calls))
+"""
+
+
+def test_every_recorded_kernel_call_launches_with_its_recorded_arguments() -> None:
+    # What kernel_timing launches on CUDA: each call of the step rebuilt from its recorded layouts and arguments.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "server")}
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCH_EVERY_RECORDED_CALL],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert int(result.stdout.split()[-1]) > 10
