@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import gc
 import json
 import math
@@ -54,7 +55,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,9 +241,11 @@ class Report:
             entry = {"status": PhaseStatus.SKIPPED.value, "reason": f"skipped: {skip}"}
         except Exception as exc:  # a phase's failure must not stop the others
             entry = {"status": PhaseStatus.ERROR.value, "error": f"{type(exc).__name__}: {exc}"}
-            entry["traceback"] = traceback.format_exc(limit=12)
-        finally:
+            entry["traceback"] = traceback.format_exc(limit=-12)
+        try:
             release_device_memory()
+        except Exception as exc:  # a device error the phase left behind: the next phases will say more
+            entry["release_error"] = f"{type(exc).__name__}: {exc}"
         entry["seconds"] = round(time.perf_counter() - began, 3)
         self.data["phases"][name] = entry
         print(describe_phase(name, entry), flush=True)
@@ -900,18 +903,19 @@ class SetupTimes:
     keys: list[dict[str, Any]] = field(default_factory=list)
     cost_seconds: float | None = None
     last_mark: float = 0.0
+    untimed: list[str] = field(default_factory=list)
 
 
 @contextmanager
 def timed_setup(device: torch.device) -> Iterator[SetupTimes]:
     """While a runner is built, time ``StepGraphs.capture_all`` and each key it captures (its warm-up step and its
     capture, up to the device finishing them), and ``ModelRunner.measure_step_cost``; the code that runs is the
-    engine's own."""
+    engine's own. A method that is no longer there is left untimed and named in ``untimed``."""
     times = SetupTimes(began=time.perf_counter())
-    capture_all, add, measure = StepGraphs.capture_all, StepGraphs._add, ModelRunner.measure_step_cost
     cuda = device.type == "cuda"
 
-    def timed_capture_all(graphs: StepGraphs) -> None:
+    # Each is called as a method with the original second: (self, original, *arguments).
+    def timed_capture_all(graphs: StepGraphs, capture_all: Callable[..., None]) -> None:
         sync(device)
         times.capture_began = times.last_mark = time.perf_counter()
         times.reserved_before_capture = torch.cuda.memory_reserved(device) if cuda else 0
@@ -920,24 +924,30 @@ def timed_setup(device: torch.device) -> Iterator[SetupTimes]:
         times.capture_ended = time.perf_counter()
         times.reserved_after_capture = torch.cuda.memory_reserved(device) if cuda else 0
 
-    def timed_add(graphs: StepGraphs, bucket: int, timesteps: int) -> None:
+    def timed_add(graphs: StepGraphs, add: Callable[..., None], bucket: int, timesteps: int) -> None:
         add(graphs, bucket, timesteps)
         sync(device)
         now = time.perf_counter()
         times.keys.append({"bucket": bucket, "timesteps": timesteps, "seconds": now - times.last_mark})
         times.last_mark = now
 
-    def timed_measure(runner: ModelRunner, *args: Any, **kwargs: Any) -> Any:
+    def timed_measure(runner: ModelRunner, measure: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
         cost = measure(runner, *args, **kwargs)
         times.cost_seconds = time.perf_counter() - began
         return cost
 
-    with (
-        mock.patch.object(StepGraphs, "capture_all", timed_capture_all),
-        mock.patch.object(StepGraphs, "_add", timed_add),
-        mock.patch.object(ModelRunner, "measure_step_cost", timed_measure),
-    ):
+    with ExitStack() as stack:
+        for owner, name, timed in (
+            (StepGraphs, "capture_all", timed_capture_all),
+            (StepGraphs, "_add", timed_add),
+            (ModelRunner, "measure_step_cost", timed_measure),
+        ):
+            original = getattr(owner, name, None)
+            if original is None:
+                times.untimed.append(f"{owner.__name__}.{name}")
+                continue
+            stack.enter_context(mock.patch.object(owner, name, functools.partialmethod(timed, original)))
         yield times
 
 
@@ -986,8 +996,14 @@ def build_server_runner(tts: VoxCPM, plan: Plan) -> tuple[ModelRunner, Outcome]:
         "step_cost_seconds": times.cost_seconds,
         "kv_blocks": runner.num_kv_blocks - 1,
         "block_size": runner.block_size,
-        "memory": memory_split(tts, runner, times, plan.device),
+        "untimed": times.untimed,
     }
+    failures = [f"could not time {name}: it is no longer there" for name in times.untimed]
+    try:
+        setup["memory"] = memory_split(tts, runner, times, plan.device)
+    except Exception as exc:  # the runner is still measured by the next phases
+        setup["memory"] = f"{type(exc).__name__}: {exc}"
+        failures.append(f"memory split: {setup['memory']}")
     if captured:
         assert times.capture_began is not None and times.capture_ended is not None
         seconds = [k["seconds"] for k in times.keys]
@@ -1006,8 +1022,7 @@ def build_server_runner(tts: VoxCPM, plan: Plan) -> tuple[ModelRunner, Outcome]:
             }
         )
     else:
-        setup["capture"] = "skipped: no CUDA"
-    failures = []
+        setup["capture"] = "not timed" if plan.cuda else "skipped: no CUDA"
     if plan.cuda and (not captured or runner.graph_captures != len(times.keys)):
         failures.append(f"{runner.graph_captures} graphs captured, {len(times.keys)} timed")
     return runner, Outcome(setup, failures)
@@ -1048,7 +1063,7 @@ def linear_fit(points: list[tuple[int, float]]) -> dict[str, Any]:
     return {
         "fixed_ms": float(fixed),
         "per_row_ms": float(per_row),
-        "rows_at_160ms_fit": int((REALTIME_STEP_MS - fixed) // per_row) if per_row > 0 else None,
+        "rows_at_160ms_fit": max(0, int((REALTIME_STEP_MS - fixed) // per_row)) if per_row > 0 else None,
         "largest_measured_rows_within_160ms": max(fitting) if fitting else 0,
     }
 

@@ -71,6 +71,7 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
     setup = phases["server_setup"]["result"]
     assert setup["sessions"] == 4 and setup["max_timesteps"] == 50 and setup["capture"] == "skipped: no CUDA"
     assert setup["memory"]["kv_pool_gib"] > 0 and setup["memory"]["weights_gib"] > 0
+    assert setup["step_cost_seconds"] > 0 and setup["untimed"] == []  # the server measures its step cost
     curve = phases["step_curve"]["result"]
     assert [p["sessions"] for p in curve["points"]] == [1, 2, 4]
     assert all(p["decode_steps"] >= 1 and p["graph_captures_during_run"] == 0 for p in curve["points"])
@@ -103,6 +104,19 @@ def test_the_fusion_check_fails_when_a_projection_runs_on_its_own(gpu_check: Mod
     outcome = gpu_check.check_fusion(tts)
     assert outcome.result["unfused"] == ["base_lm.layers.1.self_attn (4 GEMMs)"]
     assert outcome.failures
+
+
+def test_setup_timing_times_every_key_the_engine_captures(gpu_check: ModuleType) -> None:
+    from voxwire.engine.cuda_graphs import StepGraphs
+
+    graphs = StepGraphs(lambda bucket, timesteps: torch.zeros(bucket, 1), (1, 2, 4), (10, 50))
+    graphs._capture = lambda bucket, timesteps: (lambda: None, torch.zeros(bucket, 1))  # no CUDA graph here
+    with gpu_check.timed_setup(torch.device("cpu")) as times:
+        graphs.capture_all()
+    assert [(k["bucket"], k["timesteps"]) for k in times.keys] == [(b, t) for b in (4, 2, 1) for t in (50, 10)]
+    assert times.capture_began <= times.capture_ended and times.untimed == []
+    assert graphs.captures == 6
+    assert "timed" not in repr(StepGraphs.capture_all) and "partial" not in repr(StepGraphs._add)  # restored
 
 
 def test_the_measured_runner_is_built_from_the_server_defaults(gpu_check: ModuleType) -> None:
