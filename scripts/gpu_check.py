@@ -1174,6 +1174,11 @@ def summary(data: dict[str, Any]) -> str:
         lines.append(
             f"model: {build['config']}, {build['parameters'] / 1e9:.2f} B parameters, {build['dtype']} / VAE "
             f"{build['vae_dtype']}, weights {build['weights_bytes'] / 2**30:.2f} GiB"
+            + (
+                f" (allocated by the build: {build['allocated_bytes_after_build'] / 2**30:.2f} GiB)"
+                if "allocated_bytes_after_build" in build
+                else ""
+            )
         )
     fusion = result("fusion")
     if fusion:
@@ -1188,6 +1193,12 @@ def summary(data: dict[str, Any]) -> str:
             f"{invariant['sessions']} identical); default path: {default['bit_identical']}/{default['sessions']} "
             f"identical, max |diff| {default['max_abs_diff']:.3g}, first differing patch "
             f"{default['first_differing_patch']}, length mismatches {len(default['length_mismatches'])} (reported)"
+        )
+    shapes = result("kernel_shapes")
+    if shapes:
+        lines.append(
+            f"kernel launches per step at {shapes['rows']} rows: {shapes['launches_per_step']} fused-op and "
+            f"decode-attention launches ({shapes['distinct_calls']} distinct calls)"
         )
     timing = result("kernel_timing")
     if timing:
@@ -1211,7 +1222,7 @@ def summary(data: dict[str, Any]) -> str:
             lines.append(f"   {row['ms']:8.2f} ms {row['share']:5.1%} x{row['launches']:<5} {row['kernel'][:90]}")
     setup = result("server_setup")
     if setup:
-        memory = setup["memory"]
+        memory = setup["memory"] if isinstance(setup["memory"], dict) else {}
         lines.append(
             f"server runner ({setup['sessions']} sessions): ready in {setup['seconds_to_ready']:.1f} s "
             f"(capture {setup.get('capture_seconds', 0):.1f} s for {setup.get('keys_captured', 0)} keys, "
@@ -1332,7 +1343,10 @@ def main(argv: list[str] | None = None) -> int:
     tf32_after = tf32_flags()
     report.data["tf32_unchanged"] = tf32_after == tf32_before
     report.write()
-    print(summary(report.data), flush=True)
+    try:
+        print(summary(report.data), flush=True)
+    except Exception as exc:  # every figure is in the JSON already; the summary only formats some of them
+        print(f"the summary failed ({type(exc).__name__}: {exc}); the results are in {report.path}", flush=True)
     bad = [e for e in report.data["phases"].values() if e["status"] in ("failed", "error")]
     return 1 if bad or not report.data["tf32_unchanged"] else 0
 
