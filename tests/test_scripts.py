@@ -20,26 +20,6 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def test_gpu_check_smoke_on_cpu(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    result = run_script(
-        "gpu_check.py",
-        "--device",
-        "cpu",
-        "--config",
-        "voxcpm2",
-        "--sessions",
-        "1,2",
-        "--patches",
-        "3",
-        "--max-length",
-        "128",
-        "--out",
-        str(out),
-    )
-    assert "PASS" in result.stdout and out.is_file()
-
-
 def test_bench_engine_smoke() -> None:
     result = run_script("bench_engine.py", "--patches", "3", "--sessions", "1,2", "--arrival-sessions", "2")
     assert "| 2 |" in result.stdout and "worst" in result.stdout

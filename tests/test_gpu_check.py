@@ -1,0 +1,166 @@
+"""``scripts/gpu_check.py``: its CPU smoke run goes through every phase on an interpreter without the packages the
+GPU image lacks, its correctness gate can fail, its fusion check notices an unfused layer, and the runner it
+measures is built from the server's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from tests.gpu_image import ROOT, run_as_on_gpu_image
+
+PHASES = [
+    "env",
+    "build",
+    "fusion",
+    "correctness",
+    "server_setup",
+    "step_curve",
+    "timesteps_50",
+    "ttfa",
+    "kernel_shapes",
+    "kernel_timing",
+    "profile",
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_path: Path) -> None:
+    result = run_as_on_gpu_image("script", "scripts/gpu_check.py", "--smoke", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "RESULT: OK" in result.stdout
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    phases = data["phases"]
+    assert list(phases) == PHASES
+    assert {name: entry["status"] for name, entry in phases.items() if entry["status"] != "ok"} == {
+        "kernel_timing": "skipped"
+    }
+    assert phases["kernel_timing"]["reason"] == "skipped: no CUDA"
+    assert data["tf32_unchanged"] is True
+
+    assert phases["fusion"]["result"]["unfused_count"] == 0 and phases["fusion"]["result"]["modules_checked"] > 0
+    correctness = phases["correctness"]["result"]
+    gate = correctness["batch_invariant"]["batched_vs_alone"]
+    assert correctness["gate"]["passed"] is True
+    assert gate["bit_identical"] == gate["sessions"] == correctness["sessions"] >= 3
+    assert correctness["default"]["batched_vs_alone"]["sessions"] == correctness["sessions"]
+
+    launches = phases["kernel_shapes"]["result"]["launches_per_op"]
+    fused = {"voxwire::rms_norm", "voxwire::add_rms_norm", "voxwire::rope_qk", "voxwire::silu_mul"}
+    assert fused <= set(launches) and "paged_decode_attention" in launches
+    assert any(op.startswith("voxwire::") and "snake" in op for op in launches)
+
+    setup = phases["server_setup"]["result"]
+    assert setup["sessions"] == 4 and setup["max_timesteps"] == 50 and setup["capture"] == "skipped: no CUDA"
+    assert setup["memory"]["kv_pool_gib"] > 0 and setup["memory"]["weights_gib"] > 0
+    assert setup["step_cost_seconds"] > 0 and setup["untimed"] == []  # the server measures its step cost
+    curve = phases["step_curve"]["result"]
+    assert [p["sessions"] for p in curve["points"]] == [1, 2, 4]
+    assert all(p["decode_steps"] >= 1 and p["graph_captures_during_run"] == 0 for p in curve["points"])
+    assert {"fixed_ms", "per_row_ms", "rows_at_160ms_fit", "largest_measured_rows_within_160ms"} <= set(curve["fit"])
+    t50 = phases["timesteps_50"]["result"]
+    assert t50["rows"] == 4 and all(t50[run] > 0 for run in ("all_rows_t10", "all_rows_t50", "one_t50_among_t10"))
+    assert phases["ttfa"]["result"]["ms_median"] > 0
+
+
+def test_the_correctness_comparison_finds_a_one_bit_difference(gpu_check: ModuleType) -> None:
+    audio = np.linspace(-0.5, 0.5, 30, dtype=np.float32)
+    flipped = audio.copy()
+    flipped.view(np.uint32)[17] ^= 1  # one ulp, in the third patch of 8 samples
+    same = gpu_check.compare({"a": audio, "b": audio}, {"a": audio.copy(), "b": audio.copy()}, 8)
+    assert same["bit_identical"] == 2 and same["first_differing_patch"] is None
+    differs = gpu_check.compare({"a": audio, "b": audio}, {"a": audio.copy(), "b": flipped}, 8)
+    assert differs["bit_identical"] == 1 and differs["first_differing_patch"] == 2 and differs["max_abs_diff"] > 0
+    shorter = gpu_check.compare({"a": audio}, {"a": audio[:-1]}, 8)
+    assert shorter["bit_identical"] == 0 and shorter["length_mismatches"] == ["a"]
+
+
+def test_the_fusion_check_fails_when_a_projection_runs_on_its_own(gpu_check: ModuleType) -> None:
+    plan = gpu_check.make_plan(gpu_check.parse_args(["--smoke"]))
+    tts, _ = gpu_check.build_model(plan)
+    assert gpu_check.check_fusion(tts).failures == []
+    attention = tts.model.base_lm.layers[1].self_attn
+    replaced = torch.nn.Linear(attention.q_proj.in_features, attention.q_proj.out_features, bias=False)
+    replaced.weight = torch.nn.Parameter(attention.q_proj.weight.detach().clone())
+    attention.q_proj = replaced  # as a LoRA wrapper or a cast would: the fused weight no longer serves it
+    outcome = gpu_check.check_fusion(tts)
+    assert outcome.result["unfused"] == ["base_lm.layers.1.self_attn (4 GEMMs)"]
+    assert outcome.failures
+
+
+def test_setup_timing_times_every_key_the_engine_captures(gpu_check: ModuleType) -> None:
+    from voxwire.engine.cuda_graphs import StepGraphs
+
+    graphs = StepGraphs(lambda bucket, timesteps: torch.zeros(bucket, 1), (1, 2, 4), (10, 50))
+    graphs._capture = lambda bucket, timesteps: (lambda: None, torch.zeros(bucket, 1))  # no CUDA graph here
+    with gpu_check.timed_setup(torch.device("cpu")) as times:
+        graphs.capture_all()
+    assert [(k["bucket"], k["timesteps"]) for k in times.keys] == [(b, t) for b in (4, 2, 1) for t in (50, 10)]
+    assert times.capture_began <= times.capture_ended and times.untimed == []
+    assert graphs.captures == 6
+    assert "timed" not in repr(StepGraphs.capture_all) and "partial" not in repr(StepGraphs._add)  # restored
+
+
+def test_the_measured_runner_is_built_from_the_server_defaults(gpu_check: ModuleType) -> None:
+    from voxwire.serving.config import ServerConfig
+
+    settings = gpu_check.ServerSettings(max_sessions=12)
+    server = ServerConfig(max_sessions=12)
+    for setting in dataclasses.fields(settings):
+        assert getattr(settings, setting.name) == getattr(server, setting.name), setting.name
+
+
+LAUNCH_EVERY_RECORDED_CALL = """
+import importlib.util, sys
+import torch
+spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gpu_check
+spec.loader.exec_module(gpu_check)
+from voxwire.kernels import fused
+
+plan = gpu_check.make_plan(gpu_check.parse_args(["--smoke"]))
+tts, _ = gpu_check.build_model(plan)
+calls = gpu_check.record_kernel_calls(tts, plan)
+# The CUDA implementations of the custom ops, on CPU tensors through Triton's interpreter.
+for name in {call.label.removeprefix("voxwire::") for call in calls if call.label.startswith("voxwire::")}:
+    torch.library.register_kernel(f"voxwire::{name}", "cpu", getattr(fused, name))
+for call in calls:
+    out = call.launcher(torch.device("cpu"))()
+    for tensor in out if isinstance(out, tuple) else (out,):
+        assert torch.isfinite(tensor).all(), call
+print(len(calls))
+"""
+
+
+def test_every_recorded_kernel_call_launches_with_its_recorded_arguments() -> None:
+    # What kernel_timing launches on CUDA: each call of the step rebuilt from its recorded layouts and arguments.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "server")}
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCH_EVERY_RECORDED_CALL],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert int(result.stdout.split()[-1]) > 10
