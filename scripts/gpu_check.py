@@ -76,6 +76,7 @@ from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
 from voxwire.model.paged_attention import attention_path
+from voxwire.serving.config import ServerConfig
 from voxwire.serving.speech_model import VoxCPMSpeech
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.checkpoint import random_model_weights
@@ -156,25 +157,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """The ``ServerConfig`` fields ``VoxCPMSpeech.new_runner`` reads, at their defaults: what ``voxwire serve
-    --max-sessions N`` builds its runner from. (``voxwire.serving.config`` imports the Opus encoder, which the GPU
-    image lacks; a test keeps these equal to ``ServerConfig``'s defaults.)"""
-
-    max_sessions: int
-    max_length: int | None = None
-    kv_cache_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_inference_timesteps: int = 50
-    voice_cache_bytes: int = 256 * 2**20
-    realtime: bool = True
-    batch_invariant: bool = False
-
-
 def server_runner(tts: VoxCPM, sessions: int) -> ModelRunner:
     """The runner the server builds for ``sessions`` slots, through the server's own code."""
-    runner = VoxCPMSpeech(tts).new_runner(ServerSettings(max_sessions=sessions))  # type: ignore[arg-type]
+    runner = VoxCPMSpeech(tts).new_runner(ServerConfig(max_sessions=sessions))
     assert isinstance(runner, ModelRunner)
     return runner
 

@@ -4,7 +4,6 @@ measures is built from the server's defaults."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -117,15 +116,6 @@ def test_setup_timing_times_every_key_the_engine_captures(gpu_check: ModuleType)
     assert times.capture_began <= times.capture_ended and times.untimed == []
     assert graphs.captures == 6
     assert "timed" not in repr(StepGraphs.capture_all) and "partial" not in repr(StepGraphs._add)  # restored
-
-
-def test_the_measured_runner_is_built_from_the_server_defaults(gpu_check: ModuleType) -> None:
-    from voxwire.serving.config import ServerConfig
-
-    settings = gpu_check.ServerSettings(max_sessions=12)
-    server = ServerConfig(max_sessions=12)
-    for setting in dataclasses.fields(settings):
-        assert getattr(settings, setting.name) == getattr(server, setting.name), setting.name
 
 
 LAUNCH_EVERY_RECORDED_CALL = """

@@ -8,7 +8,8 @@ from tests.gpu_image import run_as_on_gpu_image
 CHECK = """
 import numpy as np
 import voxwire.tts  # the model's one-utterance API, which names AudioSource
-from voxwire.audio.clip import AudioBackendMissingError, load_clip
+from voxwire.audio.backend import AudioBackendMissingError
+from voxwire.audio.clip import load_clip
 from voxwire.errors import VoxwireError
 
 samples = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)

@@ -2,7 +2,7 @@
 
 soundfile (libsndfile) and soxr are imported when a clip is decoded or resampled, not with this module: code
 that only names ``AudioSource`` (the model, the engine, ``scripts/gpu_check.py``) runs where they are not
-installed, and a clip read there fails with ``AudioBackendMissingError``.
+installed, and a clip read there fails with ``voxwire.audio.backend.AudioBackendMissingError``.
 
 A file is decoded in bounded blocks, each mixed down to mono and fed through one streaming
 resampler, so memory never holds more than a block of the source plus the mono result at the
@@ -14,16 +14,15 @@ gigabytes of samples.
 
 from __future__ import annotations
 
-import importlib
 import io
 import math
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from voxwire.errors import InvalidInputError, VoxwireError
+from voxwire.audio.backend import audio_backend
+from voxwire.errors import InvalidInputError
 
 if TYPE_CHECKING:
     import soundfile
@@ -36,22 +35,6 @@ _QUALITY = "VHQ"
 _UNKNOWN_FRAMES = 2**63 - 1
 """libsndfile's frame count for a file whose header does not give its length."""
 _EMPTY = np.zeros(0, dtype=np.float32)
-
-
-class AudioBackendMissingError(VoxwireError, ImportError):
-    """soundfile or soxr, which decoding or resampling a clip needs, is not installed (or cannot load its
-    library); the message names the package."""
-
-
-def _backend(name: str) -> ModuleType:
-    """The audio package ``name`` ("soundfile" or "soxr"), imported on first use."""
-    try:
-        return importlib.import_module(name)
-    except (ImportError, OSError) as exc:  # OSError: soundfile without a loadable libsndfile
-        raise AudioBackendMissingError(
-            f"reading or resampling a voice clip needs the {name} package, which cannot be imported here "
-            f"({exc}): pip install {name}"
-        ) from exc
 
 
 class ClipTooLongError(InvalidInputError):
@@ -86,7 +69,8 @@ def load_clip(
             raise ClipTooLongError(source.shape[0] / source_rate, max_seconds)
         samples = _mono(np.asarray(source, dtype=np.float32))
         if samples.size and source_rate != target_rate:
-            samples = _backend("soxr").resample(samples, source_rate, target_rate, quality=_QUALITY).astype(np.float32)
+            soxr = audio_backend("soxr")
+            samples = soxr.resample(samples, source_rate, target_rate, quality=_QUALITY).astype(np.float32)
     else:
         samples = _decode_file(source, target_rate, max_seconds)
     if samples.size == 0:
@@ -106,7 +90,7 @@ def _mono(samples: np.ndarray) -> np.ndarray:
 
 def _decode_file(source: str | Path | bytes, target_rate: int, max_seconds: float | None) -> np.ndarray:
     name = "the uploaded data" if isinstance(source, bytes) else str(source)
-    soundfile = _backend("soundfile")
+    soundfile = audio_backend("soundfile")
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with soundfile.SoundFile(handle) as sound:
@@ -130,7 +114,7 @@ def _read_mono(
     """Decode ``sound`` block by block into mono at ``target_rate``; at most ``limit`` source frames."""
     rate = sound.samplerate
     resampler = (
-        None if rate == target_rate else _backend("soxr").ResampleStream(rate, target_rate, 1, "float32", _QUALITY)
+        None if rate == target_rate else audio_backend("soxr").ResampleStream(rate, target_rate, 1, "float32", _QUALITY)
     )
     block_frames = max(1, _BLOCK_SAMPLES // sound.channels)
     parts: list[np.ndarray] = []

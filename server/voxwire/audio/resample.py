@@ -8,8 +8,8 @@ chunking (soxr's stream output is bit-identical to resampling the whole signal a
 from __future__ import annotations
 
 import numpy as np
-import soxr
 
+from voxwire.audio.backend import audio_backend
 from voxwire.audio.pcm import as_mono_float32
 
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -31,7 +31,7 @@ class StreamResampler:
         self._stream = (
             None
             if input_rate == output_rate
-            else soxr.ResampleStream(input_rate, output_rate, 1, dtype="float32", quality=quality)
+            else audio_backend("soxr").ResampleStream(input_rate, output_rate, 1, dtype="float32", quality=quality)
         )
         self._flushed = False
 
