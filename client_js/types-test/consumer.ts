@@ -1,6 +1,6 @@
-// Uses both entry points of voxwire-client by the package's name, with every type spelled out, so the
-// declarations are checked, not just present: a `@ts-expect-error` line fails the build when the type it
-// guards has turned into `any` (the error it expects no longer happens).
+// Uses both entry points of voxwire-client by the package's name, so the declarations are checked, not just
+// present. Results are left to inference, and a `@ts-expect-error` line after each fails the build when the
+// type it guards has turned into `any` (the error it expects no longer happens).
 import {
   ProtocolError,
   RefusedError,
@@ -74,7 +74,7 @@ tts.addEventListener('ready', (event: CustomEvent<FirstAudio>) => console.log(ev
 tts.addEventListener('visibilitychange', (event: Event) => console.log(event.type));
 
 async function speak(pieces: AsyncIterable<string>): Promise<void> {
-  const ready: ReadyMessage = await tts.connect();
+  const ready = await tts.connect();
   const sampleRate: number = ready.sample_rate;
   const voice: string | null = ready.voice;
   console.log(ready.model, sampleRate, voice, ready.chunk_s);
@@ -84,15 +84,23 @@ async function speak(pieces: AsyncIterable<string>): Promise<void> {
   tts.flush();
   tts.end();
   const settings: ReadyMessage | null = tts.settings;
+  // @ts-expect-error: the settings are a ready message (or null)
+  const settingsText: string = tts.settings;
   const stats: ClientStats = tts.stats;
+  // @ts-expect-error: the counters are numbers
+  const underrunsText: string = tts.stats.underruns;
   const firstAudio: FirstAudio | null = stats.firstAudio;
   const decoder: 'webcodecs' | 'pcm' | null = stats.decoder;
+  console.log(settingsText, underrunsText);
   console.log(settings?.format, stats.underruns, stats.samplesPlayed, firstAudio?.latencyMs, decoder);
   const analyser: AnalyserNode | null = tts.analyser;
   const speaking: boolean = tts.speaking;
   if (speaking) tts.cancel();
   console.log(analyser?.frequencyBinCount, rateText);
-  await tts.configure({ voice: 'alice', seed: 7, maxBufferDelayMs: 300 });
+  const changed = await tts.configure({ voice: 'alice', seed: 7, maxBufferDelayMs: 300 });
+  // @ts-expect-error: configure() resolves with the new ready message
+  const changedRate: string = changed.sample_rate;
+  console.log(changedRate);
   await tts.close();
   // @ts-expect-error: the client's bookkeeping is private
   console.log(tts.readyWaiters);
@@ -113,7 +121,7 @@ const opus: Promise<boolean> = supportsOpus();
 console.log(url, opus, STREAM_PATH);
 
 // The protocol codec, e.g. for a server-side or a custom client.
-const message: ServerMessage = decodeServer('{"type":"error","code":"busy","message":"later","utterance":null}');
+const message = decodeServer('{"type":"error","code":"busy","message":"later","utterance":null}');
 switch (message.type) {
   case 'ready':
     console.log(message.chunk_s + 0, message.pre_skip + 0);
@@ -142,8 +150,12 @@ encodeClient({ type: 'text' });
 encodeClient({ type: 'stop' });
 // @ts-expect-error: seed is a number
 encodeClient({ type: 'start', seed: '7' });
-const frame: AudioFrame = decodeFrame(new Uint8Array([1, 2, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+const frame = decodeFrame(new Uint8Array([1, 2, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+const sameFrame: AudioFrame = frame;
+// @ts-expect-error: a frame's format is one of FRAME_FORMATS
+const formatNumber: number = frame.format;
 const format: AudioFormat = frame.format;
 const formats: readonly AudioFormat[] = FRAME_FORMATS;
 const packets: Uint8Array[] = frame.packets;
-console.log(frames, format, formats, packets.length, frame.utterance + frame.sequence);
+const decoded: ServerMessage = message;
+console.log(frames, format, formats, packets.length, sameFrame.utterance + frame.sequence, formatNumber, decoded);
