@@ -11,16 +11,7 @@
  * tts.cancel();                     // barge-in: silence now, late audio is dropped
  * ```
  *
- * Events (`CustomEvent`, payload in `detail`): `ready` (the `ready` message: settings in effect),
- * `segment` (a sentence starts), `firstAudio` ({utterance, latencyMs, receivedMs, decodedMs}:
- * milliseconds from the utterance's first `text()` to its first sample played, first frame
- * received, first audio decoded), `done` (the `done` message), `underrun` ({utterance}), `error`
- * (the server's `error` message, or {code, message} for local failures; `reconnect_failed` when a lost
- * session could not be resumed), `close` ({code, reason, reconnecting}),
- * `retry` ({retry, delayMs, reason}: a refused connection is tried again), `interrupted`
- * ({utterances, code, reason}: the connection was lost (1001, 1006) before these utterances were
- * done; what was received still plays, the rest of them is skipped), `reconnect` ({}: a new
- * connection took over; text sent meanwhile went to it).
+ * Events are `CustomEvent`s with their payload in `detail`; `ClientEvents` below lists them.
  *
  * Recovery: `connect()` retries a refused connection (a busy, starting or draining server) with
  * backoff and jitter (`retry` option). A lost session reconnects on its own (`reconnect: false`
@@ -35,6 +26,7 @@ import { Player, supportsOpus } from './player.js';
 import { DEFAULT_RETRY, RefusedError, isLoss, isRefusal, withRetry } from './reconnect.js';
 
 export { ProtocolError } from './protocol.js';
+export { RefusedError } from './reconnect.js';
 export { supportsOpus } from './player.js';
 
 export const STREAM_PATH = '/v1/tts/stream';
@@ -67,14 +59,54 @@ export const STREAM_PATH = '/v1/tts/stream';
  * }} ClientStats
  */
 
-/** @typedef {{utterance: number, latencyMs: number, receivedMs: number | null, decodedMs: number | null}} FirstAudio */
+/**
+ * Milliseconds from an utterance's first `text()` to its first sample played (`latencyMs`), to its first
+ * frame received and to its first audio decoded (null when not seen, e.g. PCM is not decoded).
+ * @typedef {{utterance: number, latencyMs: number, receivedMs: number | null, decodedMs: number | null}} FirstAudio
+ */
 
 /** @typedef {{textAt: number, receivedAt: number | null, decodedAt: number | null}} Timing */
+
+/**
+ * A failure: the server's `error` message, or one of the client's own (`utterance` null), e.g. `decode_failed`,
+ * `bad_frame`, or `reconnect_failed` when a lost session could not be resumed. Branch on `code`.
+ * @typedef {{code: string, message: string, utterance: number | null}} ClientError
+ */
+
+/**
+ * The events a client dispatches, by name, and the `detail` each carries.
+ * @typedef {object} ClientEvents
+ * @property {ReadyMessage} ready the settings in effect (after `connect()`, `configure()` and a reconnection)
+ * @property {SegmentMessage} segment a sentence starts
+ * @property {FirstAudio} firstAudio an utterance's first sample played
+ * @property {DoneMessage} done an utterance is finished (its audio may still be playing)
+ * @property {{utterance: number}} underrun the buffer ran dry mid-sentence
+ * @property {ClientError} error
+ * @property {{code: number, reason: string, reconnecting: boolean}} close the connection closed
+ * @property {{retry: number, delayMs: number, reason: string}} retry a refused connection is tried again
+ * @property {{utterances: number[], code: number, reason: string}} interrupted the connection was lost (1001,
+ *   1006) before these utterances were done; what was received still plays, the rest of them is skipped
+ * @property {{}} reconnect a new connection took over; text sent meanwhile went to it
+ */
+
+/**
+ * A listener of one of the client's events.
+ * @template {keyof ClientEvents} Name
+ * @typedef {(this: VoxwireClient, event: CustomEvent<ClientEvents[Name]>) => void} ClientListener
+ */
+
+/**
+ * @typedef {import('./protocol.js').ClientMessage} ClientMessage
+ * @typedef {import('./protocol.js').ReadyMessage} ReadyMessage
+ * @typedef {import('./protocol.js').SegmentMessage} SegmentMessage
+ * @typedef {import('./protocol.js').DoneMessage} DoneMessage
+ */
 
 export class VoxwireClient extends EventTarget {
   /** @param {ClientOptions} [options] */
   constructor(options = {}) {
     super();
+    /** @type {ClientOptions} the options in effect (`configure()` changes them) */
     this.options = { format: 'opus', ...options };
     /** @type {ClientStats} */
     this.stats = {
@@ -89,34 +121,85 @@ export class VoxwireClient extends EventTarget {
       playedAtCancel: null,
       firstAudio: null,
     };
-    /** @type {import('./protocol.js').Message | null} the settings in effect */
+    /** @type {ReadyMessage | null} the settings in effect */
     this.settings = null;
-    /** @type {WebSocket | null} */
+    /** @type {WebSocket | null} the current connection */
     this.socket = null;
-    /** @type {Player | null} */
+    /** @type {Player | null} the current audio output */
     this.player = null;
     /** Number the server will give the next utterance (it counts them per connection, from 0). */
     this.nextUtterance = 0;
-    /** @type {number | null} the utterance taking text, if any */
+    /** @private @type {number | null} the utterance taking text, if any */
     this.openUtterance = null;
-    /** Frames of utterances below this number were cancelled: they are dropped on arrival. */
+    /** @private Frames of utterances below this number were cancelled: they are dropped on arrival. */
     this.dropBelow = 0;
-    /** @type {Map<number, Timing>} utterances whose first audio has not played yet */
+    /** @private @type {Map<number, Timing>} utterances whose first audio has not played yet */
     this.timings = new Map();
-    /** @type {Set<number>} utterances whose next frame starts a sentence (a `segment` came) */
+    /** @private @type {Set<number>} utterances whose next frame starts a sentence (a `segment` came) */
     this.segmentStarts = new Set();
-    /** @type {number | null} the player's lead, in seconds */
+    /** @private @type {number | null} the player's lead, in seconds */
     this.lead = null;
-    /** @type {{resolve: (ready: any) => void, reject: (error: Error) => void}[]} */
+    /** @private @type {{resolve: (ready: ReadyMessage) => void, reject: (error: Error) => void}[]} */
     this.readyWaiters = [];
-    /** The client's number of the current connection's utterance 0 (the server counts per connection). */
+    /** @private The client's number of the current connection's utterance 0 (the server counts per connection). */
     this.base = 0;
-    /** @type {Promise<void> | null} a lost session's replacement, while it connects */
+    /** @private @type {Promise<void> | null} a lost session's replacement, while it connects */
     this.reconnecting = null;
-    /** @type {object[]} messages sent while reconnecting, in order */
+    /** @private @type {ClientMessage[]} messages sent while reconnecting, in order */
     this.queued = [];
-    /** Set by `close()`: a close we asked for is not a loss. */
+    /** @private Set by `close()`: a close we asked for is not a loss. */
     this.closing = false;
+  }
+
+  /**
+   * Listen to one of the client's events (`ClientEvents` says what each carries).
+   * @template {keyof ClientEvents} Name
+   * @overload
+   * @param {Name} type
+   * @param {ClientListener<Name>} listener
+   * @param {boolean | AddEventListenerOptions} [options]
+   * @returns {void}
+   */
+  /**
+   * @overload
+   * @param {string} type
+   * @param {EventListenerOrEventListenerObject | null} listener
+   * @param {boolean | AddEventListenerOptions} [options]
+   * @returns {void}
+   */
+  /**
+   * Typed for `ClientEvents`; otherwise `EventTarget`'s own.
+   * @param {string} type
+   * @param {any} listener
+   * @param {boolean | AddEventListenerOptions} [options]
+   */
+  addEventListener(type, listener, options) {
+    super.addEventListener(type, listener, options);
+  }
+
+  /**
+   * @template {keyof ClientEvents} Name
+   * @overload
+   * @param {Name} type
+   * @param {ClientListener<Name>} listener
+   * @param {boolean | EventListenerOptions} [options]
+   * @returns {void}
+   */
+  /**
+   * @overload
+   * @param {string} type
+   * @param {EventListenerOrEventListenerObject | null} listener
+   * @param {boolean | EventListenerOptions} [options]
+   * @returns {void}
+   */
+  /**
+   * Typed for `ClientEvents`; otherwise `EventTarget`'s own.
+   * @param {string} type
+   * @param {any} listener
+   * @param {boolean | EventListenerOptions} [options]
+   */
+  removeEventListener(type, listener, options) {
+    super.removeEventListener(type, listener, options);
   }
 
   /** Whether an utterance is not done yet or its audio is still playing (a `cancel()` would cut something). */
@@ -132,7 +215,9 @@ export class VoxwireClient extends EventTarget {
   /**
    * Open the session and apply the options; resolves with the `ready` message in effect.
    * Call it from a user gesture so that the audio context may start.
-   * @returns {Promise<any>}
+   * @returns {Promise<ReadyMessage>}
+   * @throws {RefusedError} when the server still refuses after the `retry` policy's attempts
+   * @throws {ProtocolError} when the server refuses the settings (e.g. an unknown voice)
    */
   async connect() {
     this.closing = false;
@@ -143,7 +228,8 @@ export class VoxwireClient extends EventTarget {
   /**
    * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`.
    * @param {ClientOptions} changes
-   * @returns {Promise<any>}
+   * @returns {Promise<ReadyMessage>}
+   * @throws {ProtocolError} when the server refuses the settings
    */
   async configure(changes) {
     await this.reconnecting;
@@ -221,14 +307,14 @@ export class VoxwireClient extends EventTarget {
 
   /**
    * Send now, or after the reconnection in progress.
-   * @param {import('./protocol.js').Message} message
+   * @param {ClientMessage} message
    */
   #send(message) {
     if (this.reconnecting) this.queued.push(message);
     else this.#write(message);
   }
 
-  /** @param {import('./protocol.js').Message} message */
+  /** @param {ClientMessage} message */
   #write(message) {
     if (this.socket?.readyState !== WebSocket.OPEN) throw new Error('not connected: call connect() first');
     this.socket.send(encodeClient(message));
@@ -320,7 +406,7 @@ export class VoxwireClient extends EventTarget {
     return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
   }
 
-  /** @param {any} ready */
+  /** @param {ReadyMessage} ready */
   async #ensurePlayer(ready) {
     const rate = ready.format === 'opus' ? 48_000 : ready.sample_rate;
     const lead = this.options.leadSeconds ?? ready.chunk_s;

@@ -18,7 +18,8 @@
 export const PROTOCOL_VERSION = 1;
 export const FRAME_VERSION = 1;
 /** The audio formats a session can stream; a frame's format byte is the index here. */
-export const FRAME_FORMATS = Object.freeze(['opus', 'ogg_opus', 'pcm_s16le', 'pcm_f32le']);
+export const FRAME_FORMATS = Object.freeze(/** @type {const} */ (['opus', 'ogg_opus', 'pcm_s16le', 'pcm_f32le']));
+/** @typedef {typeof FRAME_FORMATS[number]} AudioFormat */
 export const FRAME_HEADER_SIZE = 12;
 export const MAX_PACKET_BYTES = 0xffff;
 export const MAX_SEED = 2 ** 63;
@@ -55,19 +56,20 @@ export class ProtocolError extends Error {
  * @typedef {Record<string, FieldSpec>} MessageSpec
  */
 
-const str = { type: 'string', optional: false };
-const int = { type: 'int', optional: false };
-const float = { type: 'float', optional: false };
-const optStr = { type: 'string', optional: true };
-const optInt = { type: 'int', optional: true };
-const optFloat = { type: 'float', optional: true };
-const optBool = { type: 'boolean', optional: true };
+const str = Object.freeze({ type: 'string', optional: false });
+const int = Object.freeze({ type: 'int', optional: false });
+const float = Object.freeze({ type: 'float', optional: false });
+const optStr = Object.freeze({ type: 'string', optional: true });
+const optInt = Object.freeze({ type: 'int', optional: true });
+const optFloat = Object.freeze({ type: 'float', optional: true });
+const optBool = Object.freeze({ type: 'boolean', optional: true });
 
 /**
- * Fields of each message type, in the server's order (encoders write them in this order).
- * @type {Record<string, MessageSpec>}
+ * Fields of each message type, in the server's order (encoders write them in this order). The message
+ * types below are derived from these tables, so a field is described once.
+ * @satisfies {Record<string, MessageSpec>}
  */
-const CLIENT_MESSAGES = {
+const CLIENT_MESSAGES = Object.freeze({
   start: {
     voice: optStr,
     format: optStr,
@@ -83,10 +85,10 @@ const CLIENT_MESSAGES = {
   flush: {},
   end: {},
   cancel: {},
-};
+});
 
-/** @type {Record<string, MessageSpec>} */
-const SERVER_MESSAGES = {
+/** @satisfies {Record<string, MessageSpec>} */
+const SERVER_MESSAGES = Object.freeze({
   ready: {
     protocol: int,
     model: str,
@@ -113,18 +115,67 @@ const SERVER_MESSAGES = {
     engine_ttfc_s: optFloat,
   },
   error: { code: str, message: str, utterance: optInt },
-};
+});
 
 /**
- * Client messages (`start`, `text`, `flush`, `end`, `cancel`).
+ * @typedef {{string: string, int: number, float: number, boolean: boolean}} FieldValues
+ * @typedef {typeof CLIENT_MESSAGES} ClientMessageSpecs
+ * @typedef {typeof SERVER_MESSAGES} ServerMessageSpecs
+ */
+
+/**
+ * A message as sent: its `type`, its required fields, and any of its optional fields (unset: absent or null).
+ * @template {Record<string, MessageSpec>} Specs
+ * @template {keyof Specs} Type
+ * @typedef {{type: Type}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name]['optional'] extends true ? never : Name]:
+ *        FieldValues[Specs[Type][Name]['type']]}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name]['optional'] extends true ? Name : never]?:
+ *        FieldValues[Specs[Type][Name]['type']] | null}} Sendable
+ */
+
+/**
+ * A message as decoded from the server: every field of its type present, `null` when unknown.
+ * @template {Record<string, MessageSpec>} Specs
+ * @template {keyof Specs} Type
+ * @typedef {{type: Type} & {-readonly [Name in keyof Specs[Type]]:
+ *   FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}} Complete
+ */
+
+/**
+ * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ * @typedef {{[Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>}[keyof ClientMessageSpecs]} ClientMessage
+ */
+
+/**
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
+ */
+
+/**
+ * A server message as `encodeServer` takes it (test servers): optional fields may be left out.
+ * @typedef {{[Type in keyof ServerMessageSpecs]: Sendable<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessageInit
+ */
+
+/**
+ * @typedef {Sendable<ClientMessageSpecs, 'start'>} StartMessage the settings of the utterances that follow
+ * @typedef {Complete<ServerMessageSpecs, 'ready'>} ReadyMessage the settings in effect (the server's answer to a connection and to `start`)
+ * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
+ * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
+ * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
+ */
+
+/**
+ * Any message, for the checks that treat every type alike.
  * @typedef {{type: string, [field: string]: unknown}} Message
  */
 
 /**
  * A client message as a compact JSON text frame, `type` first, unset (null or undefined) fields
  * omitted. The message is checked as the server would check it, so a bad one throws here.
- * @param {Message} message
+ * @param {ClientMessage} message
  * @returns {string}
+ * @throws {ProtocolError}
  */
 export function encodeClient(message) {
   const set = Object.entries(message).filter(([, value]) => value !== undefined && value !== null);
@@ -138,8 +189,9 @@ export function encodeClient(message) {
 
 /**
  * A server message as JSON text, every field present (`null` when unknown): for test servers.
- * @param {Message} message
+ * @param {ServerMessageInit} message
  * @returns {string}
+ * @throws {ProtocolError}
  */
 export function encodeServer(message) {
   checkMessage(message, SERVER_MESSAGES);
@@ -151,7 +203,7 @@ export function encodeServer(message) {
 /**
  * Parse a server's text frame; every field of its type is present (`null` when unknown).
  * @param {string} text
- * @returns {Message}
+ * @returns {ServerMessage}
  * @throws {ProtocolError}
  */
 export function decodeServer(text) {
@@ -161,7 +213,7 @@ export function decodeServer(text) {
 /**
  * Parse a client's text frame as the server does (for tests and mock servers).
  * @param {string} text
- * @returns {Message}
+ * @returns {ClientMessage}
  * @throws {ProtocolError}
  */
 export function decodeClient(text) {
@@ -282,7 +334,7 @@ function jsonType(value) {
 /**
  * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
  * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
- * @typedef {{format: string, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
+ * @typedef {{format: AudioFormat, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
  */
 
 /**

@@ -1,0 +1,390 @@
+/**
+ * @typedef {{string: string, int: number, float: number, boolean: boolean}} FieldValues
+ * @typedef {typeof CLIENT_MESSAGES} ClientMessageSpecs
+ * @typedef {typeof SERVER_MESSAGES} ServerMessageSpecs
+ */
+/**
+ * A message as sent: its `type`, its required fields, and any of its optional fields (unset: absent or null).
+ * @template {Record<string, MessageSpec>} Specs
+ * @template {keyof Specs} Type
+ * @typedef {{type: Type}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name]['optional'] extends true ? never : Name]:
+ *        FieldValues[Specs[Type][Name]['type']]}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name]['optional'] extends true ? Name : never]?:
+ *        FieldValues[Specs[Type][Name]['type']] | null}} Sendable
+ */
+/**
+ * A message as decoded from the server: every field of its type present, `null` when unknown.
+ * @template {Record<string, MessageSpec>} Specs
+ * @template {keyof Specs} Type
+ * @typedef {{type: Type} & {-readonly [Name in keyof Specs[Type]]:
+ *   FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}} Complete
+ */
+/**
+ * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ * @typedef {{[Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>}[keyof ClientMessageSpecs]} ClientMessage
+ */
+/**
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
+ */
+/**
+ * A server message as `encodeServer` takes it (test servers): optional fields may be left out.
+ * @typedef {{[Type in keyof ServerMessageSpecs]: Sendable<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessageInit
+ */
+/**
+ * @typedef {Sendable<ClientMessageSpecs, 'start'>} StartMessage the settings of the utterances that follow
+ * @typedef {Complete<ServerMessageSpecs, 'ready'>} ReadyMessage the settings in effect (the server's answer to a connection and to `start`)
+ * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
+ * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
+ * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
+ */
+/**
+ * Any message, for the checks that treat every type alike.
+ * @typedef {{type: string, [field: string]: unknown}} Message
+ */
+/**
+ * A client message as a compact JSON text frame, `type` first, unset (null or undefined) fields
+ * omitted. The message is checked as the server would check it, so a bad one throws here.
+ * @param {ClientMessage} message
+ * @returns {string}
+ * @throws {ProtocolError}
+ */
+export function encodeClient(message: ClientMessage): string;
+/**
+ * A server message as JSON text, every field present (`null` when unknown): for test servers.
+ * @param {ServerMessageInit} message
+ * @returns {string}
+ * @throws {ProtocolError}
+ */
+export function encodeServer(message: ServerMessageInit): string;
+/**
+ * Parse a server's text frame; every field of its type is present (`null` when unknown).
+ * @param {string} text
+ * @returns {ServerMessage}
+ * @throws {ProtocolError}
+ */
+export function decodeServer(text: string): ServerMessage;
+/**
+ * Parse a client's text frame as the server does (for tests and mock servers).
+ * @param {string} text
+ * @returns {ClientMessage}
+ * @throws {ProtocolError}
+ */
+export function decodeClient(text: string): ClientMessage;
+/**
+ * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
+ * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
+ * @typedef {{format: AudioFormat, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
+ */
+/**
+ * Parse a binary frame.
+ * @param {ArrayBuffer | ArrayBufferView} data
+ * @returns {AudioFrame}
+ * @throws {ProtocolError} with code `bad_frame`
+ */
+export function decodeFrame(data: ArrayBuffer | ArrayBufferView): AudioFrame;
+/**
+ * The frame's bytes (for test servers; a client never sends audio).
+ * @param {AudioFrame} frame
+ * @returns {Uint8Array}
+ */
+export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame): Uint8Array;
+/**
+ * The WebSocket wire protocol of `/v1/tts/stream`, sans I/O: a mirror of the server's
+ * `server/voxwire/serving/protocol.py`, checked against the same golden vectors
+ * (`tests/fixtures/protocol_vectors.json`, see `protocol.test.js`).
+ *
+ * Control messages are JSON objects in text frames, discriminated by `type`. Audio travels in
+ * binary frames (server to client): a 12-byte little-endian header (version, format, header size,
+ * utterance, sequence) then the payload; for `opus` the payload is u16-length-prefixed raw Opus
+ * packets. Decoders refuse what the server would refuse, with the same stable error codes.
+ *
+ * One deliberate difference: JavaScript numbers cannot tell `2.0` from `2`, so an integer field
+ * given as `2.0` is accepted here where Python refuses it.
+ *
+ * @module protocol
+ */
+export const PROTOCOL_VERSION: 1;
+export const FRAME_VERSION: 1;
+/** The audio formats a session can stream; a frame's format byte is the index here. */
+export const FRAME_FORMATS: readonly ["opus", "ogg_opus", "pcm_s16le", "pcm_f32le"];
+/** @typedef {typeof FRAME_FORMATS[number]} AudioFormat */
+export const FRAME_HEADER_SIZE: 12;
+export const MAX_PACKET_BYTES: 65535;
+export const MAX_SEED: number;
+export const MAX_BUFFER_DELAY_MS: 60000;
+export const MAX_PLAYBACK_LEAD_MS: 10000;
+/** Stable `code` values of `error` messages and of `ProtocolError`. */
+export const ErrorCode: Readonly<{
+    INVALID_JSON: "invalid_json";
+    INVALID_MESSAGE: "invalid_message";
+    UNKNOWN_TYPE: "unknown_type";
+    UNKNOWN_FIELD: "unknown_field";
+    INVALID_FIELD: "invalid_field";
+    OUT_OF_RANGE: "out_of_range";
+    BAD_FRAME: "bad_frame";
+}>;
+/** A message or frame that cannot be accepted; branch on `code`, never on the text. */
+export class ProtocolError extends Error {
+    /**
+     * @param {string} code an `ErrorCode` value
+     * @param {string} message for humans
+     */
+    constructor(code: string, message: string);
+    code: string;
+}
+export type FieldValues = {
+    string: string;
+    int: number;
+    float: number;
+    boolean: boolean;
+};
+export type ClientMessageSpecs = typeof CLIENT_MESSAGES;
+export type ServerMessageSpecs = typeof SERVER_MESSAGES;
+/**
+ * A message as sent: its `type`, its required fields, and any of its optional fields (unset: absent or null).
+ */
+export type Sendable<Specs extends Record<string, MessageSpec>, Type extends keyof Specs> = {
+    type: Type;
+} & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name]["optional"] extends true ? never : Name]: FieldValues[Specs[Type][Name]["type"]]; } & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name]["optional"] extends true ? Name : never]?: FieldValues[Specs[Type][Name]["type"]] | null; };
+/**
+ * A message as decoded from the server: every field of its type present, `null` when unknown.
+ */
+export type Complete<Specs extends Record<string, MessageSpec>, Type extends keyof Specs> = {
+    type: Type;
+} & { -readonly [Name in keyof Specs[Type]]: FieldValues[Specs[Type][Name]["type"]] | (Specs[Type][Name]["optional"] extends true ? null : never); };
+/**
+ * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ */
+export type ClientMessage = { [Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>; }[keyof ClientMessageSpecs];
+/**
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ */
+export type ServerMessage = { [Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>; }[keyof ServerMessageSpecs];
+/**
+ * A server message as `encodeServer` takes it (test servers): optional fields may be left out.
+ */
+export type ServerMessageInit = { [Type in keyof ServerMessageSpecs]: Sendable<ServerMessageSpecs, Type>; }[keyof ServerMessageSpecs];
+/**
+ * the settings of the utterances that follow
+ */
+export type StartMessage = Sendable<ClientMessageSpecs, "start">;
+/**
+ * the settings in effect (the server's answer to a connection and to `start`)
+ */
+export type ReadyMessage = Complete<ServerMessageSpecs, "ready">;
+/**
+ * a sentence of an utterance starts (its audio follows)
+ */
+export type SegmentMessage = Complete<ServerMessageSpecs, "segment">;
+/**
+ * an utterance is finished
+ */
+export type DoneMessage = Complete<ServerMessageSpecs, "done">;
+/**
+ * what went wrong: `utterance` null for the session or a refused `start`
+ */
+export type ErrorMessage = Complete<ServerMessageSpecs, "error">;
+/**
+ * Any message, for the checks that treat every type alike.
+ */
+export type Message = {
+    type: string;
+    [field: string]: unknown;
+};
+/**
+ * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
+ * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
+ */
+export type AudioFrame = {
+    format: AudioFormat;
+    utterance: number;
+    sequence: number;
+    packets: Uint8Array[];
+};
+export type AudioFormat = (typeof FRAME_FORMATS)[number];
+export type FieldType = "string" | "int" | "float" | "boolean";
+export type FieldSpec = {
+    type: FieldType;
+    optional: boolean;
+};
+export type MessageSpec = Record<string, FieldSpec>;
+/**
+ * Fields of each message type, in the server's order (encoders write them in this order). The message
+ * types below are derived from these tables, so a field is described once.
+ * @satisfies {Record<string, MessageSpec>}
+ */
+declare const CLIENT_MESSAGES: Readonly<{
+    start: {
+        voice: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+        format: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+        seed: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        cfg_value: Readonly<{
+            type: "float";
+            optional: true;
+        }>;
+        inference_timesteps: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        max_buffer_delay_ms: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        normalize: Readonly<{
+            type: "boolean";
+            optional: true;
+        }>;
+        playback_lead_ms: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        persona: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+    };
+    text: {
+        text: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+    };
+    flush: {};
+    end: {};
+    cancel: {};
+}>;
+/** @satisfies {Record<string, MessageSpec>} */
+declare const SERVER_MESSAGES: Readonly<{
+    ready: {
+        protocol: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        model: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        format: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        sample_rate: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        chunk_s: Readonly<{
+            type: "float";
+            optional: false;
+        }>;
+        pre_skip: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        voice: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+        seed: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        cfg_value: Readonly<{
+            type: "float";
+            optional: false;
+        }>;
+        inference_timesteps: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        max_buffer_delay_ms: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        playback_lead_ms: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        persona: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+    };
+    segment: {
+        utterance: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        index: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        text: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        start_sample: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        spoken: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+    };
+    done: {
+        utterance: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        finish_reason: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        segments: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        audio_s: Readonly<{
+            type: "float";
+            optional: false;
+        }>;
+        ttfa_s: Readonly<{
+            type: "float";
+            optional: true;
+        }>;
+        buffer_s: Readonly<{
+            type: "float";
+            optional: true;
+        }>;
+        engine_ttfc_s: Readonly<{
+            type: "float";
+            optional: true;
+        }>;
+    };
+    error: {
+        code: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        message: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        utterance: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+    };
+}>;
+export {};
