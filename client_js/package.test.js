@@ -51,10 +51,10 @@ test('each entry point has its module and its declarations', () => {
   assert.equal(pkg.types, pkg.exports['.'].types);
 });
 
-test('npm pack ships the library, its declarations, package.json and README.md, and nothing else', () => {
+test('npm pack ships the library, its declarations, package.json, README.md and LICENSE, and nothing else', () => {
   const modules = reachable(entries.map(([, target]) => target.default));
   const declarations = reachable(entries.map(([, target]) => target.types));
-  const expected = [...modules, ...declarations, 'package.json', 'README.md'].sort();
+  const expected = [...modules, ...declarations, 'package.json', 'README.md', 'LICENSE'].sort();
   assert.ok(modules.has('worklet.js'), 'the player loads worklet.js by URL');
   assert.deepEqual(packed(), expected);
 });

@@ -93,7 +93,8 @@ export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame
 /**
  * The WebSocket wire protocol of `/v1/tts/stream`, sans I/O: a mirror of the server's
  * `server/voxwire/serving/protocol.py`, checked against the same golden vectors
- * (`tests/fixtures/protocol_vectors.json`, see `protocol.test.js`).
+ * (`tests/fixtures/protocol_vectors.json`, see `protocol.test.js`). The normative specification is
+ * `docs/protocol.md` in the voxwire repository.
  *
  * Control messages are JSON objects in text frames, discriminated by `type`. Audio travels in
  * binary frames (server to client): a 12-byte little-endian header (version, format, header size,
