@@ -74,6 +74,15 @@ async def test_ogg_opus_file_decodes_to_the_utterance_length(serve, tiny_tts: Vo
     assert decoded.size == tiny_tts.generate(TEXT, seed=SEED).size
 
 
+async def test_format_opus_writes_ogg_opus_to_stdout(serve, tiny_tts: VoxCPM) -> None:
+    server = await serve()
+    result = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--format", "opus", "--out", "-", TEXT)
+    assert result.returncode == 0, result.stderr
+    decoded, rate = soundfile.read(io.BytesIO(result.stdout), dtype="float32")
+    assert result.stdout[:4] == b"OggS" and rate == 48000
+    assert decoded.size == tiny_tts.generate(TEXT, seed=SEED).size
+
+
 async def test_stdin_lines_are_spoken_as_they_arrive(serve) -> None:
     server = await serve()
     process = await launch("say", "-v", "--server", url(server), "--format", "pcm_s16le", "--out", "-", "-")

@@ -17,7 +17,9 @@ from typing import Any, BinaryIO, Protocol
 from voxwire.audio.pcm import wav_header
 from voxwire.client.errors import OutputUnavailableError
 
-OUTPUT_FORMATS = ("wav", "pcm_s16le", "pcm_f32le", "ogg_opus")
+OUTPUT_FORMATS = ("wav", "pcm_s16le", "pcm_f32le", "ogg_opus", "opus")
+FORMAT_ALIASES = {"opus": "ogg_opus"}
+"""A file of Opus is Ogg Opus, as OpenAI's ``response_format`` names it (raw Opus packets need framing)."""
 SPEAKER_FORMAT = "pcm_f32le"
 _EXTENSIONS = {".wav": "wav", ".ogg": "ogg_opus", ".opus": "ogg_opus", ".oga": "ogg_opus"}
 INSTALL_HINT = (
@@ -43,7 +45,7 @@ class AudioSink(Protocol):
 def format_for(out: str | None, requested: str | None) -> str:
     """``--format`` if given, else from the file extension, else WAV (self-describing, plays anywhere)."""
     if requested is not None:
-        return requested
+        return FORMAT_ALIASES.get(requested, requested)
     return _EXTENSIONS.get(Path(out).suffix.lower(), "wav") if out not in (None, "-") else "wav"
 
 
