@@ -16,6 +16,11 @@ import triton.language as tl
 from voxwire.kernels.reference import SNAKE_EPS
 
 _ELEMENTWISE_BLOCK = 1024
+# Elements per program of the row-tiled VAE kernels: [_TILE // BLOCK_T rows, BLOCK_T samples], so a stage
+# with rows of 5 samples fills a program with many rows instead of masking 99 % of a 1024-wide block.
+_TILE = 2048
+# The RoPE tile is [heads, head_dim / 2], 18 x 64 at VoxCPM2's shape: two warps hold it without idling.
+_ROPE_WARPS = 2
 
 
 @triton.jit
@@ -61,15 +66,17 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stri
 
 
 @triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, length, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of length ``length``
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < length
-    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
-    x = tl.load(x_ptr + row * length + cols, mask=mask, other=0.0).to(tl.float32)
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, rows, channels, length, eps, ROWS: tl.constexpr, BLOCK_T: tl.constexpr):
+    # A [ROWS, BLOCK_T] tile of the (batch·channel, length) rows: early VAE stages have rows of a few samples.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = (row < rows)[:, None] & (cols < length)[None, :]
+    alpha = tl.load(alpha_ptr + row % channels, mask=row < rows, other=1.0).to(tl.float32)[:, None]
+    offsets = row[:, None] * length + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     wave = tl.sin(alpha * x)
     out = x + (1.0 / (alpha + eps)) * (wave * wave)
-    tl.store(out_ptr + row * length + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -80,21 +87,25 @@ def _snake_with_past_kernel(
     past_ptr,
     out_ptr,
     sum_ptr,
+    rows,
     channels,
     length,
     past_length,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row: past_length past frames, then length new
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    # A [ROWS, BLOCK_T] tile of the (batch·channel) output rows: past_length past frames, then length new.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     total = past_length + length
-    in_past = cols < past_length
-    is_new = (cols >= past_length) & (cols < total)
-    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
-    past = tl.load(past_ptr + row * past_length + cols, mask=in_past, other=0.0).to(tl.float32)
-    new = row * length + (cols - past_length)
+    live_row = (row < rows)[:, None]
+    in_past = live_row & (cols < past_length)[None, :]
+    is_new = live_row & ((cols >= past_length) & (cols < total))[None, :]
+    alpha = tl.load(alpha_ptr + row % channels, mask=row < rows, other=1.0).to(tl.float32)[:, None]
+    past = tl.load(past_ptr + row[:, None] * past_length + cols[None, :], mask=in_past, other=0.0).to(tl.float32)
+    new = row[:, None] * length + (cols - past_length)[None, :]
     x = tl.load(x_ptr + new, mask=is_new, other=0.0)
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + new, mask=is_new, other=0.0)
@@ -103,20 +114,28 @@ def _snake_with_past_kernel(
     x = x.to(tl.float32)
     wave = tl.sin(alpha * x)
     out = tl.where(in_past, past, x + (1.0 / (alpha + eps)) * (wave * wave))
-    tl.store(out_ptr + row * total + cols, out.to(out_ptr.dtype.element_ty), mask=cols < total)
+    tl.store(
+        out_ptr + row[:, None] * total + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=live_row & (cols < total)[None, :],
+    )
 
 
 @triton.jit
-def _conv_transpose_out_kernel(blocks_ptr, bias_ptr, out_ptr, channels, length, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of the output, length·stride samples
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < length * stride
+def _conv_transpose_out_kernel(
+    blocks_ptr, bias_ptr, out_ptr, rows, channels, length, stride, ROWS: tl.constexpr, BLOCK_T: tl.constexpr
+):
+    # A [ROWS, BLOCK_T] tile of the (batch·channel) output rows of length·stride samples each.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = (row < rows)[:, None] & (cols < length * stride)[None, :]
     batch, channel = row // channels, row % channels
     frame, phase = cols // stride, cols % stride
-    source = ((batch * length + frame) * channels + channel) * stride + phase
+    source = ((batch[:, None] * length + frame[None, :]) * channels + channel[:, None]) * stride + phase[None, :]
     value = tl.load(blocks_ptr + source, mask=mask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + channel).to(tl.float32)
-    tl.store(out_ptr + row * length * stride + cols, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
+    bias = tl.load(bias_ptr + channel, mask=row < rows, other=0.0).to(tl.float32)[:, None]
+    offsets = row[:, None] * (length * stride) + cols[None, :]
+    tl.store(out_ptr + offsets, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -136,31 +155,41 @@ def _rope_kernel(
     stride_ct,
     stride_sb,
     stride_st,
+    HEADS: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    row_head = tl.program_id(0)  # (batch row, head) pairs, heads fastest
+    # One program per (batch row, token): every q and k head of it as one [HEADS, HALF] tile (HEADS is
+    # heads rounded up to a power of two), sharing one load of the cos/sin row.
+    b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1).to(tl.int64)
-    b = (row_head // heads).to(tl.int64)
-    h = row_head % heads
+    h = tl.arange(0, HEADS)
     d = tl.arange(0, HALF)
-    x_base = x_ptr + b * stride_xb + h * stride_xh + t * stride_xt
-    x1 = tl.load(x_base + d).to(tl.float32)
-    x2 = tl.load(x_base + HALF + d).to(tl.float32)
+    live = (h < heads)[:, None]
+    x_base = x_ptr + b * stride_xb + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(x_base, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(x_base + HALF, mask=live, other=0.0).to(tl.float32)
     c_base = cos_ptr + b * stride_cb + t * stride_ct
     s_base = sin_ptr + b * stride_sb + t * stride_st
-    c1 = tl.load(c_base + d).to(tl.float32)
-    c2 = tl.load(c_base + HALF + d).to(tl.float32)
-    s1 = tl.load(s_base + d).to(tl.float32)
-    s2 = tl.load(s_base + HALF + d).to(tl.float32)
+    c1 = tl.load(c_base + d).to(tl.float32)[None, :]
+    c2 = tl.load(c_base + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(s_base + d).to(tl.float32)[None, :]
+    s2 = tl.load(s_base + HALF + d).to(tl.float32)[None, :]
     # x·cos + rotate_half(x)·sin with rotate_half(x) = (-x2, x1), in the reference's order of operations.
-    out1 = x1 * c1 + (-x2) * s1
-    out2 = x2 * c2 + x1 * s2
-    if h < q_heads:
-        base = q_ptr + ((b * q_heads + h) * length + t) * (2 * HALF)
-    else:
-        base = k_ptr + ((b * (heads - q_heads) + h - q_heads) * length + t) * (2 * HALF)
-    tl.store(base + d, out1.to(q_ptr.dtype.element_ty))
-    tl.store(base + HALF + d, out2.to(q_ptr.dtype.element_ty))
+    out1 = (x1 * c1 + (-x2) * s1).to(q_ptr.dtype.element_ty)
+    out2 = (x2 * c2 + x1 * s2).to(q_ptr.dtype.element_ty)
+    is_q = (h < q_heads)[:, None]
+    q_base = q_ptr + ((b * q_heads + h[:, None]) * length + t) * (2 * HALF) + d[None, :]
+    k_base = k_ptr + ((b * (heads - q_heads) + h[:, None] - q_heads) * length + t) * (2 * HALF) + d[None, :]
+    tl.store(q_base, out1, mask=is_q)
+    tl.store(q_base + HALF, out2, mask=is_q)
+    tl.store(k_base, out1, mask=live & ~is_q)
+    tl.store(k_base + HALF, out2, mask=live & ~is_q)
+
+
+def _row_block(length: int) -> int:
+    """BLOCK_T of a row-tiled kernel over rows of ``length`` samples: the row rounded up to a power of two,
+    at most 1024 (longer rows take several programs along time)."""
+    return min(_ELEMENTWISE_BLOCK, triton.next_power_of_2(length))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -232,7 +261,7 @@ def rope_qk(
         raise ValueError("q_and_k, cos and sin must have a unit stride along head_dim")
     q = q_and_k.new_empty(batch, q_heads, length, head_dim)
     k = q_and_k.new_empty(batch, heads - q_heads, length, head_dim)
-    _rope_kernel[(batch * heads, length)](
+    _rope_kernel[(batch, length)](
         q_and_k,
         cos,
         sin,
@@ -248,7 +277,9 @@ def rope_qk(
         cos.stride(2),
         sin.stride(0),
         sin.stride(2),
+        HEADS=triton.next_power_of_2(heads),
         HALF=head_dim // 2,
+        num_warps=_ROPE_WARPS,
     )
     return q, k
 
@@ -274,8 +305,11 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     batch, channels, length = x.shape
-    grid = (batch * channels, triton.cdiv(length, _ELEMENTWISE_BLOCK))
-    _snake_kernel[grid](x, alpha.reshape(-1), out, channels, length, SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK)
+    rows, block_t = batch * channels, _row_block(length)
+    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(length, block_t))
+    _snake_kernel[grid](
+        x, alpha.reshape(-1), out, rows, channels, length, SNAKE_EPS, ROWS=_TILE // block_t, BLOCK_T=block_t
+    )
     return out
 
 
@@ -294,7 +328,8 @@ def _launch_snake_with_past(
     total = past.size(-1) + length
     out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     summed = torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype)) if residual is not None else None
-    grid = (batch * channels, triton.cdiv(total, _ELEMENTWISE_BLOCK))
+    rows, block_t = batch * channels, _row_block(total)
+    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(total, block_t))
     _snake_with_past_kernel[grid](
         x,
         residual if residual is not None else x,
@@ -302,12 +337,14 @@ def _launch_snake_with_past(
         past,
         out,
         summed if summed is not None else x,
+        rows,
         channels,
         length,
         past.size(-1),
         SNAKE_EPS,
         HAS_RESIDUAL=residual is not None,
-        BLOCK=_ELEMENTWISE_BLOCK,
+        ROWS=_TILE // block_t,
+        BLOCK_T=block_t,
     )
     return out, summed
 
@@ -335,6 +372,9 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     batch, length, channels, stride = blocks.shape
     dtype = torch.promote_types(blocks.dtype, bias.dtype)
     out = torch.empty(batch, channels, length * stride, dtype=dtype, device=blocks.device)
-    grid = (batch * channels, triton.cdiv(length * stride, _ELEMENTWISE_BLOCK))
-    _conv_transpose_out_kernel[grid](blocks, bias, out, channels, length, stride, BLOCK=_ELEMENTWISE_BLOCK)
+    rows, block_t = batch * channels, _row_block(length * stride)
+    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(length * stride, block_t))
+    _conv_transpose_out_kernel[grid](
+        blocks, bias, out, rows, channels, length, stride, ROWS=_TILE // block_t, BLOCK_T=block_t
+    )
     return out
