@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from voxwire.config import ConfigError, ModelConfig
 from voxwire.errors import ModelLoadError
+from voxwire.kernels import path as kernel_path
 from voxwire.model.audio_vae import fold_weight_norm
 from voxwire.model.voxcpm import VoxCPMModel
 from voxwire.text.tokenizer import TextTokenizer, TokenizerError
@@ -65,7 +66,9 @@ def load_model(
 
     Raises:
         ModelLoadError: the folder, a file, the config or the weights cannot make a model.
+        TritonUnavailableError: ``VOXWIRE_KERNELS=triton`` and the Triton kernels cannot run on the device.
     """
+    kernel_path.select(torch.device(device) if device is not None else default_device())
     if str(source) == DEMO_SOURCE:
         from voxwire.tiny.checkpoint import demo_checkpoint
 
@@ -118,6 +121,7 @@ def model_from_weights(
     build random models without writing files.
     """
     target = torch.device(device) if device is not None else default_device()
+    kernel_path.select(target)  # before the model exists: decided once, logged, the same for every kernel
     model = _build(config, target, _resolve_dtype(dtype, target))
     _check_keys(model, main, sources[0], lambda key: not key.startswith(_VAE_PREFIX), "")
     _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)

@@ -19,6 +19,7 @@ _ELEMENTWISE_BLOCK = 1024
 # Elements per program of the row-tiled VAE kernels: [_TILE // BLOCK_T rows, BLOCK_T samples], so a stage
 # with rows of 5 samples fills a program with many rows instead of masking 99 % of a 1024-wide block.
 _TILE = 2048
+_ROW_BLOCKS = (16, 128, _ELEMENTWISE_BLOCK)
 # The RoPE tile is [heads, head_dim / 2], 18 x 64 at VoxCPM2's shape: two warps hold it without idling.
 _ROPE_WARPS = 2
 
@@ -65,7 +66,10 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stri
     tl.store(out_ptr + row * stride_o + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# The row-tiled and RoPE kernels do not specialize on their row counts and lengths (== 1, % 16): those vary
+# by VAE stage, batch and prompt, and would only multiply the compiled variants (and serving-time JIT stalls)
+# without changing the generated loads.
+@triton.jit(do_not_specialize=["rows", "channels", "length"])
 def _snake_kernel(x_ptr, alpha_ptr, out_ptr, rows, channels, length, eps, ROWS: tl.constexpr, BLOCK_T: tl.constexpr):
     # A [ROWS, BLOCK_T] tile of the (batch·channel, length) rows: early VAE stages have rows of a few samples.
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -79,7 +83,7 @@ def _snake_kernel(x_ptr, alpha_ptr, out_ptr, rows, channels, length, eps, ROWS: 
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "channels", "length", "past_length"])
 def _snake_with_past_kernel(
     x_ptr,
     residual_ptr,
@@ -121,7 +125,7 @@ def _snake_with_past_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "channels", "length", "stride"])
 def _conv_transpose_out_kernel(
     blocks_ptr, bias_ptr, out_ptr, rows, channels, length, stride, ROWS: tl.constexpr, BLOCK_T: tl.constexpr
 ):
@@ -138,7 +142,7 @@ def _conv_transpose_out_kernel(
     tl.store(out_ptr + offsets, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["heads", "q_heads", "length"])
 def _rope_kernel(
     x_ptr,
     cos_ptr,
@@ -187,9 +191,10 @@ def _rope_kernel(
 
 
 def _row_block(length: int) -> int:
-    """BLOCK_T of a row-tiled kernel over rows of ``length`` samples: the row rounded up to a power of two,
-    at most 1024 (longer rows take several programs along time)."""
-    return min(_ELEMENTWISE_BLOCK, triton.next_power_of_2(length))
+    """BLOCK_T of a row-tiled kernel over rows of ``length`` samples: the first of 16, 128 and 1024 that holds
+    the row (longer rows take several programs along time). Three widths bound the compiled variants; the
+    masked lanes of a part-filled row cost far less than the one-program-per-row launches they replace."""
+    return next((block for block in _ROW_BLOCKS if block >= length), _ELEMENTWISE_BLOCK)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
