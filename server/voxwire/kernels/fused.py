@@ -13,13 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from voxwire.kernels import grids
 from voxwire.kernels.reference import SNAKE_EPS
 
-_ELEMENTWISE_BLOCK = 1024
-# Elements per program of the row-tiled VAE kernels: [_TILE // BLOCK_T rows, BLOCK_T samples], so a stage
-# with rows of 5 samples fills a program with many rows instead of masking 99 % of a 1024-wide block.
-_TILE = 2048
-_ROW_BLOCKS = (16, 128, _ELEMENTWISE_BLOCK)
 # The RoPE tile is [heads, head_dim / 2], 18 x 64 at VoxCPM2's shape: two warps hold it without idling.
 _ROPE_WARPS = 2
 
@@ -190,13 +186,6 @@ def _rope_kernel(
     tl.store(k_base + HALF, out2, mask=live & ~is_q)
 
 
-def _row_block(length: int) -> int:
-    """BLOCK_T of a row-tiled kernel over rows of ``length`` samples: the first of 16, 128 and 1024 that holds
-    the row (longer rows take several programs along time). Three widths bound the compiled variants; the
-    masked lanes of a part-filled row cost far less than the one-program-per-row launches they replace."""
-    return next((block for block in _ROW_BLOCKS if block >= length), _ELEMENTWISE_BLOCK)
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x (..., N) as a (rows, N) view with a unit stride along N (a copy only if no such view exists)."""
     flat = x.reshape(-1, x.size(-1))
@@ -217,7 +206,7 @@ def _launch_rms_norm(
         if (residual is not None)
         else out
     )
-    _rms_norm_kernel[(x2.size(0),)](
+    _rms_norm_kernel[grids.rms_norm_grid(x2.size(0))](
         x2,
         residual2,
         weight,
@@ -266,7 +255,7 @@ def rope_qk(
         raise ValueError("q_and_k, cos and sin must have a unit stride along head_dim")
     q = q_and_k.new_empty(batch, q_heads, length, head_dim)
     k = q_and_k.new_empty(batch, heads - q_heads, length, head_dim)
-    _rope_kernel[(batch, length)](
+    _rope_kernel[grids.rope_grid(batch, length)](
         q_and_k,
         cos,
         sin,
@@ -296,9 +285,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate2, up2 = _rows(gate), _rows(up)
     out = torch.empty(gate2.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     n_cols = gate2.size(1)
-    grid = (gate2.size(0), triton.cdiv(n_cols, _ELEMENTWISE_BLOCK))
-    _silu_mul_kernel[grid](
-        gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=_ELEMENTWISE_BLOCK
+    _silu_mul_kernel[grids.silu_mul_grid(gate2.size(0), n_cols)](
+        gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=grids.ELEMENTWISE_BLOCK
     )
     return out.view(gate.shape)
 
@@ -310,11 +298,9 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     batch, channels, length = x.shape
-    rows, block_t = batch * channels, _row_block(length)
-    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(length, block_t))
-    _snake_kernel[grid](
-        x, alpha.reshape(-1), out, rows, channels, length, SNAKE_EPS, ROWS=_TILE // block_t, BLOCK_T=block_t
-    )
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, length)
+    _snake_kernel[grid](x, alpha.reshape(-1), out, rows, channels, length, SNAKE_EPS, ROWS=per_program, BLOCK_T=block_t)
     return out
 
 
@@ -333,8 +319,8 @@ def _launch_snake_with_past(
     total = past.size(-1) + length
     out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     summed = torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype)) if residual is not None else None
-    rows, block_t = batch * channels, _row_block(total)
-    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(total, block_t))
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, total)
     _snake_with_past_kernel[grid](
         x,
         residual if residual is not None else x,
@@ -348,7 +334,7 @@ def _launch_snake_with_past(
         past.size(-1),
         SNAKE_EPS,
         HAS_RESIDUAL=residual is not None,
-        ROWS=_TILE // block_t,
+        ROWS=per_program,
         BLOCK_T=block_t,
     )
     return out, summed
@@ -377,9 +363,9 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     batch, length, channels, stride = blocks.shape
     dtype = torch.promote_types(blocks.dtype, bias.dtype)
     out = torch.empty(batch, channels, length * stride, dtype=dtype, device=blocks.device)
-    rows, block_t = batch * channels, _row_block(length * stride)
-    grid = (triton.cdiv(rows, _TILE // block_t), triton.cdiv(length * stride, block_t))
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, length * stride)
     _conv_transpose_out_kernel[grid](
-        blocks, bias, out, rows, channels, length, stride, ROWS=_TILE // block_t, BLOCK_T=block_t
+        blocks, bias, out, rows, channels, length, stride, ROWS=per_program, BLOCK_T=block_t
     )
     return out
