@@ -90,7 +90,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "new utterances go to the engine with the most free capacity; implies --workers 1 at least",
     )
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
-    parser.add_argument("--vae-dtype", help="dtype of the AudioVAE: float32 (default) or bfloat16 (see README)")
+    parser.add_argument(
+        "--vae-dtype", help="dtype of the AudioVAE (default: float16 on CUDA if its check decode passes, else float32)"
+    )
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
     parser.add_argument(
         "--allowed-origin", action="append", default=[], help="browser Origin allowed to use the API (default: any)"
