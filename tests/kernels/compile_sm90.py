@@ -43,8 +43,14 @@ from voxwire.model.voxcpm import DecodeState, PrefillBatch, VoxCPMModel
 from voxwire.tiny.configs import RELEASE_SHAPES
 
 TARGET = GPUTarget("cuda", 90, 32)
-# (model dtype, VAE dtype): the server's default, an all-bf16 server, and gpu_check's fp32 correctness pass.
-DTYPES = [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)]
+# (model dtype, VAE dtype): the server's CUDA default (float16 VAE after its check decode), its float32-VAE
+# fallback, an all-bf16 server (--vae-dtype bfloat16), and gpu_check's fp32 correctness pass.
+DTYPES = [
+    (torch.bfloat16, torch.float16),
+    (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.float32),
+]
 DECODE_BATCHES = (1, 3, 768)
 BLOCK_SIZE = 16  # the runner's default
 

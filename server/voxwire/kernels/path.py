@@ -76,6 +76,8 @@ def kernel_path(device: torch.device) -> KernelPath:
     """The path of ``device``: plain torch off CUDA; on CUDA decided at the first call and kept."""
     if device.type != "cuda":
         return KernelPath.TORCH
+    if device.index is None:  # "cuda" is the current device: the one its tensors will name
+        device = torch.device("cuda", torch.cuda.current_device())
     with _lock:
         if device not in _paths:
             _paths[device] = decide(device, KernelPolicy.from_env(), probe_triton)
