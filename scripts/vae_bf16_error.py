@@ -13,23 +13,15 @@ CUDA kernel rounds once, which costs under 1 dB of the ratio below). Reports the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 from pathlib import Path
 
 import torch
 
 from voxwire.config import ModelConfig
-from voxwire.model.audio_vae import AudioVAE, StreamingVAEDecoder, fold_weight_norm, random_published_state_dict
+from voxwire.model.audio_vae import AudioVAE, decode_error, fold_weight_norm, random_published_state_dict
 from voxwire.tiny.configs import ALL_CONFIGS
-
-
-def streamed_audio(vae: AudioVAE, latents: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """latents (B, D, T) decoded ``patch_size`` frames at a time -> (B, T·hop) float32."""
-    decoder = StreamingVAEDecoder(vae)
-    state = decoder.new_state(latents.size(0))
-    chunks = [decoder.decode(chunk, state) for chunk in latents.split(patch_size, dim=-1)]
-    return torch.cat(chunks, dim=-1)
 
 
 @torch.no_grad()
@@ -40,19 +32,8 @@ def measure(config_name: str, patches: int, batch: int, seed: int, dtype: torch.
     vae.load_state_dict(fold_weight_norm(weights))
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn(batch, config.feat_dim, patches * config.patch_size, generator=generator)
-    exact = streamed_audio(vae.eval(), latents, config.patch_size)
-    approx = streamed_audio(vae.to(dtype), latents, config.patch_size)
-    error = approx - exact
-    snr = 10 * math.log10(exact.pow(2).mean().item() / max(error.pow(2).mean().item(), 1e-30))
-    return {
-        "config": config_name,
-        "dtype": str(dtype).removeprefix("torch."),
-        "samples": exact.numel(),
-        "signal_rms": exact.pow(2).mean().sqrt().item(),
-        "max_abs_error": error.abs().max().item(),
-        "rms_error": error.pow(2).mean().sqrt().item(),
-        "snr_db": snr,
-    }
+    measured = decode_error(vae.eval(), dtype, latents, config.patch_size)
+    return {"config": config_name, "dtype": str(dtype).removeprefix("torch."), **dataclasses.asdict(measured)}
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 from voxwire.config import ConfigError, ModelConfig
 from voxwire.errors import ModelLoadError
-from voxwire.model.audio_vae import fold_weight_norm
+from voxwire.kernels import path as kernel_path
+from voxwire.model.audio_vae import choose_vae_dtype, fold_weight_norm
 from voxwire.model.voxcpm import VoxCPMModel
 from voxwire.text.tokenizer import TextTokenizer, TokenizerError
 from voxwire.tts import VoxCPM
@@ -60,12 +61,15 @@ def load_model(
         device: ``"cuda"``, ``"cpu"``, ... (default: CUDA when available, else CPU).
         dtype: dtype of the transformer parts (default: bfloat16 on CUDA, as the reference runs, and
             float32 elsewhere).
-        vae_dtype: dtype the AudioVAE computes in (default float32, as the reference; bfloat16 halves its
-            memory traffic on CUDA at the error bound docs/performance.md states).
+        vae_dtype: dtype the AudioVAE computes in. Default: float32 off CUDA, as the reference; on CUDA
+            float16 (half the memory traffic) when this checkpoint's VAE passes a check decode against
+            float32 (``audio_vae.choose_vae_dtype``), else float32.
 
     Raises:
         ModelLoadError: the folder, a file, the config or the weights cannot make a model.
+        TritonUnavailableError: ``VOXWIRE_KERNELS=triton`` and the Triton kernels cannot run on the device.
     """
+    kernel_path.select(torch.device(device) if device is not None else default_device())
     if str(source) == DEMO_SOURCE:
         from voxwire.tiny.checkpoint import demo_checkpoint
 
@@ -118,12 +122,17 @@ def model_from_weights(
     build random models without writing files.
     """
     target = torch.device(device) if device is not None else default_device()
+    kernel_path.select(target)  # before the model exists: decided once, logged, the same for every kernel
     model = _build(config, target, _resolve_dtype(dtype, target))
     _check_keys(model, main, sources[0], lambda key: not key.startswith(_VAE_PREFIX), "")
     _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
     model.load_state_dict({**main, **{_VAE_PREFIX + k: v for k, v in vae.items()}}, strict=True)
     model.fuse_projections()
-    model.audio_vae.to(torch.float32 if vae_dtype is None else _resolve_dtype(vae_dtype, target))
+    model.audio_vae.to(
+        choose_vae_dtype(model.audio_vae, config.patch_size, target)
+        if vae_dtype is None
+        else _resolve_dtype(vae_dtype, target)
+    )
     return VoxCPM(config, model, tokenizer, name=name)
 
 

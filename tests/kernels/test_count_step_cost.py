@@ -38,3 +38,28 @@ def test_voxcpm2_step_meets_the_kernel_and_traffic_targets(tmp_path: Path) -> No
         assert row["kernels"] <= 2500
         assert row["model_non_matmul_bytes_per_row"] <= 130e6
         assert row["vae_non_matmul_bytes_per_row"] <= 80e6
+
+
+def roofline(tmp_path: Path, *flags: str) -> tuple[dict, str]:
+    out = tmp_path / "roofline.json"
+    command = [sys.executable, str(ROOT / "scripts" / "count_step_cost.py"), "--config", "voxcpm2-shape"]
+    command += ["--roofline", "h200", "--batch", "768", *flags, "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_roofline_of_the_default_configuration_fits_768_streams(tmp_path: Path) -> None:
+    """The counted estimate of the server's default CUDA configuration (bf16 transformers, float16 VAE, fused
+    kernels): one step of 768 rows within the 160 ms a 160 ms patch allows, and a lone stream's first audio
+    within 25 ms. The printed total is the sum of the printed terms."""
+    document, printed = roofline(tmp_path)
+    (row,) = document["rows"]
+    assert row["batch"] == 768 and document["vae_dtype"] == "float16"
+    assert row["step_ms"] == sum(term["ms"] for term in row["roofline"])
+    assert row["step_ms"] <= 160.0, row["roofline"]
+    assert document["ttfa_ms"] <= 25.0, document
+    total_line = next(line for line in printed.splitlines() if line.strip().startswith("total step"))
+    assert float(total_line.split()[-1]) == round(row["step_ms"], 2)
+    assert f"time to first audio {document['ttfa_ms']:.2f} ms" in printed
+    assert all(term["ms"] > 0 for term in row["roofline"])

@@ -119,6 +119,57 @@ def test_conv_transpose_out(dtype: torch.dtype, device: torch.device) -> None:
         assert torch.equal(got, expected)
 
 
+# (batch, channels, samples per row, past frames): the VAE's row shapes, from one-sample rows (a 2048-channel
+# stage at L = 1) through rows that fill several rows per program to rows longer than one 1024-sample block,
+# with row counts that leave the last program's tile part empty.
+ROW_SHAPES = [(3, 37, 1, 6), (2, 45, 5, 18), (1, 7, 60, 54), (2, 3, 1030, 6)]
+
+
+@pytest.mark.parametrize(("batch", "channels", "length", "past_frames"), ROW_SHAPES)
+def test_row_tiled_snake_kernels_at_vae_row_shapes(
+    batch: int, channels: int, length: int, past_frames: int, device: torch.device
+) -> None:
+    """Snake, Snake-with-past and its residual form tile [rows, samples] per program: every row and sample,
+    none twice, whatever the row length."""
+    x, residual = 3 * randn(batch, channels, length), 3 * randn(batch, channels, length, seed=3)
+    alpha = 0.05 + torch.rand(1, channels, 1, generator=torch.Generator().manual_seed(1))
+    past = randn(batch, channels, past_frames, seed=2)
+    assert_matches(on(device, fused.snake, x, alpha), reference.snake(x, alpha))
+    assert_matches(on(device, fused.snake_with_past, x, alpha, past), reference.snake_with_past(x, alpha, past))
+    extended, summed = on(device, fused.add_snake_with_past, x, residual, alpha, past)
+    expected_extended, expected_sum = reference.add_snake_with_past(x, residual, alpha, past)
+    assert torch.equal(summed, expected_sum)
+    assert_matches(extended, expected_extended)
+
+
+@pytest.mark.parametrize(("batch", "length", "channels", "stride"), [(3, 1, 37, 5), (2, 2, 40, 8), (1, 1, 5, 256)])
+def test_conv_transpose_out_at_vae_row_shapes(
+    batch: int, length: int, channels: int, stride: int, device: torch.device
+) -> None:
+    """Short output rows (one or two frames of an early upsampling stage) tiled several to a program."""
+    blocks, bias = randn(batch, length, channels, stride), randn(channels, seed=1)
+    assert torch.equal(on(device, fused.conv_transpose_out, blocks, bias), reference.conv_transpose_out(blocks, bias))
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(16, 2, 128), (12, 2, 64), (3, 1, 32)])
+@pytest.mark.parametrize("per_row_positions", [False, True])
+def test_rope_qk_all_heads_of_a_token_in_one_program(
+    q_heads: int, kv_heads: int, head_dim: int, per_row_positions: bool, device: torch.device
+) -> None:
+    """The stacks' head counts (18 and 14 heads: not powers of two, so the head tile is part masked) and head
+    dims; q and k land in their own contiguous outputs."""
+    batch, length = 2, 1 if per_row_positions else 3
+    qkv = randn(batch, length, (q_heads + 2 * kv_heads) * head_dim, dtype=torch.bfloat16)
+    q_and_k = qkv.view(batch, length, -1, head_dim).transpose(1, 2)[:, : q_heads + kv_heads]
+    table_shape = (batch, 1, 1, head_dim) if per_row_positions else (length, head_dim)
+    cos, sin = randn(*table_shape, seed=1), randn(*table_shape, seed=2)
+    expected_q, expected_k = reference.rope_qk(q_and_k, cos, sin, q_heads)
+    table = (batch, 1, length, head_dim)
+    q, k = fused.rope_qk(*(t.to(device) for t in (q_and_k, cos.expand(table), sin.expand(table))), q_heads)
+    assert_matches(q.cpu(), expected_q)
+    assert_matches(k.cpu(), expected_k)
+
+
 def test_snake_tiny_alpha_uses_the_epsilon(device: torch.device) -> None:
     """alpha = 0 is finite through the 1e-9 guard, exactly as the VAE computes it."""
     x, alpha = randn(1, 2, 8), torch.tensor([[[0.0], [1e-12]]])

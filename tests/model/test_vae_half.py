@@ -5,6 +5,7 @@ docs/performance.md states (measured by scripts/vae_bf16_error.py; the tiny conf
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,18 @@ import pytest
 import torch
 
 import voxwire
+from voxwire.config import ModelConfig
+from voxwire.model.audio_vae import (
+    MIN_HALF_VAE_SNR_DB,
+    AudioVAE,
+    choose_vae_dtype,
+    dtype_after_check,
+    fold_weight_norm,
+    half_precision_check,
+    random_published_state_dict,
+)
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tiny.configs import ALL_CONFIGS
 
 ROOT = Path(__file__).parents[2]
 
@@ -42,3 +54,31 @@ def test_half_precision_error_bounds(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         for measured in json.loads(out.read_text())["results"]:
             assert measured["snr_db"] >= floor, measured
+
+
+def random_vae(name: str) -> AudioVAE:
+    config = ModelConfig.from_dict(ALL_CONFIGS[name], source=name)
+    vae = AudioVAE(config.audio_vae_config, config.vae_variant)
+    vae.load_state_dict(fold_weight_norm(random_published_state_dict(config.audio_vae_config, config.vae_variant, 0)))
+    return vae.eval()
+
+
+@pytest.mark.parametrize("name", ["voxcpm2", "voxcpm-16k", "voxcpm-44k"])
+def test_cuda_default_vae_dtype_is_float16_when_its_error_is_small(name: str) -> None:
+    """On CUDA the loader runs the check decode and picks float16 when it is within the floor of float32 (the
+    measurement is device-independent arithmetic, so it runs here on the CPU); off CUDA it stays float32."""
+    vae, patch_size = random_vae(name), ModelConfig.from_dict(ALL_CONFIGS[name], source=name).patch_size
+    measured = half_precision_check(vae, patch_size)
+    assert measured.snr_db >= MIN_HALF_VAE_SNR_DB, measured
+    assert dtype_after_check(measured) is torch.float16
+    assert choose_vae_dtype(vae, patch_size, torch.device("cpu")) is torch.float32
+
+
+def test_a_vae_that_overflows_in_float16_stays_float32(caplog: pytest.LogCaptureFixture) -> None:
+    vae = random_vae("voxcpm2")
+    with torch.no_grad():
+        vae.decoder.model[0].weight.mul_(1e6)  # activations past float16's 65504
+    measured = half_precision_check(vae, 4)
+    assert measured.snr_db == -math.inf
+    assert dtype_after_check(measured) is torch.float32
+    assert "AudioVAE in float32" in caplog.text

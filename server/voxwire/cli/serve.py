@@ -89,7 +89,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument(
-        "--vae-dtype", help="dtype of the AudioVAE: float32 (default), float16 or bfloat16 (see docs/performance.md)"
+        "--vae-dtype",
+        help="dtype of the AudioVAE: float32, float16 or bfloat16 (default: float16 on CUDA if its check decode "
+        "passes, else float32; see docs/performance.md)",
     )
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
     parser.add_argument(

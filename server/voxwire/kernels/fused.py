@@ -13,9 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
+from voxwire.kernels import grids
 from voxwire.kernels.reference import SNAKE_EPS
 
-_ELEMENTWISE_BLOCK = 1024
+# The RoPE tile is [heads, head_dim / 2], 18 x 64 at VoxCPM2's shape: two warps hold it without idling.
+_ROPE_WARPS = 2
 
 
 @triton.jit
@@ -60,19 +62,24 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stri
     tl.store(out_ptr + row * stride_o + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _snake_kernel(x_ptr, alpha_ptr, out_ptr, channels, length, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of length ``length``
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < length
-    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
-    x = tl.load(x_ptr + row * length + cols, mask=mask, other=0.0).to(tl.float32)
+# The row-tiled and RoPE kernels do not specialize on their row counts and lengths (== 1, % 16): those vary
+# by VAE stage, batch and prompt, and would only multiply the compiled variants (and serving-time JIT stalls)
+# without changing the generated loads.
+@triton.jit(do_not_specialize=["rows", "channels", "length"])
+def _snake_kernel(x_ptr, alpha_ptr, out_ptr, rows, channels, length, eps, ROWS: tl.constexpr, BLOCK_T: tl.constexpr):
+    # A [ROWS, BLOCK_T] tile of the (batch·channel, length) rows: early VAE stages have rows of a few samples.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = (row < rows)[:, None] & (cols < length)[None, :]
+    alpha = tl.load(alpha_ptr + row % channels, mask=row < rows, other=1.0).to(tl.float32)[:, None]
+    offsets = row[:, None] * length + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     wave = tl.sin(alpha * x)
     out = x + (1.0 / (alpha + eps)) * (wave * wave)
-    tl.store(out_ptr + row * length + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "channels", "length", "past_length"])
 def _snake_with_past_kernel(
     x_ptr,
     residual_ptr,
@@ -80,21 +87,25 @@ def _snake_with_past_kernel(
     past_ptr,
     out_ptr,
     sum_ptr,
+    rows,
     channels,
     length,
     past_length,
     eps,
     HAS_RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row: past_length past frames, then length new
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    # A [ROWS, BLOCK_T] tile of the (batch·channel) output rows: past_length past frames, then length new.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     total = past_length + length
-    in_past = cols < past_length
-    is_new = (cols >= past_length) & (cols < total)
-    alpha = tl.load(alpha_ptr + row % channels).to(tl.float32)
-    past = tl.load(past_ptr + row * past_length + cols, mask=in_past, other=0.0).to(tl.float32)
-    new = row * length + (cols - past_length)
+    live_row = (row < rows)[:, None]
+    in_past = live_row & (cols < past_length)[None, :]
+    is_new = live_row & ((cols >= past_length) & (cols < total))[None, :]
+    alpha = tl.load(alpha_ptr + row % channels, mask=row < rows, other=1.0).to(tl.float32)[:, None]
+    past = tl.load(past_ptr + row[:, None] * past_length + cols[None, :], mask=in_past, other=0.0).to(tl.float32)
+    new = row[:, None] * length + (cols - past_length)[None, :]
     x = tl.load(x_ptr + new, mask=is_new, other=0.0)
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + new, mask=is_new, other=0.0)
@@ -103,23 +114,31 @@ def _snake_with_past_kernel(
     x = x.to(tl.float32)
     wave = tl.sin(alpha * x)
     out = tl.where(in_past, past, x + (1.0 / (alpha + eps)) * (wave * wave))
-    tl.store(out_ptr + row * total + cols, out.to(out_ptr.dtype.element_ty), mask=cols < total)
+    tl.store(
+        out_ptr + row[:, None] * total + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=live_row & (cols < total)[None, :],
+    )
 
 
-@triton.jit
-def _conv_transpose_out_kernel(blocks_ptr, bias_ptr, out_ptr, channels, length, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # one (batch, channel) row of the output, length·stride samples
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < length * stride
+@triton.jit(do_not_specialize=["rows", "channels", "length", "stride"])
+def _conv_transpose_out_kernel(
+    blocks_ptr, bias_ptr, out_ptr, rows, channels, length, stride, ROWS: tl.constexpr, BLOCK_T: tl.constexpr
+):
+    # A [ROWS, BLOCK_T] tile of the (batch·channel) output rows of length·stride samples each.
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask = (row < rows)[:, None] & (cols < length * stride)[None, :]
     batch, channel = row // channels, row % channels
     frame, phase = cols // stride, cols % stride
-    source = ((batch * length + frame) * channels + channel) * stride + phase
+    source = ((batch[:, None] * length + frame[None, :]) * channels + channel[:, None]) * stride + phase[None, :]
     value = tl.load(blocks_ptr + source, mask=mask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + channel).to(tl.float32)
-    tl.store(out_ptr + row * length * stride + cols, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
+    bias = tl.load(bias_ptr + channel, mask=row < rows, other=0.0).to(tl.float32)[:, None]
+    offsets = row[:, None] * (length * stride) + cols[None, :]
+    tl.store(out_ptr + offsets, (value + bias).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["heads", "q_heads", "length"])
 def _rope_kernel(
     x_ptr,
     cos_ptr,
@@ -136,31 +155,35 @@ def _rope_kernel(
     stride_ct,
     stride_sb,
     stride_st,
+    HEADS: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    row_head = tl.program_id(0)  # (batch row, head) pairs, heads fastest
+    # One program per (batch row, token): every q and k head of it as one [HEADS, HALF] tile (HEADS is
+    # heads rounded up to a power of two), sharing one load of the cos/sin row.
+    b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1).to(tl.int64)
-    b = (row_head // heads).to(tl.int64)
-    h = row_head % heads
+    h = tl.arange(0, HEADS)
     d = tl.arange(0, HALF)
-    x_base = x_ptr + b * stride_xb + h * stride_xh + t * stride_xt
-    x1 = tl.load(x_base + d).to(tl.float32)
-    x2 = tl.load(x_base + HALF + d).to(tl.float32)
+    live = (h < heads)[:, None]
+    x_base = x_ptr + b * stride_xb + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(x_base, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(x_base + HALF, mask=live, other=0.0).to(tl.float32)
     c_base = cos_ptr + b * stride_cb + t * stride_ct
     s_base = sin_ptr + b * stride_sb + t * stride_st
-    c1 = tl.load(c_base + d).to(tl.float32)
-    c2 = tl.load(c_base + HALF + d).to(tl.float32)
-    s1 = tl.load(s_base + d).to(tl.float32)
-    s2 = tl.load(s_base + HALF + d).to(tl.float32)
+    c1 = tl.load(c_base + d).to(tl.float32)[None, :]
+    c2 = tl.load(c_base + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(s_base + d).to(tl.float32)[None, :]
+    s2 = tl.load(s_base + HALF + d).to(tl.float32)[None, :]
     # x·cos + rotate_half(x)·sin with rotate_half(x) = (-x2, x1), in the reference's order of operations.
-    out1 = x1 * c1 + (-x2) * s1
-    out2 = x2 * c2 + x1 * s2
-    if h < q_heads:
-        base = q_ptr + ((b * q_heads + h) * length + t) * (2 * HALF)
-    else:
-        base = k_ptr + ((b * (heads - q_heads) + h - q_heads) * length + t) * (2 * HALF)
-    tl.store(base + d, out1.to(q_ptr.dtype.element_ty))
-    tl.store(base + HALF + d, out2.to(q_ptr.dtype.element_ty))
+    out1 = (x1 * c1 + (-x2) * s1).to(q_ptr.dtype.element_ty)
+    out2 = (x2 * c2 + x1 * s2).to(q_ptr.dtype.element_ty)
+    is_q = (h < q_heads)[:, None]
+    q_base = q_ptr + ((b * q_heads + h[:, None]) * length + t) * (2 * HALF) + d[None, :]
+    k_base = k_ptr + ((b * (heads - q_heads) + h[:, None] - q_heads) * length + t) * (2 * HALF) + d[None, :]
+    tl.store(q_base, out1, mask=is_q)
+    tl.store(q_base + HALF, out2, mask=is_q)
+    tl.store(k_base, out1, mask=live & ~is_q)
+    tl.store(k_base + HALF, out2, mask=live & ~is_q)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +206,7 @@ def _launch_rms_norm(
         if (residual is not None)
         else out
     )
-    _rms_norm_kernel[(x2.size(0),)](
+    _rms_norm_kernel[grids.rms_norm_grid(x2.size(0))](
         x2,
         residual2,
         weight,
@@ -232,7 +255,7 @@ def rope_qk(
         raise ValueError("q_and_k, cos and sin must have a unit stride along head_dim")
     q = q_and_k.new_empty(batch, q_heads, length, head_dim)
     k = q_and_k.new_empty(batch, heads - q_heads, length, head_dim)
-    _rope_kernel[(batch * heads, length)](
+    _rope_kernel[grids.rope_grid(batch, length)](
         q_and_k,
         cos,
         sin,
@@ -248,7 +271,9 @@ def rope_qk(
         cos.stride(2),
         sin.stride(0),
         sin.stride(2),
+        HEADS=triton.next_power_of_2(heads),
         HALF=head_dim // 2,
+        num_warps=_ROPE_WARPS,
     )
     return q, k
 
@@ -260,9 +285,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate2, up2 = _rows(gate), _rows(up)
     out = torch.empty(gate2.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     n_cols = gate2.size(1)
-    grid = (gate2.size(0), triton.cdiv(n_cols, _ELEMENTWISE_BLOCK))
-    _silu_mul_kernel[grid](
-        gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=_ELEMENTWISE_BLOCK
+    _silu_mul_kernel[grids.silu_mul_grid(gate2.size(0), n_cols)](
+        gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=grids.ELEMENTWISE_BLOCK
     )
     return out.view(gate.shape)
 
@@ -274,8 +298,9 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     batch, channels, length = x.shape
-    grid = (batch * channels, triton.cdiv(length, _ELEMENTWISE_BLOCK))
-    _snake_kernel[grid](x, alpha.reshape(-1), out, channels, length, SNAKE_EPS, BLOCK=_ELEMENTWISE_BLOCK)
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, length)
+    _snake_kernel[grid](x, alpha.reshape(-1), out, rows, channels, length, SNAKE_EPS, ROWS=per_program, BLOCK_T=block_t)
     return out
 
 
@@ -294,7 +319,8 @@ def _launch_snake_with_past(
     total = past.size(-1) + length
     out = torch.empty(batch, channels, total, dtype=torch.promote_types(x.dtype, alpha.dtype), device=x.device)
     summed = torch.empty_like(x, dtype=torch.promote_types(x.dtype, residual.dtype)) if residual is not None else None
-    grid = (batch * channels, triton.cdiv(total, _ELEMENTWISE_BLOCK))
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, total)
     _snake_with_past_kernel[grid](
         x,
         residual if residual is not None else x,
@@ -302,12 +328,14 @@ def _launch_snake_with_past(
         past,
         out,
         summed if summed is not None else x,
+        rows,
         channels,
         length,
         past.size(-1),
         SNAKE_EPS,
         HAS_RESIDUAL=residual is not None,
-        BLOCK=_ELEMENTWISE_BLOCK,
+        ROWS=per_program,
+        BLOCK_T=block_t,
     )
     return out, summed
 
@@ -335,6 +363,9 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     batch, length, channels, stride = blocks.shape
     dtype = torch.promote_types(blocks.dtype, bias.dtype)
     out = torch.empty(batch, channels, length * stride, dtype=dtype, device=blocks.device)
-    grid = (batch * channels, triton.cdiv(length * stride, _ELEMENTWISE_BLOCK))
-    _conv_transpose_out_kernel[grid](blocks, bias, out, channels, length, stride, BLOCK=_ELEMENTWISE_BLOCK)
+    rows = batch * channels
+    grid, per_program, block_t = grids.row_tiles(rows, length * stride)
+    _conv_transpose_out_kernel[grid](
+        blocks, bias, out, rows, channels, length, stride, ROWS=per_program, BLOCK_T=block_t
+    )
     return out

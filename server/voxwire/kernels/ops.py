@@ -1,6 +1,6 @@
-"""The fused ops the model calls: Triton kernels (as ``torch.ops.voxwire`` custom ops) on CUDA, the plain
-torch definitions of ``reference`` everywhere else, so the CPU path is plain torch and bit-for-bit what
-it was before fusion.
+"""The fused ops the model calls: Triton kernels (as ``torch.ops.voxwire`` custom ops) on CUDA when
+``kernels.path`` chose Triton for the device, the plain torch definitions of ``reference`` everywhere
+else, so the CPU path is plain torch and bit-for-bit what it was before fusion.
 
 ``fused_on_meta`` routes meta tensors to the custom ops too, so a meta-device count of the step sees
 the CUDA path (one launch per fused op) rather than the reference's chain of ops.
@@ -8,17 +8,15 @@ the CUDA path (one launch per fused op) rather than the reference's chain of ops
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 from voxwire.kernels import reference
+from voxwire.kernels.path import uses_triton
 
 _fused_meta = False
-# CUDA builds of torch ship Triton; without it (an unusual install) CUDA runs the plain-torch definitions.
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @contextmanager
@@ -33,7 +31,8 @@ def fused_on_meta(enabled: bool = True) -> Iterator[None]:
 
 
 def _fused(x: torch.Tensor) -> bool:
-    if (x.is_cuda and _HAS_TRITON) or (_fused_meta and x.is_meta):
+    # On CUDA as ``kernels.path`` decided for the device, together with decode attention.
+    if (x.is_cuda and uses_triton(x.device)) or (_fused_meta and x.is_meta):
         import voxwire.kernels.custom_ops  # noqa: F401  (registers torch.ops.voxwire)
 
         return True

@@ -8,7 +8,8 @@ Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
   row's length (a stale value is never multiplied by a zero weight: 0 x NaN = NaN), and runs SDPA with
   the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA a mask
   with ``enable_gqa`` forces the slow MATH backend). It is the CPU path and the oracle of the kernel.
-* the Triton kernel ``voxwire.kernels.paged_decode.paged_decode_attention`` on CUDA, when installed.
+* the Triton kernel ``voxwire.kernels.paged_decode.paged_decode_attention`` on CUDA, when ``kernels.path``
+  chose Triton for the device (the fused ops follow the same choice).
 * ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``). SDPA over
   the batch's longest row sums each row's positions in an order that depends on that length; this one walks
   the positions in chunks of ``CHUNK_POSITIONS`` aligned to position 0, with an online softmax, so a row's
@@ -19,13 +20,13 @@ Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from voxwire.kernels import batch_invariant
+from voxwire.kernels.path import uses_triton
 
 PagedDecode = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
@@ -102,20 +103,15 @@ def paged_decode_chunked(
     return out.reshape(batch, q_heads, dim).to(q.dtype)
 
 
-@functools.cache
-def _triton_kernel() -> PagedDecode | None:
-    try:
-        from voxwire.kernels.paged_decode import paged_decode_attention  # type: ignore[import-not-found]
-    except ImportError:  # the kernel module or Triton is not installed
-        return None
-    return paged_decode_attention  # type: ignore[no-any-return]
+def _triton_kernel() -> PagedDecode:
+    from voxwire.kernels.paged_decode import paged_decode_attention
+
+    return paged_decode_attention
 
 
 def attention_path(device: torch.device) -> str:
-    """Which implementation decode attention uses on ``device``."""
-    if device.type == "cuda" and _triton_kernel() is not None:
-        return "triton-paged"
-    return "torch-paged"
+    """Which implementation decode attention uses on ``device`` (the fused ops' choice: ``kernels.path``)."""
+    return "triton-paged" if uses_triton(device) else "torch-paged"
 
 
 def decode_attention(
@@ -128,5 +124,5 @@ def decode_attention(
 ) -> torch.Tensor:
     if batch_invariant.active():
         return paged_decode_chunked(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    kernel = _triton_kernel() if q.device.type == "cuda" else None
-    return (kernel or paged_decode_torch)(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    kernel = _triton_kernel() if uses_triton(q.device) else paged_decode_torch
+    return kernel(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -124,9 +124,7 @@ class _LoadCollector(Collector):
             yield GaugeMetricFamily(_CONNECTIONS, _CONNECTIONS_HELP, self._connections())
         used = [s.kv_blocks_used for s in every]
         yield self._gauge("voxwire_kv_blocks_used", "KV cache blocks held by running utterances.", used)
-        yield self._gauge(
-            "voxwire_kv_blocks_total", "KV cache blocks in the pool.", [s.kv_blocks_total for s in every]
-        )
+        yield self._gauge("voxwire_kv_blocks_total", "KV cache blocks in the pool.", [s.kv_blocks_total for s in every])
         captures = CounterMetricFamily(
             "voxwire_graph_captures",
             "CUDA graphs captured; all are captured before /ready, so this does not move while serving.",

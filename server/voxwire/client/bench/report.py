@@ -108,9 +108,7 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
     except ImportError:
         from voxwire.client.errors import ClientError
 
-        raise ClientError(
-            "--plot needs matplotlib: pip install 'voxwire[bench]' (or pip install matplotlib)"
-        ) from None
+        raise ClientError("--plot needs matplotlib: pip install 'voxwire[bench]' (or pip install matplotlib)") from None
     matplotlib.use("Agg")  # files only: no display needed
     from matplotlib import pyplot
 

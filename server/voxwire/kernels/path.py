@@ -1,0 +1,152 @@
+"""Which implementation the fused ops and decode attention run on a device, decided once per device.
+
+On CUDA the first use (``select`` at model load, so before any capture or serving) imports Triton and
+probes it: each kernel family compiles, launches on a few values and must match its plain-torch oracle.
+Then every fused op and decode attention take the Triton path together, or, if the probe failed, the
+plain-torch path together, with a warning that says why (a Triton that imports but cannot compile, a
+driver it cannot load, a wrong result); ``VOXWIRE_KERNELS=triton`` turns that warning into a start-up
+error, ``VOXWIRE_KERNELS=torch`` skips Triton. The choice is logged either way.
+
+Off CUDA nothing here imports Triton, and ``select`` keeps torch from importing it either: torch's
+``torch._dynamo`` (which the Python meta kernels of many ops import on first use, e.g. while a model is
+built on the meta device) imports Triton just to see whether it is installed. Loaded in a process that
+never launches a kernel, that costs start-up time and, at exit, nanobind's reports of "leaked" Triton
+objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "VOXWIRE_KERNELS"
+
+
+class KernelPath(enum.Enum):
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+class KernelPolicy(enum.Enum):
+    """``VOXWIRE_KERNELS``: ``auto`` (default: Triton when its probe passes, else plain torch with a warning),
+    ``triton`` (Triton or a start-up error), ``torch`` (plain torch, Triton never imported)."""
+
+    AUTO = "auto"
+    TRITON = "triton"
+    TORCH = "torch"
+
+    @classmethod
+    def from_env(cls) -> KernelPolicy:
+        value = os.environ.get(ENV_VAR, cls.AUTO.value).strip().lower()
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(policy.value for policy in cls)
+            raise ValueError(f"{ENV_VAR}={value!r} is not one of {choices}") from None
+
+
+class TritonUnavailableError(RuntimeError):
+    """``VOXWIRE_KERNELS=triton`` on a CUDA device where the Triton kernels cannot run."""
+
+
+Probe = Callable[[torch.device], str | None]
+
+_paths: dict[torch.device, KernelPath] = {}
+_lock = threading.Lock()
+
+
+def select(device: torch.device | str) -> KernelPath:
+    """Decide (once) and log the kernel path of ``device``; call at start-up, before any CUDA graph capture."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        keep_triton_out_of_torch()
+    return kernel_path(device)
+
+
+def kernel_path(device: torch.device) -> KernelPath:
+    """The path of ``device``: plain torch off CUDA; on CUDA decided at the first call and kept."""
+    if device.type != "cuda":
+        return KernelPath.TORCH
+    if device.index is None:  # "cuda" is the current device: the one its tensors will name
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _lock:
+        if device not in _paths:
+            _paths[device] = decide(device, KernelPolicy.from_env(), probe_triton)
+        return _paths[device]
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether the fused ops and decode attention run their Triton kernels on ``device``."""
+    return device.type == "cuda" and kernel_path(device) is KernelPath.TRITON
+
+
+def decide(device: torch.device, policy: KernelPolicy, probe: Probe) -> KernelPath:
+    """The path for ``device`` under ``policy``, probing Triton unless the policy rules it out; logged."""
+    if policy is KernelPolicy.TORCH:
+        logger.info("kernels on %s: plain torch (%s=torch)", device, ENV_VAR)
+        return KernelPath.TORCH
+    failure = probe(device)
+    if failure is None:
+        logger.info("kernels on %s: Triton (fused ops and paged decode attention; probe compiled and matched)", device)
+        return KernelPath.TRITON
+    if policy is KernelPolicy.TRITON:
+        raise TritonUnavailableError(f"the Triton kernels cannot run on {device} ({ENV_VAR}=triton): {failure}")
+    logger.warning(
+        "kernels on %s: plain torch for the fused ops and decode attention, because Triton cannot run them: %s. "
+        "Expect several times the memory traffic per step (decode attention gathers the whole block-table width); "
+        "set %s=triton to make this a start-up error",
+        device,
+        failure,
+        ENV_VAR,
+    )
+    return KernelPath.TORCH
+
+
+def probe_triton(device: torch.device) -> str | None:
+    """None when the Triton kernels import, compile, launch and match their oracles on ``device`` (one of each
+    kind: a reduction, an elementwise op and the paged attention's dots); else what went wrong."""
+    try:
+        from voxwire.kernels import fused, paged_decode, reference
+
+        generator = torch.Generator().manual_seed(0)
+        x, weight = torch.randn(3, 64, generator=generator), torch.randn(64, generator=generator)
+        checks = [(fused.rms_norm(x.to(device), weight.to(device), 1e-5), reference.rms_norm(x, weight, 1e-5))]
+        gate, up = torch.randn(2, 3, 48, generator=generator).unbind(0)
+        checks.append((fused.silu_mul(gate.to(device), up.to(device)), reference.silu_mul(gate, up)))
+        # Two rows of two 5-position blocks each, all live: the oracle is SDPA over the rows laid out flat.
+        q = torch.randn(2, 4, 16, generator=generator)
+        k_cache, v_cache = torch.randn(2, 4, 5, 2, 16, generator=generator).unbind(0)
+        tables, lengths = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([10, 10], dtype=torch.int32)
+        got = paged_decode.paged_decode_attention(*(t.to(device) for t in (q, k_cache, v_cache, tables, lengths)), 0.25)
+        k, v = (cache.view(2, 10, 2, 16).transpose(1, 2) for cache in (k_cache, v_cache))
+        expected = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=0.25, enable_gqa=True)[:, :, 0]
+        checks.append((got, expected))
+        for got, expected in checks:
+            torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    except Exception as exc:  # a broken install fails in any of many ways: ImportError, a compiler error, ...
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None
+
+
+def keep_triton_out_of_torch() -> None:
+    """Import ``torch._dynamo`` now, with Triton hidden, so torch records it as absent instead of importing it.
+
+    For processes that run no Triton kernel. Only ``torch``'s own record is affected: the interpreter tests
+    and a later ``select`` of a CUDA device import Triton themselves. A no-op once either is imported.
+    """
+    if "triton" in sys.modules or "torch._dynamo" in sys.modules:
+        return
+    sys.modules["triton"] = None  # type: ignore[assignment]  # ``import triton`` raises ImportError
+    try:
+        import torch._dynamo  # noqa: F401
+    finally:
+        del sys.modules["triton"]
