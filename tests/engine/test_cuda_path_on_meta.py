@@ -267,7 +267,11 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
     monkeypatch.setattr(runner_module, "NoiseStream", MetaNoise)
     tts = meta_model(name, tokenizer)
     if name == "voxcpm2-shape":
-        tts.enable_personas(max_personas=2, max_rank=4).register("p", persona(tts))
+        bank = tts.enable_personas(max_personas=2, max_rank=4)
+        bank.register("p", persona(tts))
+        # Made resident now: writing an adapter into its device slot (issue 21.9's part) is not an admission's.
+        bank.acquire("p")
+        bank.release("p")
     watcher = DeviceOpWatcher(trace)
     with ops.fused_on_meta(), watcher:
         runner = ModelRunner(tts, num_slots=2, max_length=96, max_timesteps=10, graph_timesteps=(4,), measure_cost=True)
