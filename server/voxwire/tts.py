@@ -18,6 +18,7 @@ import torch
 
 from voxwire.audio.clip import AudioSource, load_clip
 from voxwire.chunk import Chunk
+from voxwire.engine import devices
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.model.cfm import CfmSchedule
@@ -74,7 +75,8 @@ class VoxCPM(LoadedModel):
         patch_samples = self.config.patch_size * vae.encoder_hop
         missing = -samples.numel() % patch_samples
         samples = torch.nn.functional.pad(samples, (missing, 0) if pad == "left" else (0, missing))
-        latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
+        with devices.scope(devices.cuda_device(self.device)):  # called from any thread: the model's device current
+            latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
         return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
 
     def make_prompt(

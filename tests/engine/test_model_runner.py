@@ -368,3 +368,80 @@ def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> Non
     after = audio(run(engine, {0: [target]})["target"])
     assert np.isfinite(after).all()
     np.testing.assert_allclose(after, alone, atol=1e-4, rtol=0)
+
+
+def test_rows_run_in_their_own_timestep_bucket(tts: VoxCPM, emulated_graph_capture: None) -> None:
+    """Issue 21.4: one request asking for many timesteps does not make every row of the step run that many. Each
+    timestep bucket's rows replay their own graph (a row with 4 runs the 4-step graph while another runs the
+    16-step one), and every session still sounds as in the eager runner."""
+    arrivals = staggered_arrivals(tts)  # "b" asks for 4 timesteps, the others for the default 10
+    eager = run(make_engine(tts, slots=4)[0], arrivals)
+    runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16, graph_timesteps=(4, 10))
+    runner.capture_graphs()
+    assert runner.graphs is not None
+    replayed: list[tuple[int, int]] = []
+    run_key = runner.graphs.run
+
+    def recording(bucket: int, timesteps: int) -> torch.Tensor:
+        replayed.append((bucket, timesteps))
+        return run_key(bucket, timesteps)
+
+    runner.graphs.run = recording  # type: ignore[method-assign]
+    graphed = run(Engine(runner, EngineConfig(max_running=4)), arrivals)
+    assert {timesteps for _, timesteps in replayed} == {4, 10}, "a row ran in another bucket than its own"
+    assert (1, 4) in replayed  # "b" alone in its bucket while "a" and "c" run at 10
+    for rid in arrivals_ids(arrivals):
+        np.testing.assert_allclose(audio(graphed[rid]), audio(eager[rid]), atol=1e-4, rtol=0)
+
+
+def test_eager_rows_of_different_buckets_sound_as_alone(tts: VoxCPM) -> None:
+    """On CPU too, rows of different timestep buckets run as separate sub-steps, each as it would alone."""
+    texts = {"few": ("Quick one.", 4), "many": ("A longer sentence with more steps.", 16)}
+    reqs = [
+        request(rid, text, tts, seed=5, max_len=6, inference_timesteps=steps) for rid, (text, steps) in texts.items()
+    ]
+    runner = ModelRunner(tts, num_slots=4, max_length=256, max_timesteps=16, graph_timesteps=(4,))
+    together = run(Engine(runner, EngineConfig(max_running=4)), {0: reqs})
+    for req in reqs:
+        alone = run(make_engine(tts, slots=4)[0], {0: [req]})
+        np.testing.assert_allclose(audio(together[req.request_id]), audio(alone[req.request_id]), atol=1e-4, rtol=0)
+
+
+def test_a_discarded_runner_is_freed_at_once_with_its_kv_pool(tts: VoxCPM, emulated_graph_capture: None) -> None:
+    """Issue 21.10: the graphs no longer hold their runner, so dropping a runner frees it (and its KV pool) at
+    once, not at the next cycle collection after the next runner sized its pool around it."""
+    import gc
+    import weakref
+
+    runner = ModelRunner(tts, num_slots=2, max_length=64, cuda_graphs=True)
+    runner.capture_graphs()
+    pool, gone = weakref.ref(runner.base.tensor), weakref.ref(runner)
+    gc.disable()
+    try:
+        del runner
+        assert gone() is None and pool() is None
+    finally:
+        gc.enable()
+
+
+def test_step_outputs_reuse_one_host_buffer_and_held_chunks_stay_intact(
+    tts: VoxCPM, emulated_graph_capture: None
+) -> None:
+    """Issue 21.10: the buffer a step's outputs are read into is reused once its chunks are gone (not a fresh
+    page-locked block per step), and never while a chunk of it is still held."""
+    runner = ModelRunner(tts, num_slots=2, max_length=256, cuda_graphs=True)
+    runner.capture_graphs()
+    req = request("a", "Hold on to this one for a moment.", tts, seed=3, min_len=8, max_len=8)
+    blocks = tuple(range(1, 1 + -(-runner.kv_positions(req) // runner.block_size)))
+    first = runner.execute(
+        StepPlan(prefills=(PrefillItem("a", 0, req, blocks),), request_ids=("a",), step_indices=(0,), decode_slots=(0,))
+    )
+    del first
+    for step in range(1, 3):
+        runner.execute(StepPlan(request_ids=("a",), step_indices=(step,), decode_slots=(0,)))
+    assert runner._outputs.count == 1, "a new buffer was made although the last step's chunks were gone"
+    held = runner.execute(StepPlan(request_ids=("a",), step_indices=(3,), decode_slots=(0,)))
+    kept = held.audio[0].copy()
+    runner.execute(StepPlan(request_ids=("a",), step_indices=(4,), decode_slots=(0,)))
+    assert runner._outputs.count == 2
+    assert np.array_equal(held.audio[0], kept), "a held chunk was overwritten by the next step"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxwire.engine import Engine, FinishReason
+from voxwire.engine import Engine, EngineConfig, FinishReason
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.policy import DUE_NOW, RealtimePolicy, playback_deadline
 
@@ -56,6 +56,37 @@ def test_admission_is_budgeted_by_step_time_not_tokens():
     assert _policy("10ms+1ms/row").decide(0.0, [], [5000] * 10, free_slots=8).admit == 8
     # Due rows use the budget first: the head is still admitted (no starvation), nothing more.
     assert _policy().decide(0.0, [DUE_NOW] * 20, [100] * 10, free_slots=10).admit == 1
+
+
+def test_a_row_costs_what_its_timestep_count_costs():
+    """Issue 21.4: a request asking for 50 CFM timesteps is budgeted as the rows its sub-step costs, not as one
+    default row. 10 ms + 10 ms/row: 15 rows fit the 160 ms budget, so three rows weighing five each do."""
+    weights = {10: 1.0, 50: 5.0}
+    policy = RealtimePolicy(StepCost.parse("10ms+10ms/row"), CHUNK_S, 1.0, weights.__getitem__)
+    assert policy.decide(0.0, [], [0] * 6, free_slots=6).admit == 6
+    assert policy.decide(0.0, [], [0] * 6, 6, waiting_weights=policy.weights([50] * 6)).admit == 3
+    # Running rows weigh the same: ten default rows that are ahead and one heavy due row fill the budget.
+    deadlines = [DUE_NOW] + [0.5] * 10
+    decision = policy.decide(0.0, deadlines, [], 0, weights=policy.weights([50] + [10] * 10))
+    assert decision.decode == tuple(range(11))
+    decision = policy.decide(0.0, deadlines, [], 0, weights=policy.weights([50] + [50] * 10))
+    assert decision.decode == (0, 1, 2)
+
+
+def test_the_engine_budgets_rows_by_the_runners_row_weight(make_realtime_engine, make_request):
+    """A runner that states ``row_weight`` (``ModelRunner``: measured per timestep bucket) has its rows weighed."""
+    _, plain = make_realtime_engine("10ms+10ms/row")
+
+    class Weighted(type(plain)):
+        def row_weight(self, timesteps: int) -> float:
+            return timesteps / 10
+
+    runner = Weighted(step_cost=StepCost.parse("10ms+10ms/row"))
+    engine = Engine(runner, EngineConfig(max_running=runner.num_slots, realtime=True))
+    for rid in "abcd":
+        engine.add(make_request(rid, "x" * 20, inference_timesteps=50))
+    Clock(engine).step()
+    assert len(runner.plans[-1].prefills) == 3
 
 
 def test_admission_does_not_let_a_later_request_overtake():

@@ -1,7 +1,7 @@
 """The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, and the threaded ``AsyncEngine``.
 
-Nothing in this package imports torch except the runner, which lives in its own module and is
-imported only by whoever builds an engine around a real model.
+Nothing in this package imports torch except the runner and its device modules (``runner``, ``cuda_graphs``,
+``devices``), imported only by whoever builds an engine around a real model.
 """
 
 from __future__ import annotations

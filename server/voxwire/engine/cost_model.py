@@ -54,8 +54,9 @@ class StepCost:
             parts[kind] = float(match["value"]) * _UNIT_SECONDS[match["unit"]]
         return cls(parts.get("fixed", 0.0), parts.get("row", 0.0), parts.get("token", 0.0))
 
-    def seconds(self, rows: int, prefill_tokens: int = 0) -> float:
-        """The modelled duration of a step decoding ``rows`` rows and prefilling ``prefill_tokens``."""
+    def seconds(self, rows: float, prefill_tokens: int = 0) -> float:
+        """The modelled duration of a step decoding ``rows`` rows (weighted rows may be fractional) and
+        prefilling ``prefill_tokens``."""
         return self.fixed_s + self.per_row_s * rows + self.per_token_s * prefill_tokens
 
     def __str__(self) -> str:

@@ -17,9 +17,13 @@ server exports so a capture while serving is visible. On CPU none of this is use
 from __future__ import annotations
 
 import bisect
+import inspect
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
+
+from voxwire.engine import devices
 
 StepFunction = Callable[[int, int], torch.Tensor]
 """step(bucket, timesteps) -> the step's packed output (bucket, F)."""
@@ -39,13 +43,28 @@ def bucket_sizes(max_rows: int) -> tuple[int, ...]:
 class StepGraphs:
     """Captures ``step(bucket, timesteps)`` per key and replays it."""
 
-    def __init__(self, step: StepFunction, buckets: Sequence[int], timesteps: Sequence[int]) -> None:
-        self.step = step
+    def __init__(
+        self, step: StepFunction, buckets: Sequence[int], timesteps: Sequence[int], device: torch.device | None = None
+    ) -> None:
+        """``device``: the CUDA device the step runs on (None: the current one); captures happen there."""
+        # A bound method (the runner's ``_graph_step``) is held weakly: its runner owns these graphs, and a
+        # strong reference back would be a cycle keeping a discarded runner's graphs, graph pool and KV cache
+        # alive until the cycle collector ran; the next runner would size its KV pool around them.
+        self._step: Callable[[], StepFunction | None] = (
+            weakref.WeakMethod(step) if inspect.ismethod(step) else lambda: step
+        )
+        self.device = device
         self.buckets = tuple(buckets)
         self.timestep_counts = tuple(sorted(timesteps))
         self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[Callable[[], object], torch.Tensor]] = {}
         self.captures = 0
+
+    @property
+    def step(self) -> StepFunction:
+        step = self._step()
+        assert step is not None, "the runner of these graphs is gone"
+        return step
 
     def bucket(self, count: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, count)]
@@ -84,10 +103,11 @@ class StepGraphs:
 
     def _capture(self, bucket: int, timesteps: int) -> tuple[Callable[[], object], torch.Tensor]:
         """Record the step without running it; returns the replay function and the static output."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (voice encoding) may use the GPU while this thread captures.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            output = self.step(bucket, timesteps)
+        with devices.scope(self.device):  # the pool, the graph and its capture stream on the step's device
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other threads (voice encoding) may use the GPU while this thread captures.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                output = self.step(bucket, timesteps)
         return graph.replay, output

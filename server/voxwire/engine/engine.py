@@ -16,7 +16,7 @@ import numpy as np
 from voxwire.chunk import EMPTY_AUDIO, Chunk
 from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
-from voxwire.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan
+from voxwire.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan, TimestepWeightedRunner
 from voxwire.engine.policy import RealtimePolicy
 from voxwire.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
 from voxwire.engine.scheduler import Scheduler
@@ -184,7 +184,8 @@ def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | N
             f"EngineConfig.realtime needs a runner that states its step cost (step_cost, chunk_seconds); "
             f"{type(runner).__name__} does not"
         )
-    return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s)
+    row_weight = runner.row_weight if isinstance(runner, TimestepWeightedRunner) else None
+    return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s, row_weight)
 
 
 def _check_output(plan: StepPlan, result: RunnerOutput) -> None:

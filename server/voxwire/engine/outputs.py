@@ -123,6 +123,16 @@ class Runner(Protocol):
 
 
 @runtime_checkable
+class TimestepWeightedRunner(Protocol):
+    """A runner whose rows cost by their CFM timestep count (``ModelRunner``: one sub-step per timestep
+    bucket); the real-time policy then counts each row as ``row_weight`` rows of ``step_cost``."""
+
+    def row_weight(self, timesteps: int) -> float:
+        """What a row asking for ``timesteps`` costs, in rows at the default timestep count."""
+        ...
+
+
+@runtime_checkable
 class RealtimeRunner(Runner, Protocol):
     """A runner the real-time policy (``EngineConfig.realtime``) may schedule: one that states what a
     step costs, which the policy budgets steps with. ``ModelRunner`` measures its ``step_cost`` at

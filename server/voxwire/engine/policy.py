@@ -17,7 +17,9 @@ free, and nothing overtakes a request that does not fit.
    audio its listener still has buffered. A first chunk produced but not yet marked sent has no start
    yet and counts as due now (slack -inf).
 2. *Real-time budget.* A step should take at most one chunk duration ``chunk_s``, as estimated by the
-   runner's ``StepCost`` over its decode rows and prefill tokens.
+   runner's ``StepCost`` over its decode rows and prefill tokens. A row counts as what its timestep count
+   costs, in rows at the default count (the runner's ``row_weight``, when it states one): a session asking
+   for 50 CFM timesteps takes the room of about five.
 3. *Due rows always run.* A session with slack up to ``2 * chunk_s`` (skipped now, its next chance
    ends one more step later, and it would run late) decodes this step whatever the budget: skipping
    it would guarantee a late chunk, so overload shows as longer steps, not as starved streams.
@@ -39,8 +41,9 @@ free, and nothing overtakes a request that does not fit.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from voxwire.engine.cost_model import StepCost
 
@@ -93,6 +96,8 @@ class RealtimePolicy:
     """Seconds of audio per chunk: the real-time budget of one step."""
     max_ahead_s: float
     """Sessions with more slack than this skip the step even when the budget would fit them."""
+    row_weight: Callable[[int], float] | None = None
+    """What a row asking for so many CFM timesteps costs, in rows (rule 2); None: every row costs one."""
 
     def __post_init__(self) -> None:
         for name in ("chunk_s", "max_ahead_s"):
@@ -111,11 +116,21 @@ class RealtimePolicy:
             return deadline - max(self.max_ahead_s, self.due_within_s)
         return deadline - self.due_within_s  # one row alone is over budget: it runs only once due
 
-    def fits(self, rows: int, prefill_tokens: int) -> bool:
+    def fits(self, rows: float, prefill_tokens: int) -> bool:
         return self.cost.seconds(rows, prefill_tokens) <= self.chunk_s
 
+    def weights(self, timesteps: Iterable[int]) -> list[float] | None:
+        """The rows each of these timestep counts costs (rule 2); None when every row costs one."""
+        return None if self.row_weight is None else [self.row_weight(count) for count in timesteps]
+
     def decide(
-        self, now: float, deadlines: Sequence[float], waiting_tokens: Iterable[int], free_slots: int
+        self,
+        now: float,
+        deadlines: Sequence[float],
+        waiting_tokens: Iterable[int],
+        free_slots: int,
+        weights: Sequence[float] | None = None,
+        waiting_weights: Iterable[float] | None = None,
     ) -> RealtimeDecision:
         """Apply rules 3-5.
 
@@ -124,7 +139,10 @@ class RealtimePolicy:
             deadlines: Per running session, its next chunk's deadline, in arrival (FIFO) order.
             waiting_tokens: The ``prefill_tokens`` of each waiting request, queue head first.
             free_slots: How many waiting requests, from the head, have a slot and KV blocks free.
+            weights: Per running session (as ``deadlines``), the rows its row costs (``weights``); default 1.
+            waiting_weights: The same for each waiting request (as ``waiting_tokens``); default 1.
         """
+        weight = weights.__getitem__ if weights is not None else lambda index: 1.0
         # Stable sort: equal deadlines keep arrival order.
         order = sorted(range(len(deadlines)), key=deadlines.__getitem__)
         due = 0
@@ -132,15 +150,21 @@ class RealtimePolicy:
         # exactly the time the row runs, float rounding included.
         while due < len(order) and deadlines[order[due]] - self.due_within_s <= now:
             due += 1
-        rows, tokens, admit = due, 0, 0
-        for request_tokens in waiting_tokens:
-            if admit == free_slots or (admit > 0 and not self.fits(rows + 1, tokens + request_tokens)):
+        rows, tokens, admit = sum(weight(index) for index in order[:due]), 0, 0
+        for request_tokens, row in zip(
+            waiting_tokens, repeat(1.0) if waiting_weights is None else waiting_weights, strict=False
+        ):
+            if admit == free_slots or (admit > 0 and not self.fits(rows + row, tokens + request_tokens)):
                 break
             admit += 1
-            rows += 1
+            rows += row
             tokens += request_tokens
         end = due
-        while end < len(order) and deadlines[order[end]] - self.max_ahead_s <= now and self.fits(rows + 1, tokens):
+        while (
+            end < len(order)
+            and deadlines[order[end]] - self.max_ahead_s <= now
+            and self.fits(rows + weight(order[end]), tokens)
+        ):
+            rows += weight(order[end])
             end += 1
-            rows += 1
         return RealtimeDecision(admit, tuple(sorted(order[:end])))

@@ -22,27 +22,39 @@ LoRA personas: each request's persona gets a slot of the model's ``PersonaBank``
 with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
 persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``).
 
-CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
-of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
+CFM time grids come from a device table indexed by each row's timestep count. A step's rows run in groups by
+timestep bucket (the smallest of ``timestep_counts`` that covers the row), one sub-step per group, so a row
+asking for 50 timesteps costs 50 for itself, not for every row of the step; within a group rows with fewer
+timesteps are masked (``CfmSchedule.ragged``). The real-time policy costs each row by its bucket
+(``row_weight``, measured with the step cost).
 
 Batch-invariant numerics (``batch_invariant=True``, off by default: it costs speed): every model call runs
 within ``kernels.batch_invariant``, whose GEMMs, convolutions and decode attention give each row the same bits
 in any batch, and prompts are prefilled one at a time, so a session's audio is bit for bit what it is alone.
 
-Per step the host uploads one small array (the batch's slot indices) and reads one array back (stop
-flags, audio and patches of every row together). On CUDA every (bucket, timesteps) step is captured
-as a CUDA graph at construction (``cuda_graphs.StepGraphs``), before the server reports ready; on
-CPU the same step runs eagerly and reads only the live blocks of the batch's longest row.
+Per step (per timestep bucket of its rows) the host uploads one small array (the batch's slot indices) and reads
+one array back (stop flags, audio and patches of every row together) into a host buffer that is reused once no
+chunk views it; an admission step uploads each prefill's inputs, and the admitted rows' settings, in one copy
+each (``engine.devices``). Every call runs with the runner's CUDA device current (``--devices cuda:0,cuda:1``).
+On CUDA every (bucket, timesteps) step is captured as a CUDA graph at construction (``cuda_graphs.StepGraphs``),
+before the server reports ready; on CPU the same step runs eagerly and reads only the live blocks of the batch's
+longest row.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import gc
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
 
 from voxwire.chunk import EMPTY_AUDIO
+from voxwire.engine import devices
 from voxwire.engine.blocks import blocks_for
 from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
 from voxwire.engine.cost_model import StepCost
@@ -62,6 +74,21 @@ from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_
 from voxwire.sampling import NoiseStream, random_seed
 
 DEFAULT_BLOCK_SIZE = 16
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _on_device(method: Callable[Concatenate[ModelRunner, _P], _R]) -> Callable[Concatenate[ModelRunner, _P], _R]:
+    """Run the method with the runner's CUDA device current in the calling thread (``engine.devices``): the
+    engine thread, and every thread that calls in, starts on cuda:0."""
+
+    @functools.wraps(method)
+    def on_device(self: ModelRunner, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with devices.scope(self.cuda):
+            return method(self, *args, **kwargs)
+
+    return on_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +180,8 @@ class ModelRunner:
             block_size: positions per KV block.
             cuda_graphs: replay decode steps as CUDA graphs (default: on CUDA devices).
             max_timesteps: the most CFM timesteps a request may ask for.
-            graph_timesteps: timestep counts graphs are captured for besides ``max_timesteps``; a step
-                runs the smallest one that covers its rows.
+            graph_timesteps: timestep buckets besides ``max_timesteps`` (on CUDA each has its graphs); a row runs
+                in the smallest bucket that covers its count, each bucket's rows as their own sub-step.
             voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
             measure_cost: time steps after the warm-up and state the fitted ``step_cost`` (what the
                 real-time policy budgets with); off, the runner states none.
@@ -166,6 +193,7 @@ class ModelRunner:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
         self.tts = tts
+        self.cuda = devices.cuda_device(tts.device)  # the device of every device-wide call (None: not CUDA)
         self.block_size = block_size
         self.batch_invariant = batch_invariant
         self.max_length = min(max_length or config.max_length, config.max_length)
@@ -193,21 +221,29 @@ class ModelRunner:
         self.voice_cache = VoiceCache(voice_cache_bytes)
         self._build_schedule_tables(max_timesteps)
         self.index = torch.full((num_slots,), self.pad_slot, dtype=torch.long, device=device)
-        self._index_host = torch.empty(num_slots, dtype=torch.long, pin_memory=device.type == "cuda")
         self.max_timesteps = max_timesteps
-        use_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.timestep_counts = tuple(sorted({*graph_timesteps, max_timesteps}))
+        # One staging region per timestep bucket a step may run (each sub-step's upload reads its own, so
+        # none is overwritten before its asynchronous copy ran).
+        self._index_host = devices.host_buffer((len(self.timestep_counts) * num_slots,), torch.long, self.cuda)
+        self._outputs = devices.HostOutputs((num_slots, self.packed_width), torch.float32, self.cuda)
+        use_graphs = self.cuda is not None if cuda_graphs is None else cuda_graphs
         self.graphs = (
-            StepGraphs(self._graph_step, bucket_sizes(num_slots), sorted({*graph_timesteps, max_timesteps}))
+            StepGraphs(self._graph_step, bucket_sizes(num_slots), self.timestep_counts, self.cuda)
             if use_graphs
             else None
         )
         if kv_cache_bytes is None:
             kv_cache_bytes = self._default_kv_bytes(num_slots, gpu_memory_utilization)
         self._allocate_pool(kv_cache_bytes)
-        if self.graphs is not None and device.type == "cuda":
+        if self.graphs is not None and self.cuda is not None:
             self.capture_graphs()
-        self._step_cost = self.measure_step_cost() if measure_cost else None
+        self._step_cost: StepCost | None = None
+        self._row_weights: dict[int, float] | None = None
+        if measure_cost:
+            self._step_cost, self._row_weights = self.measure_step_cost()
 
+    @_on_device
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         """Capture every step graph now (the constructor does on CUDA, so none is captured while serving)."""
@@ -223,31 +259,52 @@ class ModelRunner:
             raise AttributeError("this ModelRunner was built without measure_cost=True: it states no step cost")
         return self._step_cost
 
+    def row_weight(self, timesteps: int) -> float:
+        """What a row asking for ``timesteps`` costs, in rows at the default count (``step_cost``'s per-row
+        term): its timestep bucket's measured per-row cost over the default's."""
+        if self._row_weights is None:
+            raise AttributeError("this ModelRunner was built without measure_cost=True: it states no row weights")
+        return self._row_weights[self._timestep_bucket(timesteps)]
+
     @property
     def chunk_seconds(self) -> float:
         return self.tts.samples_per_patch / self.tts.sample_rate
 
+    @_on_device
     @torch.inference_mode()
-    def measure_step_cost(self, repeats: int = 3) -> StepCost:
+    def measure_step_cost(self, repeats: int = 3) -> tuple[StepCost, dict[int, float]]:
         """Time decode steps at a few batch sizes and admission steps (one prefill, then its row decoded,
         as the engine runs them) at a few prompt lengths, all at the default timestep count, and fit a
-        ``StepCost`` (``engine.calibration``). Runs before any request: it borrows slot 0, the first KV
-        blocks and the padding row, and leaves them as a new request expects them."""
+        ``StepCost`` (``engine.calibration``); then time the largest batch at every timestep bucket for each
+        bucket's row weight (its per-row cost over the default's). Runs before any request: it borrows slot 0,
+        the first KV blocks and the padding row, and leaves them as a new request expects them."""
         assert not self.requests, "measure the step cost before serving: it uses slot 0 and the first KV blocks"
-        timesteps = SynthesisParams().inference_timesteps
+        default = SynthesisParams().inference_timesteps
         pad = self.pad_slot
-        self.timesteps[pad], self._timesteps[pad] = timesteps, timesteps
+        self.timesteps[pad], self._timesteps[pad] = default, default
         samples: list[CostSample] = []
         sizes = spread(1, self.num_slots)
         for rows in sizes if self.graphs is None else sorted({self.graphs.bucket(n) for n in sizes}):
             slots = np.full(rows, pad, dtype=np.int64)
             samples += [CostSample(rows, 0, s) for s in time_step(lambda slots=slots: self._run(slots), repeats)]
-        for item, tokens in self._calibration_prefills(timesteps):
+        for item, tokens in self._calibration_prefills(default):
             samples += [CostSample(1, tokens, s) for s in time_step(lambda item=item: self._admit_one(item), repeats)]
         self.requests.clear()
         self.block_tables[0], self._positions[0] = NULL_BLOCK, 0
+        cost = fit_step_cost(samples)
+        largest = np.full(self.num_slots, pad, dtype=np.int64)
+        per_row: dict[int, float] = {}
+        for count in {*self.timestep_counts, self._timestep_bucket(default)}:
+            self.timesteps[pad], self._timesteps[pad] = count, count
+            seconds = float(np.median(time_step(lambda: self._run(largest), repeats)))
+            per_row[count] = max(seconds - cost.fixed_s, 1e-9) / self.num_slots
         self.timesteps[pad], self._timesteps[pad], self._positions[pad] = 1, 1, 0
-        return fit_step_cost(samples)
+        unit = per_row[self._timestep_bucket(default)]
+        return cost, {count: per_row[count] / unit for count in self.timestep_counts}
+
+    def _timestep_bucket(self, timesteps: int) -> int:
+        """The smallest timestep bucket >= ``timesteps``: the count a row asking for ``timesteps`` runs in."""
+        return self.timestep_counts[bisect.bisect_left(self.timestep_counts, min(timesteps, self.max_timesteps))]
 
     def _calibration_prefills(self, timesteps: int) -> list[tuple[PrefillItem, int]]:
         """Admissions of a few prompt lengths up to 256 positions (a long sentence with a voice prompt) that fit
@@ -310,24 +367,29 @@ class ModelRunner:
             vae = tts.vae_decoder.new_state(1).nbytes_per_stream
         return state + vae
 
+    @_on_device
     def _default_kv_bytes(self, num_slots: int, utilization: float) -> int:
         per_block = self.block_size * self.bytes_per_position(self.tts)
-        if self.tts.device.type != "cuda":
+        if self.cuda is None:
             return per_block * (1 + num_slots * self.table_width)
         # Profile the largest step on a minimal pool, so the pool is sized with the activations (and the
         # graphs' shared memory pool, which the largest step bounds) already taken out of the free memory.
+        cuda = self.cuda
         self._allocate_pool(2 * per_block)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+        torch.cuda.synchronize(cuda)
+        torch.cuda.reset_peak_memory_stats(cuda)
+        before = torch.cuda.memory_allocated(cuda)
         with torch.inference_mode():
             self.index.fill_(self.pad_slot)
             self._graph_step(num_slots, self.max_timesteps)
-        torch.cuda.synchronize()
-        activations = torch.cuda.max_memory_allocated() - before
+        torch.cuda.synchronize(cuda)
+        activations = torch.cuda.max_memory_allocated(cuda) - before
         del self.base, self.residual, self.noise
+        # Runners dropped but not yet collected (a reference cycle somewhere) still hold their KV pools:
+        # free them before reading what is free, or this pool is sized around them.
+        gc.collect()
         torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info()
+        free, total = torch.cuda.mem_get_info(cuda)
         budget = int(free - (1 - utilization) * total) - 2 * activations
         if budget < 2 * per_block:
             raise ValueError(
@@ -379,6 +441,7 @@ class ModelRunner:
         return sequence, sequence_length_cap(sequence, request.params.max_len, self.max_length)
 
     # ---- plan phases ----
+    @_on_device
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> RunnerOutput:
         bank = self.personas.bank
@@ -437,6 +500,24 @@ class ModelRunner:
         with invariant_numerics(self.batch_invariant):
             for batch in [[row] for row in ready] if self.batch_invariant else [ready]:
                 self._prefill_batch(batch)
+            # Every admitted row's settings and noise positions in one upload.
+            params = [item.request.params for item, _, _ in ready]
+            noise_index, slots, cfg, timesteps = devices.upload(
+                [
+                    torch.from_numpy(
+                        np.concatenate(
+                            [self._noise_index(item, seq.length, caps[item.request_id]) for item, seq, _ in ready]
+                        )
+                    ),
+                    torch.tensor([item.slot for item, _, _ in ready]),
+                    torch.tensor([p.cfg_value for p in params], dtype=self.cfg.dtype),
+                    torch.tensor([p.inference_timesteps for p in params], dtype=self.timesteps.dtype),
+                ],
+                self.tts.device,
+                self.cuda,
+            )
+            self.cfg[slots], self.timesteps[slots] = cfg, timesteps
+            start = 0
             for item, sequence, _ in ready:
                 request, slot, cap = item.request, item.slot, caps[item.request_id]
                 self.tts.vae_decoder.warm(
@@ -444,25 +525,34 @@ class ModelRunner:
                     self.tts.dtype,
                     VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
                 )
-                self._store_noise(item, sequence.length, cap)
-                self.cfg[slot] = request.params.cfg_value
-                self.timesteps[slot] = request.params.inference_timesteps
+                self._store_noise(item, noise_index[start : start + cap])
+                start += cap
                 self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
                 self.requests.add(item.request_id)
         return caps, errors
 
     def _prefill_batch(self, rows: list[tuple[PrefillItem, InputSequence, int]]) -> None:
         """One right-padded prefill of these requests: their KV blocks, decode state and persona slots."""
-        device = self.tts.device
         tables = torch.full((len(rows), self.table_width), NULL_BLOCK, dtype=torch.int32)
         for row, (item, _, _) in enumerate(rows):
             tables[row, : len(item.blocks)] = torch.tensor(item.blocks, dtype=torch.int32)
-        tables = tables.to(device)
-        slots = torch.tensor([item.slot for item, _, _ in rows], device=device)
         sequences = [sequence for _, sequence, _ in rows]
         encodings = self._voice_encodings([(item.request.prompt, sequence) for item, sequence, _ in rows])
-        batch = PrefillBatch.from_sequences(sequences, device, self.tts.dtype, encodings)
-        self.personas.table[slots] = torch.tensor([persona for _, _, persona in rows], device=device)
+        # Built on the host, then every input of the prefill goes up in one copy (``devices.upload``).
+        host = PrefillBatch.from_sequences(sequences, torch.device("cpu"), self.tts.dtype)
+        fields = (host.text_tokens, host.feats, host.text_mask, host.audio_mask, host.lengths, host.audio_positions)
+        tables, slots, personas, *inputs = devices.upload(
+            [
+                tables,
+                torch.tensor([item.slot for item, _, _ in rows]),
+                torch.tensor([persona for _, _, persona in rows]),
+                *fields,
+            ],
+            self.tts.device,
+            self.cuda,
+        )
+        batch = PrefillBatch(*inputs, audio_encodings=encodings)
+        self.personas.table[slots] = personas
         self.personas.select(self.personas.table[slots])
         state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
@@ -487,16 +577,19 @@ class ModelRunner:
             parts.append(embeds)
         return torch.cat(parts) if parts else None
 
-    def _store_noise(self, item: PrefillItem, length: int, cap: int) -> None:
-        """Draw the request's noise for every step it may take and store step i's at position length + i."""
+    def _noise_index(self, item: PrefillItem, length: int, cap: int) -> np.ndarray:
+        """Where in the noise pool step i of the request reads its noise: position length + i of its blocks."""
+        positions = np.arange(length, length + cap)
+        blocks = np.asarray(item.blocks, dtype=np.int64)[positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
+
+    def _store_noise(self, item: PrefillItem, index: torch.Tensor) -> None:
+        """Draw the request's noise for every step it may take (``index``: where each goes, on the device)."""
         config, seed = self.tts.config, item.request.params.seed
         stream = NoiseStream(
             random_seed() if seed is None else seed, config.feat_dim, config.patch_size, self.tts.dtype, self.tts.device
         )
-        positions = np.arange(length, length + cap)
-        blocks = np.asarray(item.blocks, dtype=np.int64)[positions // self.block_size]
-        flat = torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.tts.device)
-        self.noise[flat] = stream.take(cap)
+        self.noise[index] = stream.take(len(index))
 
     def _decode(self, plan: StepPlan, caps: dict[str, int], errors: dict[str, str]) -> RunnerOutput:
         """One patch for every decode row whose prefill did not fail; failed rows get an empty chunk."""
@@ -518,38 +611,67 @@ class ModelRunner:
             chunks[row], stops[row], patch_rows[row] = audio[out_row], bool(stopped[out_row]), patches[out_row]
         return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patch_rows))
 
+    @property
+    def packed_width(self) -> int:
+        """Columns of a step's packed output per row: the stop flag, the audio samples and the patch."""
+        config = self.tts.config
+        return 1 + config.samples_per_patch + config.patch_size * config.feat_dim
+
     def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Run the batch of ``slots``; returns its stop flags (n,) bool, audio (n, samples) and patches
-        (n, P*D), float32 arrays whose rows outlive the step."""
-        count = len(slots)
-        timesteps = int(self._timesteps[slots].max())
-        if self.graphs is None:
-            self.index[:count].copy_(torch.from_numpy(slots))
-            # Eager: read only the blocks the batch's longest row has reached.
-            width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
-            stopped, audio, patch = self._step(count, timesteps, width)
-            self._positions[slots] += 1
-            # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy.
-            return stopped.numpy(), audio.numpy(), patch.reshape(count, -1).float().numpy()
-        bucket = self.graphs.bucket(count)
-        self._index_host[:count] = torch.from_numpy(slots)
-        self._index_host[count:bucket] = self.pad_slot
-        self.index[:bucket].copy_(self._index_host[:bucket], non_blocking=True)  # the step's one upload
-        packed = self.graphs.run(bucket, self.graphs.timesteps_for(timesteps))[:count]
-        # The step's one read, into a fresh pinned buffer (the host allocator recycles it once the chunks,
-        # which are views of it, are gone): the graph's output is overwritten by the next replay.
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=packed.is_cuda)
-        host.copy_(packed, non_blocking=True)
-        if packed.is_cuda:
-            torch.cuda.current_stream().synchronize()
+        """Run the batch of ``slots``, one sub-step per timestep bucket; returns its stop flags (n,) bool,
+        audio (n, samples) and patches (n, P*D), float32 arrays whose rows outlive the step."""
+        buckets = np.asarray(self.timestep_counts)[np.searchsorted(self.timestep_counts, self._timesteps[slots])]
+        groups = [np.flatnonzero(buckets == count) for count in np.unique(buckets)]
+        parts = [slots[rows] for rows in groups]
+        values = self._run_eager(parts) if self.graphs is None else self._replay(parts)
+        if len(groups) > 1:  # back into the order of ``slots`` (a copy: the buffer is free again at once)
+            values = values[np.argsort(np.concatenate(groups))]
         self._positions[slots] += 1
-        values = host.numpy()
         audio_end = 1 + self.tts.config.samples_per_patch
         return values[:, 0] != 0, values[:, 1:audio_end], values[:, audio_end:]
 
+    def _run_eager(self, groups: list[np.ndarray]) -> np.ndarray:
+        """The packed outputs of each group of slots, one after the other, each group run at its own largest
+        timestep count and reading only the blocks its longest row has reached."""
+        outputs = []
+        for slots in groups:
+            count = len(slots)
+            self.index[:count].copy_(torch.from_numpy(slots))
+            width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
+            outputs.append(self._packed(count, int(self._timesteps[slots].max()), width))
+        # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy (one group).
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)).cpu().numpy()
+
+    def _replay(self, groups: list[np.ndarray]) -> np.ndarray:
+        """Replay each group's graph and read every output back with one wait for the device."""
+        assert self.graphs is not None
+        buffer = self._outputs.take()
+        host = self._outputs.buffer(buffer)
+        staged = done = 0
+        for slots in groups:
+            count = len(slots)
+            bucket = self.graphs.bucket(count)
+            staging = self._index_host[staged : staged + bucket]
+            staging[:count] = torch.from_numpy(slots)
+            staging[count:] = self.pad_slot
+            self.index[:bucket].copy_(staging, non_blocking=True)  # the sub-step's one upload
+            timesteps = self.graphs.timesteps_for(int(self._timesteps[slots].max()))
+            packed = self.graphs.run(bucket, timesteps)[:count]
+            # The sub-step's one read: the graph's output is overwritten by its next replay.
+            host[done : done + count].copy_(packed, non_blocking=True)
+            staged, done = staged + bucket, done + count
+        if self.cuda is not None:
+            torch.cuda.current_stream(self.cuda).synchronize()
+        # The chunks are views of the buffer, which is not taken again while any of them lives.
+        return self._outputs.lend(buffer)[:done]
+
     def _graph_step(self, bucket: int, timesteps: int) -> torch.Tensor:
-        """The step with its outputs packed into one (bucket, 1 + samples + P*D) float32 tensor."""
-        stopped, audio, patch = self._step(bucket, timesteps, self.table_width)
+        """The step over the whole block table, packed (what a graph captures)."""
+        return self._packed(bucket, timesteps, self.table_width)
+
+    def _packed(self, bucket: int, timesteps: int, width: int) -> torch.Tensor:
+        """The step with its outputs packed into one (bucket, ``packed_width``) float32 tensor."""
+        stopped, audio, patch = self._step(bucket, timesteps, width)
         return torch.cat([stopped.float()[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
 
     def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -124,7 +124,10 @@ class Scheduler:
             raise ValueError("the real-time policy schedules by the clock: pass schedule(now)")
         running = sorted((self.sessions[rid] for rid in self.slots.owners), key=lambda s: s.serial)
         deadlines = [self._deadline(session, self.realtime) for session in running]
-        decision = self.realtime.decide(now, deadlines, tokens, free)
+        policy = self.realtime
+        weights = policy.weights(session.request.params.inference_timesteps for session in running)
+        waiting = policy.weights(session.request.params.inference_timesteps for session in islice(self.waiting, free))
+        decision = policy.decide(now, deadlines, tokens, free, weights, waiting)
         return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
 
     def next_step_at(self, now: float) -> float:

@@ -14,6 +14,7 @@ the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA wi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,8 +100,9 @@ class _FusedLinear:
     weight a view of its rows: no second copy of the weights, ``load_state_dict`` (which copies in
     place) keeps the fused weight current, and parameter names and the state dict are unchanged.
     Calling returns ``None`` (the caller then runs the layers one by one) until ``fuse`` ran, or once a
-    layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor (the
-    module was moved or cast).
+    layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor. Moving or
+    casting the owning module keeps the fusion: its ``_apply`` calls ``follow``, which fuses the converted
+    weights again and so lets go of the old fused tensor (which would otherwise stay alive, stale).
     """
 
     def __init__(self) -> None:
@@ -120,10 +122,31 @@ class _FusedLinear:
         self.weight, self.layers = weight, layers
         self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
 
+    def follow(self, *layers: nn.Module) -> None:
+        """After the owner's ``_apply`` (``to``, ``cuda``, ``half``, ``to_empty``) converted each layer's weight
+        on its own: fuse the new weights again, or, if a layer was replaced meanwhile, drop the fused tensor,
+        whose values no layer uses any more."""
+        if self.weight is None or self._current(layers):
+            return  # unfused, or a conversion that changed nothing (``to`` of the same dtype and device)
+        if all(mine is theirs for mine, theirs in zip(self.layers, layers, strict=True)):
+            self.fuse(*self.layers)
+        else:
+            self.weight, self.layers, self.addresses = None, (), ()
+
+    def _current(self, layers: tuple[nn.Module, ...]) -> bool:
+        """These are the fused layers and their weights still live in the fused tensor."""
+        assert self.weight is not None
+        if any(mine is not theirs for mine, theirs in zip(self.layers, layers, strict=True)):
+            return False
+        return all(
+            layer.weight.data_ptr() == address
+            and layer.weight.dtype == self.weight.dtype
+            and layer.weight.device == self.weight.device
+            for layer, address in zip(layers, self.addresses, strict=True)
+        )
+
     def __call__(self, x: torch.Tensor, *layers: nn.Module) -> torch.Tensor | None:
-        if self.weight is None or any(mine is not theirs for mine, theirs in zip(self.layers, layers, strict=True)):
-            return None
-        if any(layer.weight.data_ptr() != address for layer, address in zip(layers, self.addresses, strict=True)):
+        if self.weight is None or not self._current(layers):
             return None
         return F.linear(x, self.weight)
 
@@ -155,6 +178,11 @@ class MiniCPMAttention(nn.Module):
         """Store q/k/v_proj's weights in one buffer so the three projections run as one GEMM (see
         ``_FusedLinear``); the parameters and the state dict keep their names and shapes."""
         self._fused.fuse(self.q_proj, self.k_proj, self.v_proj)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMAttention:
+        super()._apply(fn, recurse)
+        self._fused.follow(self.q_proj, self.k_proj, self.v_proj)
+        return self
 
     def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, H) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q and k."""
@@ -217,6 +245,11 @@ class MiniCPMMLP(nn.Module):
     def fuse_gate_up(self) -> None:
         """gate_proj and up_proj as one GEMM (see ``_FusedLinear``)."""
         self._fused.fuse(self.gate_proj, self.up_proj)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMMLP:
+        super()._apply(fn, recurse)
+        self._fused.follow(self.gate_proj, self.up_proj)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self._fused(x, self.gate_proj, self.up_proj)
