@@ -78,7 +78,7 @@ def with_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> ar
         text = environ.get(name, "").strip()
         if _repeatable(action):
             items = [item.strip() for item in text.split(",")]
-            value = [*given, *(_parse(action, name, item, None) for item in items if item)]
+            value = [*(given or ()), *(_parse(action, name, item, None) for item in items if item)]
         elif isinstance(given, NotGiven):
             value = _parse(action, name, text, given.default) if text else given.default
         else:
