@@ -4,7 +4,9 @@ accept, and a non-root CUDA image that runs ``voxwire serve``."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +17,10 @@ import yaml
 from aiohttp.test_utils import TestClient
 from tests.deploy.fleet import DEPLOY, has_binary, load_render
 
+from voxwire.cli import environment
+from voxwire.cli.main import build_parser
+from voxwire.cli.serve import config_from_args
+from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY, Phase
 
 K8S = DEPLOY / "k8s"
@@ -34,6 +40,57 @@ def voxwire_deployment() -> dict[str, Any]:
 def voxwire_container() -> dict[str, Any]:
     (container,) = voxwire_deployment()["spec"]["template"]["spec"]["containers"]
     return container
+
+
+# What Kubernetes puts in a pod's variables that come from elsewhere (valueFrom), by the kind of source.
+POD_NAME, SECRET = "voxwire-6d9c8b7f4-x2k9q", "key-from-the-secret"
+VALUE_FROM = {"fieldRef": POD_NAME, "secretKeyRef": SECRET}
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (DEPLOY / "Dockerfile").read_text()
+    return [(keyword.upper(), value) for keyword, value in (line.split(None, 1) for line in _logical_lines(text))]
+
+
+def image_environment() -> dict[str, str]:
+    pairs = [shlex.split(value) for keyword, value in dockerfile_instructions() if keyword == "ENV"]
+    return dict(pair.split("=", 1) for line in pairs for pair in line)
+
+
+def env_file(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+def pod_environment() -> dict[str, str]:
+    """A pod's variables: the image's, then the ConfigMaps its envFrom names (built from their generators' env
+    files), then its own env (later ones win, as in Kubernetes)."""
+    kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    generators = {generator["name"]: generator for generator in kustomization["configMapGenerator"]}
+    environ = image_environment()
+    container = voxwire_container()
+    for source in container.get("envFrom", []):
+        for path in generators[source["configMapRef"]["name"]].get("envs", []):
+            environ.update(env_file(K8S / "base" / path))
+    for variable in container.get("env", []):
+        value_from = variable.get("valueFrom", {})
+        environ[variable["name"]] = variable["value"] if "value" in variable else VALUE_FROM[next(iter(value_from))]
+    return environ
+
+
+def pod_config() -> ServerConfig:
+    """The settings a pod serves with: the image's entrypoint and the pod's args, parsed by the server's own CLI
+    with the pod's variables."""
+    instructions = dict(dockerfile_instructions())
+    command = [*yaml.safe_load(instructions["ENTRYPOINT"]), *yaml.safe_load(instructions.get("CMD", "[]"))]
+    assert command[:2] == ["voxwire", "serve"]
+    args = build_parser().parse_args([*command[1:], *voxwire_container().get("args", [])])
+    return config_from_args(args, environ=pod_environment())
+
+
+def serve_variables() -> set[str]:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {environment.variable(action) for action in environment.options(subparsers.choices["serve"])}
 
 
 def test_yaml_passes_yamllint() -> None:
@@ -90,12 +147,26 @@ async def test_the_probe_paths_answer_as_kubernetes_needs(serve, aiohttp_client)
 
 def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
     spec = voxwire_deployment()["spec"]["template"]["spec"]
-    container = voxwire_container()
-    (drain,) = [float(arg.split("=", 1)[1]) for arg in container["args"] if arg.startswith("--drain-timeout-s=")]
-    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    command = voxwire_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pause = float(command[1])
-    assert spec["terminationGracePeriodSeconds"] > pause + drain
+    assert spec["terminationGracePeriodSeconds"] > pause + pod_config().drain_timeout_s
+
+
+def test_pods_are_configured_through_voxwire_variables() -> None:
+    """No argument list: the image and the manifests set ``VOXWIRE_*`` variables, each one the server reads
+    (a misspelt one would be ignored), and together they give the settings the manifests rely on."""
+    container, environ = voxwire_container(), pod_environment()
+    assert "args" not in container
+    assert {name for name in environ if name.startswith(environment.PREFIX)} <= serve_variables()
+    config = pod_config()
+    exposed = [int(value) for keyword, value in dockerfile_instructions() if keyword == "EXPOSE"]
+    assert (config.host, [config.port]) == ("0.0.0.0", exposed)
+    assert config.port in [port["containerPort"] for port in container["ports"]]
+    assert config.model == "openbmb/VoxCPM2"
+    assert (config.replica_id, config.api_keys) == (POD_NAME, (SECRET,))
+    mounts = [Path(mount["mountPath"]) for mount in container["volumeMounts"]]
+    assert config.voices_dir is not None and any(config.voices_dir.is_relative_to(mount) for mount in mounts)
 
 
 def test_each_pod_has_one_gpu_and_runs_as_non_root() -> None:
@@ -137,8 +208,8 @@ def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxwire_serve() -> 
     """hadolint is not packaged by Debian; its checks that matter here are asserted directly (build it with the
     command at the top of the Dockerfile)."""
     text = (DEPLOY / "Dockerfile").read_text()
-    instructions = [line.split(None, 1) for line in _logical_lines(text) if not line.startswith("#")]
-    keywords = [keyword.upper() for keyword, _ in instructions]
+    instructions = dockerfile_instructions()
+    keywords = [keyword for keyword, _ in instructions]
     assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime", text)
     assert dict(instructions)["FROM"] == "${CUDA_IMAGE}"
     users = [value for keyword, value in instructions if keyword == "USER"]
@@ -152,5 +223,6 @@ def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxwire_serve() -> 
 
 
 def _logical_lines(text: str) -> list[str]:
-    """Dockerfile lines with their backslash continuations joined."""
-    return [line.strip() for line in re.sub(r"\\\n", " ", text).splitlines() if line.strip()]
+    """Dockerfile instructions with their backslash continuations joined, comments left out."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [line.strip() for line in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if line.strip()]

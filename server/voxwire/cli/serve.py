@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from voxwire.cli import environment
+
 if TYPE_CHECKING:
     from voxwire.serving.config import ServerConfig
-
-API_KEYS_ENV = "VOXWIRE_API_KEYS"
-"""Comma-separated API keys, added to those given with ``--api-key`` (keeps keys out of ``ps`` output)."""
 
 # Limits exposed as --kebab-case flags of the field's type; the help says what each bounds.
 _LIMITS: dict[str, str] = {
@@ -64,9 +64,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     defaults = ServerConfig()
     parser.description = (
         "Serve a VoxCPM model: WebSocket /v1/tts/stream, POST /v1/audio/speech, voices, "
-        f"/v1/loras, /health, /ready, /metrics. API keys may also come from ${API_KEYS_ENV} (comma-separated)."
+        "/v1/loras, /health, /ready, /metrics. Every option may also come from the environment variable shown "
+        "with it (the command line wins): switches read true/false, 1/0 or yes/no, repeatable options a "
+        "comma-separated list, added to the command line's (VOXWIRE_API_KEYS keeps keys out of ps output)."
     )
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.formatter_class = environment.HelpFormatter
     parser.add_argument(
         "--model",
         default=defaults.model,
@@ -141,8 +143,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="every session's audio bit for bit what it is alone, whatever else the batch holds (GEMMs over fixed "
         "row tiles, attention in fixed chunks, one prefill at a time; slower)",
     )
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="least severe log shown"
+    )
     parser.set_defaults(func=run)
+    environment.read_from_environment(parser)
 
 
 def _persona_arg(value: str) -> tuple[str, Path]:
@@ -152,12 +157,16 @@ def _persona_arg(value: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
-def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> ServerConfig:
-    """The ``ServerConfig`` the arguments (and ``$VOXWIRE_API_KEYS``) describe."""
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The ``ServerConfig`` the arguments describe, each option missing from them read from its ``VOXWIRE_``
+    variable in ``environ`` (default: this process's environment), else its default (``cli.environment``)."""
+    return _config(environment.with_environment(args, os.environ if environ is None else environ))
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    """The ``ServerConfig`` of arguments that ``with_environment`` has completed."""
     from voxwire.serving.config import ServerConfig
 
-    env = os.environ if environ is None else environ
-    env_keys = [key.strip() for key in env.get(API_KEYS_ENV, "").split(",") if key.strip()]
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -167,7 +176,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         devices=tuple(d.strip() for d in args.devices.split(",")) if args.devices else (),
         dtype=args.dtype,
         vae_dtype=args.vae_dtype,
-        api_keys=tuple(dict.fromkeys([*args.api_key, *env_keys])),
+        api_keys=tuple(dict.fromkeys(args.api_key)),
         allowed_origins=tuple(args.allowed_origin),
         voices_dir=args.voices_dir,
         loras=tuple(args.lora),
@@ -185,9 +194,10 @@ def run(args: argparse.Namespace) -> int:
     from voxwire.errors import InvalidInputError
     from voxwire.serving.app import serve
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = environment.with_environment(args, os.environ)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = config_from_args(args)
+        config = _config(settings)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from exc
     return serve(config)

@@ -1,19 +1,23 @@
 """Decode attention over a paged KV cache: one query token per row, reading only that row's live positions.
 
-Two implementations share one signature, ``(q (B, Hq, D), k_cache and v_cache (num_blocks, block_size,
+Three implementations share one signature, ``(q (B, Hq, D), k_cache and v_cache (num_blocks, block_size,
 Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
 
-* ``paged_decode_torch``: plain torch, any device. It gathers the blocks named by ``block_tables`` (pass a
-  table sliced to the batch's longest row to read only live blocks), zeroes keys and values past each
-  row's length (a stale value is never multiplied by a zero weight: 0 x NaN = NaN), and runs SDPA with
-  the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA a mask
-  with ``enable_gqa`` forces the slow MATH backend). It is the CPU path and the oracle of the kernel.
+* ``paged_decode_torch``: plain torch, any device. It gathers the blocks named by ``block_tables``, zeroes keys
+  and values past each row's length (a stale value is never multiplied by a zero weight: 0 x NaN = NaN), and
+  runs SDPA with the GQA group folded into the query axis, so it needs a mask but never ``enable_gqa`` (on CUDA
+  a mask with ``enable_gqa`` forces the slow MATH backend). SDPA sums a row's positions in an order that
+  depends on how many positions the call spans (its kernel's blocking, its GEMMs' kernels, which also depend on
+  the instruction set), so rows are attended in groups over a width of their own: their blocks rounded up to
+  a power of two, whatever the table's width or the other rows. A row's call then has the same shapes alone
+  or in any batch (only the number of rows differs, and SDPA computes each row and head on its own), so its
+  result is the same bits. It is the CPU path and the oracle of the kernel.
 * the Triton kernel ``voxwire.kernels.paged_decode.paged_decode_attention`` on CUDA, when ``kernels.path``
   chose Triton for the device (the fused ops follow the same choice).
-* ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``). SDPA over
-  the batch's longest row sums each row's positions in an order that depends on that length; this one walks
-  the positions in chunks of ``CHUNK_POSITIONS`` aligned to position 0, with an online softmax, so a row's
-  result depends only on its own blocks and length (a chunk past its length changes nothing, exactly).
+* ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``), also inside
+  CUDA graphs (no host reads, so one width for the whole batch). It walks the positions in chunks of
+  ``CHUNK_POSITIONS`` aligned to position 0, with an online softmax and no matmul, so a row's result depends
+  only on its own blocks and length (a chunk past its length changes nothing, exactly).
 
 ``decode_attention`` picks one; ``attention_path`` names the one a device gets (for reports).
 """
@@ -39,6 +43,45 @@ def paged_decode_torch(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A graph takes no host reads; the runner captures it over the whole table, one width for every row.
+        return _attend(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    groups: dict[int, list[int]] = {}  # width in blocks -> the rows attended over that many
+    for row, length in enumerate(seq_lens.tolist()):
+        groups.setdefault(_width(length, k_cache.size(1)), []).append(row)
+    if len(groups) == 1:
+        (width,) = groups
+        return _attend(q, k_cache, v_cache, _fit(block_tables, width), seq_lens, scale)
+    out = torch.empty_like(q)
+    for width, members in groups.items():
+        rows = torch.tensor(members, device=q.device)
+        tables = _fit(block_tables.index_select(0, rows), width)
+        out[rows] = _attend(q[rows], k_cache, v_cache, tables, seq_lens[rows], scale)
+    return out
+
+
+def _width(length: int, block_size: int) -> int:
+    """Blocks a row of ``length`` positions is attended over: its own, rounded up to a power of two (at least one),
+    so that it depends on the row alone and a batch has few distinct widths."""
+    return 1 << (max(1, -(-length // block_size)) - 1).bit_length()
+
+
+def _fit(block_tables: torch.Tensor, width: int) -> torch.Tensor:
+    """block_tables (B, W) cut or padded (with block 0, past every row's length) to (B, width)."""
+    if block_tables.size(1) >= width:
+        return block_tables[:, :width]
+    return F.pad(block_tables, (0, width - block_tables.size(1)))
+
+
+def _attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA of every row over all of ``block_tables``' positions, those past its length zeroed and masked."""
     batch, q_heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     width = block_tables.size(1) * block_size
