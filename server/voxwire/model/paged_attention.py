@@ -11,7 +11,8 @@ Hkv, D), block_tables (B, W) int32, seq_lens (B,) int32, scale) -> (B, Hq, D)``:
   the instruction set), so rows are attended in groups over a width of their own: their blocks rounded up to
   a power of two, whatever the table's width or the other rows. A row's call then has the same shapes alone
   or in any batch (only the number of rows differs, and SDPA computes each row and head on its own), so its
-  result is the same bits. It is the CPU path and the oracle of the kernel.
+  result is the same bits. That grouping reads the lengths on the host, so only the CPU does it; on a GPU
+  one call spans the whole table. It is the CPU path and the oracle of the kernel.
 * the Triton kernel ``voxwire.kernels.paged_decode.paged_decode_attention`` on CUDA, when ``kernels.path``
   chose Triton for the device (the fused ops follow the same choice).
 * ``paged_decode_chunked``: plain torch, for batch-invariant numerics (``kernels.batch_invariant``), also inside
@@ -43,8 +44,10 @@ def paged_decode_torch(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        # A graph takes no host reads; the runner captures it over the whole table, one width for every row.
+    if q.device.type != "cpu":
+        # On a GPU the lengths stay on the device: a graph takes no host reads, and outside one a read would
+        # sync every step. One width for every row (the whole table); the GPU's batch-invariant mode is the
+        # chunked path below, and its default path is not bitwise batch-invariant anyway (GEMM kernels per M).
         return _attend(q, k_cache, v_cache, block_tables, seq_lens, scale)
     groups: dict[int, list[int]] = {}  # width in blocks -> the rows attended over that many
     for row, length in enumerate(seq_lens.tolist()):
