@@ -11,12 +11,14 @@ addresses are fixed per key: what capture needs.
 A step with T timesteps replays the graph of the smallest captured count >= T; rows with fewer are
 masked (``CfmSchedule.ragged``). ``capture_all`` warms up and captures every key once; a key missing
 at run time (never, when ``capture_all`` ran) is captured then and counted in ``captures``, which the
-server exports so a capture while serving is visible. On CPU none of this is used.
+server exports so a capture while serving is visible, with the time all captures took
+(``capture_seconds``, warm-up runs included: what delays ``/ready``). On CPU none of this is used.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -46,6 +48,7 @@ class StepGraphs:
         self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[Callable[[], object], torch.Tensor]] = {}
         self.captures = 0
+        self.capture_seconds = 0.0
 
     def bucket(self, count: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, count)]
@@ -59,11 +62,13 @@ class StepGraphs:
 
         Each key runs once eagerly first (initialising lazily created kernels and workspaces outside the
         capture), on whatever the input buffers hold: the caller points them at padding rows."""
+        started = time.perf_counter()
         for bucket in reversed(self.buckets):
             for timesteps in reversed(self.timestep_counts):
                 if (bucket, timesteps) not in self.graphs:
                     self.step(bucket, timesteps)
                     self._add(bucket, timesteps)
+        self.capture_seconds += time.perf_counter() - started
 
     def run(self, bucket: int, timesteps: int) -> torch.Tensor:
         """Run the key's step; returns its output (a graph's static output is overwritten by its next replay).
@@ -71,8 +76,10 @@ class StepGraphs:
         A key never captured runs eagerly (this step's work) and is captured for next time."""
         graph = self.graphs.get((bucket, timesteps))
         if graph is None:
+            started = time.perf_counter()
             output = self.step(bucket, timesteps)
             self._add(bucket, timesteps)
+            self.capture_seconds += time.perf_counter() - started
             return output
         replay, output = graph
         replay()

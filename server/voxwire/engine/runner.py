@@ -20,7 +20,12 @@ position each step writes; the step gathers every row's noise by its position on
 
 LoRA personas: each request's persona gets a slot of the model's ``PersonaBank`` at prefill (released
 with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
-persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``).
+persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``). The
+adapters are graph inputs: capturing seals the bank's layers, and loading a persona later only copies its
+weights into their slot buffers, so nothing is captured again.
+
+A row whose audio or patch is not finite (NaN or infinity: a broken persona, say) ends at once with an error
+(``RunnerOutput.errors``) instead of speaking silence up to its length cap; other rows never see its values.
 
 CFM time grids come from a device table indexed by each row's timestep count, and a step with rows
 of different counts runs the largest (rows with fewer are masked: ``CfmSchedule.ragged``).
@@ -37,6 +42,7 @@ CPU the same step runs eagerly and reads only the live blocks of the batch's lon
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +68,9 @@ from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_
 from voxwire.sampling import NoiseStream, random_seed
 
 DEFAULT_BLOCK_SIZE = 16
+NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +89,8 @@ class _Personas:
         self.tts = tts
         self.table = torch.zeros(rows, dtype=torch.long, device=tts.device)
         self.held: dict[str, str] = {}  # request id -> persona name
-        self.generation = tts.personas.generation if tts.personas is not None else 0
+        self.captured_layers: int | None = None
+        """Adapted layers the captured graphs contain (None: no graphs captured)."""
 
     @property
     def bank(self) -> PersonaBank | None:
@@ -100,6 +110,8 @@ class _Personas:
         bank = self.bank
         if bank is None:
             raise PersonaError(f"unknown persona {persona!r}: this model has no personas loaded")
+        if self.captured_layers is not None and len(bank.layers) != self.captured_layers:
+            raise PersonaError(f"persona {persona!r} adapts layers added after this engine captured its CUDA graphs")
         slot = bank.acquire(persona)
         self.held[request_id] = persona
         return slot
@@ -116,12 +128,12 @@ class _Personas:
         if self.active:
             self.bank.rows.index = slots  # type: ignore[union-attr]
 
-    def layers_changed(self) -> bool:
-        """Layers were adapted since the last call (graphs captured before do not contain them)."""
+    def seal(self) -> None:
+        """Graphs are captured now: fix the adapted layers they will contain."""
         bank = self.bank
-        generation = bank.generation if bank is not None else 0
-        changed, self.generation = generation != self.generation, generation
-        return changed
+        if bank is not None:
+            bank.seal()
+        self.captured_layers = len(bank.layers) if bank is not None else 0
 
 
 class ModelRunner:
@@ -212,8 +224,17 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         """Capture every step graph now (the constructor does on CUDA, so none is captured while serving)."""
         assert self.graphs is not None, "this runner does not use CUDA graphs"
+        self.personas.seal()
         self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
+        captures, seconds = self.graphs.captures, self.graphs.capture_seconds
         self.graphs.capture_all()
+        logger.info(
+            "captured %d CUDA graphs (%d batch sizes x timesteps %s) in %.1f s",
+            self.graphs.captures - captures,
+            len(self.graphs.buckets),
+            "/".join(map(str, self.graphs.timestep_counts)),
+            self.graphs.capture_seconds - seconds,
+        )
 
     # ---- step cost: what the real-time policy budgets with (``RealtimeRunner``) ----
     @property
@@ -291,6 +312,11 @@ class ModelRunner:
     @property
     def graph_captures(self) -> int:
         return 0 if self.graphs is None else self.graphs.captures
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        """Wall time spent capturing graphs (warm-up runs included), almost all of it before serving."""
+        return 0.0 if self.graphs is None else self.graphs.capture_seconds
 
     @staticmethod
     def bytes_per_position(tts: LoadedModel) -> int:
@@ -385,9 +411,6 @@ class ModelRunner:
         if bank is None:
             return self._execute(plan)
         with bank.lock:  # personas are added and removed from other threads between steps
-            if self.personas.layers_changed() and self.graphs is not None:
-                self.graphs.graphs.clear()  # captured without the new adapted layers
-                self.capture_graphs()
             return self._execute(plan)
 
     def _execute(self, plan: StepPlan) -> RunnerOutput:
@@ -508,7 +531,9 @@ class ModelRunner:
         if not rows:
             empty = len(plan.request_ids)
             return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
-        stopped, audio, patch = self._run(slots)
+        stopped, finite, audio, patch = self._run(slots)
+        for out_row in np.flatnonzero(~finite):
+            errors[plan.request_ids[rows[out_row]]] = NON_FINITE_OUTPUT
         patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
         if len(rows) == len(plan.request_ids):
             return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
@@ -518,9 +543,9 @@ class ModelRunner:
             chunks[row], stops[row], patch_rows[row] = audio[out_row], bool(stopped[out_row]), patches[out_row]
         return RunnerOutput(tuple(chunks), tuple(stops), caps, errors, tuple(patch_rows))
 
-    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Run the batch of ``slots``; returns its stop flags (n,) bool, audio (n, samples) and patches
-        (n, P*D), float32 arrays whose rows outlive the step."""
+    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Run the batch of ``slots``; returns its stop flags (n,) bool, whether each row's output is finite
+        (n,) bool, audio (n, samples) and patches (n, P*D), float32 arrays whose rows outlive the step."""
         count = len(slots)
         timesteps = int(self._timesteps[slots].max())
         if self.graphs is None:
@@ -529,8 +554,9 @@ class ModelRunner:
             width = blocks_for(int(self._positions[slots].max()) + 1, self.block_size)
             stopped, audio, patch = self._step(count, timesteps, width)
             self._positions[slots] += 1
+            finite = _finite_rows(audio, patch)
             # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy.
-            return stopped.numpy(), audio.numpy(), patch.reshape(count, -1).float().numpy()
+            return stopped.numpy(), finite.numpy(), audio.numpy(), patch.reshape(count, -1).float().numpy()
         bucket = self.graphs.bucket(count)
         self._index_host[:count] = torch.from_numpy(slots)
         self._index_host[count:bucket] = self.pad_slot
@@ -544,13 +570,15 @@ class ModelRunner:
             torch.cuda.current_stream().synchronize()
         self._positions[slots] += 1
         values = host.numpy()
-        audio_end = 1 + self.tts.config.samples_per_patch
-        return values[:, 0] != 0, values[:, 1:audio_end], values[:, audio_end:]
+        audio_end = 2 + self.tts.config.samples_per_patch
+        return values[:, 0] != 0, values[:, 1] != 0, values[:, 2:audio_end], values[:, audio_end:]
 
     def _graph_step(self, bucket: int, timesteps: int) -> torch.Tensor:
-        """The step with its outputs packed into one (bucket, 1 + samples + P*D) float32 tensor."""
+        """The step with its outputs packed into one (bucket, 2 + samples + P*D) float32 tensor: stop flag,
+        finite flag, audio, patch."""
         stopped, audio, patch = self._step(bucket, timesteps, self.table_width)
-        return torch.cat([stopped.float()[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
+        flags = torch.stack([stopped.float(), _finite_rows(audio, patch).float()], dim=1)
+        return torch.cat([flags, audio, patch.float().reshape(bucket, -1)], dim=1)
 
     def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step on the slots in ``index[:bucket]``, gathered and scattered back in place.
@@ -586,3 +614,8 @@ class ModelRunner:
             pool.index_copy_(0, index, rows)
             pool[self.pad_slot].zero_()  # padding rows start every step from zeros
         return stop_logits.argmax(dim=-1) == 1, audio, patch
+
+
+def _finite_rows(audio: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: whether the row's audio (rows, samples) and patch (rows, P, D) are all finite."""
+    return torch.isfinite(audio).all(dim=1) & torch.isfinite(patch.flatten(1)).all(dim=1)
