@@ -80,6 +80,7 @@ class VirtualRunner:
 
     block_size = 64
     graph_captures = 0
+    graph_capture_seconds = 0.0
 
     def __init__(self, num_slots: int, cost: StepCost, chunk_s: float) -> None:
         self.num_slots = num_slots

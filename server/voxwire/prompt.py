@@ -33,6 +33,10 @@ from voxwire.text.tokenizer import (
     normalize_whitespace,
 )
 
+MAX_LATENT_MAGNITUDE = 1e3
+"""Largest ``|value|`` of a prompt's latent patches accepted: VAE latents are O(10), and finite but huge ones
+(3e38, say) drive the model to NaN or to silence up to the length cap."""
+
 
 @dataclass(frozen=True)
 class VoicePrompt:
@@ -48,10 +52,17 @@ class VoicePrompt:
         if self.audio_patches is None and self.reference_patches is None:
             raise InvalidInputError("a voice prompt needs prompt audio, a reference clip, or both")
         # Every prompt is built here (encoded clips, voices read from disk, continuations), so this is the one
-        # gate that keeps non-finite latents out of the model, where they would poison the whole batch row.
+        # gate that keeps non-finite or absurd latents out of the model, where they would poison the batch row.
         for what, patches in (("prompt audio", self.audio_patches), ("reference", self.reference_patches)):
-            if patches is not None and not bool(torch.isfinite(patches).all()):
+            if patches is None:
+                continue
+            if not bool(torch.isfinite(patches).all()):
                 raise InvalidInputError(f"the {what} latents are not finite (the clip is not usable audio)")
+            if patches.numel() and float(patches.abs().max()) > MAX_LATENT_MAGNITUDE:
+                raise InvalidInputError(
+                    f"the {what} latents reach |{float(patches.abs().max()):.3g}|, above {MAX_LATENT_MAGNITUDE:g} "
+                    "(VAE latents are O(10): these are not an encoded clip)"
+                )
 
     @cached_property
     def digest(self) -> str:

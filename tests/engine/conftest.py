@@ -44,6 +44,7 @@ class FakeRunner:
     num_kv_blocks: int = 1 << 20
     block_size: int = 16
     graph_captures: int = 0
+    graph_capture_seconds: float = 0.0
     stop: Callable[[str, int], bool] = lambda rid, i: False
     length_cap: Callable[[Request], int] = text_length_cap
     prefill_error: Callable[[Request], str | None] = lambda request: None

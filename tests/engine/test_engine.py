@@ -116,6 +116,7 @@ class _ScriptedRunner:
     num_kv_blocks = 1024
     block_size = 16
     graph_captures = 0
+    graph_capture_seconds = 0.0
 
     def __init__(self, respond) -> None:
         self.respond = respond

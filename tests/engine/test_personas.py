@@ -4,6 +4,7 @@ would hear alone; personas can be added, swapped out and removed under load with
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from safetensors.torch import load_file, save_file
 import voxwire
 from voxwire.engine import Engine, EngineConfig, FinishReason, Request
 from voxwire.engine.runner import ModelRunner
-from voxwire.model.lora import load_lora
+from voxwire.model.lora import LoRAAdapter, LoRAConfig, load_lora
+from voxwire.model.personas import UnreservedLayersError
 from voxwire.params import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -167,20 +169,122 @@ def test_removing_a_persona_lets_its_requests_finish_and_refuses_new_ones(
     np.testing.assert_allclose(solo(model, first), expected, atol=1e-4, rtol=0)
 
 
-def test_personas_added_after_graph_capture_are_in_the_replayed_step(
-    tts: VoxCPM, tmp_path_factory: pytest.TempPathFactory, emulated_graph_capture: None
+def slot_buffers(model: VoxCPM) -> dict[str, int]:
+    """The address of every adapter slot buffer: what a captured CUDA graph reads."""
+    bank = model.personas
+    assert bank is not None
+    return {
+        f"{path}.{name}": getattr(layer, name).data_ptr()
+        for path, layer in bank.layers.items()
+        for name in ("lora_A", "lora_B", "scaling")
+    }
+
+
+def test_a_persona_added_after_graph_capture_needs_no_capture_and_sounds_as_if_loaded_before(
+    tts: VoxCPM,
+    tmp_path_factory: pytest.TempPathFactory,
+    emulated_graph_capture: None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Adapters are graph inputs: layers are reserved before capture, and loading (or removing) a persona afterwards
+    only writes its weights into the reserved slot buffers in place, so no graph is captured again and the
+    persona speaks exactly as on a model that had it before the engine started (``tts``)."""
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("late") / "v2", "voxcpm2", seed=0)
     late = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
+    bank = late.enable_personas(max_personas=4, max_rank=16)
+    bank.reserve(load_lora(LORA, late.model).config)  # what the server reserves at start-up
+    addresses = slot_buffers(late)
     runner = ModelRunner(late, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
-    runner.capture_graphs()
-    before = runner.graph_captures
-    late.enable_personas(max_personas=4, max_rank=16)
+    with caplog.at_level(logging.INFO, logger="voxwire.engine.runner"):
+        runner.capture_graphs()
+    captured = runner.graph_captures
+    assert captured == len(runner.graphs.buckets) * len(runner.graphs.timestep_counts)  # type: ignore[union-attr]
+    assert runner.graph_capture_seconds > 0
+    assert f"captured {captured} CUDA graphs" in caplog.text
     late.load_persona("A", LORA)
-    req = speakers(tts)[1]
-    heard = audio(run(Engine(runner, EngineConfig(max_running=4)), {0: [req]})[req.request_id])
-    assert runner.graph_captures == 2 * before  # every graph captured again, with the adapted layers
-    np.testing.assert_allclose(heard, solo(tts, req), atol=1e-4, rtol=0)
+    reqs = speakers(tts)[:2]  # no persona, and persona A
+    heard = run(Engine(runner, EngineConfig(max_running=4)), {0: reqs})
+    assert runner.graph_captures == captured and slot_buffers(late) == addresses
+    for req in reqs:
+        np.testing.assert_allclose(audio(heard[req.request_id]), solo(tts, req), atol=1e-4, rtol=0)
+    bank.remove("A")
+    late.load_persona("B", LORA)  # another name, the same adapter: the same voice again
+    again = with_persona(reqs[1], "B")
+    heard_again = audio(run(Engine(runner, EngineConfig(max_running=4)), {0: [again]})[again.request_id])
+    assert runner.graph_captures == captured and slot_buffers(late) == addresses
+    np.testing.assert_allclose(heard_again, solo(tts, reqs[1]), atol=1e-4, rtol=0)
+
+
+def test_after_capture_an_adapter_of_unreserved_layers_is_refused_not_captured(
+    tmp_path_factory: pytest.TempPathFactory, emulated_graph_capture: None
+) -> None:
+    """Capturing seals the adapted layers: a persona needing others is refused at load (typed), and personas
+    enabled only after capture are refused per request, instead of replaying graphs without their layers."""
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("sealed") / "v2", "voxcpm2", seed=0)
+    sealed = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
+    sealed.enable_personas(max_personas=2, max_rank=16).reserve(LoRAConfig(enable_lm=True))  # q/k/v/o only
+    runner = ModelRunner(sealed, num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner.capture_graphs()
+    with pytest.raises(UnreservedLayersError, match="did not reserve"):
+        sealed.load_persona("A", LORA)  # it adapts the MLPs, the DiT and the projections too
+    assert sealed.personas is not None and not sealed.personas.adapters
+
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("never") / "v2", "voxcpm2", seed=0)
+    plain = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
+    runner = ModelRunner(plain, num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner.capture_graphs()
+    plain.enable_personas(max_personas=2, max_rank=16)
+    plain.load_persona("A", LORA)
+    req = with_persona(request("late", "Too late for the graphs.", plain, seed=3, max_len=4), "A")
+    last = run(Engine(runner, EngineConfig(max_running=2)), {0: [req]})[req.request_id][-1]
+    assert last.finish_reason is FinishReason.ERROR and "after this engine captured" in (last.error or "")
+
+
+def poisoned(model: VoxCPM, name: str, value: float) -> None:
+    """Register an adapter of persona A's layers whose weights are all ``value`` (load_lora refuses such files:
+    this is a bad slot reaching the bank anyway)."""
+    good = load_lora(LORA, model.model)
+    weights = {path: (torch.full_like(a, value), torch.full_like(b, value)) for path, (a, b) in good.weights.items()}
+    assert model.personas is not None
+    model.personas.register(name, LoRAAdapter("poison", good.config, weights))
+
+
+@pytest.mark.parametrize(
+    ("batch_invariant", "value"),
+    [(False, float("nan")), (True, float("nan")), (True, float("inf"))],
+    ids=["default-nan", "batch-invariant-nan", "batch-invariant-inf"],
+)
+def test_a_nan_persona_fails_its_own_request_at_once_and_touches_no_other_row(
+    tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path], batch_invariant: bool, value: float
+) -> None:
+    """Issue 20.1: a resident NaN (or infinite) adapter used to turn every row's adapter update into NaN with
+    batch-invariant numerics (each row's update multiplied the other slots' by zero), silencing everyone, and its
+    own request spoke silence up to its length cap. Now that request ends with an error at its first step, and
+    bystanders (no persona, a healthy one), alongside it and after it, hear what they hear without it: bit for bit
+    what a healthy request of one step beside them gives, and with batch-invariant numerics their solo audio."""
+    model = persona_model(tmp_path_factory, adapters, max_personas=4)
+    poisoned(model, "poison", value)
+    bystanders = [with_persona(req, persona) for req, persona in zip(speakers(model)[:2], (None, "A"), strict=True)]
+    bad = with_persona(request("bad", "A poisoned voice.", model, seed=9, max_len=40), "poison")
+    healthy = with_persona(request("bad", "A poisoned voice.", model, seed=9, max_len=1, min_len=0), "A")
+
+    beside_healthy = run(engine(model, batch_invariant=batch_invariant)[0], {0: [healthy, *bystanders]})
+    eng, _ = engine(model, batch_invariant=batch_invariant)
+    outputs = run(eng, {0: [bad, *bystanders]})
+    assert len(outputs["bad"]) == 1, "the first non-finite step ends the request"
+    assert outputs["bad"][-1].finish_reason is FinishReason.ERROR
+    assert "NaN or infinite" in (outputs["bad"][-1].error or "")
+    for req in bystanders:
+        heard = audio(outputs[req.request_id])
+        assert np.array_equal(heard, audio(beside_healthy[req.request_id])), req.request_id
+        if batch_invariant:
+            assert np.array_equal(heard, solo(model, req, batch_invariant=True)), req.request_id
+    # After it ended, its adapter still resident and its row and blocks reused: the same audio as on a fresh engine.
+    assert model.personas is not None and "poison" in model.personas.resident
+    later = run(eng, {0: bystanders})
+    fresh = run(engine(model, batch_invariant=batch_invariant)[0], {0: bystanders})
+    for req in bystanders:
+        assert np.array_equal(audio(later[req.request_id]), audio(fresh[req.request_id])), req.request_id
 
 
 def test_adding_personas_while_sessions_speak_leaves_them_unchanged(

@@ -19,7 +19,9 @@ from safetensors.torch import load_file, save_file
 
 import voxwire
 from voxwire.errors import ModelLoadError
-from voxwire.model.lora import load_lora
+from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
+from voxwire.model.lora import MAX_LORA_ALPHA, MAX_LORA_WEIGHT, load_lora
+from voxwire.model.personas import PersonaLinear, PersonaRows
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
 from voxwire.tts import VoxCPM
 
@@ -153,3 +155,47 @@ def test_synth_cli_speaks_with_a_lora_folder(tmp_path: Path, tmp_root: str, caps
     assert float(np.abs(heard - expected).max()) <= 2**-14  # 16-bit WAV
     assert main([*common, "--lora", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.wav")]) == 2
     assert "not a LoRA checkpoint directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 3e38, -2e3])
+def test_non_finite_or_absurd_weights_are_refused(tmp_path: Path, tmp_root: str, value: float) -> None:
+    """Issue 20.1: a diverged training run writes NaN adapters; they loaded, and silenced every user's audio."""
+    folder, state = adapter_copy(tmp_path)
+    state[f"{Q0}.lora_B"][3, 1] = value
+    write_state(folder, state)
+    message = load_error(folder, tmp_root)
+    expected = "NaN or infinite" if not np.isfinite(value) else f"above the bound {MAX_LORA_WEIGHT:g}"
+    assert f"{Q0}.lora_B: " in message and expected in message
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [("NaN", "alpha=nan"), ("Infinity", "alpha=inf"), ("-1e5", "alpha=-100000.0"), ("1" + "0" * 400, "alpha=1000")],
+)
+def test_non_finite_or_absurd_alpha_is_refused(tmp_path: Path, tmp_root: str, text: str, field: str) -> None:
+    """``"alpha": NaN`` loaded and was then listed as a bare NaN, which is no JSON."""
+    folder, _ = adapter_copy(tmp_path)
+    config = (folder / "lora_config.json").read_text()
+    (folder / "lora_config.json").write_text(config.replace('"alpha": 16', f'"alpha": {text}'))
+    message = load_error(folder, tmp_root)
+    assert field in message and f"|alpha| <= {MAX_LORA_ALPHA:g}" in message
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
+def test_a_poisoned_slot_never_reaches_another_row(batch_invariant: bool) -> None:
+    """Each row's adapter is selected by its slot, never computed for every slot and masked (0 x NaN = NaN): rows
+    of slot 0 (no persona) and of a healthy slot give bit for bit what they give with the bad slot empty."""
+    generator = torch.Generator().manual_seed(0)
+    rows = PersonaRows()
+    layer = PersonaLinear(torch.nn.Linear(6, 5), slots=3, max_rank=4, rows=rows)
+    layer.set_slot(1, torch.randn(2, 6, generator=generator), torch.randn(5, 2, generator=generator), 2.0)
+    x = torch.randn(4, 3, 6, generator=generator)  # (rows, tokens, in)
+    rows.index = torch.tensor([0, 1, 2, 1])
+    with invariant_numerics(batch_invariant):
+        clean = layer(x)
+        for value in (float("nan"), float("inf")):
+            layer.set_slot(2, torch.full((4, 6), value), torch.full((5, 4), value), 1.0)
+            poisoned = layer(x)
+            healthy = [0, 1, 3]
+            assert torch.equal(poisoned[healthy], clean[healthy])
+            assert not bool(torch.isfinite(poisoned[2]).all())

@@ -87,6 +87,7 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     assert after[f"voxwire_kv_blocks_used{engine}"] == 0 and after[f"voxwire_kv_blocks_total{engine}"] > 0
     captures = f"voxwire_graph_captures_total{engine}"
     assert after[captures] == before[captures] == 0  # CPU: no graphs
+    assert after[f"voxwire_graph_capture_seconds{engine}"] == 0
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

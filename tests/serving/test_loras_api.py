@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
@@ -135,10 +136,60 @@ async def test_limits_on_loras(
 async def test_a_rank_above_the_limit_is_refused(serve: Serve, aiohttp_client: Client, tmp_path: Path) -> None:
     # A model of its own: the persona capacity is fixed when a model first gets personas.
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
-    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4)
+    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=LORA.parent)
     http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
     async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "lora_too_large")
+
+
+@pytest.mark.asyncio
+async def test_without_lora_or_lora_root_no_layer_is_adapted_and_adding_is_refused(
+    serve: Serve, aiohttp_client: Client, tmp_path: Path
+) -> None:
+    """Personas are reserved at start-up (captured graphs read their slot buffers): a server started without them
+    adapts no layer, so its steps cost nothing extra, and says how to get personas."""
+    tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
+    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0)
+    http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
+    async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
+        answer = await response.json()
+    assert (response.status, answer["error"]["code"]) == (400, "personas_unavailable")
+    assert "--lora-root" in answer["error"]["message"]
+    async with http.get("/v1/loras") as response:
+        assert (response.status, (await response.json())["data"]) == (200, [])
+    assert tts.personas is None
+
+
+def strict_json(text: str) -> object:
+    """JSON as a strict parser reads it: a bare NaN or Infinity is an error."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("poison", ["weights", "alpha"])
+@pytest.mark.asyncio
+async def test_a_nan_lora_is_refused_and_the_listing_stays_json(http: TestClient, tmp_path: Path, poison: str) -> None:
+    """Issue 20.1: NaN weights loaded with 201 (and silenced everyone), and ``"alpha": NaN`` was listed as a bare
+    NaN, which strict JSON parsers refuse."""
+    folder = tmp_path / "nan"
+    shutil.copytree(LORA, folder)
+    if poison == "weights":
+        state = load_file(str(folder / "lora_weights.safetensors"))
+        save_file(
+            {k: torch.full_like(v, float("nan")) for k, v in state.items()}, str(folder / "lora_weights.safetensors")
+        )
+    else:
+        config = (folder / "lora_config.json").read_text()
+        (folder / "lora_config.json").write_text(config.replace('"alpha": 16', '"alpha": NaN'))
+    async with http.post("/v1/loras", json={"name": "nan", "path": str(folder)}) as response:
+        answer = strict_json(await response.text())
+    assert response.status == 400 and answer["error"]["code"] == "invalid_lora"  # type: ignore[index]
+    async with http.get("/v1/loras") as response:
+        listed = strict_json(await response.text())
+    assert [p["name"] for p in listed["data"]] == ["A"]  # type: ignore[index]
 
 
 @pytest.mark.asyncio

@@ -175,6 +175,18 @@ async def test_invalid_input_is_a_400_with_detail(client: NanoVllmClient, payloa
 
 
 @pytest.mark.asyncio
+async def test_huge_latents_are_a_400_not_the_length_cap_of_silence(client: NanoVllmClient, prompt_wav: bytes) -> None:
+    """Issue 20 (N12): latents of constant 3e38 are finite, passed the gate, and gave 200 with the length cap of
+    silence; they are refused before they reach the model."""
+    latents = await client.encode_latents(prompt_wav)
+    rows = np.frombuffer(base64.b64decode(latents["prompt_latents_base64"]), np.float32)
+    huge = base64.b64encode(np.full_like(rows, 3e38).tobytes()).decode()
+    for fields in ({"prompt_latents_base64": huge, "prompt_text": "A chord."}, {"ref_audio_latents_base64": huge}):
+        status, error = await client.request("POST", "/generate", json={"target_text": TEXT, **fields})
+        assert status == 400 and "above 1000" in error["detail"], fields
+
+
+@pytest.mark.asyncio
 async def test_a_body_off_the_schema_is_a_422_list(client: NanoVllmClient) -> None:
     status, error = await client.request("POST", "/generate", json={"max_generate_length": 0, "cfg_value": "x"})
     assert status == 422

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 
 from voxwire.audio.clip import ClipTooLongError, load_clip
 from voxwire.errors import InvalidInputError
-from voxwire.prompt import VoicePrompt
+from voxwire.prompt import MAX_LATENT_MAGNITUDE, VoicePrompt
 from voxwire.serving.voices import ORPHAN_GRACE_S, VoiceStore
 
 from .test_voices import clip, speak_with, upload
@@ -71,6 +71,21 @@ def test_non_finite_latents_never_make_a_prompt() -> None:
             VoicePrompt(reference_patches=bad)
         with pytest.raises(InvalidInputError, match="not finite"):
             VoicePrompt("words", good).continued(" more", bad)
+
+
+def test_huge_latents_never_make_a_prompt() -> None:
+    """Issue 20 (N12): finite but huge latents (3e38) passed the gate and gave the length cap of silence."""
+    good = torch.zeros(2, 2, 4)
+    for huge in (3e38, -1e20, 2 * MAX_LATENT_MAGNITUDE):
+        bad = good.clone()
+        bad[0, 1, 2] = huge
+        with pytest.raises(InvalidInputError, match="above 1000"):
+            VoicePrompt("words", bad)
+        with pytest.raises(InvalidInputError, match="above 1000"):
+            VoicePrompt(reference_patches=bad)
+    edge = good.clone()
+    edge[0, 0, 0] = -MAX_LATENT_MAGNITUDE
+    assert VoicePrompt("words", edge).audio_patches is edge
 
 
 @pytest.mark.asyncio

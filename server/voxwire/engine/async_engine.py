@@ -50,6 +50,18 @@ class EngineStats:
     """KV blocks in the pool."""
     graph_captures: int = 0
     """CUDA graphs the runner has captured since start (all before serving, when it captures up front)."""
+    graph_capture_seconds: float = 0.0
+    """Wall time those captures took (warm-up runs included): most of the time to ``/ready`` on CUDA."""
+
+
+def stats_before_steps(engine: Engine) -> EngineStats:
+    """The snapshot before the first step: the pool's size and the graphs captured while the runner was made."""
+    runner = engine.runner
+    return EngineStats(
+        kv_blocks_total=engine.kv_blocks_total,
+        graph_captures=runner.graph_captures,
+        graph_capture_seconds=runner.graph_capture_seconds,
+    )
 
 
 def stats_after_step(engine: Engine, last: EngineStats, seconds: float) -> EngineStats:
@@ -62,6 +74,7 @@ def stats_after_step(engine: Engine, last: EngineStats, seconds: float) -> Engin
         engine.kv_blocks_used,
         engine.kv_blocks_total,
         engine.runner.graph_captures,
+        engine.runner.graph_capture_seconds,
     )
 
 
@@ -87,7 +100,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams = OutputStreams()
         # Replaced whole by the engine thread: readers on any thread see one consistent snapshot.
-        self._stats = EngineStats(kv_blocks_total=engine.kv_blocks_total, graph_captures=engine.runner.graph_captures)
+        self._stats = stats_before_steps(engine)
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()

@@ -11,13 +11,15 @@ addresses are fixed per key: what capture needs.
 A step with T timesteps replays the graph of the smallest captured count >= T; rows with fewer are
 masked (``CfmSchedule.ragged``). ``capture_all`` warms up and captures every key once; a key missing
 at run time (never, when ``capture_all`` ran) is captured then and counted in ``captures``, which the
-server exports so a capture while serving is visible. On CPU none of this is used.
+server exports so a capture while serving is visible, with the time all captures took
+(``capture_seconds``, warm-up runs included: what delays ``/ready``). On CPU none of this is used.
 """
 
 from __future__ import annotations
 
 import bisect
 import inspect
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -59,6 +61,7 @@ class StepGraphs:
         self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[Callable[[], object], torch.Tensor]] = {}
         self.captures = 0
+        self.capture_seconds = 0.0
 
     @property
     def step(self) -> StepFunction:
@@ -78,11 +81,13 @@ class StepGraphs:
 
         Each key runs once eagerly first (initialising lazily created kernels and workspaces outside the
         capture), on whatever the input buffers hold: the caller points them at padding rows."""
+        started = time.perf_counter()
         for bucket in reversed(self.buckets):
             for timesteps in reversed(self.timestep_counts):
                 if (bucket, timesteps) not in self.graphs:
                     self.step(bucket, timesteps)
                     self._add(bucket, timesteps)
+        self.capture_seconds += time.perf_counter() - started
 
     def run(self, bucket: int, timesteps: int) -> torch.Tensor:
         """Run the key's step; returns its output (a graph's static output is overwritten by its next replay).
@@ -90,8 +95,10 @@ class StepGraphs:
         A key never captured runs eagerly (this step's work) and is captured for next time."""
         graph = self.graphs.get((bucket, timesteps))
         if graph is None:
+            started = time.perf_counter()
             output = self.step(bucket, timesteps)
             self._add(bucket, timesteps)
+            self.capture_seconds += time.perf_counter() - started
             return output
         replay, output = graph
         replay()

@@ -114,6 +114,11 @@ class Runner(Protocol):
         """CUDA graphs captured so far (0 where none are used)."""
         ...
 
+    @property
+    def graph_capture_seconds(self) -> float:
+        """Wall time those captures took (0 where none are used)."""
+        ...
+
     def kv_positions(self, request: Request) -> int:
         """KV positions ``request`` can reach: its prompt plus its length cap. A request the runner will
         refuse at prefill may report 1 (its prefill then fails with the reason)."""

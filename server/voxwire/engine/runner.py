@@ -20,7 +20,12 @@ position each step writes; the step gathers every row's noise by its position on
 
 LoRA personas: each request's persona gets a slot of the model's ``PersonaBank`` at prefill (released
 with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
-persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``).
+persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``). The
+adapters are graph inputs: capturing seals the bank's layers, and loading a persona later only copies its
+weights into their slot buffers, so nothing is captured again.
+
+A row whose audio or patch is not finite (NaN or infinity: a broken persona, say) ends at once with an error
+(``RunnerOutput.errors``) instead of speaking silence up to its length cap; other rows never see its values.
 
 CFM time grids come from a device table indexed by each row's timestep count. A step's rows run in groups by
 timestep bucket (the smallest of ``timestep_counts`` that covers the row), one sub-step per group, so a row
@@ -46,6 +51,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
@@ -74,6 +80,9 @@ from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_
 from voxwire.sampling import NoiseStream, random_seed
 
 DEFAULT_BLOCK_SIZE = 16
+NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
+
+logger = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -107,7 +116,8 @@ class _Personas:
         self.tts = tts
         self.table = torch.zeros(rows, dtype=torch.long, device=tts.device)
         self.held: dict[str, str] = {}  # request id -> persona name
-        self.generation = tts.personas.generation if tts.personas is not None else 0
+        self.captured_layers: int | None = None
+        """Adapted layers the captured graphs contain (None: no graphs captured)."""
 
     @property
     def bank(self) -> PersonaBank | None:
@@ -127,6 +137,8 @@ class _Personas:
         bank = self.bank
         if bank is None:
             raise PersonaError(f"unknown persona {persona!r}: this model has no personas loaded")
+        if self.captured_layers is not None and len(bank.layers) != self.captured_layers:
+            raise PersonaError(f"persona {persona!r} adapts layers added after this engine captured its CUDA graphs")
         slot = bank.acquire(persona)
         self.held[request_id] = persona
         return slot
@@ -143,12 +155,12 @@ class _Personas:
         if self.active:
             self.bank.rows.index = slots  # type: ignore[union-attr]
 
-    def layers_changed(self) -> bool:
-        """Layers were adapted since the last call (graphs captured before do not contain them)."""
+    def seal(self) -> None:
+        """Graphs are captured now: fix the adapted layers they will contain."""
         bank = self.bank
-        generation = bank.generation if bank is not None else 0
-        changed, self.generation = generation != self.generation, generation
-        return changed
+        if bank is not None:
+            bank.seal()
+        self.captured_layers = len(bank.layers) if bank is not None else 0
 
 
 class ModelRunner:
@@ -248,8 +260,17 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         """Capture every step graph now (the constructor does on CUDA, so none is captured while serving)."""
         assert self.graphs is not None, "this runner does not use CUDA graphs"
+        self.personas.seal()
         self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
+        captures, seconds = self.graphs.captures, self.graphs.capture_seconds
         self.graphs.capture_all()
+        logger.info(
+            "captured %d CUDA graphs (%d batch sizes x timesteps %s) in %.1f s",
+            self.graphs.captures - captures,
+            len(self.graphs.buckets),
+            "/".join(map(str, self.graphs.timestep_counts)),
+            self.graphs.capture_seconds - seconds,
+        )
 
     # ---- step cost: what the real-time policy budgets with (``RealtimeRunner``) ----
     @property
@@ -348,6 +369,11 @@ class ModelRunner:
     @property
     def graph_captures(self) -> int:
         return 0 if self.graphs is None else self.graphs.captures
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        """Wall time spent capturing graphs (warm-up runs included), almost all of it before serving."""
+        return 0.0 if self.graphs is None else self.graphs.capture_seconds
 
     @staticmethod
     def bytes_per_position(tts: LoadedModel) -> int:
@@ -448,9 +474,6 @@ class ModelRunner:
         if bank is None:
             return self._execute(plan)
         with bank.lock:  # personas are added and removed from other threads between steps
-            if self.personas.layers_changed() and self.graphs is not None:
-                self.graphs.graphs.clear()  # captured without the new adapted layers
-                self.capture_graphs()
             return self._execute(plan)
 
     def _execute(self, plan: StepPlan) -> RunnerOutput:
@@ -601,7 +624,9 @@ class ModelRunner:
         if not rows:
             empty = len(plan.request_ids)
             return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
-        stopped, audio, patch = self._run(slots)
+        stopped, finite, audio, patch = self._run(slots)
+        for out_row in np.flatnonzero(~finite):
+            errors[plan.request_ids[rows[out_row]]] = NON_FINITE_OUTPUT
         patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
         if len(rows) == len(plan.request_ids):
             return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
@@ -613,13 +638,15 @@ class ModelRunner:
 
     @property
     def packed_width(self) -> int:
-        """Columns of a step's packed output per row: the stop flag, the audio samples and the patch."""
+        """Columns of a step's packed output per row: the stop flag, the finite flag, the audio samples and the
+        patch."""
         config = self.tts.config
-        return 1 + config.samples_per_patch + config.patch_size * config.feat_dim
+        return 2 + config.samples_per_patch + config.patch_size * config.feat_dim
 
-    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Run the batch of ``slots``, one sub-step per timestep bucket; returns its stop flags (n,) bool,
-        audio (n, samples) and patches (n, P*D), float32 arrays whose rows outlive the step."""
+        whether each row's output is finite (n,) bool, audio (n, samples) and patches (n, P*D), float32 arrays
+        whose rows outlive the step."""
         buckets = np.asarray(self.timestep_counts)[np.searchsorted(self.timestep_counts, self._timesteps[slots])]
         groups = [np.flatnonzero(buckets == count) for count in np.unique(buckets)]
         parts = [slots[rows] for rows in groups]
@@ -627,8 +654,8 @@ class ModelRunner:
         if len(groups) > 1:  # back into the order of ``slots`` (a copy: the buffer is free again at once)
             values = values[np.argsort(np.concatenate(groups))]
         self._positions[slots] += 1
-        audio_end = 1 + self.tts.config.samples_per_patch
-        return values[:, 0] != 0, values[:, 1:audio_end], values[:, audio_end:]
+        audio_end = 2 + self.tts.config.samples_per_patch
+        return values[:, 0] != 0, values[:, 1] != 0, values[:, 2:audio_end], values[:, audio_end:]
 
     def _run_eager(self, groups: list[np.ndarray]) -> np.ndarray:
         """The packed outputs of each group of slots, one after the other, each group run at its own largest
@@ -670,9 +697,11 @@ class ModelRunner:
         return self._packed(bucket, timesteps, self.table_width)
 
     def _packed(self, bucket: int, timesteps: int, width: int) -> torch.Tensor:
-        """The step with its outputs packed into one (bucket, ``packed_width``) float32 tensor."""
+        """The step with its outputs packed into one (bucket, ``packed_width``) float32 tensor: stop flag, finite
+        flag, audio, patch."""
         stopped, audio, patch = self._step(bucket, timesteps, width)
-        return torch.cat([stopped.float()[:, None], audio, patch.float().reshape(bucket, -1)], dim=1)
+        flags = torch.stack([stopped.float(), _finite_rows(audio, patch).float()], dim=1)
+        return torch.cat([flags, audio, patch.float().reshape(bucket, -1)], dim=1)
 
     def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batched step on the slots in ``index[:bucket]``, gathered and scattered back in place.
@@ -708,3 +737,8 @@ class ModelRunner:
             pool.index_copy_(0, index, rows)
             pool[self.pad_slot].zero_()  # padding rows start every step from zeros
         return stop_logits.argmax(dim=-1) == 1, audio, patch
+
+
+def _finite_rows(audio: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: whether the row's audio (rows, samples) and patch (rows, P, D) are all finite."""
+    return torch.isfinite(audio).all(dim=1) & torch.isfinite(patch.flatten(1)).all(dim=1)

@@ -17,11 +17,18 @@ Each such layer needs ``<layer>.lora_A`` ``(r, in)`` and ``<layer>.lora_B`` ``(o
 training-time setting and is ignored. Unlike the reference (which skips keys it cannot place and leaves
 missing ones at their initial values) every missing partner, unknown key, wrong shape or rank mismatch is
 reported together in one ``ModelLoadError``.
+
+Values are checked too, since a diverged training run really does write NaN adapters and one bad adapter must
+never reach the model: every weight must be finite with ``|w| <= MAX_LORA_WEIGHT`` (1e3; trained LoRA weights
+are O(0.01-1), so this only refuses absurd files) and ``alpha`` finite with ``|alpha| <= MAX_LORA_ALPHA`` (1e4;
+common values are 8-256). ``dropout`` (ignored) must still be a probability.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -40,6 +47,10 @@ _COMPILE_SEGMENT = "._orig_mod."
 # LocDiT rows are). The LocDiT time MLPs run on (row, timestep) pairs flattened row-major, which per-row
 # adapters cannot follow, so they cannot carry one.
 _UNSUPPORTED_DIT_PREFIXES = ("time_mlp.", "delta_time_mlp.")
+MAX_LORA_WEIGHT = 1e3
+"""Largest ``|w|`` of any ``lora_A``/``lora_B`` element accepted."""
+MAX_LORA_ALPHA = 1e4
+"""Largest ``|alpha|`` accepted."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +95,33 @@ class LoRAConfig:
             elif key == "r":
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
             else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                within, expected = _NUMBERS[key]
+                ok = _is_finite_number(value) and within(float(value))  # type: ignore[arg-type]
+                if not ok:
+                    problems.append(f"{key}={value!r} must be {expected}")
+                    continue
             if not ok:
                 problems.append(f"{key}={value!r} has the wrong type or value")
             values[key] = value
         if problems:
             raise ModelLoadError(f"{path}: " + "; ".join(problems))
         return cls(**values)  # type: ignore[arg-type]
+
+
+_NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "alpha": (lambda alpha: abs(alpha) <= MAX_LORA_ALPHA, f"a finite number with |alpha| <= {MAX_LORA_ALPHA:g}"),
+    "dropout": (lambda dropout: 0 <= dropout < 1, "a number in [0, 1)"),
+}
+"""The config's number fields: each one's bound and how it is stated."""
+
+
+def _is_finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))  # an int too large for a float is no usable number either
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -165,7 +196,7 @@ def load_lora(directory: str | Path, model: nn.Module) -> LoRAAdapter:
             problems += [f"{path}.{part}: missing" for part in missing]
             continue
         a, b = found["lora_A"], found["lora_B"]
-        problems += _shape_problems(path, a, b, config.r, linear)
+        problems += _shape_problems(path, a, b, config.r, linear) or _value_problems(path, a, b)
         weights[path] = (a.float(), b.float())
     if problems:
         listing = "\n  ".join(problems)
@@ -185,6 +216,20 @@ def _shape_problems(path: str, a: torch.Tensor, b: torch.Tensor, rank: int, line
         problems.append(f"{path}.lora_B: shape {tuple(b.shape)}, expected ({linear.out_features}, {rank})")
     if not (a.is_floating_point() and b.is_floating_point()):
         problems.append(f"{path}: lora_A/lora_B must be floating point")
+    return problems
+
+
+def _value_problems(path: str, a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    problems = []
+    for part, tensor in (("lora_A", a), ("lora_B", b)):
+        values = tensor.detach().float()
+        bad = int((~torch.isfinite(values)).sum())
+        if bad:
+            problems.append(f"{path}.{part}: {bad} value(s) are NaN or infinite (a diverged training run?)")
+            continue
+        largest = float(values.abs().max()) if values.numel() else 0.0
+        if largest > MAX_LORA_WEIGHT:
+            problems.append(f"{path}.{part}: |w| reaches {largest:.3g}, above the bound {MAX_LORA_WEIGHT:g}")
     return problems
 
 

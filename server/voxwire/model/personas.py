@@ -1,6 +1,6 @@
 """Many LoRA personas in one batch: unmerged adapters, stacked per layer, selected per row.
 
-``PersonaBank.attach`` replaces each targeted ``nn.Linear`` of a model by a ``PersonaLinear`` that keeps the
+``PersonaBank`` replaces each targeted ``nn.Linear`` of a model by a ``PersonaLinear`` that keeps the
 layer's own weight and bias (same state-dict keys) and holds every resident adapter of that layer stacked:
 ``A`` (slots, r_max, in), ``B`` (slots, out, r_max) and ``scaling`` (slots,), zero-padded to the bank's
 ``max_rank``. Slot 0 is "no persona" (all zeros), so a row without one adds an exact zero.
@@ -8,9 +8,16 @@ layer's own weight and bias (same state-dict keys) and holds every resident adap
 Which slot each row uses is a tensor (``PersonaRows.index``), not Python control flow, so a step with any
 mix of personas is one static computation (one CUDA graph). A layer called on ``m * B`` rows (LocDiT's
 CFG-doubled batch: the conditional rows, then the unconditional ones) sees the batch's index repeated
-``m`` times block-wise. With batch-invariant numerics (``kernels.batch_invariant``) the per-row adapters run as
-GEMMs over every slot at once, each row's other slots zeroed, so that a row's update does not depend on the
-batch (a batched matmul's kernel may).
+``m`` times block-wise. Each row's adapter is *selected* (gathered by its slot), never computed for every slot
+and masked: a resident adapter holding NaN would turn a mask's zeros into NaN (0 x NaN = NaN) in every row.
+With batch-invariant numerics (``kernels.batch_invariant``) the adapters run as row-tiled GEMMs over every
+slot at once (a batched matmul's kernel may depend on the batch), and each row's own slot's part is gathered
+from their outputs.
+
+Adapters are graph inputs: the slot buffers of a layer are allocated once, when it is wrapped, and a persona
+is loaded, swapped or removed by copying into them in place. ``reserve`` wraps the layers personas may adapt
+before graphs are captured, and ``seal`` fixes that set: afterwards an adapter of any other layer is refused
+(``UnreservedLayersError``) instead of changing the model under its captured graphs.
 
 Residency: ``max_personas`` adapters live in device slots; more are registered on the host. ``acquire``
 puts a persona in a slot (evicting the least recently used one that no running request holds) and counts
@@ -32,11 +39,15 @@ from torch import nn
 
 from voxwire.errors import InvalidInputError
 from voxwire.kernels import batch_invariant
-from voxwire.model.lora import LoRAAdapter, target_layers
+from voxwire.model.lora import LoRAAdapter, LoRAConfig, target_layers
 
 
 class PersonaError(InvalidInputError):
     """A persona is unknown, all device slots are held by running requests, or an adapter does not fit."""
+
+
+class UnreservedLayersError(PersonaError):
+    """An adapter targets layers a sealed bank did not reserve (captured CUDA graphs do not contain them)."""
 
 
 @dataclass
@@ -72,20 +83,24 @@ class PersonaLinear(nn.Linear):
         index = index.repeat(rows // index.numel())
         flat = x.reshape(rows, -1, self.in_features)
         if batch_invariant.active():
-            update = self._update_of_every_slot(flat, index).view(result.shape)
-        else:
+            update = self._update_of_own_slot(flat, index).view(result.shape)
+        else:  # gathered: each row reads its own slot's A and B only
             low = torch.bmm(flat, self.lora_A[index].transpose(1, 2))
             update = torch.bmm(low, self.lora_B[index].transpose(1, 2)).view(result.shape)
         return result + update * self.scaling[index].view(rows, *(1,) * (x.dim() - 1))
 
-    def _update_of_every_slot(self, flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def _update_of_own_slot(self, flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """flat (rows, T, in) -> each row's ``B (A x)`` of its own slot (rows, T, out), from row-tiled GEMMs only:
-        x times every slot's A, the other slots' part zeroed, times every slot's B side by side."""
+        x times every slot's A, the row's own slot's part gathered, times every slot's B side by side, the row's
+        own slot's part gathered. No other slot's values enter a row's result."""
         slots, rank, _ = self.lora_A.shape
+        rows, tokens = flat.shape[:2]
         low = batch_invariant.linear(flat, self.lora_A.reshape(slots * rank, self.in_features))
-        own = (index[:, None] == torch.arange(slots, device=index.device)).to(low.dtype)  # (rows, slots)
-        low = (low.view(*flat.shape[:2], slots, rank) * own[:, None, :, None]).flatten(2)
-        return batch_invariant.linear(low, self.lora_B.permute(1, 0, 2).reshape(self.out_features, slots * rank))
+        own = index.view(rows, 1, 1, 1)
+        low = low.view(rows, tokens, slots, rank).gather(2, own.expand(rows, tokens, 1, rank)).squeeze(2)
+        wide = batch_invariant.linear(low, self.lora_B.reshape(slots * self.out_features, rank))
+        wide = wide.view(rows, tokens, slots, self.out_features)
+        return wide.gather(2, own.expand(rows, tokens, 1, self.out_features)).squeeze(2)
 
     def set_slot(self, slot: int, a: torch.Tensor | None, b: torch.Tensor | None, scaling: float) -> None:
         """Write one adapter (or zeros when ``a``/``b`` are None: this persona does not target the layer)."""
@@ -133,25 +148,43 @@ class PersonaBank:
     resident: OrderedDict[str, _Resident] = field(default_factory=OrderedDict)  # least recently used first
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held by every method that changes the bank, and by an engine runner for a whole step."""
+    sealed: bool = False
+    """The adapted layers are fixed (``seal``): only their slot buffers' contents change from now on."""
 
     def __post_init__(self) -> None:
         if self.max_personas < 1 or self.max_rank < 1:
             raise ValueError(f"max_personas={self.max_personas} and max_rank={self.max_rank} must be >= 1")
 
-    @property
-    def generation(self) -> int:
-        """Changes when layers are wrapped (captured CUDA graphs of the model must then be re-captured)."""
-        return len(self.layers)
+    @_locked
+    def reserve(self, config: LoRAConfig) -> None:
+        """Adapt now every layer ``config`` targets (its slot buffers, all zeros until a persona is loaded).
+
+        Raises:
+            UnreservedLayersError: the bank is sealed and some of them are not adapted yet."""
+        layers = target_layers(self.model, config)
+        self._check_reserved("these targets", layers)
+        self._wrap(layers)
+
+    @_locked
+    def seal(self) -> None:
+        """Fix the adapted layers (graphs are captured over them): later adapters may only target these."""
+        self.sealed = True
 
     @_locked
     def register(self, name: str, adapter: LoRAAdapter) -> None:
-        """Make ``name`` available. Replacing a registered persona is refused while it is in use."""
+        """Make ``name`` available. Replacing a registered persona is refused while it is in use.
+
+        Raises:
+            PersonaError: its rank is above ``max_rank``, or ``name`` is in use.
+            UnreservedLayersError: the bank is sealed and the adapter targets a layer it did not reserve."""
         if adapter.rank > self.max_rank:
             raise PersonaError(f"persona {name!r} has rank {adapter.rank}, above max_rank={self.max_rank}")
+        layers = target_layers(self.model, adapter.config)
+        self._check_reserved(f"persona {name!r}", layers)
         current = self.resident.get(name)
         if current is not None and current.users:
             raise PersonaError(f"persona {name!r} is in use by {current.users} request(s); remove it later")
-        self._wrap(adapter)
+        self._wrap(layers)
         self.adapters[name] = adapter
         if current is not None:
             self._write(current.slot, adapter)
@@ -202,8 +235,17 @@ class PersonaBank:
                 return held.slot
         raise PersonaError(f"all {self.max_personas} persona slots are in use by running requests; retry later")
 
-    def _wrap(self, adapter: LoRAAdapter) -> None:
-        for path, linear in target_layers(self.model, adapter.config).items():
+    def _check_reserved(self, what: str, layers: dict[str, nn.Linear]) -> None:
+        unreserved = sorted(path for path in layers if path not in self.layers)
+        if self.sealed and unreserved:
+            shown = ", ".join(unreserved[:4]) + (f" and {len(unreserved) - 4} more" if len(unreserved) > 4 else "")
+            raise UnreservedLayersError(
+                f"{what} adapts layers this model did not reserve before serving ({shown}); "
+                "load a persona adapting them at start-up"
+            )
+
+    def _wrap(self, layers: dict[str, nn.Linear]) -> None:
+        for path, linear in layers.items():
             if isinstance(linear, PersonaLinear):
                 continue
             parent, _, attribute = path.rpartition(".")

@@ -27,8 +27,8 @@ from types import FrameType
 
 import zmq
 
-from voxwire.engine import Chunk, Engine, EngineError, EngineStats
-from voxwire.engine.async_engine import stats_after_step
+from voxwire.engine import Chunk, Engine, EngineError
+from voxwire.engine.async_engine import stats_after_step, stats_before_steps
 from voxwire.prompt import VoicePrompt
 from voxwire.serving import ipc
 from voxwire.serving.config import ServerConfig
@@ -84,7 +84,7 @@ class EngineCore:
         """One thread: persona loads run one at a time (``PersonaRegistry.add``'s rule)."""
         self._finished: collections.deque[_Job] = collections.deque()
         self._pending_jobs = 0
-        self._stats = EngineStats()
+        self._stats = stats_before_steps(engine)
         self._last_heartbeat = 0.0
         self._stopping = False
 

@@ -217,6 +217,7 @@ class EngineProxy:
             kv_blocks_used=sum(s.kv_blocks_used for s in every),
             kv_blocks_total=sum(s.kv_blocks_total for s in every),
             graph_captures=sum(s.graph_captures for s in every),
+            graph_capture_seconds=sum(s.graph_capture_seconds for s in every),
         )
 
     def engine_stats(self) -> list[EngineStats]:

@@ -105,6 +105,7 @@ class ErrorCode(str, enum.Enum):
     INVALID_LORA = ("invalid_lora", 400)
     LORA_TOO_LARGE = ("lora_too_large", 400)
     PERSONAS_UNAVAILABLE = ("personas_unavailable", 400)
-    """This server has no personas (``--model sim``: no LoRA layers)."""
+    """This server has no personas (``--model sim``: no LoRA layers), or none can be added (started without
+    ``--lora`` or ``--lora-root``)."""
     PERSONA_EXISTS = ("persona_exists", 409)
     PERSONA_LIMIT = ("persona_limit", 409)

@@ -130,6 +130,11 @@ class _LoadCollector(Collector):
             "CUDA graphs captured; all are captured before /ready, so this does not move while serving.",
             labels=["engine"],
         )
+        capture_time = GaugeMetricFamily(
+            "voxwire_graph_capture_seconds",
+            "Wall time spent capturing those CUDA graphs (warm-up runs included; before /ready).",
+            labels=["engine"],
+        )
         steps = SummaryMetricFamily(
             "voxwire_engine_step_seconds",
             "Wall time of engine steps (one batched decode of every running session).",
@@ -137,8 +142,10 @@ class _LoadCollector(Collector):
         )
         for index, stats in enumerate(every):
             captures.add_metric([str(index)], stats.graph_captures)
+            capture_time.add_metric([str(index)], stats.graph_capture_seconds)
             steps.add_metric([str(index)], count_value=stats.steps, sum_value=stats.step_seconds)
         yield captures
+        yield capture_time
         yield steps
 
     @staticmethod

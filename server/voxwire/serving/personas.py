@@ -5,6 +5,13 @@ Every transport checks a persona's name before it starts work (``check``: an unk
 ``UnknownPersonaError``, the same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the
 ``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
 
+Personas are set up at start-up or not at all: with ``--lora`` or ``--lora-root`` the model's layers that
+personas may adapt are reserved before the engine captures its graphs (``reserve``: the reference's default
+targets, attention q/k/v/o of both LMs and the DiT plus the projections, and every layer a ``--lora`` persona
+adapts), and from then on a persona is loaded by copying its weights into them. A persona adapting any other
+layer is refused (``invalid_lora``); a server started with neither has no adapted layers (nothing slows its
+steps) and refuses ``POST /v1/loras`` (``personas_unavailable``).
+
 ``PersonaRegistry`` is plain blocking code: the single-process server wraps it in ``LocalPersonas`` (loads on
 a worker thread, never on the event loop); with ``--workers`` each engine process owns one, and the frontends
 reach it over IPC (``engine_proxy.RemotePersonas``).
@@ -19,13 +26,16 @@ from pathlib import Path
 from typing import Protocol
 
 from voxwire.errors import InvalidInputError, ModelLoadError, VoxwireError
-from voxwire.model.personas import PersonaError
+from voxwire.model.lora import LoRAConfig
+from voxwire.model.personas import PersonaError, UnreservedLayersError
 from voxwire.serving.config import ServerConfig, is_persona_name
 from voxwire.serving.speech_model import SpeechModel, VoxCPMSpeech
 from voxwire.tts import VoxCPM
 
 TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
 """The reference config's keys of the modules an adapter targets."""
+RESERVED_TARGETS = LoRAConfig(enable_lm=True, enable_dit=True, enable_proj=True)
+"""Layers reserved for personas at start-up besides those of ``--lora`` ones: the reference's default targets."""
 
 
 class UnknownPersonaError(VoxwireError):
@@ -34,7 +44,7 @@ class UnknownPersonaError(VoxwireError):
 
 class PersonaLoadError(VoxwireError):
     """A persona could not be added; ``code`` is stable (``invalid_name``, ``invalid_path``,
-    ``persona_exists``, ``persona_limit``, ``invalid_lora``, ``lora_too_large``)."""
+    ``persona_exists``, ``persona_limit``, ``invalid_lora``, ``lora_too_large``, ``personas_unavailable``)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -111,8 +121,12 @@ def open_registry(model: SpeechModel, config: ServerConfig) -> PersonaRegistry |
             raise InvalidInputError(f"--lora needs a checkpoint model; {config.model!r} has no LoRA layers")
         return None
     registry = PersonaRegistry(model.tts, config)
-    for name, path in config.loras:  # the operator's folders: not bound to ``lora_root``
-        registry.load(name, Path(path))
+    if config.loras or config.lora_root is not None:
+        bank = model.tts.enable_personas(config.max_personas, config.max_lora_rank)
+        bank.reserve(RESERVED_TARGETS)
+        for name, path in config.loras:  # the operator's folders: not bound to ``lora_root``
+            registry.load(name, Path(path))
+        bank.seal()  # before the engine captures its graphs
     return registry
 
 
@@ -155,6 +169,11 @@ class PersonaRegistry:
     def add(self, name: str, path: str) -> PersonaInfo:
         """Load the checkpoint folder ``path`` (on the server) as ``name`` (blocking: reads files, and briefly
         holds the engine's step lock)."""
+        if self.tts.personas is None:
+            raise PersonaLoadError(
+                "personas_unavailable",
+                "this server was started without personas: start it with --lora-root (or --lora) to add them",
+            )
         if not is_persona_name(name):
             raise PersonaLoadError("invalid_name", "a persona name is 1-64 letters, digits or ._-")
         folder = self._folder(path)
@@ -173,6 +192,8 @@ class PersonaRegistry:
             self.tts.load_persona(name, folder)
         except ModelLoadError as exc:
             raise PersonaLoadError("invalid_lora", str(exc)) from exc
+        except UnreservedLayersError as exc:
+            raise PersonaLoadError("invalid_lora", f"{exc} (--lora)") from exc
         except PersonaError as exc:  # a rank above max_lora_rank
             raise PersonaLoadError("lora_too_large", str(exc)) from exc
 

@@ -121,6 +121,10 @@ class SimRunner:
     def graph_captures(self) -> int:
         return 0
 
+    @property
+    def graph_capture_seconds(self) -> float:
+        return 0.0
+
     # What the real-time scheduler budgets steps with: the simulator's steps take exactly its cost model.
     @property
     def step_cost(self) -> StepCost:
