@@ -624,8 +624,8 @@ class ModelRunner:
         if not rows:
             empty = len(plan.request_ids)
             return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
-        stopped, finite, audio, patch = self._run(slots)
-        for out_row in np.flatnonzero(~finite):
+        stopped, broken, audio, patch = self._run(slots)
+        for out_row in np.flatnonzero(broken):
             errors[plan.request_ids[rows[out_row]]] = NON_FINITE_OUTPUT
         patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
         if len(rows) == len(plan.request_ids):
@@ -638,14 +638,14 @@ class ModelRunner:
 
     @property
     def packed_width(self) -> int:
-        """Columns of a step's packed output per row: the stop flag, the finite flag, the audio samples and the
-        patch."""
+        """Columns of a step's packed output per row: the stop flag, the non-finite flag, the audio samples and
+        the patch (both flags 0 for a row that goes on, as a zeroed buffer reads)."""
         config = self.tts.config
         return 2 + config.samples_per_patch + config.patch_size * config.feat_dim
 
     def _run(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Run the batch of ``slots``, one sub-step per timestep bucket; returns its stop flags (n,) bool,
-        whether each row's output is finite (n,) bool, audio (n, samples) and patches (n, P*D), float32 arrays
+        whether each row's output is not finite (n,) bool, audio (n, samples) and patches (n, P*D), float32 arrays
         whose rows outlive the step."""
         buckets = np.asarray(self.timestep_counts)[np.searchsorted(self.timestep_counts, self._timesteps[slots])]
         groups = [np.flatnonzero(buckets == count) for count in np.unique(buckets)]
@@ -697,10 +697,10 @@ class ModelRunner:
         return self._packed(bucket, timesteps, self.table_width)
 
     def _packed(self, bucket: int, timesteps: int, width: int) -> torch.Tensor:
-        """The step with its outputs packed into one (bucket, ``packed_width``) float32 tensor: stop flag, finite
-        flag, audio, patch."""
+        """The step with its outputs packed into one (bucket, ``packed_width``) float32 tensor: stop flag,
+        non-finite flag, audio, patch."""
         stopped, audio, patch = self._step(bucket, timesteps, width)
-        flags = torch.stack([stopped.float(), _finite_rows(audio, patch).float()], dim=1)
+        flags = torch.stack([stopped.float(), _non_finite_rows(audio, patch).float()], dim=1)
         return torch.cat([flags, audio, patch.float().reshape(bucket, -1)], dim=1)
 
     def _step(self, bucket: int, timesteps: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -739,6 +739,6 @@ class ModelRunner:
         return stop_logits.argmax(dim=-1) == 1, audio, patch
 
 
-def _finite_rows(audio: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
-    """(rows,) bool: whether the row's audio (rows, samples) and patch (rows, P, D) are all finite."""
-    return torch.isfinite(audio).all(dim=1) & torch.isfinite(patch.flatten(1)).all(dim=1)
+def _non_finite_rows(audio: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: whether the row's audio (rows, samples) or patch (rows, P, D) holds a NaN or an infinity."""
+    return ~(torch.isfinite(audio).all(dim=1) & torch.isfinite(patch.flatten(1)).all(dim=1))
