@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -10,8 +11,25 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
+
+SERVER_THREADS = 1
+"""Torch threads of every server process these tests start (``OMP_NUM_THREADS``)."""
+
+
+@contextlib.contextmanager
+def server_threads() -> Iterator[None]:
+    """Run this process's torch with a server process's thread count, to compute the audio a server should
+    send: float32 results may depend on the thread count (they do on an AVX2 EPYC, at 1 and 2 threads)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(SERVER_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class ServerProcess:
@@ -22,9 +40,8 @@ class ServerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None, launcher: Sequence[str] = ()) -> None:
         single = () if "--workers" in args else ("--workers", "0")  # one process unless a test asks for workers
         command = [*launcher, sys.executable, "-m", "voxwire.cli.main", "serve", *single, *args, "--port", "0"]
-        self.process = subprocess.Popen(
-            command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        )
+        environment = {**os.environ, "OMP_NUM_THREADS": str(SERVER_THREADS), **(env or {})}
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
         self._lines: list[str] = []
         self.url = self._listening_url()
         self._reader = threading.Thread(target=self._read_log, daemon=True)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tests.server_process import ServerProcess, poll
+from tests.server_process import ServerProcess, poll, server_threads
 from tests.serving.conftest import LORA
 from tests.workers.test_workers import KEY, metric
 
@@ -130,7 +130,8 @@ def names(server: ServerProcess) -> list[str]:
 def test_a_persona_from_the_command_line_speaks_as_in_one_process_on_every_frontend(
     server: ServerProcess, reference: VoxCPM
 ) -> None:
-    expected = reference.generate(TEXT, seed=5, lora="A")
+    with server_threads():
+        expected = reference.generate(TEXT, seed=5, lora="A")
     for audio in on_each_frontend(server, "A").values():
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), expected)
 
@@ -143,7 +144,8 @@ def test_a_persona_registered_through_one_frontend_serves_on_every_frontend_unti
     assert (added["name"], added["path"], added["rank"], added["in_use"]) == ("B", str(other_lora.resolve()), 8, 0)
     for _ in range(6):  # fresh connections: either frontend lists it
         assert names(server) == ["A", "B"]
-    expected = reference.generate(TEXT, seed=5, lora="B")
+    with server_threads():
+        expected = reference.generate(TEXT, seed=5, lora="B")
     for audio in on_each_frontend(server, "B").values():
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), expected)
 
