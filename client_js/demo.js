@@ -194,9 +194,9 @@ async function upload(event) {
     showError(`upload: ${body.error.code}: ${body.error.message}`);
     return;
   }
-  ui.uploadStatus.textContent = `saved as ${body.id}`;
   await loadVoices();
   ui.voice.value = body.id;
+  ui.uploadStatus.textContent = `saved as ${body.id}`; // once the new voice is listed and chosen
   dirty = true;
 }
 
