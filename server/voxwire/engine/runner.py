@@ -315,7 +315,7 @@ class ModelRunner:
         cost = fit_step_cost(samples)
         largest = np.full(self.num_slots, pad, dtype=np.int64)
         per_row: dict[int, float] = {}
-        for count in {*self.timestep_counts, self._timestep_bucket(default)}:
+        for count in self.timestep_counts:  # the default's bucket is one of them
             self.timesteps[pad], self._timesteps[pad] = count, count
             seconds = float(np.median(time_step(lambda: self._run(largest), repeats)))
             per_row[count] = max(seconds - cost.fixed_s, 1e-9) / self.num_slots
