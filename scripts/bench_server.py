@@ -29,10 +29,11 @@ from aiohttp import web
 
 import voxwire
 from voxwire.audio.formats import AudioFormat, make_encoder
-from voxwire.serving import protocol
+from voxwire.protocol import wire as protocol
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
@@ -61,7 +62,7 @@ async def server_overhead(sessions: list[int], utterances: int) -> None:
     config = ServerConfig(
         port=port, max_sessions=max(sessions), max_waiting=4 * max(sessions), max_connections=4 * max(sessions)
     )
-    app = make_app(config, tts=tts)
+    app = make_app(config, model=VoxCPMSpeech(tts))
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -77,7 +77,7 @@ from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dic
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
 from voxwire.model.paged_attention import attention_path
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.speech_model import VoxCPMSpeech
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.checkpoint import random_model_weights
 from voxwire.tiny.configs import ALL_CONFIGS

@@ -92,7 +92,7 @@ export function decodeFrame(data: ArrayBuffer | ArrayBufferView): AudioFrame;
 export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame): Uint8Array;
 /**
  * The WebSocket wire protocol of `/v1/tts/stream`, sans I/O: a mirror of the server's
- * `server/voxwire/serving/protocol.py`, checked against the same golden vectors
+ * `server/voxwire/protocol/wire.py`, checked against the same golden vectors
  * (`tests/fixtures/protocol_vectors.json`, see `protocol.test.js`). The normative specification is
  * `docs/protocol.md` in the voxwire repository.
  *

@@ -27,6 +27,7 @@ import voxwire
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
@@ -71,7 +72,7 @@ def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> DemoServer:
     async def start(**overrides: Any) -> TestServer:
         settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, **overrides}
-        app = make_app(ServerConfig(**settings), tts=tiny_tts)
+        app = make_app(ServerConfig(**settings), model=VoxCPMSpeech(tiny_tts))
         server = await aiohttp_server(app)
 
         async def accepting() -> None:

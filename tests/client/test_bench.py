@@ -21,8 +21,8 @@ from voxwire.client.bench.plan import BenchPlan, run_plan
 from voxwire.client.bench.runner import BenchConfig, LevelResult, find_max
 from voxwire.client.bench.texts import BUILTIN_TEXTS, words
 from voxwire.client.errors import ServerError
+from voxwire.protocol.wire import AudioFrame
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import AudioFrame
 
 from ..serving.conftest import LORA
 from .helpers import voxwire

@@ -17,9 +17,9 @@ from voxwire.client.bench.runner import BenchConfig, run_open
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ConnectionLostError, ServerBusyError
 from voxwire.client.retry import RetryPolicy, open_with_retry
+from voxwire.protocol.wire import PROTOCOL_VERSION, Error, Ready, Text, encode
 from voxwire.serving.keys import SESSIONS_KEY
-from voxwire.serving.protocol import PROTOCOL_VERSION, Error, Ready, Text, encode
-from voxwire.serving.ws import STREAM_PATH
+from voxwire.serving.ws.handler import STREAM_PATH
 from voxwire.tts import VoxCPM
 
 from .helpers import TIMEOUT_S, launch, voxwire

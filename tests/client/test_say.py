@@ -193,7 +193,7 @@ async def test_the_clients_import_no_torch(serve, tmp_path: Path, command: str) 
 
 
 async def test_server_addresses_resolve_to_the_stream_endpoint() -> None:
-    from voxwire.serving.ws import STREAM_PATH
+    from voxwire.serving.ws.handler import STREAM_PATH
 
     assert endpoint_url("127.0.0.1:8000") == f"ws://127.0.0.1:8000{STREAM_PATH}"
     assert endpoint_url("https://tts.example.com/") == f"wss://tts.example.com{STREAM_PATH}"

@@ -25,7 +25,7 @@ from tests.server_process import http_status
 
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ClientError
-from voxwire.serving.protocol import AudioFrame, Done, End, Error, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "scripts" / "deploy"

@@ -149,7 +149,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 
 def test_protocol_modules_point_at_the_normative_spec() -> None:
-    for module in ("server/voxwire/serving/protocol.py", "client_js/protocol.js"):
+    for module in ("server/voxwire/protocol/wire.py", "client_js/protocol.js"):
         assert "docs/protocol.md" in (ROOT / module).read_text(encoding="utf-8"), module
 
 

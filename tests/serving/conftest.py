@@ -2,7 +2,7 @@
 
 For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asyncio runs in strict mode):
 
-* ``serve(**overrides)`` starts an app made by ``make_app(_config(**overrides), tts=tiny_tts)`` on
+* ``serve(**overrides)`` starts an app made by ``make_app(_config(**overrides), model=VoxCPMSpeech(tiny_tts))`` on
   ``127.0.0.1:<free port>`` (pytest-aiohttp's ``aiohttp_server``), waits until it is warmed up and
   ready, and returns the ``TestServer`` (``server.app``, ``server.make_url(path)``); ``serve(app=...)``
   starts an app you built yourself with ``app_factory(**overrides)`` (e.g. to add a test route).
@@ -29,6 +29,7 @@ import voxwire
 from voxwire.serving.app import make_app, runner_options
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import CONFIG_KEY, STATE_KEY
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
@@ -85,7 +86,7 @@ def persona_app(persona_tts: VoxCPM) -> Callable[..., web.Application]:
         for name in list(bank.adapters) if bank is not None else []:
             bank.remove(name)
         settings: dict[str, Any] = {"loras": (("A", LORA),), "max_lora_rank": 16, **overrides}
-        return make_app(_config(**settings), tts=persona_tts)
+        return make_app(_config(**settings), model=VoxCPMSpeech(persona_tts))
 
     return build
 
@@ -95,7 +96,7 @@ def app_factory(tiny_tts: VoxCPM) -> Callable[..., web.Application]:
     """``app_factory(**overrides)``: a not yet started app on the tiny model, to add test routes to."""
 
     def build(**overrides: Any) -> web.Application:
-        return make_app(_config(**overrides), tts=tiny_tts)
+        return make_app(_config(**overrides), model=VoxCPMSpeech(tiny_tts))
 
     return build
 

@@ -14,8 +14,8 @@ from websockets.asyncio.client import connect
 from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
 from voxwire.engine import SynthesisParams
+from voxwire.protocol.wire import STREAM_PATH
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY, Phase
-from voxwire.serving.ws import STREAM_PATH
 
 TEXT = "Hello from the test."
 SPEECH = {"model": "tts-1", "input": TEXT}

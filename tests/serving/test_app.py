@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from voxwire.engine import SynthesisParams
+from voxwire.protocol.wire import ErrorCode
 from voxwire.serving.app import drain
 from voxwire.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxwire.serving.protocol import ErrorCode
 from voxwire.serving.service import SpeechFailure
 
 pytestmark = pytest.mark.asyncio

@@ -67,7 +67,7 @@ def test_bad_kv_cache_flags_are_clear_cli_errors(
 
 
 def test_batch_invariant_flag_reaches_the_models_runner(tmp_path: Path) -> None:
-    from voxwire.serving.speech_model import VoxCPMSpeech
+    from voxwire.speech_model import VoxCPMSpeech
     from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
     assert not config_from_args(build_parser().parse_args(["serve"]), environ={}).batch_invariant

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from voxwire.serving.error_codes import ErrorCode
-from voxwire.serving.http_api import ApiError, as_api_error
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.service import SpeechFailure
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from voxwire.protocol.wire import STREAM_PATH, End, Error, Ready, Text
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import End, Error, Ready, Text
-from voxwire.serving.ws import STREAM_PATH
 
 from .ws.conftest import StreamClient
 

@@ -267,7 +267,7 @@ async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClie
 
 
 async def test_normalize_without_the_extra_is_a_clear_400(client: TestClient, monkeypatch) -> None:
-    from voxwire.serving import http_api
+    from voxwire.serving.http import openai as http_api
 
     monkeypatch.setattr(http_api, "normalizer_available", lambda: False)
     status, _, body = await speech(client, normalize=True)

@@ -20,6 +20,7 @@ import voxwire
 from voxwire.errors import InvalidInputError
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 from .conftest import LORA, Serve
@@ -137,7 +138,7 @@ async def test_a_rank_above_the_limit_is_refused(serve: Serve, aiohttp_client: C
     # A model of its own: the persona capacity is fixed when a model first gets personas.
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
     config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=LORA.parent)
-    http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
+    http = await aiohttp_client(await serve(app=make_app(config, model=VoxCPMSpeech(tts))))
     async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "lora_too_large")
 
@@ -150,7 +151,7 @@ async def test_without_lora_or_lora_root_no_layer_is_adapted_and_adding_is_refus
     adapts no layer, so its steps cost nothing extra, and says how to get personas."""
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
     config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0)
-    http = await aiohttp_client(await serve(app=make_app(config, tts=tts)))
+    http = await aiohttp_client(await serve(app=make_app(config, model=VoxCPMSpeech(tts))))
     async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
         answer = await response.json()
     assert (response.status, answer["error"]["code"]) == (400, "personas_unavailable")
@@ -218,7 +219,7 @@ async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: C
     config = ServerConfig(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
     with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):
         make_app(replace(config, loras=(("A", LORA),)))
-    http = await aiohttp_client(await serve(app=make_app(config, tts=SimSpeech(config.sim_config()))))
+    http = await aiohttp_client(await serve(app=make_app(config, model=SimSpeech(config.sim_config()))))
     async with http.get("/v1/loras") as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "personas_unavailable")
     status, body = await speech(http, persona="A")

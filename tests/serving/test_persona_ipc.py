@@ -13,12 +13,12 @@ import pytest
 import zmq
 
 from voxwire.engine import Engine, Request
-from voxwire.serving import ipc
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.engine_core import EngineCore
-from voxwire.serving.engine_proxy import RemotePersonas
 from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
-from voxwire.serving.speech_model import VoxCPMSpeech
+from voxwire.serving.workers import ipc
+from voxwire.serving.workers.engine_process import EngineCore
+from voxwire.serving.workers.proxy import RemotePersonas
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM
 
 from .conftest import LORA

@@ -210,7 +210,7 @@ async def test_oversized_text_fields_are_refused_before_any_work(
     serve, aiohttp_client, monkeypatch, field: str, limit_name: str
 ) -> None:
     client = await aiohttp_client(await serve(**{limit_name: 100}))
-    import voxwire.serving.http_api as http_api
+    import voxwire.serving.http.openai as http_api
 
     monkeypatch.setattr(http_api, "load_clip", _no_decoding)
     started = time.perf_counter()

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxwire.serving import protocol
-from voxwire.serving.protocol import (
+from voxwire.protocol import wire as protocol
+from voxwire.protocol.wire import (
     CLIENT_MESSAGES,
     FRAME_FORMATS,
     MAX_BUFFER_DELAY_MS,
@@ -94,7 +94,7 @@ def test_an_opus_packet_too_long_for_its_length_prefix_is_refused():
 
 def test_the_protocol_module_needs_only_the_standard_library():
     code = (
-        "import sys, voxwire.serving.protocol; "
+        "import sys, voxwire.protocol.wire; "
         "heavy = {'torch', 'numpy', 'aiohttp'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

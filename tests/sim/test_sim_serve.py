@@ -13,7 +13,7 @@ from voxwire.audio.opus import DEFAULT_COMPLEXITY, OpusEncoder
 from voxwire.audio.quality import spectral_snr_db
 from voxwire.client.connection import Connection
 from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
-from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 from voxwire.sim.model import speech_clip
 from voxwire.sim.runner import SimConfig, SimRunner
 

@@ -21,7 +21,7 @@ from tests.server_process import ServerProcess, poll
 from tests.workers.test_workers import KEY, metric, speak, upload_voice, utterance
 
 from voxwire.client.connection import Connection
-from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 
 pytestmark = pytest.mark.slow
 

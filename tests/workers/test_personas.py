@@ -28,7 +28,7 @@ from tests.workers.test_workers import KEY, metric
 import voxwire
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerError
-from voxwire.serving.protocol import AudioFrame, Done, End, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 from voxwire.tts import VoxCPM
 
 pytestmark = pytest.mark.slow

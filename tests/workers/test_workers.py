@@ -17,7 +17,7 @@ from tests.server_process import ServerProcess, poll, server_threads
 
 from voxwire.client.connection import Connection
 from voxwire.client.errors import AuthenticationError, ServerError
-from voxwire.serving.protocol import AudioFrame, Cancel, Done, End, Start, Text
+from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Start, Text
 from voxwire.tts import VoxCPM
 
 pytestmark = pytest.mark.slow

@@ -192,7 +192,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
 
 def run(args: argparse.Namespace) -> int:
     from voxwire.errors import InvalidInputError
-    from voxwire.serving.app import serve
+    from voxwire.serving.launch import serve
 
     settings = environment.with_environment(args, os.environ)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -2,5 +2,5 @@
 
 Everything under this package talks to a server over its WebSocket protocol and must never import torch
 (or anything that does): a client runs on machines without the model. The wire format comes from
-``voxwire.serving.protocol`` (stdlib only), never re-implemented here.
+``voxwire.protocol.wire`` (stdlib only), never re-implemented here.
 """

@@ -1,6 +1,6 @@
 """One WebSocket connection to ``/v1/tts/stream``: addressing, authentication and typed messages.
 
-The bytes on the wire are ``voxwire.serving.protocol``'s; this module adds the socket (the
+The bytes on the wire are ``voxwire.protocol.wire``'s; this module adds the socket (the
 ``websockets`` asyncio client) and turns every way a connection can fail into a ``ClientError``.
 """
 
@@ -22,7 +22,8 @@ from voxwire.client.errors import (
     ServerUnreachableError,
 )
 from voxwire.errors import InvalidInputError
-from voxwire.serving.protocol import (
+from voxwire.protocol.wire import (
+    STREAM_PATH,
     AudioFrame,
     ClientMessage,
     CloseCode,
@@ -35,9 +36,6 @@ from voxwire.serving.protocol import (
     decode_server,
     encode,
 )
-
-STREAM_PATH = "/v1/tts/stream"
-"""The server's streaming endpoint (``voxwire.serving.ws.STREAM_PATH``, which cannot be imported without torch)."""
 
 DEFAULT_SERVER = "ws://127.0.0.1:8000"
 TOKEN_ENV = "VOXWIRE_TOKEN"

@@ -26,7 +26,7 @@ from voxwire.client.errors import ConnectionLostError, ServerError
 from voxwire.client.output import AudioSink
 from voxwire.client.retry import RetryPolicy, open_with_retry
 from voxwire.errors import InvalidInputError
-from voxwire.serving.protocol import AudioFrame, Done, End, Error, Segment, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Error, Segment, Start, Text
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS
 from voxwire.audio.pcm import to_s16le
 from voxwire.client.errors import ClientError
 from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
-from voxwire.serving.protocol import Done
+from voxwire.protocol.wire import Done
 
 DEFAULT_SAMPLE_RATE = 24000
 """What the TTS hands LiveKit; the server's audio is resampled to it (LiveKit's own OpenAI TTS uses 24 kHz)."""

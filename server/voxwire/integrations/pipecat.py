@@ -30,7 +30,7 @@ from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSServic
 from voxwire.audio.pcm import to_s16le
 from voxwire.client.errors import ClientError
 from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
-from voxwire.serving.protocol import Done, Segment
+from voxwire.protocol.wire import Done, Segment
 
 
 class VoxwireTTSService(WebsocketTTSService):

@@ -27,7 +27,7 @@ from voxwire.audio.pcm import as_mono_float32
 from voxwire.audio.resample import StreamResampler
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerError
-from voxwire.serving.protocol import AudioFrame, Cancel, Done, End, Error, Flush, Segment, Start, Text
+from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Error, Flush, Segment, Start, Text
 
 WIRE_FORMAT = "pcm_f32le"
 

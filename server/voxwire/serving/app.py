@@ -21,12 +21,17 @@ from typing import Any, TypeVar
 from aiohttp import WSCloseCode, web
 
 from voxwire.engine import SynthesisParams
-from voxwire.serving.access_log import ACCESS_LOGGER, AccessLogger
-from voxwire.serving.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import EncoderPool
 from voxwire.serving.heap import freeze_startup_heap
-from voxwire.serving.http_api import add_http_routes, error_middleware
+from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
+from voxwire.serving.http.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
+from voxwire.serving.http.errors import error_middleware
+from voxwire.serving.http.loras import add_lora_routes
+from voxwire.serving.http.nanovllm import add_nanovllm_routes
+from voxwire.serving.http.openai import add_openai_routes
+from voxwire.serving.http.probes import add_probe_routes
+from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
@@ -39,13 +44,12 @@ from voxwire.serving.keys import (
     ServerState,
 )
 from voxwire.serving.metrics import Metrics
-from voxwire.serving.nanovllm_api import add_nanovllm_routes
+from voxwire.serving.models import load_speech_model
 from voxwire.serving.personas import LocalPersonas, open_registry
 from voxwire.serving.service import Service, SpeechService
-from voxwire.serving.speech_model import SpeechModel, VoxCPMSpeech, load_speech_model
 from voxwire.serving.voices import VoiceStore
-from voxwire.serving.ws import add_ws_routes
-from voxwire.tts import VoxCPM
+from voxwire.serving.ws.handler import add_ws_routes
+from voxwire.speech_model import SpeechModel
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,9 +70,10 @@ build step), else the repository's ``client_js/`` (an editable install)."""
 _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 
 
-def make_app(config: ServerConfig, *, tts: VoxCPM | SpeechModel | None = None) -> web.Application:
-    """Build the server's application; the model is loaded from ``config`` (blocking) unless given (tests)."""
-    model = load_speech_model(config) if tts is None else VoxCPMSpeech(tts) if isinstance(tts, VoxCPM) else tts
+def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.Application:
+    """Build the one-process server's application; the model is loaded from ``config`` (blocking) unless given
+    (tests, benchmarks)."""
+    model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
     voices = VoiceStore(config.voices_dir, model.info.name, model.patch_shape, config.max_voices)
@@ -92,7 +97,10 @@ def build_app(
     app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
     app[VOICES_KEY] = voices
     app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
-    add_http_routes(app)
+    add_openai_routes(app)
+    add_voice_routes(app)
+    add_lora_routes(app)
+    add_probe_routes(app)
     add_ws_routes(app)
     add_nanovllm_routes(app)
     add_demo_routes(app)
@@ -195,20 +203,6 @@ async def drain(app: web.Application) -> None:
     closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in app[SESSIONS_KEY]]
     await asyncio.gather(*closing, return_exceptions=True)
     await app[SERVICE_KEY].stop()
-
-
-def serve(config: ServerConfig) -> int:
-    """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status.
-
-    ``config.workers`` > 0 or ``config.devices`` runs the engines and the frontends in processes of their own
-    (``workers``)."""
-    if config.frontends > 0:
-        from voxwire.serving.workers import supervise
-
-        return supervise(config)
-    app = make_app(config)
-    run_loop(run_app(app, config))
-    return 0
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

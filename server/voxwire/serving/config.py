@@ -17,7 +17,7 @@ from pathlib import Path
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
 from voxwire.engine import EngineConfig, ParamLimits
 from voxwire.engine.cost_model import StepCost
-from voxwire.serving.protocol import MAX_PLAYBACK_LEAD_MS
+from voxwire.protocol.wire import MAX_PLAYBACK_LEAD_MS
 from voxwire.sim.runner import DEFAULT_SIM_COST, SimConfig
 
 # Fields that must be > 0; the others are checked by name in __post_init__.

@@ -29,7 +29,7 @@ from voxwire.errors import InvalidInputError, ModelLoadError, VoxwireError
 from voxwire.model.lora import LoRAConfig
 from voxwire.model.personas import PersonaError, UnreservedLayersError
 from voxwire.serving.config import ServerConfig, is_persona_name
-from voxwire.serving.speech_model import SpeechModel, VoxCPMSpeech
+from voxwire.speech_model import SpeechModel, VoxCPMSpeech
 from voxwire.tts import VoxCPM
 
 TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")

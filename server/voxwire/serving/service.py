@@ -29,10 +29,10 @@ from voxwire.engine import (
 from voxwire.errors import VoxwireError
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
+from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.error_codes import ErrorCode
 from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
-from voxwire.serving.speech_model import ModelInfo, SpeechModel
+from voxwire.speech_model import ModelInfo, SpeechModel
 
 __all__ = [
     "ModelInfo", "Service", "SpeechFailure", "SpeechService", "UtteranceOptions", "refused", "speech_stream",

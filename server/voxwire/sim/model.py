@@ -15,8 +15,8 @@ from voxwire.audio.clip import AudioSource, load_clip
 from voxwire.engine.outputs import Runner
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.speech_model import SIM_MODEL, ModelInfo, voice_positions
 from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
+from voxwire.speech_model import SIM_MODEL, ModelInfo, voice_positions
 
 if TYPE_CHECKING:
     from voxwire.serving.config import ServerConfig

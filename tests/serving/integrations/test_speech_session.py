@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
+from voxwire.protocol.wire import AudioFrame, Done, Segment
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import AudioFrame, Done, Segment
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,10 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from voxwire.engine import Chunk, FinishReason, SynthesisParams
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.app import make_app
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
-from voxwire.serving.protocol import (
+from voxwire.protocol.wire import (
     AudioFrame,
     ClientMessage,
     Done,
@@ -39,9 +36,13 @@ from voxwire.serving.protocol import (
     decode_server,
     encode,
 )
+from voxwire.serving.app import make_app
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
 from voxwire.serving.service import DEFAULT_OPTIONS, ModelInfo, UtteranceOptions
 from voxwire.serving.voices import VoiceStore
-from voxwire.serving.ws import STREAM_PATH, add_ws_routes
+from voxwire.serving.ws.handler import STREAM_PATH, add_ws_routes
+from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM
 
 TIMEOUT_S = 60.0
@@ -144,7 +145,7 @@ Connect = Callable[..., Awaitable[StreamClient]]
 @pytest_asyncio.fixture
 async def ws_server(serve: Serve, tiny_tts: VoxCPM) -> Callable[..., Awaitable[TestServer]]:
     async def start(**overrides: Any) -> TestServer:
-        return await serve(app=with_ws_routes(make_app(ws_config(**overrides), tts=tiny_tts)))
+        return await serve(app=with_ws_routes(make_app(ws_config(**overrides), model=VoxCPMSpeech(tiny_tts))))
 
     return start
 

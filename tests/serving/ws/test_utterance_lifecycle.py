@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from voxwire.serving.protocol import Done, End, Text, encode
-from voxwire.serving.utterance import Utterance, UtteranceStatus
+from voxwire.protocol.wire import Done, End, Text, encode
+from voxwire.serving.ws.utterance import Utterance, UtteranceStatus
 
 from .conftest import ClipService, until
 from .test_ws_session import PATCH, RATE, MemoryTransport, new_session, noise

@@ -28,8 +28,8 @@ from voxwire.audio.ogg import OggOpusMuxer
 from voxwire.audio.opus import DEFAULT_BITRATE, OpusEncoder
 from voxwire.audio.pcm import to_s16le
 from voxwire.engine import SynthesisParams
+from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import End, Ready, Start, Text
 from voxwire.tts import VoxCPM
 
 from .conftest import ClipService, Connect, Heard, StreamClient, clip_app, require

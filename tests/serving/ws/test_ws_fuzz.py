@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from voxwire.protocol.wire import CLIENT_MESSAGES, FRAME_FORMATS, AudioFrame, Error, ErrorCode, Ready
 from voxwire.serving.keys import SESSIONS_KEY, STATE_KEY
-from voxwire.serving.protocol import CLIENT_MESSAGES, FRAME_FORMATS, AudioFrame, Error, ErrorCode, Ready
 
 from .conftest import Connect, engine_idle, until
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from voxwire.serving import utterance as utterance_module
+from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import End, Ready, Start, Text
+from voxwire.serving.ws import utterance as utterance_module
 from voxwire.text import normalize as normalize_module
 
 from .conftest import Connect, until

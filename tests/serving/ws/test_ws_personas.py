@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from voxwire.protocol.wire import End, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import End, Ready, Segment, Start, Text
 from voxwire.tts import VoxCPM
 
 from ..conftest import Serve

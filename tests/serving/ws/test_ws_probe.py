@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from aiohttp import WSMsgType
 
-from voxwire.serving import protocol
+from voxwire.protocol import wire as protocol
+from voxwire.protocol.wire import AudioFrame, CloseCode, Done, End, Error, Start, Text, decode_client, encode
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.http_api import health
-from voxwire.serving.protocol import AudioFrame, CloseCode, Done, End, Error, Start, Text, decode_client, encode
-from voxwire.serving.ws import STREAM_PATH
+from voxwire.serving.http.probes import health
+from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import ClipService, clip_app
 from .test_ws_limits import masked_text_frame

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from voxwire.engine.cost_model import StepCost
+from voxwire.protocol.wire import AudioFrame, Done, End, Ready, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.protocol import AudioFrame, Done, End, Ready, Start, Text
 
 from .conftest import ClipService, Connect, clip_app
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.keys import Phase, ServerState
-from voxwire.serving.protocol import (
+from voxwire.protocol.wire import (
     AudioFrame,
     Cancel,
     CloseCode,
@@ -25,9 +24,10 @@ from voxwire.serving.protocol import (
     decode_server,
     encode,
 )
-from voxwire.serving.session import Session, SessionPhase
-from voxwire.serving.utterance import continuation
+from voxwire.serving.keys import Phase, ServerState
 from voxwire.serving.voices import VoiceStore
+from voxwire.serving.ws.session import Session, SessionPhase
+from voxwire.serving.ws.utterance import continuation
 
 from .conftest import ClipService, until, ws_config
 

@@ -13,8 +13,8 @@ import torch
 
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
+from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
-from voxwire.serving.protocol import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
 from voxwire.tts import VoxCPM
 
 from .conftest import Connect, StreamClient, engine_idle

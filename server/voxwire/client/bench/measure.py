@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voxwire.audio.ogg import _PAGE_HEADER, packet_samples_48k
-from voxwire.serving.protocol import AudioFrame
+from voxwire.protocol.wire import AudioFrame
 
 OPUS_RATE = 48000
 _PCM_BYTES = {"pcm_s16le": 2, "pcm_f32le": 4}

@@ -27,7 +27,7 @@ from voxwire.client.bench.texts import words
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ClientError, ServerBusyError, ServerError
 from voxwire.client.retry import RetryPolicy, open_with_retry
-from voxwire.serving.protocol import AudioFrame, Done, End, Error, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
 
 RECONNECT_PAUSE_S = 0.2
 """After a failed connection, so a refusing server is not hammered in a tight loop."""

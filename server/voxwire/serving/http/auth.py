@@ -23,8 +23,8 @@ import hmac
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from voxwire.serving.error_codes import ErrorCode
-from voxwire.serving.http_api import ApiError
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.errors import ApiError
 from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY
 
 OPEN_PATHS = frozenset({"/health", "/ready"})

@@ -2,8 +2,10 @@
 
 The service asks a ``SpeechModel`` for its description (``ModelInfo``), the shape of its voice latents,
 an admission estimate of a request's prompt length, voice encoding, and a ``Runner`` for the engine.
-``load_speech_model`` picks the implementation from ``--model``: ``sim`` is the load-testing simulator
-(``voxwire.sim``), anything else a checkpoint.
+The contract lives here, below serving, so that both implementations (``VoxCPMSpeech`` below and
+``voxwire.sim.SimSpeech``) stand under the service that uses them; ``serving.models.load_speech_model``
+picks one from ``--model``. Nothing here imports torch at module level: frontends unpickle
+``ModelInfo`` and ``PromptLength`` from the engine.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from voxwire.audio.clip import AudioSource
 from voxwire.engine.outputs import Runner
-from voxwire.prompt import VoicePrompt
 from voxwire.text.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
+    from voxwire.prompt import VoicePrompt
     from voxwire.serving.config import ServerConfig
     from voxwire.tts import VoxCPM
 
@@ -120,14 +122,3 @@ class VoxCPMSpeech:
             measure_cost=config.realtime,  # the real-time policy budgets steps by it
             batch_invariant=config.batch_invariant,
         )
-
-
-def load_speech_model(config: ServerConfig) -> SpeechModel:
-    """The model ``config.model`` names: ``sim``, ``demo`` (tiny random weights: noise), a folder or a hub id."""
-    if config.model == SIM_MODEL:
-        from voxwire.sim.model import SimSpeech
-
-        return SimSpeech(config.sim_config())
-    from voxwire.loader import load_model
-
-    return VoxCPMSpeech(load_model(config.model, device=config.device, dtype=config.dtype, vae_dtype=config.vae_dtype))

@@ -45,17 +45,13 @@ from voxwire.audio.mp3 import MP3_BITRATE
 from voxwire.engine import SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
+from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.error_codes import ErrorCode
-from voxwire.serving.http_api import (
-    ApiError,
-    as_api_error,
-    persona_registry,
-    read_json,
-    require_accepting,
-    require_admission,
-    stream_audio,
-)
+from voxwire.serving.http.admission import require_accepting, require_admission
+from voxwire.serving.http.body import read_json
+from voxwire.serving.http.errors import ApiError, as_api_error
+from voxwire.serving.http.loras import persona_registry
+from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
 from voxwire.serving.service import UtteranceOptions

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import WebSocketError, web
 from aiohttp.web_request import BaseRequest
 
-from voxwire.serving.protocol import CloseCode, ErrorCode
+from voxwire.protocol.wire import CloseCode, ErrorCode
 
 _EXTENDED_LENGTH_BYTES = {126: 2, 127: 8}
 _MASK_BIT = 0x80

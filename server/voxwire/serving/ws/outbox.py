@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voxwire.serving.protocol import AudioFrame, Segment, ServerMessage, encode
+from voxwire.protocol.wire import AudioFrame, Segment, ServerMessage, encode
 
 
 class Transport(Protocol):

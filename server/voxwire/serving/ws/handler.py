@@ -14,8 +14,9 @@ import asyncio
 
 from aiohttp import WSMsgType, web
 
+from voxwire.protocol.wire import STREAM_PATH, CloseCode
 from voxwire.serving.encoding import INLINE
-from voxwire.serving.http_api import require_admission
+from voxwire.serving.http.admission import require_admission
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
@@ -25,11 +26,8 @@ from voxwire.serving.keys import (
     STATE_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.protocol import CloseCode
-from voxwire.serving.session import Session
-from voxwire.serving.ws_frames import StreamSocket
-
-STREAM_PATH = "/v1/tts/stream"
+from voxwire.serving.ws.frames import StreamSocket
+from voxwire.serving.ws.session import Session
 
 HARD_SIZE_FACTOR = 4
 """A message up to this many times ``max_message_bytes`` is read and answered with ``message_too_large``;

@@ -30,9 +30,9 @@ import zmq
 from voxwire.engine import Chunk, Engine, EngineError
 from voxwire.engine.async_engine import stats_after_step, stats_before_steps
 from voxwire.prompt import VoicePrompt
-from voxwire.serving import ipc
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.heap import freeze_startup_heap
+from voxwire.serving.models import load_speech_model
 from voxwire.serving.personas import (
     PersonaInfo,
     PersonaLoadError,
@@ -41,8 +41,9 @@ from voxwire.serving.personas import (
     check_persona,
     open_registry,
 )
-from voxwire.serving.speech_model import SpeechModel, load_speech_model
 from voxwire.serving.voices import Voice
+from voxwire.serving.workers import ipc
+from voxwire.speech_model import SpeechModel
 
 logger = logging.getLogger(__name__)
 

@@ -32,13 +32,7 @@ from voxwire.engine import Chunk
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.budget import MessageBudget
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.encoding import INLINE, EncoderPool
-from voxwire.serving.keys import ServerState
-from voxwire.serving.metrics import Metrics
-from voxwire.serving.outbox import Outbox, SlowConsumerError, Transport
-from voxwire.serving.protocol import (
+from voxwire.protocol.wire import (
     Cancel,
     ClientMessage,
     CloseCode,
@@ -54,9 +48,15 @@ from voxwire.serving.protocol import (
     Text,
     decode_client,
 )
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.encoding import INLINE, EncoderPool
+from voxwire.serving.keys import ServerState
+from voxwire.serving.metrics import Metrics
 from voxwire.serving.service import SpeechFailure, SpeechService, UtteranceOptions
-from voxwire.serving.utterance import Utterance, UtteranceStatus, continuation, ready_message, resolve_settings
 from voxwire.serving.voices import VoiceStore
+from voxwire.serving.ws.budget import MessageBudget
+from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
+from voxwire.serving.ws.utterance import Utterance, UtteranceStatus, continuation, ready_message, resolve_settings
 from voxwire.text.normalize import normalize_in_worker, preload_in_worker
 from voxwire.text.segmenter import SentenceSegmenter
 

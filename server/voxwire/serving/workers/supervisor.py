@@ -1,9 +1,9 @@
 """``voxwire serve --workers N [--devices D,...]``: engine processes, frontends on one port, their supervisor.
 
 The process that runs ``voxwire serve`` becomes the supervisor: it reserves the port, starts one
-engine process per device (``engine_core.run_engine``: the model, the device, no event loop; one with
+engine process per device (``engine_process.run_engine``: the model, the device, no event loop; one with
 no ``--devices``) and N frontends (at least one with ``--devices``)
-(``run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
+(``frontend.run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
 listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them. Then it watches:
 
 - SIGTERM/SIGINT: the frontends drain (``/ready`` 503, live utterances finish, WebSockets close 1001),
@@ -18,7 +18,6 @@ Children stop on their own when the supervisor disappears (they watch their pare
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -34,6 +33,7 @@ from types import FrameType
 from prometheus_client import multiprocess
 
 from voxwire.serving.config import ServerConfig
+from voxwire.serving.workers.frontend import run_frontend
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class _Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
-        from voxwire.serving.engine_core import run_engine
+        from voxwire.serving.workers.engine_process import run_engine
 
         engines = []
         for index, (device, endpoint) in enumerate(zip(self.config.engine_devices(), self.endpoints, strict=True)):
@@ -185,53 +185,3 @@ def _stop_engines(engines: list[multiprocessing.process.BaseProcess]) -> None:
             logger.error("%s did not stop in %.0f s: killing it", engine.name, _STOP_GRACE_S)
             engine.kill()
             engine.join()
-
-
-# ---- the frontend process ---------------------------------------------------------------------------------------
-
-
-def run_frontend(
-    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str
-) -> None:
-    """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the engine died."""
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
-    from voxwire.serving.app import run_loop
-
-    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir)))
-
-
-async def _frontend(config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str) -> int:
-    from voxwire.serving.app import build_app, run_app
-    from voxwire.serving.engine_proxy import EngineProxy, SharedVoiceStore
-    from voxwire.serving.keys import METRICS_KEY, STATE_KEY, Phase
-
-    parent = os.getppid()
-    # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
-    proxy = await EngineProxy.connect(endpoints, index, config)
-    voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
-    app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
-    stop = asyncio.Event()
-    engine_dead = False
-
-    def on_engine_death() -> None:
-        nonlocal engine_dead
-        engine_dead = True
-        app[STATE_KEY].phase = Phase.DRAINING  # /ready answers 503 from now on
-        proxy.engine_died()
-        stop.set()
-
-    async def watch() -> None:
-        """Keep this frontend's share of the metrics current; stop if the supervisor is gone."""
-        while os.getppid() == parent:
-            app[METRICS_KEY].refresh()
-            await asyncio.sleep(1.0)
-        logger.error("the supervisor is gone: stopping")
-        stop.set()
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, on_engine_death)
-    watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
-    try:
-        await run_app(app, config, reuse_port=True, stop=stop)
-    finally:
-        watcher.cancel()
-    return 1 if engine_dead else 0

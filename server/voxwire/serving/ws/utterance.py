@@ -26,9 +26,7 @@ from voxwire.chunk import Patch
 from voxwire.engine import ParamLimits, SynthesisParams
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.outbox import Delivery
-from voxwire.serving.personas import UnknownPersonaError
-from voxwire.serving.protocol import (
+from voxwire.protocol.wire import (
     MAX_SEED,
     PROTOCOL_VERSION,
     Done,
@@ -37,8 +35,10 @@ from voxwire.serving.protocol import (
     Ready,
     Start,
 )
+from voxwire.serving.personas import UnknownPersonaError
 from voxwire.serving.service import ModelInfo, SpeechService
 from voxwire.serving.voices import UnknownVoiceError, VoiceStore
+from voxwire.serving.ws.outbox import Delivery
 from voxwire.text.normalize import EXTRA_HINT, normalizer_available
 
 DEFAULT_FORMAT = "opus"

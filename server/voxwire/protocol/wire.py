@@ -41,7 +41,10 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
-from voxwire.serving.error_codes import ErrorCode
+from voxwire.protocol.error_codes import ErrorCode
+
+STREAM_PATH = "/v1/tts/stream"
+"""The WebSocket streaming endpoint."""
 
 PROTOCOL_VERSION = 1
 """Announced in ``ready``; bumped when a message changes incompatibly."""

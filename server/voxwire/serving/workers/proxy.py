@@ -33,7 +33,6 @@ from voxwire.audio.clip import AudioSource
 from voxwire.engine import Chunk, EngineDeadError, EngineStats, Request, SynthesisParams
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
-from voxwire.serving import ipc
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import PersonaInfo, UnknownPersonaError, check_persona
 from voxwire.serving.service import (
@@ -44,6 +43,7 @@ from voxwire.serving.service import (
     speech_stream,
 )
 from voxwire.serving.voices import Voice, VoiceInfo, VoiceStore
+from voxwire.serving.workers import ipc
 
 logger = logging.getLogger(__name__)
 

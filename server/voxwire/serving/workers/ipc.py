@@ -28,8 +28,8 @@ from voxwire.chunk import EMPTY_AUDIO, Patch
 from voxwire.engine import Chunk, EngineStats, FinishReason, Request
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.personas import PersonaInfo
-from voxwire.serving.speech_model import ModelInfo, PromptLength
 from voxwire.serving.voices import Voice
+from voxwire.speech_model import ModelInfo, PromptLength
 
 
 def frontend_identity(index: int) -> bytes:

@@ -3,7 +3,7 @@
 A load balancer can retry a refused request on another replica (nginx ``proxy_next_upstream
 http_503``, HAProxy ``retry-on 503``) but cannot retry a WebSocket it has already upgraded: the
 stream endpoint and ``POST /v1/audio/speech`` therefore ask ``refusal`` before the 101 or the first
-byte of audio, and ``http_api.require_admission`` turns a refusal into HTTP 503 with ``Retry-After``.
+byte of audio, and ``require_admission`` turns a refusal into HTTP 503 with ``Retry-After``.
 A replica refuses while it warms up or drains, when its WebSocket connections are at
 ``max_connections`` (new connections only), and when its engine queue is full (``max_waiting``).
 """
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
-from voxwire.serving.error_codes import ErrorCode
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
 from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
-
-RETRY_AFTER_S = 1
-"""Seconds a refused client should wait before trying again (a balancer retries another replica at once)."""
 
 
 @dataclass(frozen=True)
@@ -44,3 +42,19 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
     if app[SERVICE_KEY].queue_full:
         return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.max_waiting} waiting)")
     return None
+
+
+def require_accepting(app: web.Application) -> None:
+    """Raise 503 unless the server takes new work (warmed up, not shutting down)."""
+    phase = app[STATE_KEY].phase
+    if phase is Phase.STARTING:
+        raise ApiError(ErrorCode.NOT_READY, "the model is warming up, retry shortly", headers={"Retry-After": "1"})
+    if phase is Phase.DRAINING:
+        raise ApiError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+
+
+def require_admission(app: web.Application, *, connection: bool) -> None:
+    """Raise 503 with ``Retry-After`` unless this replica takes new work now (see ``admission.refusal``)."""
+    refused = refusal(app, connection=connection)
+    if refused is not None:
+        raise ApiError(refused.code, refused.message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})

@@ -1,0 +1,149 @@
+"""The HTTP error envelope: ``ApiError`` and ``error_middleware``, the one place errors leave the server.
+
+Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced here from an ``ApiError`` or a
+known library exception. The codes are stable and shared with the WebSocket protocol:
+``protocol.error_codes.ErrorCode`` lists them with each one's HTTP status. A client that leaves (mid-body
+or mid-stream) is counted as a dropped session and logged at INFO: it is not a server error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+
+from voxwire.errors import InvalidInputError
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.keys import (
+    METRICS_KEY,
+)
+from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError
+from voxwire.serving.service import SpeechFailure
+from voxwire.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
+
+logger = logging.getLogger(__name__)
+
+
+RETRY_AFTER_S = 1
+"""Seconds a refused client should wait before trying again (a balancer retries another replica at once)."""
+
+
+class ApiError(Exception):
+    """An error for the client: stable code (which states the HTTP status), human message (and optional headers).
+
+    ``status`` overrides the code's status only where an API answers otherwise: an aiohttp HTTP error with no
+    code of its own, and the Nano-vLLM API's 400 for every LoRA refusal.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        close_connection: bool = False,
+    ) -> None:
+        super().__init__(message)
+        status = status or code.http_status
+        if status is None:
+            raise ValueError(f"{code.value!r} is a WebSocket-only error code; it has no HTTP status")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+        self.close_connection = close_connection
+        """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
+
+    def response(self) -> web.Response:
+        body = {"error": {"code": self.code.value, "message": self.message}}
+        response = web.json_response(body, status=self.status, headers=self.headers)
+        if self.close_connection:
+            response.force_close()
+        return response
+
+
+_KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
+
+
+_AIOHTTP_CODES = (
+    ErrorCode.INVALID_REQUEST,
+    ErrorCode.NOT_FOUND,
+    ErrorCode.METHOD_NOT_ALLOWED,
+    ErrorCode.PAYLOAD_TOO_LARGE,
+)
+
+
+_HTTP_CODES = {code.http_status: code for code in _AIOHTTP_CODES}
+"""The code of each aiohttp HTTP error the server can raise (an unknown route, a method, a body over the limit)."""
+
+
+def as_api_error(exc: Exception) -> ApiError | None:
+    """The client-facing form of an exception a handler may raise; None for a server bug."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, UnknownVoiceError):
+        return ApiError(ErrorCode.UNKNOWN_VOICE, str(exc))
+    if isinstance(exc, VoiceLimitError):
+        return ApiError(ErrorCode.VOICE_LIMIT, str(exc))
+    if isinstance(exc, VoiceOwnerError):
+        return ApiError(ErrorCode.FORBIDDEN, str(exc))
+    if isinstance(exc, UnknownPersonaError):
+        return ApiError(ErrorCode.UNKNOWN_PERSONA, str(exc))
+    if isinstance(exc, PersonaLoadError):
+        return ApiError(ErrorCode(exc.code), str(exc))
+    if isinstance(exc, SpeechFailure):
+        retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
+        return ApiError(exc.code, str(exc), headers=retry)
+    if isinstance(exc, InvalidInputError):
+        return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        # Another status (none the server raises today) keeps its status under the generic code of its class.
+        generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR
+        code = _HTTP_CODES.get(exc.status, generic)
+        kept = {name: value for name, value in exc.headers.items() if name in _KEPT_HEADERS}  # e.g. 405's Allow
+        return ApiError(code, exc.reason, status=exc.status, headers=kept)
+    return None
+
+
+CLIENT_CLOSED_STATUS = 499
+"""Status logged for a request whose client left before the response (nothing reaches the client)."""
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every failure into the JSON error envelope, and count it by code."""
+    try:
+        return await handler(request)
+    except asyncio.CancelledError:
+        # aiohttp may cancel the handler when its client leaves mid-body, instead of failing the read (which
+        # happens depends on timing and on what else patched asyncio in the process): the same departure.
+        if _client_gone(request):
+            _count_departure(request, "cancelled")
+        raise
+    except Exception as exc:
+        if isinstance(exc, ConnectionError) and _client_gone(request):
+            _count_departure(request, exc)
+            return web.Response(status=CLIENT_CLOSED_STATUS)
+        error = as_api_error(exc)
+        if request.writer is not None and request.writer.output_size > 0:
+            raise  # the response has begun: aiohttp can only cut the connection, which tells the client
+        if error is None:
+            logger.exception("unexpected error in %s %s", request.method, request.path)
+            error = ApiError(ErrorCode.INTERNAL_ERROR, "the server failed to handle this request; see its log")
+        request.app[METRICS_KEY].count_error(error.code.value)
+        return error.response()
+
+
+def _count_departure(request: web.Request, cause: object) -> None:
+    logger.info("client left during %s %s: %s", request.method, request.path, cause)
+    if request.writer is None or request.writer.output_size == 0:  # a stream counts its own drop
+        request.app[METRICS_KEY].count_dropped("client_disconnected")
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()

@@ -1,0 +1,59 @@
+"""LoRA personas over HTTP: ``POST /v1/loras`` (load a folder on the server), list, delete."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.admission import require_accepting
+from voxwire.serving.http.body import json_field, read_json
+from voxwire.serving.http.errors import ApiError
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    SERVICE_KEY,
+)
+from voxwire.serving.personas import Personas
+
+
+async def create_lora(request: web.Request) -> web.Response:
+    """``POST /v1/loras`` ``{"name", "path"}``: load a LoRA checkpoint folder on the server as a persona."""
+    app = request.app
+    require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
+    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
+    if not isinstance(body, dict):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
+    unknown = sorted(set(body) - {"name", "path"})
+    if unknown:
+        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are ['name', 'path']")
+    name, path = json_field(body, "name", str), json_field(body, "path", str)
+    if name is None or path is None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body needs 'name' and 'path' (a LoRA folder on the server)")
+    info = await persona_registry(app).add(name, path)
+    return web.json_response(info.to_json(), status=201)
+
+
+async def list_loras(request: web.Request) -> web.Response:
+    infos = await persona_registry(request.app).infos()
+    return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
+
+
+async def delete_lora(request: web.Request) -> web.Response:
+    """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``."""
+    name = request.match_info["name"]
+    await persona_registry(request.app).remove(name)
+    return web.json_response({"name": name, "object": "lora", "deleted": True})
+
+
+def persona_registry(app: web.Application) -> Personas:
+    """The server's personas; 400 ``personas_unavailable`` where there are none (``--model sim``)."""
+    personas = app[SERVICE_KEY].personas
+    if personas is None:
+        message = "this server cannot serve LoRA personas (they need a checkpoint model)"
+        raise ApiError(ErrorCode.PERSONAS_UNAVAILABLE, message)
+    return personas
+
+
+def add_lora_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/loras", create_lora)
+    app.router.add_get("/v1/loras", list_loras)
+    app.router.add_delete("/v1/loras/{name}", delete_lora)

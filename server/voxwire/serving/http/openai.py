@@ -1,0 +1,159 @@
+"""OpenAI's ``POST /v1/audio/speech``: parse, admit, speak, and stream the audio as a body or as SSE events.
+
+Handlers are thin: they parse (``parse_speech``), hand the work to the ``Service``, and stream the result
+(``stream.stream_audio``); nothing here touches the model. A speech request refused before it starts
+(``not_ready``, ``shutting_down``, ``busy``) has ``Retry-After`` (a balancer may retry it elsewhere, see
+``admission``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from aiohttp import hdrs, web
+
+from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
+from voxwire.engine import Chunk, SynthesisParams
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.http.admission import require_admission
+from voxwire.serving.http.body import json_field, read_json
+from voxwire.serving.http.errors import ApiError
+from voxwire.serving.http.stream import stream_audio
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    SERVICE_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+)
+from voxwire.serving.service import UtteranceOptions
+from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """A validated ``POST /v1/audio/speech`` body."""
+
+    text: str
+    voice: str | None
+    response_format: str
+    params: SynthesisParams
+    sse: bool = False
+    """``stream_format: "sse"``: the audio as OpenAI's ``speech.audio.delta`` events instead of a raw body."""
+    normalize: bool = False
+    """Read numbers, dates and money as words before speaking (``voxwire[normalize]``)."""
+    persona: str | None = None
+    """A LoRA persona loaded on the server; None is the base model."""
+
+
+_SPEECH_FIELDS = frozenset(
+    {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
+    | {"seed", "cfg_value", "inference_timesteps", "normalize", "persona"}  # voxwire extras
+)
+
+
+def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
+    """Validate an OpenAI speech request; every refusal names the field and has its own code."""
+    if not isinstance(body, dict):
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
+    unknown = sorted(set(body) - _SPEECH_FIELDS)
+    if unknown:
+        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are {sorted(_SPEECH_FIELDS)}")
+    json_field(body, "model", str)  # one model is served, whatever its name in the request
+    text = json_field(body, "input", str)
+    if text is None or not text.strip():
+        raise ApiError(ErrorCode.EMPTY_INPUT, "'input' must be a non-empty string")
+    if len(text) > config.max_text_chars_per_utterance:
+        limit = config.max_text_chars_per_utterance
+        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'input' has {len(text)} characters; the limit is {limit}")
+    response_format = json_field(body, "response_format", str) or "mp3"  # OpenAI's default, which its SDKs rely on
+    if response_format not in OPENAI_RESPONSE_FORMATS:
+        supported = ", ".join(OPENAI_RESPONSE_FORMATS)
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_FORMAT, f"response_format {response_format!r} is not served; use {supported}"
+        )
+    speed = json_field(body, "speed", (int, float))
+    if speed is not None and speed != 1.0:
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_SPEED, f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)"
+        )
+    if json_field(body, "instructions", str):
+        raise ApiError(ErrorCode.UNSUPPORTED_INSTRUCTIONS, "'instructions' (voice direction prompts) are not supported")
+    stream_format = json_field(body, "stream_format", str) or "audio"
+    if stream_format not in ("audio", "sse"):
+        raise ApiError(ErrorCode.UNSUPPORTED_STREAM_FORMAT, "stream_format is 'audio' (a raw body) or 'sse' (events)")
+    normalize = body.get("normalize") or False
+    if not isinstance(normalize, bool):
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'normalize' has the wrong type ({type(normalize).__name__})")
+    if normalize and not normalizer_available():
+        raise ApiError(ErrorCode.NORMALIZE_UNAVAILABLE, f"'normalize' is not available on this server: {EXTRA_HINT}")
+    extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
+    try:
+        params = SynthesisParams(**extras)
+        config.engine_config().limits.check(params)  # this server's limits, before any work (as a WebSocket start)
+    except ValueError as exc:
+        raise ApiError(ErrorCode.INVALID_PARAMETER, str(exc)) from exc
+    voice = json_field(body, "voice", str)
+    persona = json_field(body, "persona", str)
+    sse = stream_format == "sse"
+    return SpeechRequest(text, voice, response_format, params, sse=sse, normalize=normalize, persona=persona)
+
+
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated."""
+    app = request.app
+    require_admission(app, connection=False)
+    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
+    speech = parse_speech(body, app[CONFIG_KEY])
+    voice = app[VOICES_KEY].resolve(speech.voice)
+    service = app[SERVICE_KEY]
+    service.check_persona(speech.persona)
+    text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
+    with app[STATE_KEY].utterance():
+        options = UtteranceOptions(speech.persona)
+        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, options)
+        async with contextlib.aclosing(outputs):
+            input_tokens = service.prefill_tokens(text, voice)
+            return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
+
+
+def _sse_event(event: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _sse_delta(block: bytes) -> bytes:
+    """One encoded block as OpenAI's ``speech.audio.delta`` event (base64 audio)."""
+    return _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(block).decode("ascii")})
+
+
+def _sse_done(input_tokens: int, output_tokens: int) -> bytes:
+    """OpenAI's closing ``speech.audio.done`` event; tokens are prompt positions and generated patches."""
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    return _sse_event({"type": "speech.audio.done", "usage": usage})
+
+
+async def _stream_speech(
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], *, input_tokens: int
+) -> web.StreamResponse:
+    app = request.app
+    service, config = app[SERVICE_KEY], app[CONFIG_KEY]
+    fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
+    opus = config.opus_settings()
+    encoder = make_encoder(
+        fmt, service.info.sample_rate, output_rate=rate, bitrate=opus.bitrate, complexity=opus.complexity
+    )
+    content_type = "text/event-stream" if speech.sse else encoder.content_type
+    frame = _sse_delta if speech.sse else bytes
+    response, patches = await stream_audio(request, outputs, encoder, {hdrs.CONTENT_TYPE: content_type}, frame)
+    if speech.sse:
+        await response.write(_sse_done(input_tokens, patches))
+    await response.write_eof()
+    return response
+
+
+def add_openai_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/audio/speech", create_speech)

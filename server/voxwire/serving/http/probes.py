@@ -1,0 +1,31 @@
+"""``/health``, ``/ready`` and ``/metrics``: what load balancers, orchestrators and Prometheus ask."""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+
+from voxwire.serving.http.admission import require_accepting
+from voxwire.serving.keys import (
+    METRICS_KEY,
+)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    require_accepting(request.app)
+    # Public: nothing about the deployment (the model's source may be a local path).
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[METRICS_KEY]
+    return web.Response(body=registry.exposition(), headers={hdrs.CONTENT_TYPE: registry.content_type})
+
+
+def add_probe_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,74 @@
+"""``stream_audio``: an utterance's encoded audio as a chunked HTTP body, shared by the OpenAI and Nano-vLLM APIs.
+
+The body streams as the audio is generated; an utterance that ends early (engine error, shutdown past the
+drain timeout) cuts the chunked body short instead of ending it cleanly, so no client mistakes it for a
+whole one. HTTP streams rely on TCP backpressure: a stalled reader stalls its handler, and the engine's
+per-request channel holds at most that utterance's audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+
+from aiohttp import web
+
+from voxwire.audio.formats import StreamEncoder
+from voxwire.engine import Chunk, FinishReason
+from voxwire.serving.keys import (
+    ENCODERS_KEY,
+    METRICS_KEY,
+    SERVICE_KEY,
+)
+from voxwire.serving.service import SpeechFailure
+
+
+async def stream_audio(
+    request: web.Request,
+    outputs: AsyncGenerator[Chunk, None],
+    encoder: StreamEncoder,
+    headers: Mapping[str, str],
+    frame: Callable[[bytes], bytes] = bytes,
+) -> tuple[web.StreamResponse, int]:
+    """Stream an utterance's encoded audio as a chunked body, each encoded block through ``frame``; the response
+    (not ended yet: the caller may add a trailer, then ``write_eof``) and the patches generated."""
+    app = request.app
+    metrics, encoders = app[METRICS_KEY], app[ENCODERS_KEY]
+    rate = app[SERVICE_KEY].info.sample_rate
+    started = time.perf_counter()
+    # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
+    # while a proper error status can still be sent.
+    output = await anext(outputs)  # a SpeechFailure here becomes its error response
+    metrics.observe_first_audio(time.perf_counter() - started)
+    response = web.StreamResponse(headers=headers)
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    samples = patches = 0
+    try:
+        while True:
+            samples += output.audio.size
+            patches += int(output.audio.size > 0)
+            for block in await encoders.encode(encoder, output.audio):
+                await response.write(frame(block))
+            if output.finished:
+                break
+            output = await anext(outputs)
+    except (ConnectionResetError, asyncio.CancelledError):
+        # aiohttp cancels the handler of a request whose client went away, or a write fails first.
+        metrics.count_dropped("client_disconnected")
+        raise
+    except SpeechFailure as exc:
+        # Cut the body short (no final chunk) so the client cannot mistake it for a whole utterance.
+        if exc.finish is not None:
+            metrics.count_utterance(exc.finish.value)
+        metrics.count_dropped("shutdown" if exc.finish is FinishReason.ABORTED else exc.code.value)
+        raise ConnectionAbortedError(f"utterance ended early: {exc.code.value}: {exc}") from exc
+    finally:
+        metrics.add_audio(samples / rate)
+    reason = output.finish_reason
+    assert reason is not None, "the loop ends on the final output"
+    metrics.count_utterance(reason.value)
+    for block in await encoders.finish(encoder):
+        await response.write(frame(block))
+    return response, patches

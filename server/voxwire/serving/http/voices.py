@@ -1,0 +1,147 @@
+"""Saved voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete.
+
+Cheap checks come first: sizes while the body is read, the text fields, then the clip's header (its
+duration) before it is decoded; the ``VoiceStore`` keeps the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import unicodedata
+
+from aiohttp import BodyPartReader, web
+
+from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.errors import InvalidInputError
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.config import ServerConfig
+from voxwire.serving.http.admission import require_accepting
+from voxwire.serving.http.body import read_within
+from voxwire.serving.http.errors import ApiError
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    OWNER_KEY,
+    SERVICE_KEY,
+    VOICES_KEY,
+)
+
+
+async def create_voice(request: web.Request) -> web.Response:
+    """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save.
+
+    Cheap checks first: sizes while the body is read, the text fields, then the clip's header (its duration)
+    before it is decoded, and the decoded audio and its latents must be finite before the voice is kept.
+    """
+    app = request.app
+    require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
+    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    if request.content_length is not None and request.content_length > config.max_upload_bytes:
+        raise _too_large(config.max_upload_bytes)
+    fields = await read_within(config.body_timeout_s, _read_upload(request, config))
+    clip = fields.get("file")
+    if clip is None:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "the upload needs a 'file' part holding the voice clip")
+    # An empty transcript field is the same as none (forms send empty fields).
+    text = _text_part(fields, "transcript", config.max_transcript_chars) or None
+    name = _text_part(fields, "name", config.max_voice_name_chars)
+    check_voice_name(name)
+    if text is None and not service.info.reference_cloning:
+        raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
+    rate = service.info.sample_rate
+    try:
+        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+        prompt = await service.encode_voice(
+            text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
+        )
+    except ClipTooLongError as exc:
+        raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
+    except InvalidInputError as exc:
+        raise ApiError(ErrorCode.INVALID_AUDIO, f"the voice clip is not usable audio: {exc}") from exc
+    owner = request.get(OWNER_KEY)
+    info = await app[VOICES_KEY].add(prompt, name=name or None, duration_s=samples.size / rate, owner=owner)
+    return web.json_response(info.to_json(), status=201)
+
+
+def check_voice_name(name: str | None) -> None:
+    """Refuse control and format characters (newlines, escapes, bidirectional overrides) in a voice's name:
+    it is shown in listings and UIs, where they could forge lines or reorder text."""
+    if name and any(unicodedata.category(char) in _CONTROL_CATEGORIES for char in name):
+        raise ApiError(ErrorCode.INVALID_NAME, "a voice name may not contain control or formatting characters")
+
+
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+
+
+def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
+    """A text form part, stripped ("" when absent); UTF-8, at most ``limit`` characters."""
+    data = fields.get(part)
+    if data is None:
+        return ""
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{part}' is not UTF-8 text") from exc
+    if len(text) > limit:
+        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part}' has {len(text)} characters; the limit is {limit}")
+    return text
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    infos = request.app[VOICES_KEY].infos()
+    return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
+
+
+async def delete_voice(request: web.Request) -> web.Response:
+    voice_id = request.match_info["voice_id"]
+    await request.app[VOICES_KEY].delete(voice_id, owner=request.get(OWNER_KEY))
+    return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
+
+
+_UPLOAD_PARTS = ("file", "transcript", "name")
+
+
+_UTF8_BYTES_PER_CHAR = 4
+
+
+async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, bytes]:
+    """The parts of a multipart upload by name: at most ``max_upload_bytes`` in all, and a text part at most
+    the bytes its character limit allows (so an oversized transcript is refused while it is read)."""
+    try:
+        reader = await request.multipart()
+    except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
+        raise ApiError(ErrorCode.INVALID_REQUEST, "send the voice as multipart/form-data") from exc
+    part_limits = {
+        "file": config.max_upload_bytes,
+        "transcript": _UTF8_BYTES_PER_CHAR * config.max_transcript_chars + _PART_SLACK,
+        "name": _UTF8_BYTES_PER_CHAR * config.max_voice_name_chars + _PART_SLACK,
+    }
+    fields: dict[str, bytes] = {}
+    total = 0
+    async for part in reader:
+        if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS or part.name in fields:
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
+        data = bytearray()
+        while chunk := await part.read_chunk():
+            total += len(chunk)
+            if total > config.max_upload_bytes:
+                raise _too_large(config.max_upload_bytes)
+            data += chunk
+            if len(data) > part_limits[part.name]:
+                limit = config.max_transcript_chars if part.name == "transcript" else config.max_voice_name_chars
+                raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part.name}' is longer than the limit of {limit} characters")
+        fields[part.name] = bytes(data)
+    return fields
+
+
+_PART_SLACK = 1024
+"""Bytes a text part may carry beyond its characters' UTF-8 (surrounding whitespace, stripped later)."""
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(ErrorCode.UPLOAD_TOO_LARGE, f"the upload exceeds the limit of {limit} bytes")
+
+
+def add_voice_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/voices", create_voice)
+    app.router.add_get("/v1/voices", list_voices)
+    app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
