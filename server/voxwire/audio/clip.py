@@ -9,7 +9,8 @@ resampler, so memory never holds more than a block of the source plus the mono r
 target rate, whatever the source's channels, rate or compression. With ``max_seconds`` the duration
 is checked from the file's header before anything is decoded, and decoding stops one block past
 the limit whatever the header claims, so a small, highly compressed upload cannot expand into
-gigabytes of samples.
+gigabytes of samples. A rate above ``MAX_SOURCE_RATE`` or more than ``MAX_SOURCE_CHANNELS`` channels is
+refused from the header too: decoding cost grows with both, and no microphone clip needs more.
 """
 
 from __future__ import annotations
@@ -36,6 +37,23 @@ _UNKNOWN_FRAMES = 2**63 - 1
 """libsndfile's frame count for a file whose header does not give its length."""
 _EMPTY = np.zeros(0, dtype=np.float32)
 
+MAX_SOURCE_RATE = 192_000
+"""Highest sample rate a clip may have (studio audio's highest; a 29 s FLAC at 655,350 Hz costs a second of CPU)."""
+MAX_SOURCE_CHANNELS = 8
+"""Most channels a clip may have (7.1 surround; each channel is decoded before the mix-down)."""
+
+
+class ClipFormatError(InvalidInputError):
+    """The clip's header states a sample rate or a channel count beyond what a voice clip may have."""
+
+
+def check_source_format(rate: int, channels: int) -> None:
+    """Refuse a clip whose rate or channel count would make decoding it costly (``ClipFormatError``)."""
+    if rate > MAX_SOURCE_RATE:
+        raise ClipFormatError(f"the clip's sample rate is {rate} Hz; the limit is {MAX_SOURCE_RATE} Hz")
+    if channels > MAX_SOURCE_CHANNELS:
+        raise ClipFormatError(f"the clip has {channels} channels; the limit is {MAX_SOURCE_CHANNELS}")
+
 
 class ClipTooLongError(InvalidInputError):
     """The clip lasts longer than the caller's ``max_seconds``."""
@@ -60,11 +78,13 @@ def load_clip(
 
     Raises:
         ClipTooLongError: the clip is longer than ``max_seconds``.
+        ClipFormatError: the rate is over ``MAX_SOURCE_RATE`` or the channels over ``MAX_SOURCE_CHANNELS``.
         InvalidInputError: unreadable, empty, or non-finite audio, or an array without its rate.
     """
     if isinstance(source, np.ndarray):
         if source_rate is None or source_rate <= 0:
             raise InvalidInputError("an audio array needs its sample rate")
+        check_source_format(source_rate, source.shape[1] if source.ndim == 2 else 1)
         if max_seconds is not None and source.shape[0] > max_seconds * source_rate:
             raise ClipTooLongError(source.shape[0] / source_rate, max_seconds)
         samples = _mono(np.asarray(source, dtype=np.float32))
@@ -95,6 +115,7 @@ def _decode_file(source: str | Path | bytes, target_rate: int, max_seconds: floa
         handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)
         with soundfile.SoundFile(handle) as sound:
             rate = sound.samplerate
+            check_source_format(rate, sound.channels)
             # The header's length: refuse before decoding. It may be absent (a streamed FLAC: libsndfile then
             # reports the largest count) or wrong, so the read is bounded too.
             known = sound.frames < _UNKNOWN_FRAMES
