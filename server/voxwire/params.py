@@ -8,17 +8,35 @@ import math
 from dataclasses import dataclass
 
 from voxwire.errors import InvalidInputError
+from voxwire.protocol.wire import is_finite_number
+
+_SHOWN_CHARS = 40
+"""A refused value is quoted in the error up to this many characters (a client may send a 400-digit number)."""
 
 
 def require(ok: bool, name: str, value: object, rule: str) -> None:
     """Raise ``InvalidInputError`` naming ``name`` and its ``rule`` unless ``ok``."""
     if not ok:
-        raise InvalidInputError(f"{name}={value!r} is invalid: {rule}")
+        shown = _shown(value)
+        raise InvalidInputError(f"{name}={shown} is invalid: {rule}")
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return "<a number too large to show>"
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 def is_int(value: object) -> bool:
     # bool is an int subclass, but True as a step count is always a caller's mistake.
     return isinstance(value, int) and not isinstance(value, bool)
+
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +61,7 @@ class SynthesisParams:
     def __post_init__(self) -> None:
         cfg = self.cfg_value
         require(isinstance(cfg, (int, float)) and not isinstance(cfg, bool), "cfg_value", cfg, "must be a number")
-        require(math.isfinite(cfg), "cfg_value", cfg, "must be finite")
+        require(is_finite_number(cfg), "cfg_value", cfg, "must be finite")
         require(is_int(self.inference_timesteps), "inference_timesteps", self.inference_timesteps, "must be an int")
         require(self.inference_timesteps >= 1, "inference_timesteps", self.inference_timesteps, "must be >= 1")
         require(is_int(self.min_len) and self.min_len >= 0, "min_len", self.min_len, "must be an int >= 0")

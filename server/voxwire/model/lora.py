@@ -27,7 +27,6 @@ common values are 8-256). ``dropout`` (ignored) must still be a probability.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,6 +37,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from voxwire.errors import ModelLoadError
+from voxwire.protocol.wire import is_finite_number
 
 CONFIG_FILE = "lora_config.json"
 SAFETENSORS_FILE = "lora_weights.safetensors"
@@ -96,7 +96,7 @@ class LoRAConfig:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
             else:
                 within, expected = _NUMBERS[key]
-                ok = _is_finite_number(value) and within(float(value))  # type: ignore[arg-type]
+                ok = is_finite_number(value) and within(float(value))  # type: ignore[arg-type]
                 if not ok:
                     problems.append(f"{key}={value!r} must be {expected}")
                     continue
@@ -114,14 +114,6 @@ _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
 }
 """The config's number fields: each one's bound and how it is stated."""
 
-
-def _is_finite_number(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))  # an int too large for a float is no usable number either
-    except OverflowError:
-        return False
 
 
 @dataclass(frozen=True)

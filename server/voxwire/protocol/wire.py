@@ -43,6 +43,18 @@ from typing import Any, ClassVar
 
 from voxwire.protocol.error_codes import ErrorCode
 
+
+def is_finite_number(value: object) -> bool:
+    """An int or float (not bool) that is finite as a float: JSON gives 10**400 as an int no float can hold.
+    The one rule for a number a client sends; the engine's parameters and LoRA configs use it too."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 STREAM_PATH = "/v1/tts/stream"
 """The WebSocket streaming endpoint."""
 
@@ -129,7 +141,7 @@ class Start:
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
         _check_range(self.seed is None or 0 <= self.seed < MAX_SEED, "seed", "in [0, 2**63)")
-        _check_range(self.cfg_value is None or math.isfinite(self.cfg_value), "cfg_value", "finite")
+        _check_range(self.cfg_value is None or is_finite_number(self.cfg_value), "cfg_value", "finite")
         _check_range(self.inference_timesteps is None or self.inference_timesteps >= 1, "inference_timesteps", ">= 1")
         delay = self.max_buffer_delay_ms
         _check_range(delay is None or 0 <= delay <= MAX_BUFFER_DELAY_MS, "max_buffer_delay_ms", "in [0, 60000]")
@@ -338,6 +350,8 @@ def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
     name, base = spec.name, spec.base
     ok = isinstance(value, base) and (base is bool or not isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
+        if not is_finite_number(value):
+            raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"{kind}.{name} is too large for a number")
         value, ok = float(value), True
     if base is str and ok and not _is_unicode(value):
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} is not valid Unicode (a lone surrogate)")

@@ -208,14 +208,20 @@ class PersonaRegistry:
             raise UnknownPersonaError(str(exc)) from None
 
     def _folder(self, path: str) -> Path:
+        """The client's ``path`` as a folder on the server. Every refusal is ``invalid_path`` with the same kind
+        of message whatever the file system said (a loop of links, a name too long, a folder not readable),
+        so errors neither crash the handler nor tell a client more about the server's files than it sent."""
         if not path or "\0" in path:
             raise PersonaLoadError("invalid_path", "'path' must name a LoRA checkpoint folder on the server")
-        folder = Path(path).expanduser().resolve()
         root = self.config.lora_root
-        if root is not None and not folder.is_relative_to(root.expanduser().resolve()):
-            raise PersonaLoadError("invalid_path", f"'path' must be inside the server's LoRA root ({root})")
-        if not folder.is_dir():
-            raise PersonaLoadError("invalid_path", f"{path!r} is not a folder on the server")
+        try:
+            folder = Path(path).expanduser().resolve()
+            if root is not None and not folder.is_relative_to(root.expanduser().resolve()):
+                raise PersonaLoadError("invalid_path", "'path' must be inside the server's LoRA root")
+            if not folder.is_dir():
+                raise PersonaLoadError("invalid_path", f"{path!r} is not a folder on the server")
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of symbolic links before Python 3.13
+            raise PersonaLoadError("invalid_path", f"{path!r} cannot be read as a folder on the server") from exc
         return folder
 
 

@@ -46,6 +46,7 @@ from voxwire.engine import SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import is_finite_number
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.admission import require_accepting, require_admission
 from voxwire.serving.http.body import read_json
@@ -146,6 +147,8 @@ def _parse(body: object, schema: dict[str, _Field]) -> dict[str, Any]:
             continue
         if not isinstance(value, spec.kind) or isinstance(value, bool):
             problems.append({"loc": loc, "msg": f"Input has the wrong type ({type(value).__name__})", "type": "type"})
+        elif spec.kind == (int, float) and not is_finite_number(value):  # 10**400 parses, but is no float
+            problems.append({"loc": loc, "msg": "Input should be a finite number", "type": "finite_number"})
         elif spec.minimum is not None and value < spec.minimum:
             problems.append({"loc": loc, "msg": f"Input should be >= {spec.minimum:g}", "type": "greater_than_equal"})
         elif spec.choices and value not in spec.choices:
