@@ -52,6 +52,8 @@ _LIMITS: dict[str, str] = {
     "encoder_threads": "threads running audio encoders off the event loop (0: on the loop)",
     "workers": "frontend processes sharing the port, with one engine process owning the model (default: one per spare "
     "core, at least 1; 0: one process)",
+    "liveness_timeout_s": "--workers: a process silent this long is hung; the supervisor ends it (engine: the service "
+    "stops; frontend: it is restarted)",
     "max_personas": "LoRA personas resident on the device at once (more are swapped in, least recently used first)",
     "max_lora_rank": "largest LoRA rank accepted (resident adapters are padded to it)",
     "max_loras": "LoRA personas registered at once (--lora and POST /v1/loras)",

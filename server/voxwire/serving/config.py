@@ -29,7 +29,7 @@ _POSITIVE_INTS = (
 )  # fmt: skip
 _POSITIVE_FLOATS = (
     "max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s",
-    "max_messages_per_s", "header_timeout_s", "body_timeout_s",
+    "max_messages_per_s", "header_timeout_s", "body_timeout_s", "liveness_timeout_s",
 )  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A persona's name: safe in URLs (``DELETE /v1/loras/{name}``), logs and headers."""
@@ -187,6 +187,11 @@ class ServerConfig:
     """Frontend processes (``--workers N``): each runs its own event loop, sockets and encoders on the shared
     port, and one engine process owns the model; 0 serves everything from this one process. Default: one per
     core the engine process does not need (``spare_cores``)."""
+    liveness_timeout_s: float = 5.0
+    """``--workers``/``--devices``: an engine or frontend process that has not shown life (its loop stamps a
+    heartbeat several times a second) for this long is hung, not busy: the supervisor ends it, so the exit path
+    of a dead engine (or the restart of a dead frontend) runs instead of connections waiting on a stopped process.
+    """
     devices: tuple[str, ...] = ()
     """``--devices cuda:0,cuda:1``: one engine process per device (each its own KV pool and graphs), new
     utterances to the one with the most free capacity; empty: one engine on ``device``. Implies at least one

@@ -43,6 +43,7 @@ from voxwire.serving.personas import (
 )
 from voxwire.serving.voices import Voice
 from voxwire.serving.workers import ipc
+from voxwire.serving.workers.liveness import Pulse
 from voxwire.speech_model import SpeechModel
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,15 @@ class EngineCore:
     """Serves the frontends connected to ``endpoint`` until ``stop()``."""
 
     def __init__(
-        self, model: SpeechModel, engine: Engine, endpoint: str, personas: PersonaRegistry | None = None
+        self,
+        model: SpeechModel,
+        engine: Engine,
+        endpoint: str,
+        personas: PersonaRegistry | None = None,
+        pulse: Pulse | None = None,
     ) -> None:
+        """``pulse``: the supervisor's heartbeat slot (``liveness``); None where no supervisor watches (tests)."""
+        self.pulse = pulse
         self.model = model
         self.engine = engine
         self.personas = personas
@@ -255,6 +263,8 @@ class EngineCore:
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
             self._broadcast(ipc.Heartbeat(self._stats))
+            if self.pulse is not None:
+                self.pulse.beat()
 
     # ---- steps ------------------------------------------------------------------------------------------------
 
@@ -311,7 +321,7 @@ def _persona_reply(call: ipc.AddPersona) -> Callable[[Future[object]], ipc.Perso
     return reply
 
 
-def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str) -> None:
+def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, pulse: Pulse) -> None:
     """Engine process ``index``'s main: load the model on ``config.device``, build the engine, serve until SIGTERM."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[engine-{index}]: %(message)s")
     # Ctrl-C reaches the whole process group: the supervisor decides when the engine stops (after the drain).
@@ -319,7 +329,7 @@ def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str) 
     model = load_speech_model(config)
     personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
     engine = Engine(model.new_runner(config), config.engine_config())
-    core = EngineCore(model, engine, endpoint, personas)
+    core = EngineCore(model, engine, endpoint, personas, pulse)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         core.stop()

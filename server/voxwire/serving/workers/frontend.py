@@ -14,20 +14,29 @@ import signal
 from voxwire.serving.app import build_app, run_app, run_loop
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import METRICS_KEY, STATE_KEY, Phase
+from voxwire.serving.workers.liveness import Pulse
 from voxwire.serving.workers.proxy import EngineProxy, SharedVoiceStore
 
 logger = logging.getLogger(__name__)
 
 
+_BEAT_S = 0.5
+"""How often the event loop stamps its heartbeat (``liveness``)."""
+_METRICS_EVERY = 2
+"""Heartbeats between refreshes of this frontend's share of the metrics (once a second)."""
+
+
 def run_frontend(
-    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str
+    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str, pulse: Pulse
 ) -> None:
     """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the engine died."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
-    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir)))
+    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir, pulse)))
 
 
-async def _frontend(config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str) -> int:
+async def _frontend(
+    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, pulse: Pulse
+) -> int:
     parent = os.getppid()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
     proxy = await EngineProxy.connect(endpoints, index, config)
@@ -44,12 +53,18 @@ async def _frontend(config: ServerConfig, index: int, endpoints: tuple[str, ...]
         stop.set()
 
     async def watch() -> None:
-        """Keep this frontend's share of the metrics current; stop if the supervisor is gone."""
+        """Show the supervisor this loop is alive and keep this frontend's share of the metrics current. Without
+        the supervisor nothing restarts a dead engine or watches a hung one: that counts as losing the engine
+        (streams end with ``unavailable`` now, rather than draining toward an engine nobody minds)."""
+        beats = 0
         while os.getppid() == parent:
-            app[METRICS_KEY].refresh()
-            await asyncio.sleep(1.0)
-        logger.error("the supervisor is gone: stopping")
-        stop.set()
+            pulse.beat()
+            if beats % _METRICS_EVERY == 0:
+                app[METRICS_KEY].refresh()
+            beats += 1
+            await asyncio.sleep(_BEAT_S)
+        logger.error("the supervisor is gone: ending the streams and stopping")
+        on_engine_death()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, on_engine_death)
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")

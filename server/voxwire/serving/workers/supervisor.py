@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import multiprocessing.context
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -34,6 +35,7 @@ from prometheus_client import multiprocess
 
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.workers.frontend import run_frontend
+from voxwire.serving.workers.liveness import Pulses
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,8 @@ def supervise(config: ServerConfig) -> int:
     """Run the engines and ``config.frontends`` frontends until a signal or an engine's death; the exit status."""
     context = multiprocessing.get_context("spawn")  # no fork: the engine may hold CUDA, frontends must not
     log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    with tempfile.TemporaryDirectory(prefix="voxwire-") as folder:
+    _remove_stale_folders(Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-") as folder:
         metrics_dir = Path(folder) / "metrics"
         metrics_dir.mkdir()
         # Read by prometheus_client when the frontends import it: their instruments write to shared files.
@@ -64,6 +67,30 @@ def supervise(config: ServerConfig) -> int:
         finally:
             reserved.close()
             os.environ.pop(MULTIPROC_ENV, None)
+
+
+_FOLDER_PREFIX = "voxwire-"
+"""The supervisor's temporary folder (engine sockets, metrics files) is ``voxwire-<its pid>-<random>``."""
+
+
+def _remove_stale_folders(temp: Path) -> None:
+    """Remove the folders of supervisors that ended without cleaning up (SIGKILL, a power cut): every other exit
+    path removes its own folder on the way out; this one can only be swept by the next start."""
+    for folder in temp.glob(f"{_FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(_FOLDER_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and folder.is_dir():
+            logger.info("removing %s, left by a supervisor that is gone", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean up after
+        return True
+    return True
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
@@ -93,9 +120,12 @@ class _Supervisor:
         self.frontends: dict[int, multiprocessing.process.BaseProcess] = {}
         self.started_at: dict[int, float] = {}
         self.stop_requested = False
+        self.engine_count = len(endpoints)
+        self.pulses = Pulses(context, self.engine_count + config.frontends)
+        """Heartbeats: engines in slots 0..engines-1, then the frontends."""
 
     def run(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         from voxwire.serving.workers.engine_process import run_engine
 
@@ -104,7 +134,9 @@ class _Supervisor:
             # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
             config = replace(self.config, device=device, devices=())
             engine = self.context.Process(
-                target=run_engine, args=(config, index, endpoint, self.log_level), name=f"voxwire-engine-{index}"
+                target=run_engine,
+                args=(config, index, endpoint, self.log_level, self.pulses.pulse(index)),
+                name=f"voxwire-engine-{index}",
             )
             engine.start()
             logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
@@ -114,21 +146,32 @@ class _Supervisor:
         logger.info("supervising %d engine(s) and %d frontend(s)", len(engines), self.config.frontends)
         while not self.stop_requested:
             time.sleep(_WATCH_S)
-            for engine in engines:
+            for index, engine in enumerate(engines):
+                self._end_if_silent(engine, index)
                 if not engine.is_alive():
                     return self._engine_died(engine, engines)
             for index, process in list(self.frontends.items()):
+                self._end_if_silent(process, self.engine_count + index)
                 if not process.is_alive() and not self.stop_requested:
                     self._restart(index, process)
         return self._shutdown(engines)
+
+    def _end_if_silent(self, process: multiprocessing.process.BaseProcess, slot: int) -> None:
+        """SIGKILL a hung child (see ``liveness``): its death then takes the path of any other."""
+        silence = self.pulses.silent(slot, self.config.liveness_timeout_s)
+        if silence is not None and process.is_alive():
+            logger.error("%s (pid %s) showed no life for %.1f s: ending it", process.name, process.pid, silence)
+            process.kill()
+            process.join()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
 
     def _start_frontend(self, index: int) -> None:
+        pulse = self.pulses.pulse(self.engine_count + index)
         process = self.context.Process(
             target=run_frontend,
-            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level),
+            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level, pulse),
             name=f"voxwire-frontend-{index}",
         )
         process.start()

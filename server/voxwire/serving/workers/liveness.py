@@ -1,0 +1,51 @@
+"""Liveness: how the supervisor tells a hung child process from a busy one.
+
+A process that is stopped (SIGSTOP, a debugger, a stuck system call) or whose loop is stuck keeps its sockets:
+the kernel still hands a hung frontend new connections, and frontends wait on a hung engine. So each child's loop
+stamps a heartbeat into memory shared with the supervisor (``Pulse.beat``, a few times a second), and the
+supervisor ends a child whose stamp is older than ``liveness_timeout_s`` (``Pulses.silent``). The existing exit
+paths then run: a frontend is restarted, a dead engine ends the service. A child is watched only once it has
+beaten: loading a model or warming up before its loop starts is not silence.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.context
+import time
+from ctypes import c_double
+from dataclasses import dataclass
+from typing import Any
+
+NOT_STARTED = 0.0
+"""The stamp of a child whose loop has not beaten yet."""
+
+
+@dataclass(frozen=True)
+class Pulse:
+    """One child's heartbeat slot (picklable when the child is started: it carries the shared array)."""
+
+    stamps: Any
+    """The shared array of ``time.monotonic()`` stamps (``multiprocessing.RawArray`` of doubles)."""
+    index: int
+
+    def beat(self) -> None:
+        self.stamps[self.index] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+
+
+class Pulses:
+    """The supervisor's side: one slot per child, read without locks (a torn read is impossible for an aligned
+    double on the platforms served, and one stale read only delays the verdict by one watch period)."""
+
+    def __init__(self, context: multiprocessing.context.SpawnContext, children: int) -> None:
+        self.stamps = context.RawArray(c_double, children)
+
+    def pulse(self, index: int) -> Pulse:
+        """Slot ``index``, cleared: a restarted child is watched again only once it beats."""
+        self.stamps[index] = NOT_STARTED
+        return Pulse(self.stamps, index)
+
+    def silent(self, index: int, timeout_s: float) -> float | None:
+        """Seconds slot ``index`` has been silent, when over ``timeout_s``; None while alive or not started."""
+        stamp = self.stamps[index]
+        silence = time.monotonic() - stamp
+        return silence if stamp != NOT_STARTED and silence > timeout_s else None

@@ -1,0 +1,132 @@
+"""Hung processes under ``--workers`` (issue 20, items 2, 3 and 9): a stopped engine or frontend still holds its
+sockets, so the supervisor watches each child's heartbeat and ends one that falls silent; losing the supervisor
+counts as losing the engine; and the supervisor's temporary folder does not outlive it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from tests.server_process import ServerProcess, poll
+
+from voxwire.client.connection import Connection
+from voxwire.client.errors import ServerError
+from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
+
+from .test_workers import LONG, TEXT, frontend_pids, speak
+
+pytestmark = pytest.mark.slow
+
+SILENCE_S = 2.0
+"""--liveness-timeout-s of these servers."""
+
+
+def sim_server(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+    args = ("--model", "sim", "--sim-cost", "60ms", "--workers", "2", "--liveness-timeout-s", str(SILENCE_S), *extra)
+    process = ServerProcess(*args, env=env)
+    process.wait_ready()
+    return process
+
+
+def engine_pid(server: ServerProcess) -> int:
+    return int(re.findall(r"engine 0 started on .* \(pid (\d+)\)", server.log)[0])
+
+
+async def live_stream(url: str) -> Connection:
+    """A connection mid-utterance (its first audio received)."""
+    connection = await Connection.open(url)
+    await connection.configure(Start(format="opus", seed=1))
+    await connection.send(Text(LONG))
+    await connection.send(End())
+    while not isinstance(await asyncio.wait_for(connection.receive(), 60), AudioFrame):
+        pass
+    return connection
+
+
+async def how_it_ends(connection: Connection, timeout: float) -> tuple[str, float]:
+    """The stream's end (the code of an error it ended with, else its finish reason) and how long it took."""
+    started = time.monotonic()
+    error = None
+    try:
+        while not isinstance(message := await asyncio.wait_for(connection.receive(), timeout), Done):
+            if isinstance(message, Error):
+                error = message.code
+        return error or message.finish_reason, time.monotonic() - started
+    except ServerError as exc:
+        return exc.code, time.monotonic() - started
+    finally:
+        await connection.close()
+
+
+def test_a_hung_engine_is_ended_and_its_streams_end_with_unavailable() -> None:
+    with sim_server() as server:
+
+        async def scenario() -> tuple[str, float]:
+            connection = await live_stream(server.ws_url)
+            os.kill(engine_pid(server), signal.SIGSTOP)
+            return await how_it_ends(connection, timeout=30)
+
+        ended, after = asyncio.run(scenario())
+        assert ended == "unavailable", server.log
+        assert after < SILENCE_S + 5, after  # not the 40 s the probe waited
+        assert "showed no life" in server.log
+        assert server.status("/ready") != 200
+        assert server.process.wait(timeout=60) == 1, server.log
+
+
+def test_a_hung_frontend_is_restarted_and_new_connections_are_served() -> None:
+    with sim_server() as server:
+        old = frontend_pids(server)
+        os.kill(old[0], signal.SIGSTOP)
+        assert poll(lambda: frontend_pids(server).get(0, old[0]) != old[0], timeout=SILENCE_S + 10), server.log
+        assert "showed no life" in server.log
+
+        async def eight() -> list[str]:
+            done = await asyncio.gather(*(speak(server.ws_url, TEXT, seed=seed, token=None) for seed in range(8)))
+            return [message.finish_reason for _, message in done]
+
+        assert set(asyncio.run(asyncio.wait_for(eight(), 60))) <= {"stop", "length"}
+        assert server.stop() == 0
+
+
+def test_losing_the_supervisor_ends_streams_with_unavailable_at_once() -> None:
+    server = sim_server()
+    children = [engine_pid(server), *frontend_pids(server).values()]
+    try:
+
+        async def scenario() -> tuple[str, float]:
+            connection = await live_stream(server.ws_url)
+            server.process.kill()
+            return await how_it_ends(connection, timeout=30)
+
+        ended, after = asyncio.run(scenario())
+        assert ended == "unavailable", server.log
+        assert after < 5, after  # not the 30 s drain
+        assert poll(lambda: not any(_alive(pid) for pid in children), timeout=30)
+    finally:
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_supervisors_folder_is_removed_and_a_dead_ones_is_swept(tmp_path: Path) -> None:
+    dead = tmp_path / "voxwire-999999999-stale"  # no process has that pid
+    (dead / "metrics").mkdir(parents=True)
+    with sim_server(env={"TMPDIR": str(tmp_path)}) as server:
+        assert not dead.exists()
+        assert len(list(tmp_path.glob("voxwire-*"))) == 1  # its own
+        assert server.stop() == 0
+    assert list(tmp_path.glob("voxwire-*")) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
