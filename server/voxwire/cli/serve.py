@@ -33,6 +33,7 @@ _LIMITS: dict[str, str] = {
     "max_upload_bytes": "largest voice-clip upload",
     "max_clip_seconds": "longest voice clip",
     "max_voices": "voices kept in the store",
+    "max_voice_jobs": "voice uploads decoded and encoded at once per server process (then 503 busy)",
     "voice_cache_mb": "device memory for encoded voices, MiB, least recently used dropped first (0: none)",
     "max_transcript_chars": "largest transcript of a voice upload",
     "max_voice_name_chars": "largest name of a voice upload",

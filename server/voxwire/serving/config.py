@@ -25,7 +25,7 @@ _POSITIVE_INTS = (
     "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
     "max_message_bytes", "max_text_chars_per_message", "max_text_chars_per_utterance", "max_upload_bytes",
     "max_voices", "opus_bitrate", "max_transcript_chars", "max_voice_name_chars", "max_queued_utterances",
-    "max_personas", "max_lora_rank", "max_loras",
+    "max_personas", "max_lora_rank", "max_loras", "max_voice_jobs",
 )  # fmt: skip
 _POSITIVE_FLOATS = (
     "max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s",
@@ -147,6 +147,9 @@ class ServerConfig:
     """Longest voice clip accepted; longer prompts slow every utterance that uses the voice."""
     max_voices: int = 1000
     """Voices kept in the store; uploads beyond it are refused until one is deleted."""
+    max_voice_jobs: int = 2
+    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``);
+    more are refused with 503 ``busy`` and ``Retry-After``, so uploads cannot crowd out the streams' CPU."""
     max_transcript_chars: int = 2000
     """Largest ``transcript`` of a voice upload (it is part of every prompt that uses the voice)."""
     max_voice_name_chars: int = 200

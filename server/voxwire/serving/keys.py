@@ -57,6 +57,8 @@ class ServerState:
     phase: Phase = Phase.STARTING
     live_utterances: int = 0
     """Utterances being spoken (HTTP requests, WebSocket utterances from first text to ``done``)."""
+    voice_jobs: int = 0
+    """Voice uploads being decoded and encoded now (``voice_job``)."""
     _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
 
     @property
@@ -74,6 +76,15 @@ class ServerState:
             self.live_utterances -= 1
             if self.live_utterances == 0:
                 self._idle.set()
+
+    @contextlib.contextmanager
+    def voice_job(self) -> Iterator[None]:
+        """Count one voice upload being decoded and encoded for as long as the block runs."""
+        self.voice_jobs += 1
+        try:
+            yield
+        finally:
+            self.voice_jobs -= 1
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no utterance is live, at most ``timeout`` seconds; whether it got there."""

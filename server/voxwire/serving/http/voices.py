@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import unicodedata
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, hdrs, web
 
 from voxwire.audio.clip import ClipTooLongError, load_clip
 from voxwire.errors import InvalidInputError
@@ -17,11 +17,12 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import read_within
-from voxwire.serving.http.errors import ApiError
+from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
 from voxwire.serving.keys import (
     CONFIG_KEY,
     OWNER_KEY,
     SERVICE_KEY,
+    STATE_KEY,
     VOICES_KEY,
 )
 
@@ -48,11 +49,16 @@ async def create_voice(request: web.Request) -> web.Response:
     if text is None and not service.info.reference_cloning:
         raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
+    state = app[STATE_KEY]
+    if state.voice_jobs >= config.max_voice_jobs:
+        message = f"{config.max_voice_jobs} voice uploads are being processed here; retry shortly"
+        raise ApiError(ErrorCode.BUSY, message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     try:
-        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
-        prompt = await service.encode_voice(
-            text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
-        )
+        with state.voice_job():
+            samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+            prompt = await service.encode_voice(
+                text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
+            )
     except ClipTooLongError as exc:
         raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
     except InvalidInputError as exc:
