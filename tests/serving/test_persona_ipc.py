@@ -14,7 +14,7 @@ import zmq
 
 from voxwire.engine import Engine, Request
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError, open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.proxy import RemotePersonas
@@ -51,11 +51,15 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
     bank = persona_tts.personas
     for name in list(bank.adapters) if bank is not None else []:
         bank.remove(name)
-    config = ServerConfig(max_sessions=2, max_lora_rank=16, realtime=False, workers=0)
+    # Started as ``run_engine`` starts it with ``--lora A=...`` (which reserves the layers A adapts), then A is
+    # removed: the test adds it over the socket.
+    config = ServerConfig(max_sessions=2, max_lora_rank=16, realtime=False, workers=0, loras=(("A", LORA),))
     model = VoxCPMSpeech(persona_tts)
+    registry = open_registry(model, config)
+    assert registry is not None
+    registry.remove("A")
     endpoint = f"ipc://{tmp_path}/engine-0"
-    core = EngineCore(model, Engine(model.new_runner(config), config.engine_config()), endpoint,
-                      PersonaRegistry(persona_tts, config))  # fmt: skip
+    core = EngineCore(model, Engine(model.new_runner(config), config.engine_config()), endpoint, registry)
     thread = threading.Thread(target=core.run, name="test-engine-core")
     thread.start()
     frontend = Frontend(endpoint)

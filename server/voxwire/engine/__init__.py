@@ -1,4 +1,5 @@
-"""The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, and the threaded ``AsyncEngine``.
+"""The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, its serving cycle (``EngineLoop``), and the
+threaded ``AsyncEngine``.
 
 Nothing in this package imports torch except the runner and its device modules (``runner``, ``cuda_graphs``,
 ``devices``), imported only by whoever builds an engine around a real model.
@@ -7,10 +8,11 @@ Nothing in this package imports torch except the runner and its device modules (
 from __future__ import annotations
 
 from voxwire.chunk import Chunk
-from voxwire.engine.async_engine import AsyncEngine, EngineStats
+from voxwire.engine.async_engine import AsyncEngine
 from voxwire.engine.config import EngineConfig
 from voxwire.engine.engine import Engine
 from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
+from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
 from voxwire.engine.request import FinishReason, ParamLimits, Request, RequestStatus, SynthesisParams
 from voxwire.engine.slots import SlotMove

@@ -3,10 +3,11 @@
 The event loop never executes a step: ``Engine.step(now)`` runs in a named engine thread, which is
 the only thread that touches the ``Engine``. Callers on the loop post commands (add, abort, stop)
 that the engine thread applies between steps, and each session receives its outputs through its
-own channel, fed with ``loop.call_soon_threadsafe``. This module does not encode audio or apply
-backpressure to slow consumers: a channel buffers every output it is given (at most one chunk per
-session per step), so the serving layer must bound the backlog, e.g. abort a session whose unsent
-audio exceeds a few seconds.
+own channel, fed with ``loop.call_soon_threadsafe``. The cycle itself (when a step is due, its stats,
+the order its outputs are handed over, ``mark_sent``) is ``EngineLoop``'s, as in an engine process.
+This module does not encode audio or apply backpressure to slow consumers: a channel buffers every
+output it is given (at most one chunk per session per step), so the serving layer must bound the
+backlog, e.g. abort a session whose unsent audio exceeds a few seconds.
 """
 
 from __future__ import annotations
@@ -16,66 +17,19 @@ import contextlib
 import logging
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from voxwire.chunk import Chunk
 from voxwire.engine.engine import Engine
 from voxwire.engine.errors import EngineDeadError, EngineError
+from voxwire.engine.loop import EngineLoop, EngineStats
 from voxwire.engine.request import Request
 from voxwire.engine.streams import OutputStreams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine's load, taken by the engine thread after each step (for metrics)."""
-
-    running: int = 0
-    """Requests holding a slot."""
-    waiting: int = 0
-    """Requests queued for a slot."""
-    steps: int = 0
-    """Steps run since start."""
-    step_seconds: float = 0.0
-    """Total wall time spent in those steps."""
-    kv_blocks_used: int = 0
-    """KV blocks held by running requests."""
-    kv_blocks_total: int = 0
-    """KV blocks in the pool."""
-    graph_captures: int = 0
-    """CUDA graphs the runner has captured since start (all before serving, when it captures up front)."""
-    graph_capture_seconds: float = 0.0
-    """Wall time those captures took (warm-up runs included): most of the time to ``/ready`` on CUDA."""
-
-
-def stats_before_steps(engine: Engine) -> EngineStats:
-    """The snapshot before the first step: the pool's size and the graphs captured while the runner was made."""
-    runner = engine.runner
-    return EngineStats(
-        kv_blocks_total=engine.kv_blocks_total,
-        graph_captures=runner.graph_captures,
-        graph_capture_seconds=runner.graph_capture_seconds,
-    )
-
-
-def stats_after_step(engine: Engine, last: EngineStats, seconds: float) -> EngineStats:
-    """The load after a step of ``seconds`` that followed the snapshot ``last`` (call it on the engine's thread)."""
-    return EngineStats(
-        engine.num_running,
-        engine.num_waiting,
-        last.steps + 1,
-        last.step_seconds + seconds,
-        engine.kv_blocks_used,
-        engine.kv_blocks_total,
-        engine.runner.graph_captures,
-        engine.runner.graph_capture_seconds,
-    )
 
 
 class AsyncEngine:
@@ -89,8 +43,9 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: Engine, *, thread_name: str = "voxwire-engine") -> None:
-        # Only the engine thread touches _engine once start() has run.
+        # Only the engine thread touches _engine (and _cycle, which steps it) once start() has run.
         self._engine = engine
+        self._cycle = EngineLoop(engine, self._deliver)
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         # _commands and _stopping are shared with the engine thread, guarded by _wakeup.
         self._wakeup = threading.Condition()
@@ -99,8 +54,6 @@ class AsyncEngine:
         # Loop-side state, touched only on the event loop thread.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams = OutputStreams()
-        # Replaced whole by the engine thread: readers on any thread see one consistent snapshot.
-        self._stats = stats_before_steps(engine)
 
     async def __aenter__(self) -> AsyncEngine:
         self.start()
@@ -149,7 +102,7 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         """The load after the most recent step; safe to call from any thread."""
-        return self._stats
+        return self._cycle.stats
 
     def abort(self, request_id: str) -> None:
         """Abort a request from the event loop; its stream ends with an ``aborted`` output."""
@@ -185,10 +138,10 @@ class AsyncEngine:
                 self._post(self._die, exc)
 
     def _serve_once(self) -> bool:
-        """Apply pending commands, then run one step if there is work; False once stopped."""
+        """Apply pending commands, then run one step if one is due; False once stopped (after the drain)."""
         with self._wakeup:
             while not (self._commands or self._stopping):
-                wait_s = self._engine.next_step_at(time.monotonic()) - time.monotonic()
+                wait_s = self._cycle.wait_s()
                 if wait_s <= 0:
                     break
                 self._wakeup.wait(None if wait_s == math.inf else wait_s)
@@ -198,27 +151,19 @@ class AsyncEngine:
         for command in commands:
             command()
         if stopping:
-            self._engine.abort_all()
-        if self._engine.has_work():
-            started = time.monotonic()
-            outputs = self._engine.step(started)
-            ended = time.monotonic()
-            # Stats first: a consumer woken by these outputs must see the load after this step.
-            self._record_step(ended - started)
-            if outputs:
-                self._post(self._dispatch, outputs)
-            # The chunks are handed to the loop now: the listeners' playback clocks start here.
-            self._engine.mark_sent(ended)
-        return not stopping
-
-    def _record_step(self, seconds: float) -> None:
-        self._stats = stats_after_step(self._engine, self._stats, seconds)
+            self._cycle.drain()
+            return False
+        self._cycle.run_due()
+        return True
 
     def _add(self, request: Request) -> None:
         try:
             self._engine.add(request)
         except (EngineError, ValueError) as exc:
             self._post(self._reject, request.request_id, exc)
+
+    def _deliver(self, outputs: list[Chunk]) -> None:
+        self._post(self._dispatch, outputs)
 
     def _post(self, callback: Callable[..., object], *args: Any) -> None:
         assert self._loop is not None

@@ -1,0 +1,119 @@
+"""``UtilityCalls``: an engine process's answers to the frontends' calls that are not speech requests.
+
+A frontend encodes a voice clip (``EncodeVoice``) on an engine, since the model and its device live there, and
+adds, removes and lists LoRA personas (``AddPersona``, ``RemovePersona``, ``ListPersonas``) on every engine,
+since each owns its model's registry. Encoding a clip and loading a persona are slow, so they run on worker
+threads (as the single-process server does with ``asyncio.to_thread``) and an upload does not stall the
+streams; their answers wait in a queue until the engine's loop posts them (``finished``).
+
+Sans-I/O: every call returns the letters to send (frontend identity, message); the engine process posts them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxwire.serving.workers import ipc
+from voxwire.serving.workers.hub import Letter
+from voxwire.speech_model import SpeechModel
+
+logger = logging.getLogger(__name__)
+
+UTILITY_CALLS = (ipc.EncodeVoice, ipc.AddPersona, ipc.RemovePersona, ipc.ListPersonas)
+"""The messages ``UtilityCalls.handle`` answers."""
+
+_Reply = Callable[[Future[object]], object]
+"""Makes the answer to a call from its finished job's future."""
+
+
+class UtilityCalls:
+    """Answers the utility calls to one engine; ``close()`` ends its worker threads."""
+
+    def __init__(self, model: SpeechModel, personas: PersonaRegistry | None) -> None:
+        """``personas``: the model's LoRA personas (None: a model without LoRA layers)."""
+        self._model = model
+        self._personas = personas
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="voxwire-voice-encoder")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="voxwire-persona-loader")
+        """One thread: persona loads run one at a time (``PersonaRegistry.add``'s rule)."""
+        self._done: collections.deque[tuple[bytes, Future[object], _Reply]] = collections.deque()
+        """Finished jobs (appended by the worker threads): their caller, their future, and their reply."""
+        self._running = 0
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job runs on a worker thread (its answer is due soon: poll often)."""
+        return self._running > 0
+
+    def handle(
+        self, sender: bytes, call: ipc.EncodeVoice | ipc.AddPersona | ipc.RemovePersona | ipc.ListPersonas
+    ) -> list[Letter]:
+        """The answer to ``call`` when it is quick; a slow one starts a job, answered by ``finished`` later."""
+        registry = self._personas
+        if isinstance(call, ipc.EncodeVoice):
+            self._submit(sender, self._encoder, lambda: self._model.make_prompt(**call.kwargs), _voice_reply(call))
+            return []
+        if registry is None:
+            error = UnknownPersonaError("this server has no personas (its model has no LoRA layers)")
+            return [(sender, ipc.PersonaReply(call.call_id, error=error))]
+        if isinstance(call, ipc.AddPersona):
+            self._submit(sender, self._loader, lambda: registry.add(call.name, call.path), _persona_reply(call))
+            return []
+        if isinstance(call, ipc.RemovePersona):
+            try:
+                registry.remove(call.name)
+            except UnknownPersonaError as exc:
+                return [(sender, ipc.PersonaReply(call.call_id, error=exc))]
+            return [(sender, ipc.PersonaReply(call.call_id))]
+        return [(sender, ipc.PersonaReply(call.call_id, tuple(registry.infos())))]
+
+    def finished(self) -> list[Letter]:
+        """The answers of the jobs that finished since the last call."""
+        letters: list[Letter] = []
+        while self._done:
+            sender, future, reply = self._done.popleft()
+            self._running -= 1
+            letters.append((sender, reply(future)))
+        return letters
+
+    def close(self) -> None:
+        """Stop the worker threads; jobs not started are dropped (their callers are stopping too)."""
+        self._encoder.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, sender: bytes, executor: ThreadPoolExecutor, job: Callable[[], object], reply: _Reply) -> None:
+        self._running += 1
+        future = executor.submit(job)
+        future.add_done_callback(lambda done: self._done.append((sender, done, reply)))
+
+
+def _voice_reply(call: ipc.EncodeVoice) -> Callable[[Future[object]], ipc.VoiceEncoded]:
+    def reply(done: Future[object]) -> ipc.VoiceEncoded:
+        error = done.exception()
+        if error is not None:
+            return ipc.VoiceEncoded(call.call_id, error=error)
+        prompt = done.result()
+        assert isinstance(prompt, VoicePrompt)
+        return ipc.VoiceEncoded(call.call_id, prompt)
+
+    return reply
+
+
+def _persona_reply(call: ipc.AddPersona) -> Callable[[Future[object]], ipc.PersonaReply]:
+    def reply(done: Future[object]) -> ipc.PersonaReply:
+        error = done.exception()
+        if isinstance(error, (PersonaLoadError, UnknownPersonaError)):
+            return ipc.PersonaReply(call.call_id, error=error)
+        if error is not None:  # a server bug: the frontend answers 500; the traceback stays in this log
+            logger.error("loading persona %r failed", call.name, exc_info=error)
+            return ipc.PersonaReply(call.call_id, error=RuntimeError(f"{type(error).__name__}: {error}"))
+        info = done.result()
+        assert isinstance(info, PersonaInfo)
+        return ipc.PersonaReply(call.call_id, (info,))
+
+    return reply
