@@ -233,3 +233,26 @@ def test_late_exit_of_a_finished_stream_does_not_abort_a_newer_one_with_its_id(m
             assert [o.finish_reason for o in outputs] == [None] * 39 + [FinishReason.LENGTH]
 
     _run(main())
+
+
+def test_a_new_streams_first_chunk_is_handed_over_before_the_playing_streams_chunks(make_engine, make_request):
+    # The thread runs EngineLoop's rule; what a caller notices is which consumer wakes first in that step.
+    engine, runner = make_engine(delay=0.01)
+    received: list[tuple[str, int]] = []  # (request id, step index), in the order the consumers got them
+
+    async def consume(ae: AsyncEngine, rid: str, max_len: int) -> None:
+        async for output in ae.stream(make_request(rid, max_len=max_len)):
+            received.append((rid, int(output.audio[1])))
+
+    async def main() -> None:
+        async with AsyncEngine(engine) as ae:
+            playing = asyncio.create_task(consume(ae, "a", 30))
+            await _until(lambda: len(received) >= 2)
+            await consume(ae, "b", 3)
+            await playing
+
+    _run(main())
+    plan = next(plan for plan in runner.plans if "b" in plan.request_ids)
+    assert plan.request_ids == ("a", "b")  # the engine's order that step
+    a_step = plan.step_indices[0]
+    assert received.index(("b", 0)) < received.index(("a", a_step))

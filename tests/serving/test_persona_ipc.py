@@ -17,7 +17,7 @@ from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError, open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
-from voxwire.serving.workers.proxy import RemotePersonas
+from voxwire.serving.workers.remote_personas import RemotePersonas
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM
 
@@ -146,7 +146,7 @@ class FakeEngines:
 async def test_a_persona_one_engine_cannot_load_is_removed_from_the_others() -> None:
     bad = PersonaLoadError("invalid_lora", "engine 1 could not read it")
     engines = FakeEngines([{ipc.AddPersona: (info("B"),), ipc.RemovePersona: ()}, {ipc.AddPersona: bad}])
-    personas = RemotePersonas(engines, ["A"])  # type: ignore[arg-type]
+    personas = RemotePersonas(engines, ["A"])
     with pytest.raises(PersonaLoadError) as caught:
         await personas.add("B", "/loras/B")
     assert caught.value is bad
@@ -157,7 +157,7 @@ async def test_a_persona_one_engine_cannot_load_is_removed_from_the_others() -> 
 @pytest.mark.asyncio
 async def test_a_persona_every_engine_loads_is_announced_once() -> None:
     engines = FakeEngines([{ipc.AddPersona: (info("B"),)}, {ipc.AddPersona: (info("B"),)}])
-    personas = RemotePersonas(engines, ["A"])  # type: ignore[arg-type]
+    personas = RemotePersonas(engines, ["A"])
     assert await personas.add("B", "/loras/B") == info("B")
     assert engines.published == 1 and not any(isinstance(m, ipc.RemovePersona) for _, m in engines.sent)
 
@@ -171,7 +171,7 @@ async def test_listing_counts_users_on_every_engine_and_remove_needs_one_engine_
             {ipc.ListPersonas: (info("A", 2), info("B", 3)), ipc.RemovePersona: unknown},
         ]
     )
-    personas = RemotePersonas(engines, ["A", "B"])  # type: ignore[arg-type]
+    personas = RemotePersonas(engines, ["A", "B"])
     assert [(i.name, i.in_use) for i in await personas.infos()] == [("A", 3), ("B", 3)]
     await personas.remove("B")  # engine 1 had lost it already: removed all the same
     assert engines.published == 1
@@ -182,7 +182,7 @@ async def test_listing_counts_users_on_every_engine_and_remove_needs_one_engine_
 
 
 def test_names_are_checked_against_the_last_announced_list() -> None:
-    personas = RemotePersonas(FakeEngines([{}]), ["A"])  # type: ignore[arg-type]
+    personas = RemotePersonas(FakeEngines([{}]), ["A"])
     personas.check("A")
     personas.check(None)
     with pytest.raises(UnknownPersonaError, match="'B'"):

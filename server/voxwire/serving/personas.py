@@ -14,7 +14,7 @@ steps) and refuses ``POST /v1/loras`` (``personas_unavailable``).
 
 ``PersonaRegistry`` is plain blocking code: the single-process server wraps it in ``LocalPersonas`` (loads on
 a worker thread, never on the event loop); with ``--workers`` each engine process owns one, and the frontends
-reach it over IPC (``engine_proxy.RemotePersonas``).
+reach it over IPC (``workers.remote_personas.RemotePersonas``).
 """
 
 from __future__ import annotations

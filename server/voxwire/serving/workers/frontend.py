@@ -15,7 +15,8 @@ from voxwire.serving.app import build_app, run_app, run_loop
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import METRICS_KEY, STATE_KEY, Phase
 from voxwire.serving.workers.liveness import Pulse
-from voxwire.serving.workers.proxy import EngineProxy, SharedVoiceStore
+from voxwire.serving.workers.proxy import EngineProxy
+from voxwire.serving.workers.shared_voices import SharedVoiceStore
 
 logger = logging.getLogger(__name__)
 

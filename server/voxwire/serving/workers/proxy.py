@@ -1,30 +1,29 @@
 """``EngineProxy``: a frontend process's ``Service``, speaking to the engine processes over ZeroMQ.
 
 It implements the same interface as ``SpeechService`` (``speak``, ``abort``, ``encode_voice``, ``stats``),
-so the handlers, sessions and encoders of a frontend are the single-process server's, unchanged. It has
-one DEALER socket and one reader task per engine process (``--devices``: one engine per device). An
-``Outputs`` message carries a whole step's outputs for this frontend's requests on that engine, fanned out
+so the handlers, sessions and encoders of a frontend are the single-process server's, unchanged. It routes
+and streams: one DEALER socket and one reader task per engine process (``--devices``: one engine per device).
+An ``Outputs`` message carries a whole step's outputs for this frontend's requests on that engine, fanned out
 to their streams by ``OutputStreams``. Each new utterance goes to the engine with the most free capacity
 (``_EngineLink.free``: rows, then KV blocks, from the stats of its latest step or heartbeat); a WebSocket
-connection's later utterances stay on the engine of its first (``pinned``). ``SharedVoiceStore`` keeps the
-frontends' voices equal: a voice saved or deleted here is announced to engine 0, the voices' one keeper,
-which tells the other frontends. A clip is encoded on the engine with the most free capacity; the encoded
-prompt travels with each request to whichever engine speaks it (and is cached on that engine's device).
-``RemotePersonas`` loads and removes LoRA personas on every engine (each one's registry is the truth for
-its requests) and keeps the names requests are checked against equal on every frontend, through engine 0.
+connection's later utterances stay on the engine of its first (``pinned``). A clip is encoded on the engine
+with the most free capacity; the encoded prompt travels with each request to whichever engine speaks it (and
+is cached on that engine's device).
+
+Two primitives serve the rest: ``call`` (a utility call to one engine, answered by its value) and ``publish``
+(an announcement to engine 0, the hub, answered once every frontend has applied it). ``SharedVoiceStore``
+(``shared_voices``) and ``RemotePersonas`` (``remote_personas``) are built on them; the proxy hands them the
+changes the hub relays (``on_voices``, ``RemotePersonas.apply``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import zmq
 import zmq.asyncio
@@ -34,7 +33,7 @@ from voxwire.engine import Chunk, EngineDeadError, EngineStats, Request, Synthes
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.personas import PersonaInfo, UnknownPersonaError, check_persona
+from voxwire.serving.personas import check_persona
 from voxwire.serving.service import (
     DEFAULT_OPTIONS,
     Service,
@@ -42,8 +41,8 @@ from voxwire.serving.service import (
     engine_queue_full,
     speech_stream,
 )
-from voxwire.serving.voices import Voice, VoiceInfo, VoiceStore
 from voxwire.serving.workers import ipc
+from voxwire.serving.workers.remote_personas import RemotePersonas
 
 logger = logging.getLogger(__name__)
 
@@ -267,13 +266,6 @@ class EngineProxy:
     def engines(self) -> range:
         return range(len(self._links))
 
-    async def publish_voice(self, voice: Voice | None = None, deleted: str | None = None) -> None:
-        """Tell the other frontends (through engine 0) about a saved or deleted voice; see ``publish``."""
-        if voice is not None:
-            await self.publish(lambda call_id: ipc.VoiceSaved(call_id, voice))
-        else:
-            await self.publish(lambda call_id: ipc.VoiceDeleted(call_id, deleted or ""))
-
     async def publish(self, message: Callable[[int], object]) -> None:
         """Send engine 0, the hub, the announcement ``message(call id)``; returns once every frontend it concerns
         has applied it (or after ``SYNC_TIMEOUT_S``, if one does not answer), so the client's next request
@@ -408,110 +400,3 @@ class _PinnedService:
 
     def engine_stats(self) -> list[EngineStats]:
         return self._proxy.engine_stats()
-
-
-class SharedVoiceStore(VoiceStore):
-    """A frontend's ``VoiceStore`` that tells the other frontends (through the engine) what it saves and deletes."""
-
-    def __init__(self, proxy: EngineProxy, directory: Path | None, max_voices: int) -> None:
-        super().__init__(directory, proxy.info.name, proxy.patch_shape, max_voices)
-        self._proxy = proxy
-        for voice in proxy.initial_voices:
-            self.adopt(voice)
-        proxy.on_voices = self._apply
-
-    async def add(
-        self, prompt: VoicePrompt, *, name: str | None, duration_s: float, owner: str | None = None
-    ) -> VoiceInfo:
-        info = await super().add(prompt, name=name, duration_s=duration_s, owner=owner)
-        await self._proxy.publish_voice(self.get(info.id))
-        return info
-
-    async def delete(self, voice_id: str, owner: str | None = None) -> None:
-        await super().delete(voice_id, owner)
-        await self._proxy.publish_voice(deleted=voice_id)
-
-    def _apply(self, changes: ipc.VoicesChanged) -> None:
-        for voice in changes.saved:
-            self.adopt(voice)
-        for voice_id in changes.deleted:
-            self.forget(voice_id)
-
-
-class RemotePersonas:
-    """The engines' LoRA personas, seen from one frontend (``Personas``).
-
-    Adding, removing and listing go to every engine process (each owns its model's bank, and its registry
-    decides for the requests it runs); a request's persona is checked here against the names engine 0 last
-    announced (``apply``), which every frontend has before a change answers its client. An engine still
-    refuses a request naming a persona it no longer has (``unknown_persona``), as the single-process server
-    does.
-
-    With ``--devices``, a persona is on every engine or on none: if one engine cannot load it, the engines that
-    did remove it again and the add fails with that engine's error (two frontends adding one name at once may
-    thus both fail with ``persona_exists``; the client retries). A remove succeeds if any engine had the persona.
-    """
-
-    def __init__(self, proxy: EngineProxy, names: Sequence[str]) -> None:
-        self._proxy = proxy
-        self._names = frozenset(names)
-
-    def apply(self, names: Sequence[str]) -> None:
-        """Engine 0's persona names now (``PersonasChanged``)."""
-        self._names = frozenset(names)
-
-    def names(self) -> list[str]:
-        return sorted(self._names)
-
-    def check(self, name: str | None) -> None:
-        if name is not None and name not in self._names:
-            known = ", ".join(self.names()) or "none are loaded"
-            raise UnknownPersonaError(f"unknown persona {name!r} (personas: {known})")
-
-    async def infos(self) -> list[PersonaInfo]:
-        """Engine 0's personas, each with the requests holding it on every engine."""
-        every = await self._on_each(ipc.ListPersonas, self._proxy.engines())
-        users: collections.Counter[str] = collections.Counter()
-        for infos in every:
-            if isinstance(infos, BaseException):
-                raise infos
-            assert isinstance(infos, tuple)
-            users.update({info.name: info.in_use for info in infos})
-        first = every[0]
-        assert isinstance(first, tuple)
-        return [replace(info, in_use=users[info.name]) for info in first]
-
-    async def add(self, name: str, path: str) -> PersonaInfo:
-        results = await self._on_each(lambda call_id: ipc.AddPersona(call_id, name, path), self._proxy.engines())
-        errors = [result for result in results if isinstance(result, BaseException)]
-        if errors:
-            engines = zip(self._proxy.engines(), results, strict=True)
-            loaded = [i for i, result in engines if not isinstance(result, BaseException)]
-            if loaded:
-                logger.warning("persona %r loaded on %d of %d engines: removing it", name, len(loaded), len(results))
-                await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), loaded)
-                await self._publish()
-            raise errors[0]
-        await self._publish()
-        first = results[0]
-        assert isinstance(first, tuple)
-        return first[0]
-
-    async def remove(self, name: str) -> None:
-        results = await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), self._proxy.engines())
-        errors = [result for result in results if isinstance(result, BaseException)]
-        if len(errors) < len(results):
-            await self._publish()
-        unexpected = [error for error in errors if not isinstance(error, UnknownPersonaError)]
-        if unexpected:
-            raise unexpected[0]
-        if len(errors) == len(results):  # no engine had it
-            raise errors[0]
-
-    async def _on_each(self, message: Callable[[int], object], engines: Iterable[int]) -> list[object]:
-        """Each of ``engines``' answer to ``message(call id)``, or the exception it raised."""
-        calls = (self._proxy.call(engine, message) for engine in engines)
-        return list(await asyncio.gather(*calls, return_exceptions=True))
-
-    async def _publish(self) -> None:
-        await self._proxy.publish(ipc.PersonasPublished)

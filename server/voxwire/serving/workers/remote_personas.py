@@ -1,0 +1,112 @@
+"""``RemotePersonas``: the LoRA personas of the engine processes of ``voxwire serve --workers N``, seen from one
+frontend, over the proxy's calls to the engines (``EngineCalls``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from voxwire.serving.personas import PersonaInfo, UnknownPersonaError
+from voxwire.serving.workers import ipc
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCalls(Protocol):
+    """What ``RemotePersonas`` needs of the engines (``EngineProxy``)."""
+
+    def engines(self) -> range:
+        """The engines' indices."""
+        ...
+
+    async def call(self, engine: int, message: Callable[[int], object]) -> object:
+        """Engine ``engine``'s answer to ``message(call id)`` (its error raised)."""
+        ...
+
+    async def publish(self, message: Callable[[int], object]) -> None:
+        """Announce ``message(call id)`` to engine 0; returns once every frontend has applied it."""
+        ...
+
+
+class RemotePersonas:
+    """The engines' LoRA personas, seen from one frontend (``Personas``).
+
+    Adding, removing and listing go to every engine process (each owns its model's bank, and its registry
+    decides for the requests it runs); a request's persona is checked here against the names engine 0 last
+    announced (``apply``), which every frontend has before a change answers its client. An engine still
+    refuses a request naming a persona it no longer has (``unknown_persona``), as the single-process server
+    does.
+
+    With ``--devices``, a persona is on every engine or on none: if one engine cannot load it, the engines that
+    did remove it again and the add fails with that engine's error (two frontends adding one name at once may
+    thus both fail with ``persona_exists``; the client retries). A remove succeeds if any engine had the persona.
+    """
+
+    def __init__(self, engines: EngineCalls, names: Sequence[str]) -> None:
+        self._engines = engines
+        self._names = frozenset(names)
+
+    def apply(self, names: Sequence[str]) -> None:
+        """Engine 0's persona names now (``PersonasChanged``)."""
+        self._names = frozenset(names)
+
+    def names(self) -> list[str]:
+        return sorted(self._names)
+
+    def check(self, name: str | None) -> None:
+        if name is not None and name not in self._names:
+            known = ", ".join(self.names()) or "none are loaded"
+            raise UnknownPersonaError(f"unknown persona {name!r} (personas: {known})")
+
+    async def infos(self) -> list[PersonaInfo]:
+        """Engine 0's personas, each with the requests holding it on every engine."""
+        every = await self._on_each(ipc.ListPersonas, self._engines.engines())
+        users: collections.Counter[str] = collections.Counter()
+        for infos in every:
+            if isinstance(infos, BaseException):
+                raise infos
+            assert isinstance(infos, tuple)
+            users.update({info.name: info.in_use for info in infos})
+        first = every[0]
+        assert isinstance(first, tuple)
+        return [replace(info, in_use=users[info.name]) for info in first]
+
+    async def add(self, name: str, path: str) -> PersonaInfo:
+        results = await self._on_each(lambda call_id: ipc.AddPersona(call_id, name, path), self._engines.engines())
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if errors:
+            engines = zip(self._engines.engines(), results, strict=True)
+            loaded = [i for i, result in engines if not isinstance(result, BaseException)]
+            if loaded:
+                logger.warning("persona %r loaded on %d of %d engines: removing it", name, len(loaded), len(results))
+                await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), loaded)
+                await self._publish()
+            raise errors[0]
+        await self._publish()
+        first = results[0]
+        assert isinstance(first, tuple)
+        return first[0]
+
+    async def remove(self, name: str) -> None:
+        results = await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), self._engines.engines())
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if len(errors) < len(results):
+            await self._publish()
+        unexpected = [error for error in errors if not isinstance(error, UnknownPersonaError)]
+        if unexpected:
+            raise unexpected[0]
+        if len(errors) == len(results):  # no engine had it
+            raise errors[0]
+
+    async def _on_each(self, message: Callable[[int], object], engines: Iterable[int]) -> list[object]:
+        """Each of ``engines``' answer to ``message(call id)``, or the exception it raised."""
+        calls = (self._engines.call(engine, message) for engine in engines)
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    async def _publish(self) -> None:
+        await self._engines.publish(ipc.PersonasPublished)

@@ -1,0 +1,132 @@
+"""EngineLoop, the one serving cycle both drivers run (``AsyncEngine``'s thread, an engine process): a step only
+when one is due, the load after the step seen by whoever its outputs wake, a stream's first chunk handed over
+before the chunks of streams already playing, the listeners' clocks started once the chunks are handed over,
+and a drain that ends every stream. Driven here by hand, on a clock the test moves."""
+
+from __future__ import annotations
+
+import math
+
+from voxwire.engine import Chunk, EngineStats, FinishReason
+from voxwire.engine.loop import EngineLoop
+
+
+class Clock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A driver's delivery: each step's outputs as handed over, with the loop's stats at that moment."""
+
+    def __init__(self) -> None:
+        self.loop: EngineLoop | None = None
+        self.batches: list[list[Chunk]] = []
+        self.stats: list[EngineStats] = []
+
+    def __call__(self, outputs: list[Chunk]) -> None:
+        assert self.loop is not None
+        self.batches.append(outputs)
+        self.stats.append(self.loop.stats)
+
+    def ids(self, batch: int = -1) -> list[str]:
+        return [output.request_id for output in self.batches[batch]]
+
+
+def new_loop(engine, clock: Clock | None = None) -> tuple[EngineLoop, Recorder]:
+    recorder = Recorder()
+    loop = EngineLoop(engine, recorder, clock or Clock())
+    recorder.loop = loop
+    return loop, recorder
+
+
+def test_a_streams_first_chunk_goes_before_the_chunks_of_streams_already_playing(make_engine, make_request):
+    engine, runner = make_engine()
+    loop, delivered = new_loop(engine)
+    engine.add(make_request("a"))
+    engine.add(make_request("b"))
+    assert loop.run_due()
+    assert delivered.ids() == ["a", "b"]  # both first: the engine's order
+    engine.add(make_request("c"))
+    engine.add(make_request("d"))
+    assert loop.run_due()
+    assert runner.plans[-1].request_ids == ("a", "b", "c", "d")  # the engine's rows: the new streams last
+    assert delivered.ids() == ["c", "d", "a", "b"]
+    assert loop.run_due()
+    assert delivered.ids() == ["a", "b", "c", "d"]  # no first chunk: the engine's order
+
+
+def test_an_id_reused_after_its_final_output_counts_as_a_new_stream(make_engine, make_request):
+    engine, _ = make_engine()
+    loop, delivered = new_loop(engine)
+    engine.add(make_request("a"))
+    engine.add(make_request("b", max_len=1))
+    loop.run_due()
+    assert [o.finish_reason for o in delivered.batches[-1]] == [None, FinishReason.LENGTH]
+    engine.add(make_request("b"))
+    loop.run_due()
+    assert delivered.ids() == ["b", "a"]
+
+
+def test_the_stats_a_delivery_sees_are_those_after_its_step(make_engine, make_request):
+    engine, _ = make_engine()
+    loop, delivered = new_loop(engine)
+    assert loop.stats.steps == 0 and loop.stats.kv_blocks_total == engine.kv_blocks_total
+    for rid in ("a", "b", "c"):
+        engine.add(make_request(rid))
+    loop.run_due()
+    loop.run_due()
+    assert [(s.steps, s.running, s.waiting) for s in delivered.stats] == [(1, 3, 0), (2, 3, 0)]
+    assert delivered.stats[-1] is loop.stats and loop.stats.kv_blocks_used == engine.kv_blocks_used > 0
+
+
+def test_the_listeners_clock_starts_once_the_first_chunk_is_handed_over(make_engine, make_request):
+    engine, _ = make_engine()
+    clock = Clock()
+
+    def slow_hand_over(outputs: list[Chunk]) -> None:
+        clock.now += 2.0  # the driver takes its time to hand the chunks over
+
+    loop = EngineLoop(engine, slow_hand_over, clock)
+    engine.add(make_request("a"))
+    started = clock.now
+    loop.run_due()
+    assert engine.scheduler.sessions["a"].first_sent_at == started + 2.0
+
+
+def test_a_step_runs_only_when_one_is_due(make_engine, make_realtime_engine, make_request):
+    engine, runner = make_engine()
+    loop, delivered = new_loop(engine)
+    assert loop.wait_s() == math.inf and not loop.run_due()  # nothing to do until a request comes
+    assert not runner.plans and not delivered.batches
+    engine.add(make_request("a"))
+    assert loop.wait_s() <= 0 and loop.run_due()
+
+    clock = Clock()
+    realtime, realtime_runner = make_realtime_engine()
+    loop, delivered = new_loop(realtime, clock)
+    realtime.add(make_request("ahead", max_len=50, playback_due=clock.now + 3600))
+    assert loop.run_due()  # admitted and decoded once
+    steps = len(realtime_runner.plans)
+    assert 0 < loop.wait_s() < math.inf  # its listener is far behind it: the next step is due later
+    assert not loop.run_due() and len(realtime_runner.plans) == steps
+    clock.now += loop.wait_s()
+    assert loop.run_due() and delivered.ids() == ["ahead"]
+
+
+def test_the_drain_ends_every_stream_and_leaves_the_engine_idle(make_engine, make_request):
+    engine, runner = make_engine(config={"max_running": 2})
+    loop, delivered = new_loop(engine)
+    for rid in ("a", "b", "c"):  # c waits for a slot
+        engine.add(make_request(rid))
+    loop.run_due()
+    loop.drain()
+    finals = [o for batch in delivered.batches for o in batch if o.finished]
+    assert sorted(o.request_id for o in finals) == ["a", "b", "c"]
+    assert {o.finish_reason for o in finals} == {FinishReason.ABORTED}
+    assert not engine.has_work() and runner.is_empty
