@@ -129,6 +129,23 @@ async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohtt
     assert failure.value.code is ErrorCode.UNAVAILABLE
 
 
+async def test_shutdown_drains_a_live_generate_request_too(serve, aiohttp_client, slow_down, caplog) -> None:
+    """Issue 20, item 9: the Nano-vLLM API's /generate was cut on SIGTERM (with ERROR tracebacks), not drained."""
+    client = await aiohttp_client(await serve(drain_timeout_s=30.0))
+    app = client.server.app
+    slow_down(app, 0.1)
+    body = {"target_text": "A sentence the drain lets finish.", "response_format": "pcm", "max_generate_length": 12}
+    async with client.post("/generate", json=body) as response:
+        first = await response.content.readany()
+        draining = asyncio.create_task(drain(app))
+        await asyncio.sleep(0)
+        assert app[STATE_KEY].live_utterances == 1  # counted: the drain waits for it
+        pcm = first + await response.read()  # the whole body: a cut one would raise here
+    assert response.status == 200 and len(pcm) >= 2 * 4 * app[SERVICE_KEY].info.samples_per_patch
+    await asyncio.wait_for(draining, 10)
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
+
+
 async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client, slow_down) -> None:
     client = await aiohttp_client(await serve(drain_timeout_s=0.2))
     app = client.server.app

@@ -53,7 +53,7 @@ from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
 from voxwire.serving.service import UtteranceOptions
 
@@ -203,10 +203,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Channels": "1",
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
-    outputs = service.speak(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
-    async with contextlib.aclosing(outputs):
-        response, _ = await stream_audio(request, outputs, encoder, headers)
-    await response.write_eof()
+    with app[STATE_KEY].utterance():  # a drain lets it finish, as it does a /v1/audio/speech request
+        outputs = service.speak(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
+        async with contextlib.aclosing(outputs):
+            response, _ = await stream_audio(request, outputs, encoder, headers)
+        await response.write_eof()
     return response
 
 
