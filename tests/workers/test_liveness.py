@@ -1,6 +1,7 @@
 """Hung processes under ``--workers`` (issue 20, items 2, 3 and 9): a stopped engine or frontend still holds its
 sockets, so the supervisor watches each child's heartbeat and ends one that falls silent; losing the supervisor
-counts as losing the engine; and the supervisor's temporary folder does not outlive it."""
+counts as losing the engine; the supervisor's temporary folder does not outlive it; and the frontends share
+one bound on connections."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from tests.server_process import ServerProcess, poll
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerError
@@ -130,3 +133,32 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+
+
+def test_max_connections_bounds_the_server_not_each_frontend() -> None:
+    """Issue 20, item 9: with two frontends, --max-connections 4 admitted 8 (4 each)."""
+    with sim_server("--max-connections", "4") as server:
+
+        async def scenario() -> tuple[int, int]:
+            held = [await connect(server.ws_url) for _ in range(4)]
+            await asyncio.sleep(1.2)  # every frontend has published its count (twice a second)
+            refused = 0
+            for _ in range(4):
+                try:
+                    extra = await connect(server.ws_url)
+                except InvalidStatus as exc:
+                    assert exc.response.status_code == 503
+                    refused += 1
+                else:
+                    held.append(extra)
+            await held.pop(0).close()
+            await asyncio.sleep(1.2)
+            room = await connect(server.ws_url)  # a closed connection frees its place server-wide
+            await room.close()
+            for connection in held:
+                await connection.close()
+            return refused, len(held)
+
+        refused, _ = asyncio.run(scenario())
+        assert refused == 4
+        assert server.stop() == 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,10 @@ def _set_event() -> asyncio.Event:
     return event
 
 
+def _none() -> int:
+    return 0
+
+
 @dataclass
 class ServerState:
     """Lifecycle shared by the handlers and the app's startup/shutdown: the phase and the live utterances."""
@@ -59,6 +63,9 @@ class ServerState:
     """Utterances being spoken (HTTP requests, WebSocket utterances from first text to ``done``)."""
     voice_jobs: int = 0
     """Voice uploads being decoded and encoded now (``voice_job``)."""
+    other_connections: Callable[[], int] = _none
+    """WebSocket connections held by the server's other processes (``--workers``: the other frontends', as they
+    published them at most half a second ago), so ``max_connections`` bounds the server, not each frontend."""
     _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
 
     @property

@@ -32,12 +32,13 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
 
     ``connection``: the work is a new WebSocket connection, which also counts against ``max_connections``.
     """
-    config, phase = app[CONFIG_KEY], app[STATE_KEY].phase
+    config, state = app[CONFIG_KEY], app[STATE_KEY]
+    phase = state.phase
     if phase is Phase.STARTING:
         return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
     if phase is Phase.DRAINING:
         return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
-    if connection and len(app[SESSIONS_KEY]) >= config.max_connections:
+    if connection and len(app[SESSIONS_KEY]) + state.other_connections() >= config.max_connections:
         return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
         return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.max_waiting} waiting)")

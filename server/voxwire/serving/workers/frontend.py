@@ -13,7 +13,7 @@ import signal
 
 from voxwire.serving.app import build_app, run_app, run_loop
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import METRICS_KEY, STATE_KEY, Phase
+from voxwire.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 from voxwire.serving.workers.liveness import Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore
@@ -43,6 +43,7 @@ async def _frontend(
     proxy = await EngineProxy.connect(endpoints, index, config)
     voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
+    app[STATE_KEY].other_connections = pulse.others  # --max-connections bounds the server, not this frontend
     stop = asyncio.Event()
     engine_dead = False
 
@@ -59,7 +60,7 @@ async def _frontend(
         (streams end with ``unavailable`` now, rather than draining toward an engine nobody minds)."""
         beats = 0
         while os.getppid() == parent:
-            pulse.beat()
+            pulse.beat(connections=len(app[SESSIONS_KEY]))
             if beats % _METRICS_EVERY == 0:
                 app[METRICS_KEY].refresh()
             beats += 1

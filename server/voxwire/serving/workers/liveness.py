@@ -1,4 +1,5 @@
-"""Liveness: how the supervisor tells a hung child process from a busy one.
+"""Liveness and load shared with the supervisor: how it tells a hung child process from a busy one, and how the
+frontends see each other's connections.
 
 A process that is stopped (SIGSTOP, a debugger, a stuck system call) or whose loop is stuck keeps its sockets:
 the kernel still hands a hung frontend new connections, and frontends wait on a hung engine. So each child's loop
@@ -6,13 +7,17 @@ stamps a heartbeat into memory shared with the supervisor (``Pulse.beat``, a few
 supervisor ends a child whose stamp is older than ``liveness_timeout_s`` (``Pulses.silent``). The existing exit
 paths then run: a frontend is restarted, a dead engine ends the service. A child is watched only once it has
 beaten: loading a model or warming up before its loop starts is not silence.
+
+A frontend's beat also publishes how many WebSocket connections it holds (``Pulse.beat(connections)``), so
+each frontend can bound the server's connections, not only its own (``Pulse.others``: the other slots' sum, at
+most one beat old). A dead child's slot is cleared when its successor starts, so its connections never leak.
 """
 
 from __future__ import annotations
 
 import multiprocessing.context
 import time
-from ctypes import c_double
+from ctypes import c_double, c_int64
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +31,17 @@ class Pulse:
 
     stamps: Any
     """The shared array of ``time.monotonic()`` stamps (``multiprocessing.RawArray`` of doubles)."""
+    connections: Any
+    """The shared array of connection counts, one per child (``multiprocessing.RawArray`` of int64)."""
     index: int
 
-    def beat(self) -> None:
+    def beat(self, connections: int = 0) -> None:
+        self.connections[self.index] = connections
         self.stamps[self.index] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+
+    def others(self) -> int:
+        """Connections the other children held at their latest beats."""
+        return sum(self.connections) - self.connections[self.index]
 
 
 class Pulses:
@@ -38,11 +50,14 @@ class Pulses:
 
     def __init__(self, context: multiprocessing.context.SpawnContext, children: int) -> None:
         self.stamps = context.RawArray(c_double, children)
+        self.connections = context.RawArray(c_int64, children)
 
     def pulse(self, index: int) -> Pulse:
-        """Slot ``index``, cleared: a restarted child is watched again only once it beats."""
+        """Slot ``index``, cleared: a restarted child is watched again only once it beats, and holds no
+        connection until it says so."""
         self.stamps[index] = NOT_STARTED
-        return Pulse(self.stamps, index)
+        self.connections[index] = 0
+        return Pulse(self.stamps, self.connections, index)
 
     def silent(self, index: int, timeout_s: float) -> float | None:
         """Seconds slot ``index`` has been silent, when over ``timeout_s``; None while alive or not started."""
