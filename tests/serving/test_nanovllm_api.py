@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import shutil
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
 from voxwire.audio.pcm import to_s16le
+from voxwire.serving.keys import VOICES_KEY
 from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve
@@ -184,6 +186,44 @@ async def test_huge_latents_are_a_400_not_the_length_cap_of_silence(client: Nano
     for fields in ({"prompt_latents_base64": huge, "prompt_text": "A chord."}, {"ref_audio_latents_base64": huge}):
         status, error = await client.request("POST", "/generate", json={"target_text": TEXT, **fields})
         assert status == 400 and "above 1000" in error["detail"], fields
+
+
+@pytest.mark.asyncio
+async def test_latents_longer_than_the_longest_clip_are_refused_before_decoding(
+    client: NanoVllmClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20, item 9: latents are bounded by the longest clip (``max_clip_seconds``) on their base64 text."""
+    from voxwire.serving.http import nanovllm
+
+    app = client.http.server.app
+    patch, dim = app[VOICES_KEY].patch_shape
+    patches = nanovllm._max_patches(app) + 1
+    rows = base64.b64encode(np.zeros((patches * patch, dim), np.float32).tobytes()).decode()
+    monkeypatch.setattr(nanovllm, "_b64", lambda *args: pytest.fail("decoded before the length check"))
+    payload = {"target_text": TEXT, "ref_audio_latents_base64": rows}
+    status, error = await client.request("POST", "/generate", json=payload)
+    assert status == 400 and "more than" in error["detail"]
+
+
+@pytest.mark.asyncio
+async def test_a_large_body_is_parsed_off_the_event_loop(
+    client: NanoVllmClient, prompt_wav: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from voxwire.serving.http import body
+
+    threads: list[str] = []
+    parse = body._parse_json
+
+    def recording(data: bytes, charset: str) -> object:
+        threads.append(threading.current_thread().name)
+        return parse(data, charset)
+
+    monkeypatch.setattr(body, "_parse_json", recording)
+    padding = base64.b64encode(bytes(body.OFF_LOOP_BYTES)).decode()
+    await client.request("POST", "/generate", json={"target_text": TEXT, "prompt_text": padding})
+    await client.request("POST", "/generate", json={"target_text": TEXT, "max_generate_length": 0})
+    assert threads[0] != threading.main_thread().name  # the large body: a worker thread
+    assert threads[1] == threading.main_thread().name  # a small one stays on the loop (no hand-off cost)
 
 
 @pytest.mark.asyncio

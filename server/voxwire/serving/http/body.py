@@ -25,6 +25,16 @@ async def read_json(request: web.Request, timeout_s: float, max_bytes: int | Non
     """
     data = await read_within(timeout_s, request.read() if max_bytes is None else _read_at_most(request, max_bytes))
     charset = request.charset or "utf-8"
+    if len(data) > OFF_LOOP_BYTES:  # megabytes of base64 audio (the Nano-vLLM API) would stall every stream
+        return await asyncio.to_thread(_parse_json, data, charset)
+    return _parse_json(data, charset)
+
+
+OFF_LOOP_BYTES = 256 * 1024
+"""A body larger than this is decoded and parsed on a worker thread, not on the event loop."""
+
+
+def _parse_json(data: bytes, charset: str) -> object:
     try:
         text = data.decode(charset)
     except LookupError as exc:

@@ -31,6 +31,7 @@ import base64
 import binascii
 import contextlib
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -247,11 +248,17 @@ async def _voice(app: web.Application, fields: dict[str, Any]) -> VoicePrompt | 
 async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) -> torch.Tensor | None:
     latents = fields.get(f"{prefix}_latents_base64")
     if latents is not None:
-        return _latent_patches(latents, f"{prefix}_latents_base64", app[VOICES_KEY].patch_shape)
+        return _latent_patches(latents, f"{prefix}_latents_base64", app[VOICES_KEY].patch_shape, _max_patches(app))
     wav = fields.get(f"{prefix}_wav_base64")
     if wav is None:
         return None
     return await _encode(app, _b64(wav, f"{prefix}_wav_base64"), reference=prefix == "ref_audio")
+
+
+def _max_patches(app: web.Application) -> int:
+    """Patches of latents a prompt may hold: those of a clip of ``max_clip_seconds``, as an upload's."""
+    info = app[SERVICE_KEY].info
+    return math.ceil(app[CONFIG_KEY].max_clip_seconds * info.sample_rate / info.samples_per_patch)
 
 
 def _b64(value: str, name: str) -> bytes:
@@ -261,9 +268,12 @@ def _b64(value: str, name: str) -> bytes:
         raise _bad(f"Invalid base64 in {name}: {exc}") from exc
 
 
-def _latent_patches(value: str, name: str, patch_shape: tuple[int, int]) -> torch.Tensor:
-    """``/encode_latents``' float32 rows of ``feat_dim`` back into whole patches (N, P, D)."""
+def _latent_patches(value: str, name: str, patch_shape: tuple[int, int], max_patches: int) -> torch.Tensor:
+    """``/encode_latents``' float32 rows of ``feat_dim`` back into whole patches (N, P, D), at most
+    ``max_patches`` of them: the length is checked on the base64 text, before anything is decoded."""
     patch, dim = patch_shape
+    if len(value) > 4 * math.ceil(max_patches * patch * dim * 4 / 3):
+        raise _bad(f"{name} holds more than {max_patches} patches, the latents of the longest clip allowed")
     data = _b64(value, name)
     if not data or len(data) % (4 * dim * patch):
         raise _bad(f"Invalid latent payload in {name}: expected float32 rows of {dim} in whole patches of {patch}")
