@@ -5,7 +5,7 @@ the server. A leaf module (no torch, no engine), so any layer may import it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.wire import is_finite_number
@@ -57,6 +57,10 @@ class SynthesisParams:
     """Hard cap on patches (steps); the runner lowers it further from the text length."""
     seed: int | None = None
     """Noise seed for reproducible output; None draws a fresh one."""
+
+    def __reduce__(self) -> tuple[type[SynthesisParams], tuple[object, ...]]:
+        # Unpickled (the engine socket) through the constructor, so its checks run on what a frontend sent.
+        return type(self), tuple(getattr(self, field.name) for field in fields(self))
 
     def __post_init__(self) -> None:
         cfg = self.cfg_value

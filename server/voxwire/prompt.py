@@ -21,6 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from voxwire.config import ModelConfig
@@ -63,6 +64,11 @@ class VoicePrompt:
                     f"the {what} latents reach |{float(patches.abs().max()):.3g}|, above {MAX_LATENT_MAGNITUDE:g} "
                     "(VAE latents are O(10): these are not an encoded clip)"
                 )
+
+    def __reduce__(self) -> tuple[object, tuple[str, np.ndarray | None, np.ndarray | None]]:
+        # Pickled (the engine socket) as numpy arrays: a pickled tensor names torch.storage._load_from_bytes,
+        # which would unpickle any bytes, so the engine protocol refuses it; rebuilding re-runs the gate above.
+        return prompt_from_arrays, (self.text, _array(self.audio_patches), _array(self.reference_patches))
 
     @cached_property
     def digest(self) -> str:
@@ -180,3 +186,20 @@ def _check_patches(patches: torch.Tensor, shape: tuple[int, int], what: str) -> 
             f"{what} patches must have shape (N>0, {shape[0]}, {shape[1]}), got {tuple(patches.shape)}"
         )
     return patches.to(torch.float32).cpu()
+
+
+def prompt_from_arrays(text: str, audio: np.ndarray | None, reference: np.ndarray | None) -> VoicePrompt:
+    """A ``VoicePrompt`` from float32 arrays of (N, P, D) patches (how one is unpickled)."""
+    return VoicePrompt(text, _tensor(audio), _tensor(reference))
+
+
+def _array(patches: torch.Tensor | None) -> np.ndarray | None:
+    return None if patches is None else patches.detach().to(device="cpu", dtype=torch.float32).numpy()
+
+
+def _tensor(array: np.ndarray | None) -> torch.Tensor | None:
+    if array is None:
+        return None
+    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.ndim != 3:
+        raise InvalidInputError("a voice prompt's patches are float32 arrays of (N, P, D)")
+    return torch.from_numpy(array.copy())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from voxwire.finish_reason import FinishReason
@@ -53,6 +53,10 @@ class ParamLimits:
     max_cfg_value: float = 10.0
     max_inference_timesteps: int = 100
     """Each timestep is a full diffusion pass per patch, so this bounds one request's step cost."""
+
+    def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
+        # Unpickled (the engine socket) through the constructor, so its checks run on what a frontend sent.
+        return type(self), tuple(getattr(self, field.name) for field in fields(self))
 
     def __post_init__(self) -> None:
         lo, hi = self.min_cfg_value, self.max_cfg_value

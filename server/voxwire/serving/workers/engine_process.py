@@ -108,10 +108,27 @@ class EngineCore:
             return
         while True:
             try:
-                identity, data = self._socket.recv_multipart(zmq.NOBLOCK)
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._handle(identity, ipc.loads(data))
+            self._handle_frames(frames)
+
+    def _handle_frames(self, frames: list[bytes]) -> None:
+        """One message from a frontend. Anything else reaching the socket (another local process of the server's
+        user may connect to it) is logged and dropped: it must not end the engine, nor run code in it."""
+        if len(frames) != 2:
+            logger.warning("dropped a message of %d frames on the engine socket (a frontend sends 1)", len(frames) - 1)
+            return
+        identity, data = frames
+        try:
+            message = ipc.loads(data, ipc.TO_ENGINE)
+        except ipc.BadFrame as exc:
+            logger.warning("dropped a frame from %r on the engine socket: %s", identity[:64], exc)
+            return
+        try:
+            self._handle(identity, message)
+        except Exception:  # a well-formed message with unusable content fails that message alone
+            logger.exception("dropped a %s from %r that could not be handled", type(message).__name__, identity[:64])
 
     def _handle(self, sender: bytes, message: object) -> None:
         if isinstance(message, ipc.Add):

@@ -17,7 +17,9 @@ any frontend.
 
 from __future__ import annotations
 
+import io
 import pickle
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,7 @@ import numpy.typing as npt
 
 from voxwire.chunk import EMPTY_AUDIO, Patch
 from voxwire.engine import Chunk, EngineStats, FinishReason, Request
+from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.personas import PersonaInfo
 from voxwire.serving.voices import Voice
@@ -41,8 +44,61 @@ def dumps(message: object) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def loads(data: bytes) -> object:
-    return pickle.loads(data)
+class BadFrame(VoxwireError):
+    """A frame on the engine socket that is not a message of this protocol: not a pickle, a pickle naming a
+    callable the protocol never sends (a ``__reduce__`` gadget), or a value of another type. The receiver logs
+    it and drops it; it never ends the process."""
+
+
+DATA_TYPES = frozenset(
+    {
+        ("numpy", "dtype"), ("numpy", "ndarray"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("voxwire.engine.loop", "EngineStats"),
+        ("voxwire.engine.request", "Request"),
+        ("voxwire.finish_reason", "FinishReason"),
+        ("voxwire.params", "SynthesisParams"),
+        ("voxwire.prompt", "prompt_from_arrays"),
+        ("voxwire.serving.personas", "PersonaInfo"),
+        ("voxwire.serving.voices", "Voice"), ("voxwire.serving.voices", "VoiceInfo"),
+        ("voxwire.sim.model", "SimPromptLength"),
+        ("voxwire.speech_model", "ModelInfo"), ("voxwire.speech_model", "TokenizedPromptLength"),
+        ("voxwire.text.tokenizer", "tokenizer_from_json"),
+    }
+)  # fmt: skip
+"""The globals a message of this protocol may name besides its own classes and exceptions: the types its fields
+hold, rebuilt through their constructors or builder functions where they carry checks (tests/workers/test_ipc.py
+pickles every message, fields filled, and fails on a missing or unused entry; numpy's names for an array are
+listed for numpy 1 and 2, contiguous or not)."""
+
+
+def loads(data: bytes, expected: frozenset[type] | None = None) -> object:
+    """Decode one message frame (``BadFrame`` for anything that is not one of ``expected``, by default any
+    message of the protocol)."""
+    try:
+        message = _Unpickler(io.BytesIO(data)).load()
+    except BadFrame:
+        raise
+    except Exception as exc:  # a truncated or foreign frame fails in many ways inside pickle
+        raise BadFrame(f"not a message of the engine protocol ({type(exc).__name__}: {exc})") from None
+    if type(message) not in (MESSAGE_TYPES if expected is None else expected):
+        raise BadFrame(f"not a message of the engine protocol (a {type(message).__name__})")
+    return message
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves only the globals a message may name: its own classes, ``DATA_TYPES``, and exceptions (a refusal
+    or failure travels as one) defined in ``builtins`` or an already imported voxwire module."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module == __name__ and name in _MESSAGE_NAMES) or (module, name) in DATA_TYPES:
+            return super().find_class(module, name)
+        if module == "builtins" or (module.startswith("voxwire.") and module in sys.modules):
+            found = getattr(sys.modules[module], name, None) if "." not in name else None
+            if isinstance(found, type) and issubclass(found, BaseException):
+                return found
+        raise BadFrame(f"a frame names {module}.{name}, which no message of the engine protocol holds")
 
 
 # ---- frontend -> engine -----------------------------------------------------------------------------------------
@@ -218,3 +274,19 @@ class PersonaReply:
     call_id: int
     infos: tuple[PersonaInfo, ...] = ()
     error: BaseException | None = None
+
+
+TO_ENGINE: frozenset[type] = frozenset(
+    {
+        Hello, Add, Abort, EncodeVoice, VoiceSaved, VoiceDeleted, Applied, AddPersona, RemovePersona, ListPersonas,
+        PersonasPublished,
+    }
+)  # fmt: skip
+"""The messages a frontend sends; the engine drops any other."""
+TO_FRONTEND: frozenset[type] = frozenset(
+    {Welcome, Outputs, Rejected, Heartbeat, VoiceEncoded, VoicesChanged, PersonasChanged, Synced, PersonaReply}
+)
+"""The messages an engine sends; a frontend drops any other."""
+MESSAGE_TYPES = TO_ENGINE | TO_FRONTEND
+"""Every message of the protocol: a frame decoding to anything else is a ``BadFrame``."""
+_MESSAGE_NAMES = frozenset(kind.__name__ for kind in MESSAGE_TYPES)

@@ -286,8 +286,15 @@ class EngineProxy:
     async def _read(self, link: _EngineLink) -> None:
         while True:
             frames = await link.socket.recv_multipart()
-            message = ipc.loads(frames[0])
+            try:
+                message = ipc.loads(frames[0], ipc.TO_FRONTEND)
+            except ipc.BadFrame as exc:
+                logger.warning("dropped a frame from engine %d: %s", link.index, exc)
+                continue
             if isinstance(message, ipc.Outputs):
+                if len(frames) != 2:
+                    logger.warning("dropped outputs of engine %d without their audio frame", link.index)
+                    continue
                 link.stats = message.stats
                 outputs = ipc.unpack_outputs(message, frames[1])
                 link.unconfirmed.difference_update(output.request_id for output in outputs)

@@ -1,0 +1,191 @@
+"""The engine socket decodes only its own messages (issue 20, item 8): every message of the protocol round-trips
+through the restricted unpickler, while a ``__reduce__`` gadget, a pickled tensor (which would unpickle any bytes),
+a value of another type, a message the other side sends, or bytes that are no pickle at all, are ``BadFrame``;
+and a live engine drops such frames, logs them and keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+from tests.server_process import ServerProcess
+
+from voxwire.engine import EngineStats, FinishReason, QueueFullError, Request, SynthesisParams
+from voxwire.errors import InvalidInputError
+from voxwire.prompt import VoicePrompt
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.voices import Voice, VoiceInfo
+from voxwire.serving.workers import ipc
+from voxwire.sim.model import SimPromptLength
+from voxwire.speech_model import ModelInfo, TokenizedPromptLength
+from voxwire.tts import VoxCPM
+
+from .test_workers import TEXT, speak
+
+PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.ones(1, 4, 8))
+VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)
+STATS = EngineStats(1, 2, 3, 0.1, 4, 5, 6, 0.2)
+PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)})
+
+
+def every_message(tts: VoxCPM) -> list[object]:
+    """One of each message of the protocol, every field filled as the server fills it."""
+    request = Request("r1", "hello", 5, SynthesisParams(seed=3), PROMPT, 0.3, 1.0, "A")
+    info = ModelInfo("model", 16000, 640, True)
+    patch = np.ones((4, 8), np.float32)
+    messages = [
+        ipc.Hello(1), ipc.Add(request), ipc.Abort("r1"), ipc.EncodeVoice(1, {"audio": np.zeros(8, np.float32)}),
+        ipc.VoiceSaved(1, VOICE), ipc.VoiceDeleted(1, "voice_0123456789abcdef"), ipc.Applied((b"frontend-0", 1)),
+        ipc.AddPersona(1, "A", "a"), ipc.RemovePersona(1, "A"), ipc.ListPersonas(1), ipc.PersonasPublished(1),
+        ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
+        ipc.Welcome(info, (4, 8), SimPromptLength(), (), None),
+        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch), ("r2", 0, None, "oops", None)], STATS),
+        ipc.Rejected("r1", QueueFullError("full")), ipc.Rejected("r1", ValueError("bad")), ipc.Heartbeat(STATS),
+        ipc.VoiceEncoded(1, PROMPT), ipc.VoiceEncoded(1, None, InvalidInputError("not audio")),
+        ipc.VoicesChanged((b"frontend-0", 1), (VOICE,), ("voice_0123456789abcdef",)),
+        ipc.PersonasChanged((b"frontend-0", 1), ("A",)), ipc.Synced(1),
+        ipc.PersonaReply(1, (PERSONA,)), ipc.PersonaReply(1, (), PersonaLoadError("invalid_lora", "no")),
+        ipc.PersonaReply(1, (), UnknownPersonaError("who")),
+    ]  # fmt: skip
+    assert {type(message) for message in messages} == ipc.MESSAGE_TYPES
+    return messages
+
+
+def plain(value: object) -> object:
+    """``value`` as comparable plain data: dataclasses by type and fields, tensors and arrays as lists."""
+    if isinstance(value, (TokenizedPromptLength, SimPromptLength)):
+        return type(value).__name__, value(TEXT, PROMPT)  # the same estimate
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return type(value).__name__, {field.name: plain(getattr(value, field.name)) for field in fields}
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return str(value.dtype), value.tolist()
+    if isinstance(value, BaseException):
+        return type(value).__name__, str(value), getattr(value, "code", None)
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+def named_globals(data: bytes) -> set[tuple[str, str]]:
+    names: set[tuple[str, str]] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            names.add((module, name))
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(data)).load()
+    return names
+
+
+def test_every_message_round_trips_and_names_only_what_it_holds(tiny_tts: VoxCPM) -> None:
+    used: set[tuple[str, str]] = set()
+    for message in every_message(tiny_tts):
+        data = ipc.dumps(message)
+        decoded = ipc.loads(data)
+        assert plain(decoded) == plain(message)  # the same value, field for field
+        used |= named_globals(data)
+    data_types = {name for name in used if name[0] != ipc.__name__ and not _is_exception(name)}
+    numpy_aliases = {name for name in ipc.DATA_TYPES if name[0].startswith(("numpy.core", "numpy._core"))}
+    assert data_types - ipc.DATA_TYPES == set()
+    assert ipc.DATA_TYPES - data_types - numpy_aliases - {("numpy", "ndarray")} == set()  # no entry to spare
+
+
+def _is_exception(name: tuple[str, str]) -> bool:
+    found = getattr(__import__(name[0], fromlist=[name[1]]), name[1])
+    return isinstance(found, type) and issubclass(found, BaseException)
+
+
+class Gadget:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(lambda marker: pickle.dumps(Gadget(marker)), id="reduce-gadget"),
+        pytest.param(lambda marker: pickle.dumps(ipc.Add(Gadget(marker))), id="gadget-inside-a-message"),  # type: ignore[arg-type]
+        pytest.param(lambda marker: pickle.dumps(torch.zeros(2)), id="a-pickled-tensor"),
+        pytest.param(lambda marker: pickle.dumps({"type": "add"}), id="a-value-of-another-type"),
+        pytest.param(lambda marker: b"not a pickle at all", id="junk"),
+        pytest.param(lambda marker: ipc.dumps(ipc.Hello(1))[:-3], id="truncated"),
+        pytest.param(lambda marker: pickle.dumps(ipc.loads), id="a-function-of-the-module"),
+    ],
+)
+def test_frames_that_are_no_message_are_bad_frames(tmp_path: Path, frame) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(ipc.BadFrame):
+        ipc.loads(frame(marker))
+    assert not marker.exists()
+
+
+def test_each_side_accepts_only_what_the_other_sends() -> None:
+    with pytest.raises(ipc.BadFrame):
+        ipc.loads(ipc.dumps(ipc.Heartbeat(STATS)), ipc.TO_ENGINE)
+    with pytest.raises(ipc.BadFrame):
+        ipc.loads(ipc.dumps(ipc.Hello(1)), ipc.TO_FRONTEND)
+
+
+def test_a_request_is_checked_again_when_it_arrives() -> None:
+    """Unpickling builds a request through its constructor, so a frontend (or an impostor) cannot skip its checks."""
+    bad = pickle.dumps(ipc.Add(_Unchecked()), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[arg-type]
+    with pytest.raises(ipc.BadFrame, match="cfg_value=nan"):
+        ipc.loads(bad)
+    forged = pickle.dumps(ipc.VoiceEncoded(1, _ForgedPrompt()), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[arg-type]
+    with pytest.raises(ipc.BadFrame, match="not finite"):
+        ipc.loads(forged)
+
+
+class _Unchecked:
+    """Pickles as SynthesisParams(cfg_value=nan), which the constructor refuses."""
+
+    def __reduce__(self) -> tuple[object, tuple[float]]:
+        return SynthesisParams, (float("nan"),)
+
+
+class _ForgedPrompt:
+    """Pickles as a voice prompt of non-finite latents, which the prompt's gate refuses."""
+
+    def __reduce__(self) -> tuple[object, tuple[str, np.ndarray, None]]:
+        from voxwire.prompt import prompt_from_arrays
+
+        return prompt_from_arrays, ("", np.full((1, 4, 8), np.inf, np.float32), None)
+
+
+@pytest.mark.slow
+def test_a_live_engine_drops_foreign_frames_and_keeps_serving(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    args = ("--model", "sim", "--sim-cost", "5ms", "--workers", "1")
+    with ServerProcess(*args, env={"TMPDIR": str(tmp_path)}) as server:
+        server.wait_ready()
+        endpoint = next(tmp_path.glob("voxwire-*/engine-0"))
+        context = zmq.Context()
+        try:
+            impostor = context.socket(zmq.DEALER)
+            impostor.setsockopt(zmq.LINGER, 0)
+            impostor.connect(f"ipc://{endpoint}")
+            for frame in (b"junk", pickle.dumps(Gadget(marker)), pickle.dumps(torch.zeros(2))):
+                impostor.send(frame)
+            impostor.send_multipart([b"two", b"frames"])
+            impostor.send(ipc.dumps(ipc.Add(_Unchecked())))  # type: ignore[arg-type]
+        finally:
+            context.destroy(linger=0)
+        assert asyncio.run(speak(server.ws_url, TEXT, seed=1, token=None))[1].finish_reason in ("stop", "length")
+        assert not marker.exists()
+        assert server.log.count("dropped a") >= 5, server.log
+        assert server.stop() == 0
