@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
+from voxwire.engine import QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.keys import (
@@ -98,6 +99,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, SpeechFailure):
         retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
         return ApiError(exc.code, str(exc), headers=retry)
+    if isinstance(exc, QueueFullError):  # an engine's bounded work (its voice encoder) is full
+        return ApiError(ErrorCode.BUSY, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     if isinstance(exc, InvalidInputError):
         return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
     if isinstance(exc, web.HTTPException) and exc.status >= 400:

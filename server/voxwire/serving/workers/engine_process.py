@@ -53,16 +53,19 @@ class EngineCore:
         endpoint: str,
         personas: PersonaRegistry | None = None,
         pulse: Pulse | None = None,
+        *,
+        max_voice_jobs: int,
     ) -> None:
         """``personas``: the model's LoRA personas (None: a model without LoRA layers); ``pulse``: the
-        supervisor's heartbeat slot (``liveness``), None where no supervisor watches (tests)."""
+        supervisor's heartbeat slot (``liveness``), None where no supervisor watches (tests); ``max_voice_jobs``: voice
+        clips encoded or waiting to be at once, from every frontend together (``UtilityCalls``)."""
         self.pulse = pulse
         self.model = model
         self.engine = engine
         self.personas = personas
         self._loop = EngineLoop(engine, self._deliver)
         self._hub = Hub(personas)
-        self._calls = UtilityCalls(model, personas)
+        self._calls = UtilityCalls(model, personas, max_voice_jobs)
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         # Never drop a message for a busy frontend: its streams would silently lose audio.
@@ -208,7 +211,7 @@ def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, 
     model = load_speech_model(config)
     personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
     engine = Engine(model.new_runner(config), config.engine_config())
-    core = EngineCore(model, engine, endpoint, personas, pulse)
+    core = EngineCore(model, engine, endpoint, personas, pulse, max_voice_jobs=config.max_voice_jobs)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         core.stop()

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from voxwire.engine import QueueFullError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
 from voxwire.serving.workers import ipc
@@ -34,9 +35,13 @@ _Reply = Callable[[Future[object]], object]
 class UtilityCalls:
     """Answers the utility calls to one engine; ``close()`` ends its worker threads."""
 
-    def __init__(self, model: SpeechModel, personas: PersonaRegistry | None) -> None:
-        """``personas``: the model's LoRA personas (None: a model without LoRA layers)."""
+    def __init__(self, model: SpeechModel, personas: PersonaRegistry | None, max_voice_jobs: int) -> None:
+        """``personas``: the model's LoRA personas (None: a model without LoRA layers); ``max_voice_jobs``: voice
+        clips encoding or waiting at once, from every frontend together; more are refused as busy (each frontend
+        bounds its own uploads too, but the engine's encoder is one, shared with the step loop's process)."""
         self._model = model
+        self._max_voice_jobs = max_voice_jobs
+        self._encoding = 0
         self._personas = personas
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="voxwire-voice-encoder")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="voxwire-persona-loader")
@@ -56,7 +61,11 @@ class UtilityCalls:
         """The answer to ``call`` when it is quick; a slow one starts a job, answered by ``finished`` later."""
         registry = self._personas
         if isinstance(call, ipc.EncodeVoice):
-            self._submit(sender, self._encoder, lambda: self._model.make_prompt(**call.kwargs), _voice_reply(call))
+            if self._encoding >= self._max_voice_jobs:
+                busy = QueueFullError(f"{self._encoding} voice clips are being encoded on this engine; retry shortly")
+                return [(sender, ipc.VoiceEncoded(call.call_id, error=busy))]
+            self._encoding += 1
+            self._submit(sender, self._encoder, lambda: self._model.make_prompt(**call.kwargs), self._voice_reply(call))
             return []
         if registry is None:
             error = UnknownPersonaError("this server has no personas (its model has no LoRA layers)")
@@ -91,17 +100,17 @@ class UtilityCalls:
         future = executor.submit(job)
         future.add_done_callback(lambda done: self._done.append((sender, done, reply)))
 
+    def _voice_reply(self, call: ipc.EncodeVoice) -> _Reply:
+        def reply(done: Future[object]) -> ipc.VoiceEncoded:
+            self._encoding -= 1  # on the engine's loop (``finished``), like the check in ``handle``
+            error = done.exception()
+            if error is not None:
+                return ipc.VoiceEncoded(call.call_id, error=error)
+            prompt = done.result()
+            assert isinstance(prompt, VoicePrompt)
+            return ipc.VoiceEncoded(call.call_id, prompt)
 
-def _voice_reply(call: ipc.EncodeVoice) -> Callable[[Future[object]], ipc.VoiceEncoded]:
-    def reply(done: Future[object]) -> ipc.VoiceEncoded:
-        error = done.exception()
-        if error is not None:
-            return ipc.VoiceEncoded(call.call_id, error=error)
-        prompt = done.result()
-        assert isinstance(prompt, VoicePrompt)
-        return ipc.VoiceEncoded(call.call_id, prompt)
-
-    return reply
+        return reply
 
 
 def _persona_reply(call: ipc.AddPersona) -> Callable[[Future[object]], ipc.PersonaReply]:
