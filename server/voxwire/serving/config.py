@@ -148,8 +148,9 @@ class ServerConfig:
     max_voices: int = 1000
     """Voices kept in the store; uploads beyond it are refused until one is deleted."""
     max_voice_jobs: int = 2
-    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``);
-    more are refused with 503 ``busy`` and ``Retry-After``, so uploads cannot crowd out the streams' CPU."""
+    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``), and
+    clips encoded or waiting at once on each engine process from every frontend together; more are refused with
+    503 ``busy`` and ``Retry-After``, so uploads cannot crowd out the streams' CPU."""
     max_transcript_chars: int = 2000
     """Largest ``transcript`` of a voice upload (it is part of every prompt that uses the voice)."""
     max_voice_name_chars: int = 200
