@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,10 +20,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from tests.server_process import ServerProcess, poll
-from tests.workers.test_workers import KEY, metric, speak, upload_voice, utterance
+from tests.workers.test_workers import KEY, frontend_pids, metric, speak, upload_voice, utterance
 
 from voxwire.client.connection import Connection
-from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
+from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
 
 pytestmark = pytest.mark.slow
 
@@ -184,3 +186,120 @@ def test_ready_waits_for_every_engine() -> None:
                 os.kill(pid, signal.SIGCONT)
         process.kill()
         process.wait(timeout=30)
+
+
+# ---- one engine's death (issue 20, item 10) ---------------------------------------------------------------------
+
+
+def engine_pid(server: ServerProcess, index: int) -> int:
+    """The pid of engine ``index``'s latest process, from the supervisor's log."""
+    return int(re.findall(rf"engine {index} started on .* \(pid (\d+)\)", server.log)[-1])
+
+
+async def started(url: str, text: str, seed: int) -> tuple[Connection, bytes]:
+    """A connection mid-utterance, and its first audio."""
+    connection = await Connection.open(url, KEY)
+    await connection.configure(Start(format="pcm_f32le", seed=seed))
+    await connection.send(Text(text))
+    await connection.send(End())
+    while not isinstance(message := await asyncio.wait_for(connection.receive(), 60), AudioFrame):
+        pass
+    return connection, b"".join(message.packets)
+
+
+async def rest(connection: Connection) -> tuple[bytes, str]:
+    """The rest of a live utterance: its audio and how it ended (an error's code, else the finish reason)."""
+    audio, error = [], None
+    while not isinstance(message := await asyncio.wait_for(connection.receive(), 60), Done):
+        if isinstance(message, AudioFrame):
+            audio += message.packets
+        elif isinstance(message, Error):
+            error = message.code
+    return b"".join(audio), error or message.finish_reason
+
+
+async def in_voice(server: ServerProcess, voice: str, seed: int) -> Done:
+    async with await Connection.open(server.ws_url, KEY) as connection:
+        await connection.configure(Start(format="pcm_f32le", seed=seed, voice=voice))
+        await connection.send(Text(LONG))
+        await connection.send(End())
+        while not isinstance(message := await asyncio.wait_for(connection.receive(), 60), Done):
+            pass
+        return message
+
+
+def voices(server: ServerProcess) -> set[str]:
+    return {voice["id"] for voice in json.loads(server.get("/v1/voices", KEY))["data"]}
+
+
+def test_one_engines_death_ends_only_its_sessions_and_its_successor_rejoins() -> None:
+    with sim_devices("--max-sessions", "8", "--workers", "2") as server:
+        server.wait_ready()
+        clip = np.sin(np.linspace(0, 400 * np.pi, 48000)).astype(np.float32) * 0.3
+        voice = upload_voice(server, clip)  # kept by engine 0, the hub: the engine to die
+        solo = asyncio.run(speak(server.ws_url, LONG, seed=2))[0]
+        readiness: list[int | None] = []
+        probing = threading.Event()
+
+        def probe() -> None:
+            while not probing.is_set():
+                readiness.append(server.status("/ready"))
+                time.sleep(0.05)
+
+        async def scenario() -> tuple[str, bytes, str, str]:
+            doomed, _ = await started(server.ws_url, LONG, seed=1)  # both engines idle: engine 0 takes it
+            await asyncio.sleep(0.6)  # every frontend has heard engine 0's load (heartbeats: 4 a second)
+            bystander, head = await started(server.ws_url, LONG, seed=2)  # on engine 1, the freer
+            assert await asyncio.to_thread(poll, lambda: active(server) == (1, 1), 5), active(server)
+            os.kill(engine_pid(server, 0), signal.SIGKILL)
+            (_, ended), (tail, finished) = await asyncio.gather(rest(doomed), rest(bystander))
+            # The connection whose engine died speaks its next utterance on a live engine.
+            _, again = await utterance(doomed, "Spoken after the engine died.", seed=3)
+            await doomed.close()
+            await bystander.close()
+            return ended, head + tail, finished, again.finish_reason
+
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
+        ended, audio, finished, again = asyncio.run(scenario())
+        # Each frontend reconnects to engine 0's successor.
+        assert poll(lambda: server.log.count("engine 0 rejoined") == 2, timeout=60), server.log
+        probing.set()
+        prober.join()
+        assert ended == "unavailable", server.log
+        assert finished in ("stop", "length"), server.log
+        np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), np.frombuffer(solo, "<f4"))
+        assert again in ("stop", "length"), server.log
+        assert readiness and set(readiness) == {200}, readiness
+        assert len(re.findall(r"engine 0 started on", server.log)) == 2
+        assert "engine 1 rejoined" not in server.log
+
+        # Both engines take new utterances again, in the voice saved before the death.
+        async def crowd() -> tuple[list[Done], list[tuple[float, float]]]:
+            samples: list[tuple[float, float]] = []
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch_engines(server, samples, stop))
+            done = await asyncio.gather(*(in_voice(server, voice, seed) for seed in range(4)))
+            stop.set()
+            await watcher
+            return done, samples
+
+        done, samples = asyncio.run(crowd())
+        assert all(d.finish_reason in ("stop", "length") for d in done)
+        assert max(min(first, second) for first, second in samples) >= 1, samples
+        # The successor hub holds that voice again: a frontend started now gets it in its welcome alone.
+        frontend = frontend_pids(server)[0]
+        os.kill(frontend, signal.SIGKILL)
+        assert poll(lambda: frontend_pids(server).get(0, frontend) != frontend, timeout=30), server.log
+        server.wait_ready()
+        assert all(voice in voices(server) for _ in range(8))
+        assert server.stop() == 0
+
+
+def test_the_last_engine_dying_still_ends_the_service_with_an_error() -> None:
+    with sim_devices() as server:
+        server.wait_ready()
+        for index in (0, 1):
+            os.kill(engine_pid(server, index), signal.SIGKILL)
+        assert poll(lambda: server.status("/ready") != 200, timeout=10)
+        assert server.process.wait(timeout=60) == 1, server.log

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from voxwire.engine import QueueFullError
+from voxwire.engine import EngineDeadError, QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.keys import (
@@ -103,6 +103,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(ErrorCode.BUSY, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     if isinstance(exc, InvalidInputError):
         return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
+    if isinstance(exc, EngineDeadError):  # a voice or persona call to an engine that died (--devices: restarting)
+        return ApiError(ErrorCode.UNAVAILABLE, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         # Another status (none the server raises today) keeps its status under the generic code of its class.
         generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR

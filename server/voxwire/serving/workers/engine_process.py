@@ -71,6 +71,8 @@ class EngineCore:
         # Never drop a message for a busy frontend: its streams would silently lose audio.
         self._socket.setsockopt(zmq.SNDHWM, 0)
         self._socket.setsockopt(zmq.RCVHWM, 0)
+        # A frontend that reconnects (to this engine, a restarted one) takes its identity over at once.
+        self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._socket.bind(endpoint)
         self._owners: dict[str, bytes] = {}
         """Frontend identity of every unfinished request."""
@@ -155,7 +157,7 @@ class EngineCore:
             self.engine.abort(rid)
         if orphans:
             logger.warning("%s restarted (pid %d): aborted its %d request(s)", sender.decode(), hello.pid, len(orphans))
-        self._post(self._hub.joined(sender))
+        self._post(self._hub.joined(sender, hello.voices, hello.deleted, self._frontends))
         self._frontends.add(sender)
         model, voices = self.model, self._hub.voices()
         personas = tuple(self.personas.names()) if self.personas is not None else None

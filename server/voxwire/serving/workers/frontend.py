@@ -1,7 +1,9 @@
 """A frontend process of ``voxwire serve --workers N``: the one-process server's app over an ``EngineProxy``.
 
 It shares the port with the other frontends (``SO_REUSEPORT``), speaks to the engine processes over ZeroMQ,
-and exits 1 once told (SIGUSR1) that an engine died, so that the supervisor's exit path runs.
+and exits 1 once told (SIGUSR1) that the service ends with an engine's death, so that the supervisor's exit path
+runs. Told (SIGUSR2) that an engine died and is being restarted, or finding it at its next beat
+(``EngineDeaths``), it ends that engine's streams only and reconnects to the successor (``EngineProxy.lost``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 from voxwire.serving.app import build_app, run_app, run_loop
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxwire.serving.workers.liveness import Pulse
+from voxwire.serving.workers.liveness import EngineDeaths, Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore
 
@@ -28,19 +30,26 @@ _METRICS_EVERY = 2
 
 
 def run_frontend(
-    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, log_level: str, pulse: Pulse
+    config: ServerConfig,
+    index: int,
+    endpoints: tuple[str, ...],
+    metrics_dir: str,
+    log_level: str,
+    pulse: Pulse,
+    deaths: EngineDeaths,
 ) -> None:
-    """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the engine died."""
+    """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the service
+    ended with an engine's death."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
-    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir, pulse)))
+    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir, pulse, deaths)))
 
 
 async def _frontend(
-    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, pulse: Pulse
+    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, pulse: Pulse, deaths: EngineDeaths
 ) -> int:
     parent = os.getppid()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
-    proxy = await EngineProxy.connect(endpoints, index, config)
+    proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
     voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     app[STATE_KEY].other_connections = pulse.others  # --max-connections bounds the server, not this frontend
@@ -60,6 +69,7 @@ async def _frontend(
         (streams end with ``unavailable`` now, rather than draining toward an engine nobody minds)."""
         beats = 0
         while os.getppid() == parent:
+            proxy.lost(deaths.read())  # a death told while this loop was not yet watched (no SIGUSR2 then)
             pulse.beat(connections=len(app[SESSIONS_KEY]))
             if beats % _METRICS_EVERY == 0:
                 app[METRICS_KEY].refresh()
@@ -68,7 +78,9 @@ async def _frontend(
         logger.error("the supervisor is gone: ending the streams and stopping")
         on_engine_death()
 
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, on_engine_death)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, on_engine_death)
+    loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.lost(deaths.read()))
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
     try:
         await run_app(app, config, reuse_port=True, stop=stop)

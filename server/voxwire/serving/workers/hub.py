@@ -6,13 +6,19 @@ every frontend, including a restarted one, gets them all in its ``Welcome``, and
 frontends concerned (``VoicesChanged``, ``PersonasChanged``); once each has answered ``Applied``, the announcer
 hears ``Synced``, so a client's next request finds the change on any frontend.
 
+The hub's state lives in this process only, so when engine 0 dies (``--devices``: it is restarted while
+another engine serves), its successor starts empty and rebuilds it from the frontends, which all hold the
+voices: each rejoining frontend's ``Hello`` brings the voices it holds and the ids it saw deleted (never reused),
+the hub keeps their union less every deleted id, and tells the frontends already back what they lack
+(``joined``). The persona names are the registry's, which the rejoining frontends restore on every engine.
+
 Sans-I/O: every call returns the letters to send (frontend identity, message); the engine process posts them.
 It runs on the engine process's loop thread, between steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 from voxwire.serving.personas import PersonaRegistry
 from voxwire.serving.voices import Voice
@@ -27,6 +33,9 @@ HUB_MESSAGES = (ipc.VoiceSaved, ipc.VoiceDeleted, ipc.PersonasPublished, ipc.App
 _Sync = tuple[bytes, int]
 """An announcement under way: its origin's identity and call id."""
 
+_UNAWAITED = -1
+"""The call id of a relay nobody waits for (what a rejoining frontend brought): its ``Applied`` answers are dropped."""
+
 
 class Hub:
     """The voices saved so far and the announcements not yet applied everywhere."""
@@ -36,6 +45,8 @@ class Hub:
         without LoRA layers)."""
         self._personas = personas
         self._voices: dict[str, Voice] = {}
+        self._deleted: set[str] = set()
+        """Ids of the voices deleted since this process started: a rejoining frontend cannot bring them back."""
         self._pending: dict[_Sync, set[bytes]] = {}
         """Each announcement under way, and the frontends that have not applied it yet."""
 
@@ -53,6 +64,7 @@ class Hub:
             return self._announce(sender, ipc.VoicesChanged((sender, message.call_id), (message.voice,)), frontends)
         if isinstance(message, ipc.VoiceDeleted):
             self._voices.pop(message.voice_id, None)
+            self._deleted.add(message.voice_id)
             changes = ipc.VoicesChanged((sender, message.call_id), deleted=(message.voice_id,))
             return self._announce(sender, changes, frontends)
         if isinstance(message, ipc.PersonasPublished):
@@ -62,10 +74,28 @@ class Hub:
             return self._announce(sender, changed, frontends, origin_too=True)
         return self._applied(sender, message.sync)
 
-    def joined(self, frontend: bytes) -> list[Letter]:
+    def joined(
+        self,
+        frontend: bytes,
+        voices: Sequence[Voice] = (),
+        deleted: Sequence[str] = (),
+        frontends: Set[bytes] = frozenset(),
+    ) -> list[Letter]:
         """``frontend`` said hello: a restarted one gets every voice in its welcome, so no announcement waits for
-        its previous process."""
-        return [letter for sync in list(self._pending) for letter in self._applied(frontend, sync)]
+        its previous process. One that rejoins this hub after engine 0's restart brings the ``voices`` it holds
+        and the ids it saw ``deleted``: the hub keeps what is new to it, forgets the deleted, and tells the other
+        ``frontends`` (those back already) both."""
+        letters = [letter for sync in list(self._pending) for letter in self._applied(frontend, sync)]
+        gone = tuple(voice_id for voice_id in deleted if voice_id not in self._deleted)
+        self._deleted.update(gone)
+        for voice_id in gone:
+            self._voices.pop(voice_id, None)
+        new = tuple(v for v in voices if v.info.id not in self._voices and v.info.id not in self._deleted)
+        self._voices.update((voice.info.id, voice) for voice in new)
+        if new or gone:
+            changes = ipc.VoicesChanged((frontend, _UNAWAITED), new, gone)
+            letters += [(other, changes) for other in frontends if other != frontend]
+        return letters
 
     def _announce(
         self,

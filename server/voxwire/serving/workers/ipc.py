@@ -106,9 +106,13 @@ class _Unpickler(pickle.Unpickler):
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """A frontend (re)started: the engine forgets the requests of any previous process with its identity."""
+    """A frontend (re)started: the engine forgets the requests of any previous process with its identity. To a
+    restarted engine 0 it brings the frontend's voices, so the hub can rebuild its set (``Hub.joined``)."""
 
     pid: int
+    voices: tuple[Voice, ...] = ()
+    deleted: tuple[str, ...] = ()
+    """Ids of the voices the frontend saw deleted."""
 
 
 @dataclass(frozen=True, slots=True)

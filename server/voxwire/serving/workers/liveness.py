@@ -5,8 +5,13 @@ A process that is stopped (SIGSTOP, a debugger, a stuck system call) or whose lo
 the kernel still hands a hung frontend new connections, and frontends wait on a hung engine. So each child's loop
 stamps a heartbeat into memory shared with the supervisor (``Pulse.beat``, a few times a second), and the
 supervisor ends a child whose stamp is older than ``liveness_timeout_s`` (``Pulses.silent``). The existing exit
-paths then run: a frontend is restarted, a dead engine ends the service. A child is watched only once it has
-beaten: loading a model or warming up before its loop starts is not silence.
+paths then run: a frontend is restarted, a dead engine is restarted or ends the service (``supervisor``). A child
+is watched only once it has beaten: loading a model or warming up before its loop starts is not silence.
+
+With ``--devices`` the supervisor also counts each engine's deaths here (``EngineDeaths``): an engine that dies
+while another serves is restarted, and each frontend, told (SIGUSR2) or at its next beat, compares the counts
+with those of its links to find which engine's streams to end and to which successor to reconnect. A count, not
+a flag, so no death goes unseen between two reads.
 
 A frontend's beat also publishes how many WebSocket connections it holds (``Pulse.beat(connections)``), so
 each frontend can bound the server's connections, not only its own (``Pulse.others``: the other slots' sum, at
@@ -59,8 +64,33 @@ class Pulses:
         self.connections[index] = 0
         return Pulse(self.stamps, self.connections, index)
 
+    def started(self, index: int) -> bool:
+        """Whether slot ``index``'s child has beaten since it was (re)started: its loop runs."""
+        return bool(self.stamps[index] != NOT_STARTED)
+
     def silent(self, index: int, timeout_s: float) -> float | None:
         """Seconds slot ``index`` has been silent, when over ``timeout_s``; None while alive or not started."""
         stamp = self.stamps[index]
         silence = time.monotonic() - stamp
         return silence if stamp != NOT_STARTED and silence > timeout_s else None
+
+
+@dataclass(frozen=True)
+class EngineDeaths:
+    """How many times each engine process has died and been replaced (picklable when a child is started)."""
+
+    counts: Any
+    """The shared array of counts, one per engine (``multiprocessing.RawArray`` of int64); only the supervisor
+    writes it."""
+
+    @classmethod
+    def create(cls, context: multiprocessing.context.SpawnContext, engines: int) -> EngineDeaths:
+        return cls(context.RawArray(c_int64, engines))
+
+    def died(self, index: int) -> None:
+        """Engine ``index`` died: its next process is its successor (the supervisor's call)."""
+        self.counts[index] += 1
+
+    def read(self) -> tuple[int, ...]:
+        """Each engine's count now."""
+        return tuple(self.counts)

@@ -10,6 +10,14 @@ connection's later utterances stay on the engine of its first (``pinned``). A cl
 with the most free capacity; the encoded prompt travels with each request to whichever engine speaks it (and
 is cached on that engine's device).
 
+One engine's death (``lost``: the supervisor's ``EngineDeaths`` counts moved) fails that engine's streams and
+calls with ``unavailable`` and nothing else: new utterances go to the engines left, a connection pinned to it
+moves to the freest at its next utterance, and a reconnection to the engine's successor starts (``_rejoin``).
+The successor rejoins once it has welcomed this frontend and, with personas, once it holds the personas a
+serving engine holds (``RemotePersonas.restore``); engine 0's successor, the hub, rebuilds its saved voices
+from what each frontend brings to it (``Hub.joined``), and this frontend takes the hub's voices as they are
+then (the union of every frontend's, less those any frontend saw deleted).
+
 Two primitives serve the rest: ``call`` (a utility call to one engine, answered by its value) and ``publish``
 (an announcement to engine 0, the hub, answered once every frontend has applied it). ``SharedVoiceStore``
 (``shared_voices``) and ``RemotePersonas`` (``remote_personas``) are built on them; the proxy hands them the
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import logging
 import os
@@ -41,6 +50,7 @@ from voxwire.serving.service import (
     engine_queue_full,
     speech_stream,
 )
+from voxwire.serving.voices import Voice
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.remote_personas import RemotePersonas
 
@@ -51,29 +61,49 @@ SYNC_TIMEOUT_S = 5.0
 """Longest wait for every frontend to apply a change of voices or personas (one that hangs is not waited for)."""
 
 
+class LinkState(enum.Enum):
+    """Where one engine process stands, seen from a frontend."""
+
+    SERVING = "serving"
+    """It takes new utterances."""
+    JOINING = "joining"
+    """A restarted engine welcomed this frontend: it answers calls (its personas are restored) but takes no new
+    utterance yet."""
+    LOST = "lost"
+    """It died: its streams and calls failed, its socket is closed; a successor is awaited."""
+
+
 class _EngineLink:
     """One engine process seen from this frontend: its socket, its latest load, this frontend's requests on it."""
 
-    def __init__(self, index: int, socket: zmq.asyncio.Socket, welcome: ipc.Welcome) -> None:
+    def __init__(self, index: int, socket: zmq.asyncio.Socket, welcome: ipc.Welcome, life: int) -> None:
         self.index = index
         self.socket = socket
         self.welcome = welcome
+        self.life = life
+        """The supervisor's count of engine ``index``'s deaths when this link was made: which process it reaches."""
+        self.state = LinkState.SERVING
         self.stats = EngineStats()
         self.unconfirmed: set[str] = set()
         """Requests sent to it whose first output has not come back: not yet certain to be in ``stats``."""
 
     @classmethod
-    async def connect(cls, index: int, endpoint: str, frontend: int) -> _EngineLink:
+    async def connect(cls, index: int, endpoint: str, frontend: int, life: int, hello: ipc.Hello) -> _EngineLink:
+        """Say ``hello`` to engine ``index`` and wait for its ``Welcome`` (it may still be loading its model)."""
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(frontend))
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.setsockopt(zmq.LINGER, 500)  # let the aborts of a stopping frontend reach the engine
-        socket.connect(endpoint)
-        await socket.send(ipc.dumps(ipc.Hello(os.getpid())))
-        while not isinstance(message := ipc.loads((await socket.recv_multipart())[0]), ipc.Welcome):
-            pass  # outputs still addressed to a previous process with this identity
-        return cls(index, socket, message)
+        try:
+            socket.connect(endpoint)
+            await socket.send(ipc.dumps(hello))
+            while not isinstance(message := ipc.loads((await socket.recv_multipart())[0]), ipc.Welcome):
+                pass  # outputs still addressed to a previous process with this identity
+        except BaseException:  # cancelled: its engine died before welcoming this frontend
+            socket.close(linger=0)
+            raise
+        return cls(index, socket, message, life)
 
     def send(self, message: object) -> None:
         # Unbounded high-water mark: the send never blocks, and its future is already done.
@@ -91,8 +121,10 @@ class _EngineLink:
 class EngineProxy:
     """The engine processes, seen from one frontend. Build it with ``await EngineProxy.connect(...)``."""
 
-    def __init__(self, links: list[_EngineLink], config: ServerConfig) -> None:
+    def __init__(self, links: list[_EngineLink], config: ServerConfig, endpoints: Sequence[str], frontend: int) -> None:
         self._links = links
+        self._endpoints = tuple(endpoints)
+        self._frontend = frontend
         self._max_waiting = config.max_waiting
         self._max_running = config.max_sessions
         welcome = links[0].welcome  # engine 0 keeps the voices
@@ -107,47 +139,85 @@ class EngineProxy:
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}"
         self._call_ids = itertools.count()
-        self._calls: dict[int, asyncio.Future[object]] = {}
-        """Calls to an engine waiting for its answer (``VoiceEncoded``, ``PersonaReply``), by call id."""
+        self._calls: dict[int, tuple[int, asyncio.Future[object]]] = {}
+        """Calls to an engine waiting for its answer (``VoiceEncoded``, ``PersonaReply``), by call id: the engine's
+        index and the future."""
         self._syncs: dict[int, asyncio.Future[None]] = {}
-        self._readers: list[asyncio.Task[None]] = []
-        self.on_voices: Callable[[ipc.VoicesChanged], None] = lambda changes: None
-        """Called with the voices other frontends saved or deleted."""
+        self._readers: dict[int, asyncio.Task[None]] = {}
+        self._rejoins: dict[int, tuple[int, asyncio.Task[None]]] = {}
+        """Reconnections under way, by engine index: the life they reach and their task."""
+        self.on_voices: Callable[[Sequence[Voice], Sequence[str]], None] = lambda saved, deleted: None
+        """Called with the voices saved and the voice ids deleted elsewhere (other frontends' changes, relayed by
+        the hub; or, when the hub restarted, what it holds now that this frontend lacks or it no longer has)."""
+        self.voices_held: Callable[[], tuple[tuple[Voice, ...], tuple[str, ...]]] = lambda: ((), ())
+        """The voices this frontend holds and those it saw deleted: what it brings to a restarted hub."""
 
     @classmethod
-    async def connect(cls, endpoints: Sequence[str], index: int, config: ServerConfig) -> EngineProxy:
+    async def connect(
+        cls, endpoints: Sequence[str], index: int, config: ServerConfig, lives: Sequence[int]
+    ) -> EngineProxy:
         """Connect as frontend ``index`` to every engine and wait for all their ``Welcome`` (each may still be
-        loading its model). ``config``: the server's, for the engines' queue rule (``queue_full``)."""
-        links = await asyncio.gather(*(_EngineLink.connect(i, endpoint, index) for i, endpoint in enumerate(endpoints)))
-        return cls(list(links), config)
+        loading its model). ``config``: the server's, for the engines' queue rule (``queue_full``); ``lives``: the
+        supervisor's death count of each engine now (``EngineDeaths``)."""
+        hello = ipc.Hello(os.getpid())
+        links = await asyncio.gather(
+            *(_EngineLink.connect(i, endpoint, index, lives[i], hello) for i, endpoint in enumerate(endpoints))
+        )
+        return cls(list(links), config, endpoints, index)
 
     async def start(self) -> None:
-        self._readers = [
-            asyncio.create_task(self._read(link), name=f"voxwire-engine-proxy-{link.index}") for link in self._links
-        ]
+        for link in self._links:
+            if link.state is not LinkState.LOST and link.index not in self._readers:
+                self._start_reader(link)
 
     async def stop(self) -> None:
         """Abort this frontend's requests and fail what is still open; the engines keep serving the others."""
         for request_id in self._streams.request_ids():
             self.abort(request_id)
         self._fail(STOPPED)
-        for reader in self._readers:
-            reader.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        tasks = [*self._readers.values(), *(task for _, task in self._rejoins.values())]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for link in self._links:
-            link.socket.close()
+            if link.state is not LinkState.LOST:
+                link.socket.close()
 
     def engine_died(self) -> None:
-        """The supervisor saw an engine process exit: every stream and call fails now."""
+        """The service ends with an engine's death (the supervisor's SIGUSR1): every stream and call fails now."""
         logger.error("an engine process died: failing %d open stream(s)", len(self._streams))
         self._fail("the engine process died")
 
+    def lost(self, deaths: Sequence[int]) -> None:
+        """The supervisor's count of each engine's deaths (``EngineDeaths``): an engine whose count moved past its
+        link's died and is being restarted. Its streams and calls fail now (``unavailable``), new utterances go
+        to the other engines, and this frontend reconnects to its successor (again, if a successor died too)."""
+        if self._streams.closed_reason is not None:
+            return  # stopping: nothing to reconnect for
+        for index, life in enumerate(deaths):
+            rejoin = self._rejoins.get(index)
+            link = self._links[index]
+            if life == (rejoin[0] if rejoin is not None else link.life):
+                continue
+            if link.state is not LinkState.LOST:
+                self._lose(link)
+            if rejoin is not None:
+                rejoin[1].cancel()
+            task = asyncio.create_task(self._rejoin(index, life), name=f"voxwire-engine-rejoin-{index}")
+            self._rejoins[index] = (life, task)
+
+    def life(self, engine: int) -> int | None:
+        """Engine ``engine``'s life (``_EngineLink.life``) while it takes new utterances; None otherwise."""
+        link = self._links[engine]
+        return link.life if link.state is LinkState.SERVING else None
+
     def pinned(self) -> Service:
-        """A view for one connection: its first utterance picks an engine, its later ones stay there."""
+        """A view for one connection: its first utterance picks an engine, its later ones stay there (while that
+        engine's process lives: after its death, the next utterance picks again)."""
         return _PinnedService(self)
 
     def per_engine(self) -> list[Service]:
-        return [_PinnedService(self, link.index) for link in self._links]
+        return [_PinnedService(self, link.index, moves=False) for link in self._links]
 
     def new_request_id(self, prefix: str = "req") -> str:
         # The pid keeps ids unique across frontends and across a frontend's restarts.
@@ -180,6 +250,8 @@ class EngineProxy:
 
     async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[Chunk, None]:
         request_id = request.request_id
+        if link.state is not LinkState.SERVING:
+            raise EngineDeadError(f"engine {link.index} is restarting: retry shortly")
         channel = self._streams.open(request_id)
         self._engine_of[request_id] = link
         link.unconfirmed.add(request_id)
@@ -197,12 +269,16 @@ class EngineProxy:
         check_persona(self.personas, persona)
 
     def freest(self) -> int:
-        """The index of the engine with the most free capacity (``_EngineLink.free``)."""
-        return max(self._links, key=lambda link: link.free(self._max_running)).index
+        """The index of the serving engine with the most free capacity (``_EngineLink.free``); engine 0 if none
+        serves now (an utterance sent there fails with ``unavailable``)."""
+        serving = [link for link in self._links if link.state is LinkState.SERVING]
+        if not serving:
+            return 0
+        return max(serving, key=lambda link: link.free(self._max_running)).index
 
     def abort(self, request_id: str) -> None:
         link = self._engine_of.get(request_id)
-        if link is not None and self._streams.closed_reason is None:
+        if link is not None and link.state is not LinkState.LOST and self._streams.closed_reason is None:
             link.send(ipc.Abort(request_id))
 
     def stats(self) -> EngineStats:
@@ -225,9 +301,10 @@ class EngineProxy:
 
     @property
     def queue_full(self) -> bool:
-        """Whether every engine's queue was full at its latest step or heartbeat (a new request would be refused:
-        it goes to the freest engine)."""
-        return all(engine_queue_full(s, self._max_waiting, self._max_running) for s in self.engine_stats())
+        """Whether every serving engine's queue was full at its latest step or heartbeat (a new request would be
+        refused: it goes to the freest engine); False when none serves (the request then fails ``unavailable``)."""
+        serving = [link.stats for link in self._links if link.state is LinkState.SERVING]
+        return bool(serving) and all(engine_queue_full(s, self._max_waiting, self._max_running) for s in serving)
 
     async def encode_voice(
         self,
@@ -254,10 +331,13 @@ class EngineProxy:
         raised here; ``EngineDeadError`` if an engine dies first)."""
         if self._streams.closed_reason is not None:
             raise EngineDeadError(self._streams.closed_reason)
+        link = self._links[engine]
+        if link.state is LinkState.LOST:
+            raise EngineDeadError(f"engine {engine} is restarting: retry shortly")
         call_id = next(self._call_ids)
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = future
-        self._links[engine].send(message(call_id))
+        self._calls[call_id] = (engine, future)
+        link.send(message(call_id))
         try:
             return await future
         finally:
@@ -266,10 +346,19 @@ class EngineProxy:
     def engines(self) -> range:
         return range(len(self._links))
 
+    def check_hub(self) -> None:
+        """Raise ``EngineDeadError`` while engine 0, the hub, is dead: a change of voices made now could not reach
+        the other frontends (call it before making one)."""
+        if self._links[0].state is LinkState.LOST:
+            raise EngineDeadError("engine 0, which shares saved voices between frontends, is restarting: retry shortly")
+
     async def publish(self, message: Callable[[int], object]) -> None:
         """Send engine 0, the hub, the announcement ``message(call id)``; returns once every frontend it concerns
         has applied it (or after ``SYNC_TIMEOUT_S``, if one does not answer), so the client's next request
-        finds the change everywhere."""
+        finds the change everywhere. While the hub is dead it returns at once: its successor learns the change
+        from this frontend when it rejoins (``Hub.joined``)."""
+        if self._links[0].state is LinkState.LOST:
+            return
         call_id = next(self._call_ids)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncs[call_id] = future
@@ -309,7 +398,7 @@ class EngineProxy:
             elif isinstance(message, ipc.PersonaReply):
                 self._resolve(message.call_id, message.infos, message.error)
             elif isinstance(message, ipc.VoicesChanged):
-                self.on_voices(message)
+                self.on_voices(message.saved, message.deleted)
                 link.send(ipc.Applied(message.sync))
             elif isinstance(message, ipc.PersonasChanged):
                 if self.personas is not None:
@@ -321,7 +410,7 @@ class EngineProxy:
                     synced.set_result(None)
 
     def _resolve(self, call_id: int, value: object, error: BaseException | None) -> None:
-        future = self._calls.get(call_id)
+        _, future = self._calls.get(call_id, (None, None))
         if future is None or future.done():
             return  # the caller left
         if error is not None:
@@ -331,22 +420,84 @@ class EngineProxy:
 
     def _fail(self, reason: str) -> None:
         self._streams.close(reason)
-        for future in self._calls.values():
+        for _, future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
-        for synced in self._syncs.values():  # no other frontend is left to tell
+        self._release_syncs()
+
+    def _release_syncs(self) -> None:
+        for synced in self._syncs.values():  # the hub is gone: no other frontend can be told now
             if not synced.done():
                 synced.set_result(None)
+
+    # ---- one engine's death and its successor -------------------------------------------------------------------
+
+    def _start_reader(self, link: _EngineLink) -> None:
+        self._readers[link.index] = asyncio.create_task(self._read(link), name=f"voxwire-engine-proxy-{link.index}")
+
+    def _lose(self, link: _EngineLink) -> None:
+        """Engine ``link.index``'s process died: fail its streams and calls (``unavailable``), close its socket."""
+        reason = f"engine {link.index}'s process died (it is being restarted)"
+        streams = [request_id for request_id, owner in self._engine_of.items() if owner is link]
+        logger.error("engine %d died: failing its %d open stream(s)", link.index, len(streams))
+        link.state = LinkState.LOST
+        link.stats = EngineStats()  # it runs nothing for anyone now
+        link.unconfirmed.clear()
+        for request_id in streams:
+            self._streams.reject(request_id, EngineDeadError(reason))
+        for engine, future in self._calls.values():
+            if engine == link.index and not future.done():
+                future.set_exception(EngineDeadError(reason))
+        if link.index == 0:
+            self._release_syncs()
+        reader = self._readers.pop(link.index, None)
+        if reader is not None:
+            reader.cancel()
+        link.socket.close(linger=0)  # nothing queued for the dead process reaches its successor
+
+    async def _rejoin(self, index: int, life: int) -> None:
+        """Reconnect to engine ``index``'s successor (it may still be loading its model), restore what it lacks,
+        then route utterances to it again."""
+        try:
+            held, deleted = self.voices_held() if index == 0 else ((), ())
+            hello = ipc.Hello(os.getpid(), held, deleted)
+            link = await _EngineLink.connect(index, self._endpoints[index], self._frontend, life, hello)
+            link.state = LinkState.JOINING
+            self._links[index] = link
+            self._start_reader(link)
+            if index == 0:  # the successor hub holds every frontend's voices so far, less every deleted one
+                voices = link.welcome.voices
+                kept = {voice.info.id for voice in voices}
+                held, _ = self.voices_held()
+                self.on_voices(voices, [voice.info.id for voice in held if voice.info.id not in kept])
+            source = self.freest()
+            if self.personas is not None and source != index and self._links[source].state is LinkState.SERVING:
+                await self.personas.restore(index, source)
+            link.state = LinkState.SERVING
+            logger.info("engine %d rejoined: its successor serves this frontend again", index)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: without its restored state the engine stays out of the routing
+            logger.exception("engine %d could not rejoin", index)
+        finally:
+            entry = self._rejoins.get(index)
+            if entry is not None and entry[1] is asyncio.current_task():  # not a newer one, for a newer successor
+                del self._rejoins[index]
 
 
 class _PinnedService:
     """One WebSocket connection's view of the ``EngineProxy``: its utterances all run on one engine (the freest
-    when its first one starts), so a voice continued from an earlier utterance is spoken where it was."""
+    when its first one starts), so a voice continued from an earlier utterance is spoken where it was. If that
+    engine's process dies, the next utterance picks the freest engine again (``moves``; the warm-up's views, one
+    per engine, stay)."""
 
-    def __init__(self, proxy: EngineProxy, engine: int | None = None) -> None:
+    def __init__(self, proxy: EngineProxy, engine: int | None = None, *, moves: bool = True) -> None:
         self._proxy = proxy
         self._engine = engine
         """None until the first utterance picks the freest engine."""
+        self._life: int | None = None
+        """The life of the engine picked (``EngineProxy.life``)."""
+        self._moves = moves
         self.info = proxy.info
         self.personas = proxy.personas
 
@@ -383,8 +534,9 @@ class _PinnedService:
         voice: VoicePrompt | None = None,
         options: UtteranceOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[Chunk, None]:
-        if self._engine is None:
+        if self._engine is None or (self._moves and self._proxy.life(self._engine) != self._life):
             self._engine = self._proxy.freest()
+            self._life = self._proxy.life(self._engine)
         return self._proxy.speak_on(self._engine, request_id, text, params, voice, options)
 
     def abort(self, request_id: str) -> None:

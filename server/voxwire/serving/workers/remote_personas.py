@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from voxwire.serving.personas import PersonaInfo, UnknownPersonaError
+from voxwire.engine.errors import EngineDeadError
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 
 logger = logging.getLogger(__name__)
@@ -102,6 +105,33 @@ class RemotePersonas:
             raise unexpected[0]
         if len(errors) == len(results):  # no engine had it
             raise errors[0]
+
+    async def restore(self, engine: int, source: int) -> None:
+        """Give ``engine``, restarted, the personas that ``source`` (a serving engine) holds: a successor loads the
+        operator's ``--lora`` personas only, so those added over the API are loaded again from their folders and
+        those removed over the API are removed again. A load that fails is logged: that engine then refuses a
+        request naming the persona (``unknown_persona``), as an engine does for one removed meanwhile."""
+        try:
+            wanted = await self._engines.call(source, ipc.ListPersonas)
+        except EngineDeadError:  # the source died meanwhile: the successor keeps its --lora personas only
+            logger.warning("engine %d's personas were not restored: engine %d died meanwhile", engine, source)
+            return
+        held = await self._engines.call(engine, ipc.ListPersonas)
+        assert isinstance(wanted, tuple) and isinstance(held, tuple)
+        held_names = {info.name for info in held}
+        for info in wanted:
+            if info.name not in held_names:
+                await self._restore_one(engine, info)
+        for name in sorted(held_names - {info.name for info in wanted}):
+            with contextlib.suppress(UnknownPersonaError):  # another frontend removed it first
+                await self._engines.call(engine, functools.partial(ipc.RemovePersona, name=name))
+
+    async def _restore_one(self, engine: int, info: PersonaInfo) -> None:
+        try:
+            await self._engines.call(engine, functools.partial(ipc.AddPersona, name=info.name, path=info.path))
+        except PersonaLoadError as exc:
+            if exc.code != "persona_exists":  # exists: another frontend restored it first
+                logger.error("persona %r could not be restored on engine %d: %s", info.name, engine, exc)
 
     async def _on_each(self, message: Callable[[int], object], engines: Iterable[int]) -> list[object]:
         """Each of ``engines``' answer to ``message(call id)``, or the exception it raised."""

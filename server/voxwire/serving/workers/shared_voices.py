@@ -4,14 +4,19 @@ A voice saved or deleted here is announced to engine 0, the voices' one keeper (
 other frontends; the save or delete answers its client once every frontend has it (or after
 ``proxy.SYNC_TIMEOUT_S``), so the client's next request finds the voice on any frontend. A frontend starts
 with every voice saved so far (engine 0's ``Welcome``), so a restarted one resolves them all too.
+
+If engine 0 dies, saves and deletes answer 503 ``unavailable`` until it is back (``EngineProxy.check_hub``); its
+successor rebuilds the set from the frontends as they rejoin it: each brings the voices it holds and the ids it
+saw deleted (ids are never reused), and the hub keeps the union less the deleted (``Hub.joined``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.voices import VoiceInfo, VoiceStore
+from voxwire.serving.voices import Voice, VoiceInfo, VoiceStore
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.proxy import EngineProxy
 
@@ -22,25 +27,36 @@ class SharedVoiceStore(VoiceStore):
     def __init__(self, proxy: EngineProxy, directory: Path | None, max_voices: int) -> None:
         super().__init__(directory, proxy.info.name, proxy.patch_shape, max_voices)
         self._proxy = proxy
+        self._deleted: set[str] = set()
+        """Ids of the voices deleted so far (never reused): what a restarted hub must not take back."""
         for voice in proxy.initial_voices:
             self.adopt(voice)
         proxy.on_voices = self._apply
+        proxy.voices_held = self._held
 
     async def add(
         self, prompt: VoicePrompt, *, name: str | None, duration_s: float, owner: str | None = None
     ) -> VoiceInfo:
+        self._proxy.check_hub()  # no change the other frontends cannot hear of: 503 while the hub restarts
         info = await super().add(prompt, name=name, duration_s=duration_s, owner=owner)
         voice = self.get(info.id)
         await self._proxy.publish(lambda call_id: ipc.VoiceSaved(call_id, voice))
         return info
 
     async def delete(self, voice_id: str, owner: str | None = None) -> None:
+        self._proxy.check_hub()
         await super().delete(voice_id, owner)
+        self._deleted.add(voice_id)
         await self._proxy.publish(lambda call_id: ipc.VoiceDeleted(call_id, voice_id))
 
-    def _apply(self, changes: ipc.VoicesChanged) -> None:
-        """Another frontend's change, relayed by engine 0."""
-        for voice in changes.saved:
-            self.adopt(voice)
-        for voice_id in changes.deleted:
+    def _apply(self, saved: Sequence[Voice], deleted: Sequence[str]) -> None:
+        """Another frontend's change, relayed by engine 0 (or what a restarted engine 0 holds)."""
+        self._deleted.update(deleted)
+        for voice in saved:
+            if voice.info.id not in self._deleted:
+                self.adopt(voice)
+        for voice_id in deleted:
             self.forget(voice_id)
+
+    def _held(self) -> tuple[tuple[Voice, ...], tuple[str, ...]]:
+        return tuple(self.get(info.id) for info in self.infos()), tuple(sorted(self._deleted))

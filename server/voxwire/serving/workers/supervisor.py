@@ -10,8 +10,13 @@ listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over 
   then the engine stops; exit 0.
 - A frontend exits: only its connections end (the kernel closes them); it is started again, and the
   engines abort the requests the dead process left behind when the new one says hello.
-- An engine exits: every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as
-  ``unavailable`` and closes; exit 1.
+- An engine exits while another engine serves (``--devices``; it served before, so its death is not a failure
+  to start): it is restarted (at most once a second), and every frontend is told (SIGUSR2, ``EngineDeaths``):
+  it fails that engine's streams and calls as ``unavailable``, routes new utterances to the engines left, and
+  reconnects to the successor, which rejoins once it welcomes the frontend (see ``proxy``).
+- An engine exits and no other serves (one engine; an engine that never served, e.g. a bad ``--lora``; the last
+  one left): every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as ``unavailable``
+  and closes; exit 1.
 
 Children stop on their own when the supervisor disappears (they watch their parent process id).
 """
@@ -35,14 +40,14 @@ from prometheus_client import multiprocess
 
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.workers.frontend import run_frontend
-from voxwire.serving.workers.liveness import Pulses
+from voxwire.serving.workers.liveness import EngineDeaths, Pulses
 
 logger = logging.getLogger(__name__)
 
 _WATCH_S = 0.1
 """How often the supervisor looks at its children."""
 _RESTART_INTERVAL_S = 1.0
-"""A frontend that keeps dying is restarted at most this often."""
+"""A frontend or engine that keeps dying is restarted at most this often."""
 _STOP_GRACE_S = 15.0
 """After the drain timeout, how long a frontend may take to close before it is killed."""
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -123,38 +128,79 @@ class _Supervisor:
         self.engine_count = len(endpoints)
         self.pulses = Pulses(context, self.engine_count + config.frontends)
         """Heartbeats: engines in slots 0..engines-1, then the frontends."""
+        self.engines: list[multiprocessing.process.BaseProcess] = []
+        self.engine_started_at: list[float] = []
+        self.deaths = EngineDeaths.create(context, self.engine_count)
+        self.restarting: set[int] = set()
+        """Engines that died and wait for their restart (``_RESTART_INTERVAL_S``)."""
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
-        from voxwire.serving.workers.engine_process import run_engine
-
-        engines = []
-        for index, (device, endpoint) in enumerate(zip(self.config.engine_devices(), self.endpoints, strict=True)):
-            # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
-            config = replace(self.config, device=device, devices=())
-            engine = self.context.Process(
-                target=run_engine,
-                args=(config, index, endpoint, self.log_level, self.pulses.pulse(index)),
-                name=f"voxwire-engine-{index}",
-            )
-            engine.start()
-            logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
-            engines.append(engine)
+        for index in range(self.engine_count):
+            self.engines.append(self._start_engine(index))
+            self.engine_started_at.append(time.monotonic())
         for index in range(self.config.frontends):
             self._start_frontend(index)
-        logger.info("supervising %d engine(s) and %d frontend(s)", len(engines), self.config.frontends)
+        logger.info("supervising %d engine(s) and %d frontend(s)", self.engine_count, self.config.frontends)
         while not self.stop_requested:
             time.sleep(_WATCH_S)
-            for index, engine in enumerate(engines):
-                self._end_if_silent(engine, index)
-                if not engine.is_alive():
-                    return self._engine_died(engine, engines)
+            for index in range(self.engine_count):
+                if not self._watch_engine(index):
+                    return self._engines_gone(self.engines[index])
             for index, process in list(self.frontends.items()):
                 self._end_if_silent(process, self.engine_count + index)
                 if not process.is_alive() and not self.stop_requested:
                     self._restart(index, process)
-        return self._shutdown(engines)
+        return self._shutdown(self.engines)
+
+    def _start_engine(self, index: int) -> multiprocessing.process.BaseProcess:
+        from voxwire.serving.workers.engine_process import run_engine
+
+        device = self.config.engine_devices()[index]
+        # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
+        config = replace(self.config, device=device, devices=())
+        engine = self.context.Process(
+            target=run_engine,
+            args=(config, index, self.endpoints[index], self.log_level, self.pulses.pulse(index)),
+            name=f"voxwire-engine-{index}",
+        )
+        engine.start()
+        logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
+        return engine
+
+    def _watch_engine(self, index: int) -> bool:
+        """End engine ``index`` if hung, restart it if it died while another engine serves; False when its death
+        ends the service (no other engine serves, or it never served: a failure to start, not a crash)."""
+        engine = self.engines[index]
+        if index not in self.restarting:
+            self._end_if_silent(engine, index)
+            if engine.is_alive():
+                return True
+            # Its stamp outlives it until its successor starts: a stamp means it served.
+            served = self.pulses.started(index) or self.deaths.read()[index] > 0
+            if not served or not any(self._serves(other) for other in range(self.engine_count) if other != index):
+                return False
+            message = "%s (pid %s) exited with %s: ending its streams and restarting it"
+            logger.error(message, engine.name, engine.pid, engine.exitcode)
+            self.restarting.add(index)
+            self.deaths.died(index)
+            self._tell_frontends(signal.SIGUSR2)
+        if time.monotonic() - self.engine_started_at[index] >= _RESTART_INTERVAL_S:
+            self.restarting.discard(index)
+            self.engines[index] = self._start_engine(index)
+            self.engine_started_at[index] = time.monotonic()
+        return True
+
+    def _serves(self, index: int) -> bool:
+        """Whether engine ``index``'s process is alive and its loop has run since it was (re)started."""
+        return index not in self.restarting and self.engines[index].is_alive() and self.pulses.started(index)
+
+    def _tell_frontends(self, signum: signal.Signals) -> None:
+        """Signal the frontends whose loop runs (a frontend still starting reads ``deaths`` at its first beat)."""
+        for index, process in self.frontends.items():
+            if process.pid is not None and process.is_alive() and self.pulses.started(self.engine_count + index):
+                os.kill(process.pid, signum)
 
     def _end_if_silent(self, process: multiprocessing.process.BaseProcess, slot: int) -> None:
         """SIGKILL a hung child (see ``liveness``): its death then takes the path of any other."""
@@ -171,7 +217,7 @@ class _Supervisor:
         pulse = self.pulses.pulse(self.engine_count + index)
         process = self.context.Process(
             target=run_frontend,
-            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level, pulse),
+            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level, pulse, self.deaths),
             name=f"voxwire-frontend-{index}",
         )
         process.start()
@@ -194,14 +240,12 @@ class _Supervisor:
         logger.info("stopped")
         return 0 if all(engine.exitcode == 0 for engine in engines) else 1
 
-    def _engine_died(
-        self, dead: multiprocessing.process.BaseProcess, engines: list[multiprocessing.process.BaseProcess]
-    ) -> int:
-        # A frontend's connections may be pinned to the dead engine, and its voices hub may be gone: the whole
-        # server stops (exit 1) and its orchestrator restarts it, as with one engine.
+    def _engines_gone(self, dead: multiprocessing.process.BaseProcess) -> int:
+        # No engine is left to serve (or one failed to start): the whole server stops (exit 1) and its
+        # orchestrator restarts it, as with one engine.
         logger.error("%s exited with %s: closing the frontends and the other engines", dead.name, dead.exitcode)
         self._stop_frontends(signal.SIGUSR1, _STOP_GRACE_S)
-        _stop_engines([engine for engine in engines if engine is not dead])
+        _stop_engines([engine for engine in self.engines if engine is not dead])
         return 1
 
     def _stop_frontends(self, signum: signal.Signals, timeout: float) -> None:
