@@ -191,3 +191,23 @@ def test_names_are_checked_against_the_last_announced_list() -> None:
     personas.apply(("A", "B"))
     personas.check("B")
     assert personas.names() == ["A", "B"]
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_engine_gets_the_personas_a_serving_engine_holds() -> None:
+    # Engine 1's successor loaded the --lora personas only: A, and C (which the API removed since).
+    exists = PersonaLoadError("persona_exists", "another frontend restored it first")
+    engines = FakeEngines(
+        [
+            {ipc.ListPersonas: (info("A"), info("B"), info("D"))},
+            # Another frontend restores them too: an add that finds the persona there is no failure.
+            {ipc.ListPersonas: (info("A"), info("C")), ipc.AddPersona: exists, ipc.RemovePersona: ()},
+        ]
+    )
+    personas = RemotePersonas(engines, ["A", "B", "D"])
+    await personas.restore(1, source=0)
+    changes = [(engine, type(m).__name__, m.name) for engine, m in engines.sent if not isinstance(m, ipc.ListPersonas)]
+    assert changes == [(1, "AddPersona", "B"), (1, "AddPersona", "D"), (1, "RemovePersona", "C")]
+    added = [m for _, m in engines.sent if isinstance(m, ipc.AddPersona)]
+    assert [m.path for m in added] == ["/loras/B", "/loras/D"]  # from the folders the serving engine loaded
+    assert engines.published == 0  # the names every frontend checks against did not change

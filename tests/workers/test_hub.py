@@ -1,6 +1,7 @@
 """Engine 0's hub, without sockets: a change announced by one frontend reaches the others, and its announcer hears
 ``Synced`` only once every one of them has applied it (or left, restarted); persona names go to the announcer too;
-a frontend that joins later finds every saved voice in its welcome."""
+a frontend that joins later finds every saved voice in its welcome; engine 0's successor rebuilds the voices from
+the frontends that rejoin it, less every voice one of them saw deleted."""
 
 from __future__ import annotations
 
@@ -61,3 +62,29 @@ def test_persona_names_go_to_every_frontend_the_announcer_included() -> None:
     assert isinstance(changed, ipc.PersonasChanged) and changed.names == ("A", "B")
     assert hub.handle(F0, ipc.Applied(changed.sync), {F0, F1}) == []
     assert hub.handle(F1, ipc.Applied(changed.sync), {F0, F1}) == [(F0, ipc.Synced(4))]
+
+
+def test_a_restarted_hub_rebuilds_the_voices_from_the_frontends_that_rejoin_it() -> None:
+    hub = Hub(None)  # engine 0's successor: it starts empty
+    # F0 rejoins first with what it holds; it saw v3 deleted while F1 (still away) did not.
+    assert hub.joined(F0, (voice("v1"), voice("v2")), ("v3",), {F0}) == []
+    assert sorted(v.info.id for v in hub.voices()) == ["v1", "v2"]
+    # F1 holds v1 and v3 and saw v2 deleted: the hub forgets v2, keeps v3 out, and tells F0 (back already).
+    letters = hub.joined(F1, (voice("v1"), voice("v3")), ("v2",), {F0, F1})
+    assert [frontend for frontend, _ in letters] == [F0]
+    changed = letters[0][1]
+    assert isinstance(changed, ipc.VoicesChanged) and changed.saved == () and changed.deleted == ("v2",)
+    assert [v.info.id for v in hub.voices()] == ["v1"]  # F1's welcome: it drops v3 itself
+    assert hub.handle(F0, ipc.Applied(changed.sync), {F0, F1}) == []  # nobody waits for that relay
+    # A voice only F2 holds reaches the others.
+    letters = hub.joined(F2, (voice("v4"),), (), {F0, F1, F2})
+    assert sorted(frontend for frontend, _ in letters) == [F0, F1]
+    assert [v.info.id for v in letters[0][1].saved] == ["v4"]  # type: ignore[attr-defined]
+
+
+def test_a_voice_deleted_through_the_hub_cannot_be_brought_back() -> None:
+    hub = Hub(None)
+    hub.handle(F0, ipc.VoiceSaved(1, voice("v1")), {F0})
+    hub.handle(F0, ipc.VoiceDeleted(2, "v1"), {F0})
+    assert hub.joined(F1, (voice("v1"),), (), {F0, F1}) == []  # F1 rejoins late, still holding it
+    assert hub.voices() == ()
