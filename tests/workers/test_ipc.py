@@ -42,7 +42,8 @@ def every_message(tts: VoxCPM) -> list[object]:
     info = ModelInfo("model", 16000, 640, True)
     patch = np.ones((4, 8), np.float32)
     messages = [
-        ipc.Hello(1), ipc.Add(request), ipc.Abort("r1"), ipc.EncodeVoice(1, {"audio": np.zeros(8, np.float32)}),
+        ipc.Hello(1), ipc.Hello(1, (VOICE,), ("voice_fedcba9876543210",)), ipc.Add(request), ipc.Abort("r1"),
+        ipc.EncodeVoice(1, {"audio": np.zeros(8, np.float32)}),
         ipc.VoiceSaved(1, VOICE), ipc.VoiceDeleted(1, "voice_0123456789abcdef"), ipc.Applied((b"frontend-0", 1)),
         ipc.AddPersona(1, "A", "a"), ipc.RemovePersona(1, "A"), ipc.ListPersonas(1), ipc.PersonasPublished(1),
         ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
