@@ -37,10 +37,17 @@ def server(tiny_tts: VoxCPM) -> Iterator[ServerProcess]:
 
 
 def sim_server(*extra: str) -> ServerProcess:
-    """A sim-model server whose utterances last seconds (a 60 ms step per 160 ms chunk)."""
+    """A sim-model server whose utterances last seconds (a 60 ms step per 160 ms chunk), once both frontends
+    listen: ``/ready`` answers as soon as one does, and a test that needs sessions on both would otherwise find
+    every connection on the first (the kernel hands them only to sockets already listening)."""
     process = ServerProcess("--model", "sim", "--sim-cost", "60ms", "--workers", "2", *extra)
     process.wait_ready()
+    assert poll(lambda: len(listening_frontends(process)) == 2, timeout=60), process.log
     return process
+
+
+def listening_frontends(process: ServerProcess) -> set[str]:
+    return set(re.findall(r"\[frontend-(\d+)\]: listening on", process.log))
 
 
 async def speak(url: str, text: str, seed: int, fmt: str = "pcm_f32le", token: str | None = KEY) -> tuple[bytes, Done]:
