@@ -28,7 +28,8 @@ from voxwire.chunk import Patch
 from voxwire.engine import Chunk
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
-from voxwire.protocol.wire import CloseCode, Done, Error, ErrorCode, Segment, Start
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import CloseCode, Done, Error, Segment, Start
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState

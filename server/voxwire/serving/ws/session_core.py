@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from voxwire.finish_reason import FinishReason
+from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import (
     Cancel,
     ClientMessage,
     CloseCode,
     End,
-    ErrorCode,
     Flush,
     ProtocolError,
     Start,

@@ -25,11 +25,11 @@ from voxwire.chunk import Patch
 from voxwire.engine import ParamLimits, SynthesisParams
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
+from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import (
     MAX_SEED,
     PROTOCOL_VERSION,
     Done,
-    ErrorCode,
     ProtocolError,
     Ready,
     Start,
