@@ -17,13 +17,13 @@ async def test_an_utterance_moves_from_open_to_released_and_frees_the_servers_co
     transport = MemoryTransport()
     async with new_session(service, transport) as session:
         session.receive(encode(Text("Four patches.")))
-        (utterance,) = session._utterances
+        (utterance,) = session.core.utterances
         assert utterance.status is UtteranceStatus.OPEN and session.server.live_utterances == 1
         session.receive(encode(End()))
         assert utterance.status in (UtteranceStatus.ENDED, UtteranceStatus.FINISHED)
         await until(lambda: bool(transport.of(Done)))
         await until(lambda: utterance.status is UtteranceStatus.RELEASED)
-        assert session._utterances == [] and session.server.live_utterances == 0
+        assert session.core.utterances == [] and session.server.live_utterances == 0
         with pytest.raises(RuntimeError, match="released -> open"):
             utterance.move(UtteranceStatus.OPEN)
 

@@ -26,7 +26,8 @@ from voxwire.protocol.wire import (
 )
 from voxwire.serving.keys import Phase, ServerState
 from voxwire.serving.voices import VoiceStore
-from voxwire.serving.ws.session import Session, SessionPhase
+from voxwire.serving.ws.session import Session
+from voxwire.serving.ws.session_core import SessionPhase
 from voxwire.serving.ws.utterance import continuation
 
 from .conftest import ClipService, until, ws_config
@@ -80,7 +81,7 @@ async def test_a_client_that_does_not_read_is_closed_before_the_backlog_passes_t
         code, reason = transport.closed
         assert code == CloseCode.SLOW_CONSUMER and reason.startswith("slow_consumer")
         assert session.outbox.peak_unsent_s <= 1.0
-        assert session.phase is SessionPhase.CLOSED and session.server.live_utterances == 0
+        assert session.core.phase is SessionPhase.CLOSED and session.server.live_utterances == 0
     assert service.aborted == ["ws-1"], "the engine request must be aborted, not left running"
     assert service.chunks_sent <= 1.0 / (PATCH / RATE) + 1
 

@@ -3,8 +3,8 @@
 This module only adapts aiohttp to the session: it refuses a connection with HTTP 503 before the
 upgrade while the replica is not ready, draining or full (``admission.py``: a balancer can retry a
 503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
-frame to the ``Session`` (which holds every rule of the protocol, see ``session.py`` and
-``protocol.py``) and gives the session a close that cannot hang on a client that stopped reading.
+frame to the ``Session`` (whose ``SessionCore`` holds every rule of the protocol, see ``session_core.py``
+and ``protocol/wire.py``) and gives the session a close that cannot hang on a client that stopped reading.
 Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 """
 

@@ -1,19 +1,18 @@
-"""One WebSocket utterance (its sentences, encoder and timings) and the settings it is spoken with.
+"""One WebSocket utterance and the settings it is spoken with.
 
-An ``Utterance`` is passive state shared by the session (which feeds it text and ends or cancels
-it) and the utterance's speaking task (which takes its sentences one by one). ``Settings`` are the
-validated values of a ``start`` message (``resolve_settings``), announced by ``ready_message``.
-``continuation`` is the rule that makes consecutive segments one voice. Nothing here talks to the
-engine or the socket.
+An ``Utterance`` is its lifecycle (status, text taken, sentences waiting), which ``SessionCore`` moves;
+``UtteranceAudio`` is what the asyncio driver keeps while it speaks it (encoder, delivery, voice, timings).
+``Settings`` are the validated values of a ``start`` message (``resolve_settings``), announced by
+``ready_message``. ``continuation`` is the rule that makes consecutive segments one voice. Nothing here
+talks to the engine or the socket.
 """
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import contextlib
 import enum
 import functools
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,17 +25,17 @@ from voxwire.chunk import Patch
 from voxwire.engine import ParamLimits, SynthesisParams
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
+from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import (
     MAX_SEED,
     PROTOCOL_VERSION,
     Done,
-    ErrorCode,
     ProtocolError,
     Ready,
     Start,
 )
 from voxwire.serving.personas import UnknownPersonaError
-from voxwire.serving.service import ModelInfo, SpeechService
+from voxwire.serving.service import ModelInfo, Service
 from voxwire.serving.voices import UnknownVoiceError, VoiceStore
 from voxwire.serving.ws.outbox import Delivery
 from voxwire.text.normalize import EXTRA_HINT, normalizer_available
@@ -71,7 +70,7 @@ class Settings:
 def resolve_settings(
     start: Start,
     voices: VoiceStore,
-    service: SpeechService,
+    service: Service,
     limits: ParamLimits,
     default_delay_ms: int,
     default_lead_ms: int,
@@ -149,30 +148,36 @@ _TRANSITIONS: dict[UtteranceStatus, frozenset[UtteranceStatus]] = {
 }
 
 
-class Utterance:
-    """State of one utterance from its first text to its ``done``."""
+class SpeakingStep(enum.Enum):
+    """What a live utterance is doing now; unlike its status this goes back and forth (one segment after another)."""
 
-    def __init__(self, number: int, settings: Settings, model_rate: int, opus: OpusSettings) -> None:
+    WAITING = "waiting"
+    """Nothing on the service: waiting for a sentence, or for the utterances before it to finish."""
+    SEGMENT = "segment"
+    """One of its sentences is being spoken."""
+    TAIL = "tail"
+    """Every sentence is spoken: its encoder's last audio is being queued, then its ``done``."""
+
+
+class Utterance:
+    """The lifecycle of one utterance from its first text to its ``done``, as ``SessionCore`` keeps it (no I/O)."""
+
+    def __init__(self, number: int, settings: Settings) -> None:
         self.number = number
         self.settings = settings
-        self.model_rate = model_rate
-        self.encoder = new_encoder(settings, model_rate, opus)
-        self.delivery = Delivery(number, settings.format)
         self.status = UtteranceStatus.OPEN
+        self.step = SpeakingStep.WAITING
         self.chars = 0
         self.queued = 0
-        """Segments handed to the speaking task so far."""
-        self.started = 0
-        """Segments that produced audio."""
-        self.samples = 0
-        """Model-rate samples produced, so the next segment starts at this offset."""
-        self.task: asyncio.Task[None] | None = None
+        """Sentences accepted for speaking so far."""
+        self.pending: collections.deque[str] = collections.deque()
+        """Accepted sentences not handed to the service yet, in order."""
+        self.spoken = 0
+        """Segments the service has spoken: the next one's index (a sentence normalized to nothing takes none)."""
+        self.reason = FinishReason.STOP
+        """How it finishes if nothing fails: ``length`` once any segment was cut at its length cap."""
         self.live = contextlib.ExitStack()
         """Holds the server's live-utterance count until ``RELEASED``."""
-        self.started_at = time.monotonic()
-        self.first_request_at: float | None = None
-        self.first_chunk_at: float | None = None
-        self._segments: asyncio.Queue[str | None] = asyncio.Queue()
 
     def move(self, status: UtteranceStatus) -> None:
         """Go to ``status``; a move the lifecycle does not allow is a server bug. Releasing frees ``live``."""
@@ -182,17 +187,34 @@ class Utterance:
         if status is UtteranceStatus.RELEASED:
             self.live.close()
 
-    def add_segment(self, text: str) -> None:
-        self.queued += 1
-        self._segments.put_nowait(text)
 
-    def end(self) -> None:
-        """No more sentences will come: ``next_segment`` returns None after the last one."""
-        self._segments.put_nowait(None)
+class UtteranceAudio:
+    """What the session's driver keeps of one utterance while it is spoken: its encoder, what the socket took,
+    the voice its next segment continues, and its timings (``time.monotonic``)."""
 
-    async def next_segment(self) -> str | None:
-        """The next sentence to speak; None once the utterance ended and every sentence was taken."""
-        return await self._segments.get()
+    def __init__(self, number: int, settings: Settings, model_rate: int, opus: OpusSettings, opened_at: float) -> None:
+        self.number = number
+        self.settings = settings
+        self.model_rate = model_rate
+        self.encoder = new_encoder(settings, model_rate, opus)
+        self.delivery = Delivery(number, settings.format)
+        self.prompt = settings.prompt
+        """The voice the next segment continues (``carry``)."""
+        self.started = 0
+        """Segments that produced audio."""
+        self.samples = 0
+        """Model-rate samples produced, so the next segment starts at this offset."""
+        self.started_at = opened_at
+        self.first_request_at: float | None = None
+        self.first_chunk_at: float | None = None
+
+    def carry(self, spoken: str, finish: FinishReason, patches: list[Patch]) -> None:
+        """After a segment: the next one continues it, unless it was cut at its length cap (then its audio does
+        not match its text) or made no audio; then the next one starts from the voice alone.
+
+        Raises ``InvalidInputError`` when the model produced non-finite latents (never fed back)."""
+        base = self.settings.prompt
+        self.prompt = continuation(base, spoken, patches) if finish is FinishReason.STOP and patches else base
 
     def done(self, reason: FinishReason) -> Done:
         """The utterance's ``done``, with what the socket has taken of it so far."""

@@ -1,0 +1,459 @@
+"""``SessionCore``: the rules of one ``/v1/tts/stream`` connection, sans I/O.
+
+The asyncio driver (``session.py``) feeds it events (a client frame, a segment spoken or failed, an
+utterance's last audio queued, its ``done`` sent, a deadline reached) with the time they happened,
+and carries out the typed actions each event returns, in order. The core owns:
+
+* **Admission**: nothing is taken once closing; every frame spends the per-connection budget
+  (``MessageBudget``; over it the connection is closed); a frame past ``max_message_bytes``, an
+  undecodable one, and a message the state does not allow are refused with an ``error`` that
+  changes nothing else.
+* **Text buffering** on an explicit clock: complete sentences (``SentenceSegmenter``) are queued at
+  once; an incomplete rest is spoken on ``flush``, ``end``, or ``max_buffer_delay_ms`` after the
+  first of its characters arrived. That delay is a deadline (``deadline``), reached through
+  ``tick``; sentences without a letter or digit are not spoken (``sayable``).
+* **The utterance lifecycle** (``UtteranceStatus``, ``SpeakingStep``): utterances speak one after
+  another, each one segment at a time, in order; ``cancel`` stops every live one; each ends with
+  one ``done`` and is released once that is sent.
+* **Idleness**: a connection with no client message and no audio for ``idle_timeout_s`` is closed.
+
+It knows no socket, task, engine or encoder: the driver speaks the segments, encodes the audio,
+keeps the voice each segment continues, and writes the messages.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from voxwire.finish_reason import FinishReason
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import (
+    Cancel,
+    ClientMessage,
+    CloseCode,
+    End,
+    Flush,
+    ProtocolError,
+    Start,
+    Text,
+    decode_client,
+)
+from voxwire.serving.ws.budget import MessageBudget
+from voxwire.serving.ws.utterance import Settings, SpeakingStep, Utterance, UtteranceStatus
+from voxwire.text.segmenter import SentenceSegmenter
+
+MAX_CLOSE_REASON_BYTES = 123
+"""RFC 6455 section 5.5: a close frame's reason fits in 123 bytes."""
+
+CLIENT_GONE = "client_gone"
+"""The reason a connection ended when the client left (not an ``ErrorCode``: nobody is told)."""
+
+
+def sayable(text: str) -> bool:
+    """Whether a sentence is spoken: the model has nothing to say for one without a letter or digit."""
+    return any(char.isalnum() for char in text)
+
+
+class SessionPhase(enum.Enum):
+    """The connection's phase; whether an utterance takes text is that utterance's ``UtteranceStatus``."""
+
+    ACTIVE = "active"
+    """Messages are accepted, utterances spoken and sent."""
+    CLOSED = "closed"
+    """The connection is ending: nothing more is accepted, spoken or sent."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """The per-connection limits the core enforces (``ServerConfig`` fields of the same names)."""
+
+    max_message_bytes: int
+    max_messages_per_s: float
+    max_text_chars_per_message: int
+    max_text_chars_per_utterance: int
+    max_queued_utterances: int
+    idle_timeout_s: float
+
+
+class UtteranceGate(Protocol):
+    """The server's side of opening an utterance (``keys.ServerState`` fits)."""
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new utterances are taken now (not while starting or draining)."""
+        ...
+
+    def utterance(self) -> AbstractContextManager[None]:
+        """Count one live utterance for as long as the context is open."""
+        ...
+
+
+# ---- actions: what the driver does, in the order given ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Send a ``ready`` announcing ``settings``."""
+
+    settings: Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Preload:
+    """Load the text normalizer in the background, so the first normalized sentence need not wait for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendError:
+    """Send an ``error`` (``utterance``: the utterance it ended, if any)."""
+
+    code: ErrorCode
+    message: str
+    utterance: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenUtterance:
+    """A new utterance takes text from now on, spoken with ``settings``."""
+
+    utterance: int
+    settings: Settings
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakSegment:
+    """Speak ``text`` as segment ``index`` of ``utterance`` on the service; report ``segment_spoken`` or
+    ``segment_failed``."""
+
+    utterance: int
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishAudio:
+    """Queue the last audio of ``utterance``'s encoder; report ``audio_finished``."""
+
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopUtterance:
+    """Stop ``utterance``'s work on the service and drop its output not sent yet."""
+
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendDone:
+    """Queue ``utterance``'s ``done`` (built when its turn to be sent comes); report ``done_sent`` once sent."""
+
+    utterance: int
+    reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class StopAll:
+    """Stop every utterance's work and the connection's timers and tasks (the core has released them).
+    ``dropped``: count the connection as dropped for this reason."""
+
+    dropped: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSocket:
+    """Close the WebSocket with ``code`` and ``reason`` (already cut to fit a close frame)."""
+
+    code: CloseCode
+    reason: str
+
+
+Action = (
+    Announce | Preload | SendError | OpenUtterance | SpeakSegment | FinishAudio | StopUtterance | SendDone | StopAll
+    | CloseSocket
+)  # fmt: skip
+
+
+class SessionCore:
+    """One connection's rules. Every event method returns the actions to carry out, in order; it never raises for
+    a client's mistake."""
+
+    def __init__(
+        self, limits: SessionLimits, resolve: Callable[[Start], Settings], gate: UtteranceGate, now: float
+    ) -> None:
+        """``resolve`` turns a ``start`` into ``Settings`` (raising ``ProtocolError`` to refuse it); ``now`` is
+        when the connection opened, on the clock every later event uses."""
+        self.limits = limits
+        self._resolve = resolve
+        self._gate = gate
+        self.phase = SessionPhase.ACTIVE
+        self.settings = resolve(Start())
+        """What the next utterance is spoken with (the latest ``start``)."""
+        self.utterances: list[Utterance] = []
+        """Utterances not ``RELEASED`` yet, oldest first; each one's ``status`` says where it is."""
+        self._numbers = itertools.count()
+        self._segmenter = SentenceSegmenter()
+        self._flush_at: float | None = None
+        """When the buffered rest of a sentence is spoken though incomplete; None: nothing waits for it."""
+        self._last_activity = now
+        self._budget = MessageBudget(limits.max_messages_per_s, now)
+        self._actions: list[Action] = []
+
+    @property
+    def deadline(self) -> float | None:
+        """When the driver must call ``tick`` next (a buffer-delay flush, or the idle limit); None once closed."""
+        if self.phase is SessionPhase.CLOSED:
+            return None
+        idle_at = self._last_activity + self.limits.idle_timeout_s
+        return idle_at if self._flush_at is None else min(idle_at, self._flush_at)
+
+    # ---- events ------------------------------------------------------------------------------------------------
+
+    def opened(self) -> list[Action]:
+        """The connection is open: announce the settings."""
+        self._emit(Announce(self.settings))
+        return self._take()
+
+    def receive(self, data: str, now: float) -> list[Action]:
+        """A text frame; a refusal is answered with an ``error`` and changes nothing else."""
+        if self._admit(now):
+            try:
+                limit = self.limits.max_message_bytes
+                if len(data.encode(errors="surrogatepass")) > limit:
+                    raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"messages are limited to {limit} bytes")
+                self._handle(decode_client(data), now)
+            except ProtocolError as exc:
+                self._emit(SendError(exc.code, exc.message))
+        return self._take()
+
+    def receive_binary(self, now: float) -> list[Action]:
+        """A binary frame: clients never send one."""
+        if self._admit(now):
+            message = "clients send JSON text frames only; binary frames carry audio"
+            self._emit(SendError(ErrorCode.BINARY_FRAME, message))
+        return self._take()
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passed: at ``deadline``, the idle limit closes the connection, or the buffered text is spoken."""
+        if self.phase is SessionPhase.CLOSED:
+            return []
+        limit = self.limits.idle_timeout_s
+        if now >= self._last_activity + limit:
+            self._shut(CloseCode.IDLE_TIMEOUT, ErrorCode.IDLE_TIMEOUT.value, f"nothing sent or spoken for {limit:g} s")
+        elif self._flush_at is not None and now >= self._flush_at:
+            self._flush()
+        return self._take()
+
+    def audio_produced(self, now: float) -> None:
+        """The service produced audio: the connection is not idle."""
+        self._last_activity = now
+
+    def segment_spoken(self, number: int, finish: FinishReason | None) -> list[Action]:
+        """``SpeakSegment`` of ``number`` is over: the service ended it with ``finish``; None: normalization left
+        nothing to say, so it was not sent to the service and takes no segment index."""
+        if (utterance := self._find(number)) is not None:
+            utterance.step = SpeakingStep.WAITING
+            if finish is not None:
+                utterance.spoken += 1
+            if finish is FinishReason.LENGTH:
+                utterance.reason = FinishReason.LENGTH
+            self._advance()
+        return self._take()
+
+    def segment_failed(self, number: int, code: ErrorCode, message: str, now: float) -> list[Action]:
+        """``SpeakSegment`` of ``number`` failed: the utterance ends in error, and its other sentences are dropped."""
+        if (utterance := self._find(number)) is not None:
+            self._emit(SendError(code, message, number))
+            self._finish(utterance, FinishReason.ERROR, now)
+            self._advance()
+        return self._take()
+
+    def audio_finished(self, number: int, now: float) -> list[Action]:
+        """``FinishAudio`` of ``number`` is done: its ``done`` follows, and the next utterance may speak."""
+        if (utterance := self._find(number)) is not None:
+            self._finish(utterance, utterance.reason, now)
+            self._advance()
+        return self._take()
+
+    def done_sent(self, number: int) -> None:
+        """The socket took ``number``'s ``done``: the utterance is released (unless the session stopped first)."""
+        for utterance in self.utterances:
+            if utterance.number == number:
+                utterance.move(UtteranceStatus.RELEASED)
+                self.utterances.remove(utterance)
+                return
+
+    def shut(self, code: CloseCode, reason: str, text: str) -> list[Action]:
+        """End the connection now (the driver found the client slow or gone, or a bug): stop every utterance and
+        close the socket with ``code``. ``reason`` (an ``ErrorCode`` value, or ``client_gone``) starts the
+        close reason and labels the dropped-sessions metric."""
+        self._shut(code, reason, text)
+        return self._take()
+
+    def disconnected(self) -> list[Action]:
+        """The socket is gone: stop everything (counted as dropped when utterances were still being spoken)."""
+        dropped = CLIENT_GONE if self._speaking() and self.phase is SessionPhase.ACTIVE else None
+        self._stop(dropped)
+        return self._take()
+
+    # ---- client messages ---------------------------------------------------------------------------------------
+
+    def _admit(self, now: float) -> bool:
+        """Whether a client frame is handled: not once closing, and not past the message budget (which closes)."""
+        if self.phase is SessionPhase.CLOSED:
+            return False
+        if not self._budget.spend(now):
+            limit = self.limits.max_messages_per_s
+            self._shut(CloseCode.RATE_LIMITED, ErrorCode.RATE_LIMITED.value, f"more than {limit:g} messages per second")
+            return False
+        self._last_activity = now
+        return True
+
+    def _handle(self, message: ClientMessage, now: float) -> None:
+        match message:
+            case Start():
+                self._start(message)
+            case Text():
+                self._text(message.text, now)
+            case Flush():
+                self._flush()
+            case End():
+                self._end()
+            case Cancel():
+                self._cancel(now)
+
+    def _start(self, start: Start) -> None:
+        if self._open() is not None:
+            raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
+        self.settings = self._resolve(start)
+        if self.settings.normalize:
+            self._emit(Preload())
+        self._emit(Announce(self.settings))
+
+    def _text(self, text: str, now: float) -> None:
+        limit = self.limits.max_text_chars_per_message
+        if len(text) > limit:
+            raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"a text message holds at most {limit} characters")
+        if not text:
+            return
+        utterance = self._open() or self._open_utterance()
+        limit = self.limits.max_text_chars_per_utterance
+        if utterance.chars + len(text) > limit:
+            raise ProtocolError(ErrorCode.UTTERANCE_TOO_LONG, f"an utterance holds at most {limit} characters")
+        utterance.chars += len(text)
+        self._queue(utterance, self._segmenter.push(text))
+        delay_ms = utterance.settings.max_buffer_delay_ms
+        if delay_ms == 0 or not self._segmenter.pending.strip():
+            self._flush()
+        elif self._flush_at is None:
+            self._flush_at = now + delay_ms / 1000
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        if (utterance := self._open()) is not None:
+            self._queue(utterance, self._segmenter.flush())
+
+    def _end(self) -> None:
+        utterance = self._open()
+        self._flush()
+        if utterance is None or utterance.queued == 0:
+            raise ProtocolError(ErrorCode.EMPTY_UTTERANCE, "end with nothing to speak: send text first")
+        self._close_text()
+        self._advance()
+
+    def _cancel(self, now: float) -> None:
+        self._close_text()
+        for utterance in self._speaking():
+            self._emit(StopUtterance(utterance.number))
+            self._finish(utterance, FinishReason.CANCELLED, now)
+
+    def _open_utterance(self) -> Utterance:
+        if not self._gate.accepting:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, "the server is not taking new utterances now")
+        limit = self.limits.max_queued_utterances
+        if len(self._speaking()) >= limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
+            )
+        utterance = Utterance(next(self._numbers), self.settings)
+        utterance.live.enter_context(self._gate.utterance())
+        self.utterances.append(utterance)
+        self._emit(OpenUtterance(utterance.number, utterance.settings))
+        return utterance
+
+    def _close_text(self) -> None:
+        """The open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
+        self._flush_at = None
+        self._segmenter = SentenceSegmenter()
+        if (utterance := self._open()) is not None:
+            utterance.move(UtteranceStatus.ENDED)
+
+    def _queue(self, utterance: Utterance, sentences: list[str]) -> None:
+        for sentence in filter(sayable, sentences):
+            utterance.pending.append(sentence)
+            utterance.queued += 1
+        self._advance()
+
+    # ---- the lifecycle -----------------------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Give the oldest live utterance its next step: its next sentence, or, once ended with every sentence
+        spoken, its last audio. The utterances after it wait their turn."""
+        if not (speaking := self._speaking()) or (utterance := speaking[0]).step is not SpeakingStep.WAITING:
+            return
+        if utterance.pending:
+            utterance.step = SpeakingStep.SEGMENT
+            self._emit(SpeakSegment(utterance.number, utterance.spoken, utterance.pending.popleft()))
+        elif utterance.status is UtteranceStatus.ENDED:
+            utterance.step = SpeakingStep.TAIL
+            self._emit(FinishAudio(utterance.number))
+
+    def _finish(self, utterance: Utterance, reason: FinishReason, now: float) -> None:
+        """The utterance is over: queue its ``done``; it stays counted live until that is sent."""
+        if utterance.status is UtteranceStatus.OPEN:
+            self._close_text()
+        utterance.move(UtteranceStatus.FINISHED)
+        self._last_activity = now
+        self._emit(SendDone(utterance.number, reason))
+
+    def _shut(self, code: CloseCode, reason: str, text: str) -> None:
+        if self.phase is SessionPhase.CLOSED:
+            return
+        self._stop(reason)
+        close_reason = f"{reason}: {text}".encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+        self._emit(CloseSocket(code, close_reason))
+
+    def _stop(self, dropped: str | None) -> None:
+        """Nothing more is accepted, spoken or sent: release every utterance."""
+        self.phase = SessionPhase.CLOSED
+        self._flush_at = None
+        for utterance in self.utterances:
+            utterance.move(UtteranceStatus.RELEASED)
+        self.utterances.clear()
+        self._emit(StopAll(dropped))
+
+    # ---- views -------------------------------------------------------------------------------------------------
+
+    def _open(self) -> Utterance | None:
+        """The utterance taking text, if any."""
+        return next((u for u in self.utterances if u.status is UtteranceStatus.OPEN), None)
+
+    def _speaking(self) -> list[Utterance]:
+        """Utterances not finished yet (taking text or speaking), oldest first."""
+        return [u for u in self.utterances if u.status in (UtteranceStatus.OPEN, UtteranceStatus.ENDED)]
+
+    def _find(self, number: int) -> Utterance | None:
+        """Utterance ``number`` if it is still speaking; a report about one cancelled or stopped meanwhile is moot."""
+        return next((u for u in self._speaking() if u.number == number), None)
+
+    def _emit(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def _take(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
