@@ -1,5 +1,6 @@
 """``SynthesisParams``: per-request generation settings, shared by the one-utterance API, the engine and
-the server. A leaf module (no torch, no engine), so any layer may import it.
+the server. A leaf module (no torch, no engine; the seed's bound is the wire protocol's ``MAX_SEED``, standard
+library only), so any layer may import it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import math
 from dataclasses import dataclass, fields
 
 from voxwire.errors import InvalidInputError
-from voxwire.protocol.wire import is_finite_number
+from voxwire.protocol.wire import MAX_SEED, is_finite_number
 
 _SHOWN_CHARS = 40
 """A refused value is quoted in the error up to this many characters (a client may send a 400-digit number)."""
@@ -70,5 +71,5 @@ class SynthesisParams:
         require(self.inference_timesteps >= 1, "inference_timesteps", self.inference_timesteps, "must be >= 1")
         require(is_int(self.min_len) and self.min_len >= 0, "min_len", self.min_len, "must be an int >= 0")
         require(is_int(self.max_len) and self.max_len >= 1, "max_len", self.max_len, "must be an int >= 1")
-        seed_ok = self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63)
+        seed_ok = self.seed is None or (is_int(self.seed) and 0 <= self.seed < MAX_SEED)
         require(seed_ok, "seed", self.seed, "must be None or an int in [0, 2**63)")

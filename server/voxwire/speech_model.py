@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from voxwire.audio.clip import AudioSource
 from voxwire.engine.outputs import Runner
 from voxwire.text.tokenizer import TextTokenizer
 
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from voxwire.prompt import VoicePrompt
     from voxwire.serving.config import ServerConfig
     from voxwire.tts import VoxCPM
+    from voxwire.voice_clip import VoiceClip
 
 SIM_MODEL = "sim"
 """``--model sim``: no weights, steps paced by a cost model, a speech clip as output (load tests)."""
@@ -81,15 +81,7 @@ class SpeechModel(Protocol):
         """The admission budget's estimate of a request's prompt length (picklable: frontends use it too)."""
         ...
 
-    def make_prompt(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-        reference_audio: AudioSource | None = None,
-        reference_sample_rate: int | None = None,
-    ) -> VoicePrompt:
+    def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
         """Encode a voice clip (blocking: the caller runs it off the event loop)."""
         ...
 

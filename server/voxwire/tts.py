@@ -29,6 +29,7 @@ from voxwire.model.voxcpm import PrefillBatch
 from voxwire.params import SynthesisParams
 from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxwire.sampling import NoiseStream, random_seed
+from voxwire.voice_clip import VoiceClip
 
 
 class VoxCPM(LoadedModel):
@@ -79,31 +80,19 @@ class VoxCPM(LoadedModel):
             latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
         return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
 
-    def make_prompt(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-        reference_audio: AudioSource | None = None,
-        reference_sample_rate: int | None = None,
-    ) -> VoicePrompt:
-        """Encode a voice once. ``text`` + ``audio``: continuation prompt (the transcript of the clip);
-        ``reference_audio`` (voxcpm2): isolated cloning; both together are allowed on voxcpm2."""
-        if (text is None) != (audio is None):
-            raise InvalidInputError("prompt text and prompt audio must be given together")
-        if reference_audio is not None and not self.config.reference_cloning:
+    def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
+        """Encode a voice once. Prompt text + audio: continuation prompt (the transcript of the clip); a reference
+        clip (voxcpm2): isolated cloning; both together are allowed on voxcpm2."""
+        if clip.reference_audio is not None and not self.config.reference_cloning:
             raise InvalidInputError("reference audio (isolated voice cloning) needs a voxcpm2 model")
-        if audio is None and reference_audio is None:
-            raise InvalidInputError("give prompt text and audio, or reference audio")
-        if text is not None and not text.strip():
+        if clip.text is not None and not clip.text.strip():
             raise InvalidInputError("prompt text must not be empty")
         return VoicePrompt(
-            text=text or "",
-            audio_patches=None if audio is None else self.encode_audio(audio, sample_rate, pad="left"),
+            text=clip.text or "",
+            audio_patches=None if clip.audio is None else self.encode_audio(clip.audio, clip.sample_rate, pad="left"),
             reference_patches=None
-            if reference_audio is None
-            else self.encode_audio(reference_audio, reference_sample_rate, pad="right"),
+            if clip.reference_audio is None
+            else self.encode_audio(clip.reference_audio, clip.reference_sample_rate, pad="right"),
         )
 
     @contextmanager
@@ -122,51 +111,35 @@ class VoxCPM(LoadedModel):
     def generate(
         self,
         text: str,
+        params: SynthesisParams | None = None,
         *,
         prompt: VoicePrompt | None = None,
-        seed: int | None = None,
-        cfg_value: float = 2.0,
-        inference_timesteps: int = 10,
-        min_len: int = 2,
-        max_len: int = 4096,
         progress: bool = False,
         lora: str | os.PathLike[str] | None = None,
     ) -> np.ndarray:
-        """Synthesize ``text``; returns float32 samples at ``sample_rate``. ``lora``: a persona registered
+        """Synthesize ``text``; returns float32 samples at ``sample_rate``. ``params``: the generation settings
+        (None: ``SynthesisParams()``, the reference's defaults, a fresh seed). ``lora``: a persona registered
         with ``load_persona``, or a LoRA checkpoint directory in the reference's format."""
-        chunks = self.stream(
-            text,
-            prompt=prompt,
-            seed=seed,
-            cfg_value=cfg_value,
-            inference_timesteps=inference_timesteps,
-            min_len=min_len,
-            max_len=max_len,
-            progress=progress,
-            lora=lora,
-        )
+        chunks = self.stream(text, params, prompt=prompt, progress=progress, lora=lora)
         return np.concatenate([chunk.audio for chunk in chunks])
 
     def stream(
         self,
         text: str,
+        params: SynthesisParams | None = None,
         *,
         prompt: VoicePrompt | None = None,
-        seed: int | None = None,
-        cfg_value: float = 2.0,
-        inference_timesteps: int = 10,
-        min_len: int = 2,
-        max_len: int = 4096,
         progress: bool = False,
         lora: str | os.PathLike[str] | None = None,
     ) -> Iterator[Chunk]:
         """Like ``generate``, yielding each patch's audio as soon as it is decoded, with its latent patch (what a
         continuation prompt is made of); the last chunk says why the utterance ended (stop head or length cap)."""
-        params = SynthesisParams(cfg_value, inference_timesteps, min_len, max_len, seed)
+        params = SynthesisParams() if params is None else params
         sequence = build_sequence(self.tokenizer, self.config, text, prompt)
         if lora is not None:
             self._persona_name(lora)  # load errors surface here, not at the first chunk
-        return self._run(sequence, params, random_seed() if seed is None else seed, progress, lora)
+        seed = random_seed() if params.seed is None else params.seed
+        return self._run(sequence, params, seed, progress, lora)
 
     @torch.inference_mode()
     def _run(

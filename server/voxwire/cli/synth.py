@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from voxwire.params import SynthesisParams
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
@@ -31,10 +33,22 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--lora", type=Path, help="LoRA persona: a checkpoint folder in the reference's fine-tuning format"
     )
     parser.add_argument("--seed", type=int, help="random seed (same seed, same audio)")
-    parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance strength (default 2.0)")
-    parser.add_argument("--steps", type=int, default=10, help="diffusion steps per patch (default 10)")
-    parser.add_argument("--min-len", type=int, default=2, help="patches before a stop is allowed (default 2)")
-    parser.add_argument("--max-len", type=int, default=4096, help="cap on generated patches (default 4096)")
+    defaults = SynthesisParams()
+    parser.add_argument(
+        "--cfg", type=float, default=defaults.cfg_value, help="classifier-free guidance strength (default %(default)s)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=defaults.inference_timesteps,
+        help="diffusion steps per patch (default %(default)s)",
+    )
+    parser.add_argument(
+        "--min-len", type=int, default=defaults.min_len, help="patches before a stop is allowed (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-len", type=int, default=defaults.max_len, help="cap on generated patches (default %(default)s)"
+    )
     parser.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
     parser.add_argument("--dtype", help="bfloat16 or float32 (default: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--out", type=Path, required=True, help="output file: .wav, .flac or .ogg")
@@ -47,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from voxwire.errors import InvalidInputError
     from voxwire.loader import load_model
+    from voxwire.voice_clip import VoiceClip
 
     text = args.text if args.text is not None else sys.stdin.read()
     if args.normalize:
@@ -60,18 +75,12 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     prompt = None
     if args.prompt_audio is not None or args.reference_audio is not None:
-        prompt = model.make_prompt(text=args.prompt_text, audio=args.prompt_audio, reference_audio=args.reference_audio)
-    audio = model.generate(
-        text,
-        prompt=prompt,
-        seed=args.seed,
-        cfg_value=args.cfg,
-        inference_timesteps=args.steps,
-        min_len=args.min_len,
-        max_len=args.max_len,
-        progress=not args.quiet,
-        lora=args.lora,
+        clip = VoiceClip(text=args.prompt_text, audio=args.prompt_audio, reference_audio=args.reference_audio)
+        prompt = model.make_prompt(clip)
+    params = SynthesisParams(
+        cfg_value=args.cfg, inference_timesteps=args.steps, min_len=args.min_len, max_len=args.max_len, seed=args.seed
     )
+    audio = model.generate(text, params, prompt=prompt, progress=not args.quiet, lora=args.lora)
     soundfile.write(str(args.out), audio, model.sample_rate)
     print(f"wrote {audio.size / model.sample_rate:.2f} s at {model.sample_rate} Hz to {args.out}", file=sys.stderr)
     return 0

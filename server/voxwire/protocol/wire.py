@@ -71,10 +71,13 @@ MAX_PACKET_BYTES = 0xFFFF
 """Largest Opus packet a u16 length prefix can carry (libopus packets are at most 1275 bytes)."""
 
 MAX_SEED = 2**63
+"""Seeds are ints in [0, MAX_SEED), an int64's non-negative range. The one bound on a seed: ``Start.check`` (a
+``start`` message) and ``SynthesisParams`` (every request, whatever its transport) check it, and a segment's
+seed (``seed + k``) wraps modulo it."""
 MAX_BUFFER_DELAY_MS = 60_000
+"""Longest wait for more text a client may ask for; a minute covers any language model's pause."""
 MAX_PLAYBACK_LEAD_MS = 10_000
 """Bound on ``start.playback_lead_ms``: a listener buffering more than this is not listening live."""
-"""Longest wait for more text a client may ask for; a minute covers any language model's pause."""
 
 
 class CloseCode(enum.IntEnum):

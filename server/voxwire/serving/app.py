@@ -46,7 +46,7 @@ from voxwire.serving.keys import (
 from voxwire.serving.metrics import Metrics
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.personas import LocalPersonas, open_registry
-from voxwire.serving.service import Service, SpeechService
+from voxwire.serving.service import Service, SpeechJob, SpeechService
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.handler import add_ws_routes
 from voxwire.speech_model import SpeechModel
@@ -181,7 +181,7 @@ async def _warm_up(app: web.Application) -> None:
     params = SynthesisParams(seed=0, max_len=2)
     try:
         for engine in service.per_engine():
-            async for _ in engine.speak(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params):
+            async for _ in engine.speak(SpeechJob(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params)):
                 pass
     except Exception:
         logger.exception("the warm-up utterance failed: the server stays not ready")

@@ -1,9 +1,9 @@
 """LoRA personas as the server sees them: ``PersonaRegistry`` over one model's bank (``voxwire.model.personas``),
 and ``Personas``, what the handlers use.
 
-Every transport checks a persona's name before it starts work (``check``: an unknown name is an
-``UnknownPersonaError``, the same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the
-``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
+Every transport checks a persona's name before it starts work, and again where a removal may have raced the
+request (the persona rule, stated once at ``check_persona``: an unknown name is an ``UnknownPersonaError``, the
+same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the ``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
 
 Personas are set up at start-up or not at all: with ``--lora`` or ``--lora-root`` the model's layers that
 personas may adapt are reserved before the engine captures its graphs (``reserve``: the reference's default
@@ -105,7 +105,23 @@ class Personas(Protocol):
 
 
 def check_persona(personas: Personas | PersonaRegistry | None, persona: str | None) -> None:
-    """Raise ``UnknownPersonaError`` unless ``persona`` is None (the base model) or loaded in ``personas``."""
+    """Raise ``UnknownPersonaError`` unless ``persona`` is None (the base model) or loaded in ``personas``.
+
+    **The persona rule.** Personas are added and removed while requests are on their way, so a persona is
+    checked by name wherever a request naming it meets a registry that may have changed since the last check,
+    each time with this function (``unknown_persona`` on every transport):
+
+    1. before any work starts: a WebSocket ``start`` (``ws.utterance.settings_for``) and an HTTP request, so the
+       client hears of an unknown name at once, not at its first sentence;
+    2. for each engine request (``service.speech_stream``, every ``Service.speak``): an utterance is one request
+       per sentence, and a persona removed after ``start`` refuses the sentences that follow instead of their
+       being spoken by the base model;
+    3. when a request reaches an engine process (``workers.engine_process``, ``--workers``): its frontend checked
+       the names engine 0 last announced, and a removal may reach this engine first; the registry here decides.
+
+    A persona removed after the last check, while its request waits in the engine's queue, fails that request at
+    prefill (the runner cannot acquire it: ``synthesis_failed``). A request already holding a persona finishes
+    with it."""
     if persona is None:
         return
     if personas is None:

@@ -15,7 +15,6 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from voxwire.audio.clip import AudioSource
 from voxwire.engine import (
     AsyncEngine,
     Chunk,
@@ -33,10 +32,11 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
 from voxwire.speech_model import ModelInfo, SpeechModel
+from voxwire.voice_clip import VoiceClip
 
 __all__ = [
-    "ModelInfo", "Service", "SpeechFailure", "SpeechService", "UtteranceOptions", "refused", "speech_stream",
-    "typed_failures",
+    "ModelInfo", "Service", "SpeechFailure", "SpeechJob", "SpeechService", "UtteranceOptions", "refused",
+    "speech_stream", "typed_failures",
 ]  # fmt: skip
 
 
@@ -66,7 +66,7 @@ async def typed_failures(stream: AsyncGenerator[Chunk, None]) -> AsyncGenerator[
             raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
         except EngineDeadError as exc:
             raise SpeechFailure(ErrorCode.UNAVAILABLE, str(exc)) from None
-        except UnknownPersonaError as exc:  # removed after the check (an engine process refused it)
+        except UnknownPersonaError as exc:  # the persona rule's third check: an engine process refused it
             raise SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
         except ValueError as exc:  # a parameter past the engine's limits, a text it cannot use
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
@@ -80,7 +80,7 @@ async def refused(failure: SpeechFailure) -> AsyncGenerator[Chunk, None]:
 
 @dataclass(frozen=True, slots=True)
 class UtteranceOptions:
-    """How one utterance is spoken, beyond its text, parameters and voice (every ``Service.speak`` takes one)."""
+    """How one utterance is spoken, beyond its text, parameters and voice (every ``SpeechJob`` has one)."""
 
     persona: str | None = None
     """A LoRA persona registered now; None is the base model."""
@@ -92,6 +92,27 @@ class UtteranceOptions:
 
 
 DEFAULT_OPTIONS = UtteranceOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechJob:
+    """One utterance a handler asks a ``Service`` to speak (``Service.speak``)."""
+
+    request_id: str
+    """Unique among the service's unfinished requests (``Service.new_request_id``); ``abort`` names it."""
+    text: str
+    params: SynthesisParams
+    voice: VoicePrompt | None = None
+    """The voice to speak in; None: the model's default voice."""
+    options: UtteranceOptions = DEFAULT_OPTIONS
+
+    def request(self, prefill_tokens: int) -> Request:
+        """The engine's ``Request`` for this job, with the admission budget's estimate of its prompt length."""
+        options = self.options
+        return Request(
+            self.request_id, self.text, prefill_tokens, self.params, self.voice,
+            playback_lead_s=options.playback_lead_s, playback_due=options.playback_due, persona=options.persona,
+        )  # fmt: skip
 
 
 class Service(Protocol):
@@ -126,27 +147,15 @@ class Service(Protocol):
         """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
         ...
 
-    def speak(
-        self,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncGenerator[Chunk, None]:
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``speech_stream``)."""
         ...
 
     def abort(self, request_id: str) -> None: ...
 
-    async def encode_voice(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        reference_audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-    ) -> VoicePrompt: ...
+    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
+        """Encode a voice clip where the model runs, off the event loop."""
+        ...
 
     def stats(self) -> EngineStats:
         """The engine's load after its latest step (every engine's added up, with ``--devices``)."""
@@ -163,27 +172,18 @@ def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) ->
 
 
 def speech_stream(
-    service: Service,
-    request_id: str,
-    text: str,
-    params: SynthesisParams,
-    voice: VoicePrompt | None,
-    options: UtteranceOptions,
-    run: Callable[[Request], AsyncGenerator[Chunk, None]],
+    service: Service, job: SpeechJob, run: Callable[[Request], AsyncGenerator[Chunk, None]]
 ) -> AsyncGenerator[Chunk, None]:
-    """One utterance's outputs from ``run`` (an engine's stream of its ``Request``), for every ``Service.speak``.
+    """One job's outputs from ``run`` (an engine's stream of its ``Request``), for every ``Service.speak``.
 
-    Its persona is checked first (unknown: the stream fails with ``unknown_persona``), and every failure
-    raises one ``SpeechFailure`` (``typed_failures``), so each transport reports it with the same code."""
+    Its persona is checked first (the persona rule's second check, ``personas.check_persona``: unknown, the
+    stream fails with ``unknown_persona``), and every failure raises one ``SpeechFailure`` (``typed_failures``), so each
+    transport reports it with the same code."""
     try:
-        service.check_persona(options.persona)
+        service.check_persona(job.options.persona)
     except UnknownPersonaError as exc:
         return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-    request = Request(
-        request_id, text, service.prefill_tokens(text, voice), params, voice,
-        playback_lead_s=options.playback_lead_s, playback_due=options.playback_due, persona=options.persona,
-    )  # fmt: skip
-    return typed_failures(run(request))
+    return typed_failures(run(job.request(service.prefill_tokens(job.text, job.voice))))
 
 
 class SpeechService:
@@ -229,21 +229,14 @@ class SpeechService:
         """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
         check_persona(self.personas, persona)
 
-    def speak(
-        self,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncGenerator[Chunk, None]:
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
 
         Every way the utterance can fail (refused, engine gone, ended in error or by shutdown, a persona
         no longer loaded) raises one ``SpeechFailure`` (``speech_stream``), so the WebSocket and HTTP
         paths report failures with the same codes.
         """
-        return speech_stream(self, request_id, text, params, voice, options, self.engine.stream)
+        return speech_stream(self, job, self.engine.stream)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -254,22 +247,6 @@ class SpeechService:
     def engine_stats(self) -> list[EngineStats]:
         return [self.engine.stats()]
 
-    async def encode_voice(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        reference_audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-    ) -> VoicePrompt:
-        """Encode a voice clip off the event loop (a real model's VAE encoder runs on its device).
-
-        ``sample_rate`` is the rate of ``audio`` and ``reference_audio`` when they are arrays."""
-        return await asyncio.to_thread(
-            self.model.make_prompt,
-            text=text,
-            audio=audio,
-            sample_rate=sample_rate,
-            reference_audio=reference_audio,
-            reference_sample_rate=sample_rate,
-        )
+    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
+        """Encode a voice clip off the event loop (a real model's VAE encoder runs on its device)."""
+        return await asyncio.to_thread(self.model.make_prompt, clip)

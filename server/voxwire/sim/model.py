@@ -13,10 +13,10 @@ import torch
 
 from voxwire.audio.clip import AudioSource, load_clip
 from voxwire.engine.outputs import Runner
-from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
 from voxwire.speech_model import SIM_MODEL, ModelInfo, voice_positions
+from voxwire.voice_clip import VoiceClip
 
 if TYPE_CHECKING:
     from voxwire.serving.config import ServerConfig
@@ -52,25 +52,13 @@ class SimSpeech:
         self.patch_shape = PATCH_SHAPE
         self.prompt_length = SimPromptLength()
 
-    def make_prompt(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-        reference_audio: AudioSource | None = None,
-        reference_sample_rate: int | None = None,
-    ) -> VoicePrompt:
-        if (text is None) != (audio is None):
-            raise InvalidInputError("prompt text and prompt audio must be given together")
-        if audio is None and reference_audio is None:
-            raise InvalidInputError("give prompt text and audio, or reference audio")
+    def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
         return VoicePrompt(
-            text=text or "",
-            audio_patches=None if audio is None else self._latents(audio, sample_rate),
+            text=clip.text or "",
+            audio_patches=None if clip.audio is None else self._latents(clip.audio, clip.sample_rate),
             reference_patches=None
-            if reference_audio is None
-            else self._latents(reference_audio, reference_sample_rate),
+            if clip.reference_audio is None
+            else self._latents(clip.reference_audio, clip.reference_sample_rate),
         )
 
     def new_runner(self, config: ServerConfig) -> Runner:

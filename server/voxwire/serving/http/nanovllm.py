@@ -56,7 +56,8 @@ from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
-from voxwire.serving.service import UtteranceOptions
+from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.voice_clip import VoiceClip
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -205,7 +206,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
     with app[STATE_KEY].utterance():  # a drain lets it finish, as it does a /v1/audio/speech request
-        outputs = service.speak(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
+        job = SpeechJob(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
+        outputs = service.speak(job)
         async with contextlib.aclosing(outputs):
             response, _ = await stream_audio(request, outputs, encoder, headers)
         await response.write_eof()
@@ -291,10 +293,10 @@ async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> torc
     try:
         samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
         if reference:
-            voice = await service.encode_voice(reference_audio=samples, sample_rate=rate)
+            voice = await service.encode_voice(VoiceClip(reference_audio=samples, reference_sample_rate=rate))
             patches = voice.reference_patches
         else:  # the transcript does not change the latents; the encoder needs one with prompt audio
-            voice = await service.encode_voice(text="-", audio=samples, sample_rate=rate)
+            voice = await service.encode_voice(VoiceClip("-", samples, rate))
             patches = voice.audio_patches
     except ClipTooLongError as exc:
         raise _bad(str(exc)) from exc

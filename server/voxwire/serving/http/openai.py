@@ -30,7 +30,7 @@ from voxwire.serving.keys import (
     STATE_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.service import UtteranceOptions
+from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
 
@@ -111,11 +111,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
-    service.check_persona(speech.persona)
+    service.check_persona(speech.persona)  # the persona rule's first check (``personas.check_persona``)
     text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        options = UtteranceOptions(speech.persona)
-        outputs = service.speak(service.new_request_id("http"), text, speech.params, voice, options)
+        job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, UtteranceOptions(speech.persona))
+        outputs = service.speak(job)
         async with contextlib.aclosing(outputs):
             input_tokens = service.prefill_tokens(text, voice)
             return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)

@@ -25,6 +25,7 @@ from voxwire.serving.keys import (
     STATE_KEY,
     VOICES_KEY,
 )
+from voxwire.voice_clip import VoiceClip
 
 
 async def create_voice(request: web.Request) -> web.Response:
@@ -56,9 +57,13 @@ async def create_voice(request: web.Request) -> web.Response:
     try:
         with state.voice_job():
             samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
-            prompt = await service.encode_voice(
-                text=text, audio=samples if text else None, reference_audio=None if text else samples, sample_rate=rate
+            # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
+            made_of = (
+                VoiceClip(text, samples, rate)
+                if text
+                else VoiceClip(reference_audio=samples, reference_sample_rate=rate)
             )
+            prompt = await service.encode_voice(made_of)
     except ClipTooLongError as exc:
         raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
     except InvalidInputError as exc:

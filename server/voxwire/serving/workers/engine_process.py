@@ -166,7 +166,7 @@ class EngineCore:
     def _add(self, sender: bytes, add: ipc.Add) -> None:
         request = add.request
         try:
-            check_persona(self.personas, request.persona)  # the registry here is the one that counts
+            check_persona(self.personas, request.persona)  # the persona rule's third check: this registry decides
             self.engine.add(request)
         except (EngineError, ValueError, UnknownPersonaError) as exc:
             self._send(sender, ipc.Rejected(request.request_id, exc))

@@ -21,7 +21,6 @@ import io
 import pickle
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +32,7 @@ from voxwire.prompt import VoicePrompt
 from voxwire.serving.personas import PersonaInfo
 from voxwire.serving.voices import Voice
 from voxwire.speech_model import ModelInfo, PromptLength
+from voxwire.voice_clip import VoiceClip
 
 
 def frontend_identity(index: int) -> bytes:
@@ -65,6 +65,7 @@ DATA_TYPES = frozenset(
         ("voxwire.sim.model", "SimPromptLength"),
         ("voxwire.speech_model", "ModelInfo"), ("voxwire.speech_model", "TokenizedPromptLength"),
         ("voxwire.text.tokenizer", "tokenizer_from_json"),
+        ("voxwire.voice_clip", "VoiceClip"),
     }
 )  # fmt: skip
 """The globals a message of this protocol may name besides its own classes and exceptions: the types its fields
@@ -127,10 +128,10 @@ class Abort:
 
 @dataclass(frozen=True, slots=True)
 class EncodeVoice:
-    """Run the model's voice encoder on a clip (``SpeechModel.make_prompt`` keyword arguments)."""
+    """Run the model's voice encoder on a clip (``SpeechModel.make_prompt``)."""
 
     call_id: int
-    kwargs: dict[str, Any]
+    clip: VoiceClip
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,22 +37,16 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from voxwire.audio.clip import AudioSource
-from voxwire.engine import Chunk, EngineDeadError, EngineStats, Request, SynthesisParams
+from voxwire.engine import Chunk, EngineDeadError, EngineStats, Request
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import check_persona
-from voxwire.serving.service import (
-    DEFAULT_OPTIONS,
-    Service,
-    UtteranceOptions,
-    engine_queue_full,
-    speech_stream,
-)
+from voxwire.serving.service import Service, SpeechJob, engine_queue_full, speech_stream
 from voxwire.serving.voices import Voice
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.remote_personas import RemotePersonas
+from voxwire.voice_clip import VoiceClip
 
 logger = logging.getLogger(__name__)
 
@@ -223,30 +217,15 @@ class EngineProxy:
         # The pid keeps ids unique across frontends and across a frontend's restarts.
         return f"{prefix}-{self._prefix}-{next(self._ids)}"
 
-    def speak(
-        self,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncGenerator[Chunk, None]:
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on the freest engine; see ``speak_on``."""
-        return self.speak_on(self.freest(), request_id, text, params, voice, options)
+        return self.speak_on(self.freest(), job)
 
-    def speak_on(
-        self,
-        engine: int,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncGenerator[Chunk, None]:
+    def speak_on(self, engine: int, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance on engine ``engine``; closing the iterator early aborts it, and every failure
         raises one ``SpeechFailure`` (as ``SpeechService.speak``)."""
         link = self._links[engine]
-        return speech_stream(self, request_id, text, params, voice, options, lambda request: self._speak(link, request))
+        return speech_stream(self, job, lambda request: self._speak(link, request))
 
     async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[Chunk, None]:
         request_id = request.request_id
@@ -306,23 +285,9 @@ class EngineProxy:
         serving = [link.stats for link in self._links if link.state is LinkState.SERVING]
         return bool(serving) and all(engine_queue_full(s, self._max_waiting, self._max_running) for s in serving)
 
-    async def encode_voice(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        reference_audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-    ) -> VoicePrompt:
+    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
         """Encode a voice clip in the freest engine process (the model and its device live there)."""
-        kwargs = {
-            "text": text,
-            "audio": audio,
-            "sample_rate": sample_rate,
-            "reference_audio": reference_audio,
-            "reference_sample_rate": sample_rate,
-        }
-        prompt = await self.call(self.freest(), lambda call_id: ipc.EncodeVoice(call_id, kwargs))
+        prompt = await self.call(self.freest(), lambda call_id: ipc.EncodeVoice(call_id, clip))
         assert isinstance(prompt, VoicePrompt)
         return prompt
 
@@ -526,33 +491,17 @@ class _PinnedService:
     def check_persona(self, persona: str | None) -> None:
         self._proxy.check_persona(persona)
 
-    def speak(
-        self,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncGenerator[Chunk, None]:
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         if self._engine is None or (self._moves and self._proxy.life(self._engine) != self._life):
             self._engine = self._proxy.freest()
             self._life = self._proxy.life(self._engine)
-        return self._proxy.speak_on(self._engine, request_id, text, params, voice, options)
+        return self._proxy.speak_on(self._engine, job)
 
     def abort(self, request_id: str) -> None:
         self._proxy.abort(request_id)
 
-    async def encode_voice(
-        self,
-        *,
-        text: str | None = None,
-        audio: AudioSource | None = None,
-        reference_audio: AudioSource | None = None,
-        sample_rate: int | None = None,
-    ) -> VoicePrompt:
-        return await self._proxy.encode_voice(
-            text=text, audio=audio, reference_audio=reference_audio, sample_rate=sample_rate
-        )
+    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
+        return await self._proxy.encode_voice(clip)
 
     def stats(self) -> EngineStats:
         return self._proxy.stats()

@@ -65,7 +65,7 @@ class UtilityCalls:
                 busy = QueueFullError(f"{self._encoding} voice clips are being encoded on this engine; retry shortly")
                 return [(sender, ipc.VoiceEncoded(call.call_id, error=busy))]
             self._encoding += 1
-            self._submit(sender, self._encoder, lambda: self._model.make_prompt(**call.kwargs), self._voice_reply(call))
+            self._submit(sender, self._encoder, lambda: self._model.make_prompt(call.clip), self._voice_reply(call))
             return []
         if registry is None:
             error = UnknownPersonaError("this server has no personas (its model has no LoRA layers)")

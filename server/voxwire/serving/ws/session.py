@@ -34,7 +34,7 @@ from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
 from voxwire.serving.metrics import Metrics
-from voxwire.serving.service import Service, SpeechFailure, UtteranceOptions
+from voxwire.serving.service import Service, SpeechFailure, SpeechJob, UtteranceOptions
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
 from voxwire.serving.ws.session_core import (
@@ -270,7 +270,7 @@ class Session:
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = audio.playback_lead_s, audio.playback_due()
         options = UtteranceOptions(audio.settings.persona, playback_lead_s=lead, playback_due=due)
-        speech = self.service.speak(request_id, spoken, params, audio.prompt, options)
+        speech = self.service.speak(SpeechJob(request_id, spoken, params, audio.prompt, options))
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.audio.size:

@@ -82,7 +82,7 @@ def resolve_settings(
     except UnknownVoiceError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
     try:
-        service.check_persona(start.persona)
+        service.check_persona(start.persona)  # the persona rule's first check (``personas.check_persona``)
     except UnknownPersonaError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
     given: dict[str, Any] = {
