@@ -34,6 +34,7 @@ import voxwire
 from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
+from voxwire.params import SynthesisParams
 from voxwire.prompt import build_sequence
 from voxwire.sampling import NoiseStream
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -86,7 +87,7 @@ def measure(ref: ReferenceVoxCPM, tts: voxwire.tts.VoxCPM, steps: int) -> dict[s
     next(ref_steps), next(our_steps)  # the first step carries the prefill
     results["decode step"] = alternate(lambda: next(ref_steps), lambda: next(our_steps), steps)
     ref_stream = ref.tts_model.generate_with_prompt_cache_streaming(TEXT, None, min_len=steps + 2, max_len=steps + 2)
-    our_stream = tts.stream(TEXT, seed=0, min_len=steps + 2, max_len=steps + 2)
+    our_stream = tts.stream(TEXT, SynthesisParams(seed=0, min_len=steps + 2, max_len=steps + 2))
     next(ref_stream), next(our_stream)
     results["streaming step (with audio)"] = alternate(lambda: next(ref_stream), lambda: next(our_stream), steps)
     vae, patch = ref.tts_model.audio_vae, tts.config.patch_size

@@ -191,7 +191,7 @@ async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
     speak = service.speak
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        used.append(args[4].persona)  # the persona each engine request is made with (its UtteranceOptions)
+        used.append(args[0].options.persona)  # the persona each engine request is made with (its SpeechJob)
         return speak(*args, **kwargs)
 
     service.speak = spy  # type: ignore[method-assign]

@@ -17,6 +17,7 @@ from voxwire.client.bench.runner import BenchConfig, run_open
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ConnectionLostError, ServerBusyError
 from voxwire.client.retry import RetryPolicy, open_with_retry
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import PROTOCOL_VERSION, Error, Ready, Text, encode
 from voxwire.serving.keys import SESSIONS_KEY
 from voxwire.serving.ws.handler import STREAM_PATH
@@ -102,7 +103,7 @@ async def test_say_waits_out_a_busy_server_and_gives_up_with_exit_7(serve, aioht
     await holder.close()
     stdout, _ = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
     assert process.returncode == 0
-    assert stdout == to_s16le(tiny_tts.generate("Hello.", seed=SEED))
+    assert stdout == to_s16le(tiny_tts.generate("Hello.", SynthesisParams(seed=SEED)))
 
 
 @pytest.mark.asyncio
@@ -149,7 +150,7 @@ async def test_a_connection_broken_without_a_close_frame_is_a_lost_connection() 
 async def test_say_reports_a_lost_connection_and_speaks_the_rest_without_replaying(serve, tiny_tts: VoxCPM) -> None:
     server = await serve()
     first, second = "The first line is here.", "The second line follows it."
-    expected_first = to_s16le(tiny_tts.generate(first, seed=SEED))
+    expected_first = to_s16le(tiny_tts.generate(first, SynthesisParams(seed=SEED)))
     process = await launch(
         "say", "-v", "--server", url(server), "--seed", str(SEED), "--format", "pcm_s16le", "--out", "-", "-"
     )
@@ -170,7 +171,7 @@ async def test_say_reports_a_lost_connection_and_speaks_the_rest_without_replayi
     assert "1 connection(s) lost mid-utterance" in stderr.decode()
     # The first line's audio once, then the second line's, spoken alone as the new connection's first utterance.
     assert heard == expected_first
-    assert rest == to_s16le(tiny_tts.generate(second, seed=SEED))
+    assert rest == to_s16le(tiny_tts.generate(second, SynthesisParams(seed=SEED)))
 
 
 # ---- bench ---------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from voxwire.client.errors import OutputUnavailableError
 from voxwire.client.output import SpeakerSink, choose_sink
 from voxwire.client.say import one_text, say
 from voxwire.errors import InvalidInputError
+from voxwire.params import SynthesisParams
 from voxwire.tts import VoxCPM
 
 from .helpers import TIMEOUT_S, launch, voxwire
@@ -41,7 +42,7 @@ async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: Vox
     server = await serve()
     result = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--format", fmt, "--out", "-", TEXT)
     assert result.returncode == 0, result.stderr
-    expected = tiny_tts.generate(TEXT, seed=SEED)
+    expected = tiny_tts.generate(TEXT, SynthesisParams(seed=SEED))
     if fmt == "pcm_f32le":
         np.testing.assert_array_equal(np.frombuffer(result.stdout, dtype="<f4"), expected)
     else:
@@ -55,7 +56,7 @@ async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_
     saved = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
     assert piped.returncode == saved.returncode == 0, piped.stderr + saved.stderr
 
-    expected = np.frombuffer(to_s16le(tiny_tts.generate(TEXT, seed=SEED)), dtype="<i2")
+    expected = np.frombuffer(to_s16le(tiny_tts.generate(TEXT, SynthesisParams(seed=SEED))), dtype="<i2")
     streamed, rate = soundfile.read(io.BytesIO(piped.stdout), dtype="int16")  # streaming header: sizes unknown
     np.testing.assert_array_equal(streamed, expected)
     assert rate == 48000 and piped.stdout[4:8] == b"\xff\xff\xff\xff"
@@ -71,7 +72,7 @@ async def test_ogg_opus_file_decodes_to_the_utterance_length(serve, tiny_tts: Vo
     assert result.returncode == 0, result.stderr
     decoded, rate = soundfile.read(path, dtype="float32")
     assert path.read_bytes()[:4] == b"OggS" and rate == 48000
-    assert decoded.size == tiny_tts.generate(TEXT, seed=SEED).size
+    assert decoded.size == tiny_tts.generate(TEXT, SynthesisParams(seed=SEED)).size
 
 
 async def test_format_opus_writes_ogg_opus_to_stdout(serve, tiny_tts: VoxCPM) -> None:
@@ -80,7 +81,7 @@ async def test_format_opus_writes_ogg_opus_to_stdout(serve, tiny_tts: VoxCPM) ->
     assert result.returncode == 0, result.stderr
     decoded, rate = soundfile.read(io.BytesIO(result.stdout), dtype="float32")
     assert result.stdout[:4] == b"OggS" and rate == 48000
-    assert decoded.size == tiny_tts.generate(TEXT, seed=SEED).size
+    assert decoded.size == tiny_tts.generate(TEXT, SynthesisParams(seed=SEED)).size
 
 
 async def test_stdin_lines_are_spoken_as_they_arrive(serve) -> None:
@@ -125,7 +126,7 @@ async def test_a_persona_speaks_its_own_audio(serve, persona_app, persona_tts: V
     result = await voxwire(*command, "--persona", "A", TEXT)
     assert result.returncode == 0, result.stderr
     np.testing.assert_array_equal(
-        np.frombuffer(result.stdout, dtype="<f4"), persona_tts.generate(TEXT, seed=SEED, lora="A")
+        np.frombuffer(result.stdout, dtype="<f4"), persona_tts.generate(TEXT, SynthesisParams(seed=SEED), lora="A")
     )
     unknown = await voxwire(*command, "--persona", "nobody", TEXT)
     assert unknown.returncode == 5 and "unknown_persona" in unknown.stderr
@@ -160,7 +161,7 @@ async def test_speakers_play_the_engines_float_audio(serve, tiny_tts: VoxCPM) ->
     result = await say(url(server), one_text(TEXT), sink, seed=SEED)
     assert sink.stream.settings == (48000, 1, "float32") and sink.stream.state == "stopped"
     played = np.frombuffer(b"".join(sink.stream.played), dtype="<f4")
-    np.testing.assert_array_equal(played, tiny_tts.generate(TEXT, seed=SEED))
+    np.testing.assert_array_equal(played, tiny_tts.generate(TEXT, SynthesisParams(seed=SEED)))
     assert result.ttfa_s is not None and result.done.finish_reason in ("stop", "length")
 
 

@@ -19,6 +19,7 @@ from voxwire.engine.runner import ModelRunner
 from voxwire.errors import InvalidInputError
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 from .test_voice_cache import voice
 
@@ -129,9 +130,11 @@ def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, b
         voice = None
         if prompt:
             voice = model.make_prompt(
-                text=prompt.get("prompt_text"),
-                audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
-                reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+                VoiceClip(
+                    text=prompt.get("prompt_text"),
+                    audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
+                    reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+                )
             )
         params = SynthesisParams(seed=case["seed"], max_len=meta["max_len"])
         requests.append(Request(case["key"], case["text"], prefill_tokens=8, params=params, prompt=voice))
@@ -226,7 +229,7 @@ def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
         "two", "And the second half.", prefill_tokens=20, params=SynthesisParams(seed=6, max_len=6), prompt=voice
     )
     through_engine = audio(run(engine, {0: [second]})["two"])
-    direct = tts.generate("And the second half.", prompt=voice, seed=6, max_len=6)
+    direct = tts.generate("And the second half.", SynthesisParams(seed=6, max_len=6), prompt=voice)
     np.testing.assert_allclose(through_engine, direct, atol=1e-5, rtol=0)
 
 

@@ -36,8 +36,9 @@ def test_cpu_generation_never_imports_triton() -> None:
         """
         import sys
         import voxwire
+        from voxwire.params import SynthesisParams
         model = voxwire.load_model("demo", device="cpu")
-        audio = model.generate("hello there", max_len=4, seed=1)
+        audio = model.generate("hello there", SynthesisParams(max_len=4, seed=1))
         assert audio.size > 0
         print("triton imported:", "triton" in sys.modules)
         """

@@ -10,6 +10,7 @@ from torch import nn
 from voxwire.config import ModelConfig
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.minicpm import MiniCPMModel
+from voxwire.params import SynthesisParams
 from voxwire.tiny.configs import ALL_CONFIGS
 
 
@@ -134,6 +135,6 @@ def test_loaded_model_cast_keeps_fused_projections(tmp_path) -> None:  # type: i
             x = torch.zeros(1, layers[0].in_features, dtype=torch.bfloat16)
             assert module._fused(x, *layers) is not None
     assert torch.equal(
-        torch.as_tensor(cast.generate("hello there", seed=3, max_len=6)),
-        torch.as_tensor(loaded.generate("hello there", seed=3, max_len=6)),
+        torch.as_tensor(cast.generate("hello there", SynthesisParams(seed=3, max_len=6))),
+        torch.as_tensor(loaded.generate("hello there", SynthesisParams(seed=3, max_len=6))),
     )

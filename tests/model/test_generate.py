@@ -15,10 +15,12 @@ from voxwire.finish_reason import FinishReason
 from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
+from voxwire.params import SynthesisParams
 from voxwire.prompt import build_sequence
 from voxwire.sampling import NoiseStream
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +34,29 @@ def v1(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 
 
 def test_same_seed_same_audio_other_seed_other_audio(v2: VoxCPM) -> None:
-    first = v2.generate("A seeded sentence.", seed=7, max_len=8)
-    assert np.array_equal(first, v2.generate("A seeded sentence.", seed=7, max_len=8))
-    other = v2.generate("A seeded sentence.", seed=8, max_len=8)
+    first = v2.generate("A seeded sentence.", SynthesisParams(seed=7, max_len=8))
+    assert np.array_equal(first, v2.generate("A seeded sentence.", SynthesisParams(seed=7, max_len=8)))
+    other = v2.generate("A seeded sentence.", SynthesisParams(seed=8, max_len=8))
     assert first.shape != other.shape or not np.allclose(first, other)
-    assert v2.generate("No seed given.", max_len=5).size > 0
+    assert v2.generate("No seed given.", SynthesisParams(max_len=5)).size > 0
 
 
 def test_stream_yields_one_patch_per_chunk_and_equals_generate(v2: VoxCPM) -> None:
-    chunks = list(v2.stream("Streaming equals offline.", seed=3, max_len=9))
+    chunks = list(v2.stream("Streaming equals offline.", SynthesisParams(seed=3, max_len=9)))
     assert all(c.audio.shape == (v2.samples_per_patch,) for c in chunks)
     assert all(c.finish_reason is None for c in chunks[:-1])
     assert chunks[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert all(c.patch is not None and c.patch.shape == (v2.config.patch_size, v2.config.feat_dim) for c in chunks)
-    full = v2.generate("Streaming equals offline.", seed=3, max_len=9)
+    full = v2.generate("Streaming equals offline.", SynthesisParams(seed=3, max_len=9))
     np.testing.assert_array_equal(np.concatenate([c.audio for c in chunks]), full)
 
 
 def test_min_len_and_length_cap(v2: VoxCPM) -> None:
-    capped = list(v2.stream("Hi.", seed=1, min_len=6, max_len=7))
+    capped = list(v2.stream("Hi.", SynthesisParams(seed=1, min_len=6, max_len=7)))
     assert len(capped) == 7 and capped[-1].finish_reason is FinishReason.LENGTH
     # "Hi." is few tokens: the reference's cap int(tokens * 6 + 10) binds before max_len.
     tokens = len(v2.tokenizer.encode("Hi."))
-    uncapped = list(v2.stream("Hi.", seed=1, min_len=1000, max_len=4096))
+    uncapped = list(v2.stream("Hi.", SynthesisParams(seed=1, min_len=1000, max_len=4096)))
     assert len(uncapped) == int(tokens * 6 + 10) and uncapped[-1].finish_reason is FinishReason.LENGTH
 
 
@@ -69,48 +71,48 @@ def test_min_len_and_length_cap(v2: VoxCPM) -> None:
 )
 def test_bad_parameters_are_named(v2: VoxCPM, kwargs: dict, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
-        v2.generate("Hello.", seed=0, **kwargs)
+        v2.generate("Hello.", SynthesisParams(seed=0, **kwargs))
 
 
 def test_voice_prompts_from_files_and_arrays_at_any_rate(v2: VoxCPM, tmp_path: Path) -> None:
     rate = 22050
     clip = (0.3 * np.sin(2 * np.pi * 220 * np.arange(int(0.4 * rate)) / rate)).astype(np.float32)
     soundfile.write(str(tmp_path / "voice.flac"), np.stack([clip, clip], axis=1), rate)
-    from_file = v2.make_prompt(text="My voice.", audio=tmp_path / "voice.flac")
-    from_array = v2.make_prompt(text="My voice.", audio=clip, sample_rate=rate)
+    from_file = v2.make_prompt(VoiceClip(text="My voice.", audio=tmp_path / "voice.flac"))
+    from_array = v2.make_prompt(VoiceClip(text="My voice.", audio=clip, sample_rate=rate))
     torch.testing.assert_close(from_file.audio_patches, from_array.audio_patches, atol=1e-3, rtol=0)
     # 0.4 s resampled to 16 kHz is 6400 samples: left-padded to 3 patches of 2560.
     assert from_file.audio_patches.shape == (3, 4, 64)
     both = v2.make_prompt(
-        text="My voice.", audio=clip, sample_rate=rate, reference_audio=clip, reference_sample_rate=rate
+        VoiceClip(text="My voice.", audio=clip, sample_rate=rate, reference_audio=clip, reference_sample_rate=rate)
     )
-    for prompt in (from_file, both, v2.make_prompt(reference_audio=clip, reference_sample_rate=rate)):
-        assert v2.generate("Cloned.", prompt=prompt, seed=2, max_len=5).size > 0
+    for prompt in (from_file, both, v2.make_prompt(VoiceClip(reference_audio=clip, reference_sample_rate=rate))):
+        assert v2.generate("Cloned.", SynthesisParams(seed=2, max_len=5), prompt=prompt).size > 0
 
 
 def test_prompt_errors_are_typed(v1: VoxCPM, v2: VoxCPM, tmp_path: Path) -> None:
     clip = np.zeros(8000, dtype=np.float32)
     with pytest.raises(InvalidInputError, match="together"):
-        v2.make_prompt(text="only text")
+        v2.make_prompt(VoiceClip(text="only text"))
     with pytest.raises(InvalidInputError, match="voxcpm2"):
-        v1.make_prompt(reference_audio=clip, reference_sample_rate=16000)
+        v1.make_prompt(VoiceClip(reference_audio=clip, reference_sample_rate=16000))
     with pytest.raises(InvalidInputError, match="sample rate"):
-        v2.make_prompt(text="x", audio=clip)
+        v2.make_prompt(VoiceClip(text="x", audio=clip))
     (tmp_path / "not-audio.wav").write_text("hello")
     with pytest.raises(InvalidInputError, match="cannot read"):
-        v2.make_prompt(text="x", audio=tmp_path / "not-audio.wav")
+        v2.make_prompt(VoiceClip(text="x", audio=tmp_path / "not-audio.wav"))
     with pytest.raises(InvalidInputError, match="NaN"):
-        v2.make_prompt(text="x", audio=np.full(100, np.nan, dtype=np.float32), sample_rate=16000)
+        v2.make_prompt(VoiceClip(text="x", audio=np.full(100, np.nan, dtype=np.float32), sample_rate=16000))
 
 
 def test_continuation_across_utterances_keeps_the_voice(v1: VoxCPM) -> None:
-    first = list(v1.stream("The first part.", seed=4, max_len=6))
-    prompt = v1.make_prompt(text="Intro.", audio=np.zeros(3200, dtype=np.float32), sample_rate=16000)
+    first = list(v1.stream("The first part.", SynthesisParams(seed=4, max_len=6)))
+    prompt = v1.make_prompt(VoiceClip(text="Intro.", audio=np.zeros(3200, dtype=np.float32), sample_rate=16000))
     continued = prompt.continued("The first part.", torch.from_numpy(np.stack([c.patch for c in first])))
     sequence = build_sequence(v1.tokenizer, v1.config, "The second part.", continued)
     assert sequence.feats.shape[0] == sequence.tokens.shape[0]
     assert int(sequence.audio_mask.sum()) == prompt.audio_patches.shape[0] + len(first)
-    assert v1.generate("The second part.", prompt=continued, seed=5, max_len=6).size > 0
+    assert v1.generate("The second part.", SynthesisParams(seed=5, max_len=6), prompt=continued).size > 0
 
 
 @torch.inference_mode()

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import voxwire
 from voxwire.errors import InvalidInputError, ModelLoadError
+from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
@@ -35,7 +36,7 @@ def load_error(path: Path) -> str:
 
 def test_loads_and_speaks(checkpoint: Path) -> None:
     model = voxwire.load_model(checkpoint, device="cpu")
-    audio = model.generate("Hello.", seed=0, max_len=6)
+    audio = model.generate("Hello.", SynthesisParams(seed=0, max_len=6))
     assert audio.dtype == np.float32 and audio.size % model.samples_per_patch == 0 and audio.size > 0
     assert model.sample_rate == 48000 and model.dtype == torch.float32
     assert model.model.audio_vae.decoder.sr_bin_boundaries.dtype == torch.int32
@@ -45,12 +46,12 @@ def test_pytorch_model_bin_bare_and_wrapped_and_audiovae_safetensors(checkpoint:
     weights = load_file(str(checkpoint / "model.safetensors"))
     (checkpoint / "model.safetensors").unlink()
     torch.save({"state_dict": weights}, checkpoint / "pytorch_model.bin")
-    expected = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
+    expected = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", SynthesisParams(seed=5, max_len=6))
     torch.save(weights, checkpoint / "pytorch_model.bin")
     vae = torch.load(checkpoint / "audiovae.pth", weights_only=True)["state_dict"]
     (checkpoint / "audiovae.pth").unlink()
     save_file(vae, str(checkpoint / "audiovae.safetensors"))
-    audio = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", seed=5, max_len=6)
+    audio = voxwire.load_model(checkpoint, device="cpu").generate("Hi there.", SynthesisParams(seed=5, max_len=6))
     np.testing.assert_array_equal(audio, expected)
 
 
@@ -59,7 +60,7 @@ def test_bf16_loads_transformer_in_bf16_and_vae_in_fp32(checkpoint: Path) -> Non
     assert model.model.base_lm.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert model.model.base_lm.rope_emb.cos_cached.dtype == torch.bfloat16
     assert model.model.audio_vae.decoder.model[0].weight.dtype == torch.float32
-    assert model.generate("Hi.", seed=1, max_len=5).dtype == np.float32
+    assert model.generate("Hi.", SynthesisParams(seed=1, max_len=5)).dtype == np.float32
 
 
 @pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "model.safetensors", "audiovae.pth"])
@@ -124,7 +125,7 @@ def test_empty_text_is_a_clear_error(pristine: Path) -> None:
     model = voxwire.load_model(pristine, device="cpu")
     for text in ("", "   \n ", None):
         with pytest.raises(InvalidInputError, match="non-empty"):
-            model.generate(text, seed=0)  # type: ignore[arg-type]
+            model.generate(text, SynthesisParams(seed=0))  # type: ignore[arg-type]
 
 
 def test_hugging_face_id_from_offline_cache(pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,8 +22,10 @@ from voxwire.errors import ModelLoadError
 from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
 from voxwire.model.lora import MAX_LORA_ALPHA, MAX_LORA_WEIGHT, load_lora
 from voxwire.model.personas import PersonaLinear, PersonaRows
+from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora"
 PROMPTS = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
@@ -59,15 +61,15 @@ def test_persona_matches_the_reference_with_its_adapter_loaded(name: str, case: 
     prompt = case["prompt"]
     voice = None
     if prompt:
-        voice = tts.make_prompt(text=prompt["prompt_text"], audio=PROMPTS / name / prompt["prompt_wav_path"])
-    run = {"prompt": voice, "seed": case["seed"], "max_len": meta["max_len"]}
-    plain = tts.generate(case["text"], **run)
-    persona = tts.generate(case["text"], lora=LORA / name, **run)
+        voice = tts.make_prompt(VoiceClip(text=prompt["prompt_text"], audio=PROMPTS / name / prompt["prompt_wav_path"]))
+    params = SynthesisParams(seed=case["seed"], max_len=meta["max_len"])
+    plain = tts.generate(case["text"], params, prompt=voice)
+    persona = tts.generate(case["text"], params, prompt=voice, lora=LORA / name)
     assert persona.shape == expected.shape
     assert float(np.abs(persona - expected).max()) <= 1e-4
     # The adapter matters (the comparison could not pass without it), and leaves no trace after its request.
     assert plain.shape != expected.shape or float(np.abs(plain - expected).max()) > 0.1
-    np.testing.assert_array_equal(tts.generate(case["text"], **run), plain)
+    np.testing.assert_array_equal(tts.generate(case["text"], params, prompt=voice), plain)
 
 
 # ---- strict loading ----

@@ -22,10 +22,12 @@ import voxwire
 from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
+from voxwire.params import SynthesisParams
 from voxwire.prompt import build_sequence
 from voxwire.sampling import NoiseStream
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "model"
@@ -131,9 +133,11 @@ def make_prompt(model: VoxCPM, name: str, prompt: dict):
         return None
     folder = FIXTURES / name
     return model.make_prompt(
-        text=prompt.get("prompt_text"),
-        audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
-        reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+        VoiceClip(
+            text=prompt.get("prompt_text"),
+            audio=folder / prompt["prompt_wav_path"] if "prompt_wav_path" in prompt else None,
+            reference_audio=folder / prompt["reference_wav_path"] if "reference_wav_path" in prompt else None,
+        )
     )
 
 
@@ -142,7 +146,9 @@ def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -
     ref, meta = reference(name)
     model = loaded(name, tmp_root, torch.float32)
     audio = model.generate(
-        case["text"], prompt=make_prompt(model, name, case["prompt"]), seed=case["seed"], max_len=meta["max_len"]
+        case["text"],
+        SynthesisParams(seed=case["seed"], max_len=meta["max_len"]),
+        prompt=make_prompt(model, name, case["prompt"]),
     )
     expected = ref[f"generate.{case['key']}"].numpy()
     assert audio.shape == expected.shape, f"{audio.size} samples, reference {expected.size}"

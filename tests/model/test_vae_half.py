@@ -25,6 +25,7 @@ from voxwire.model.audio_vae import (
     half_precision_check,
     random_published_state_dict,
 )
+from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tiny.configs import ALL_CONFIGS
 
@@ -38,7 +39,8 @@ def test_vae_dtype_option_speaks_float32_audio(tmp_path: Path, vae_dtype: str) -
     half = voxwire.load_model(checkpoint, device="cpu", vae_dtype=vae_dtype)
     assert exact.model.audio_vae.dtype == torch.float32
     assert half.model.audio_vae.dtype == getattr(torch, vae_dtype)
-    audio, reference = half.generate("Hello.", seed=0, max_len=4), exact.generate("Hello.", seed=0, max_len=4)
+    params = SynthesisParams(seed=0, max_len=4)
+    audio, reference = half.generate("Hello.", params), exact.generate("Hello.", params)
     assert audio.dtype == np.float32 and audio.shape == reference.shape
     assert 0 < np.abs(audio - reference).max() < 0.2
 

@@ -16,6 +16,7 @@ from voxwire.cli.serve import config_from_args
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import STREAM_PATH
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY, Phase
+from voxwire.serving.service import SpeechJob
 
 TEXT = "Hello from the test."
 SPEECH = {"model": "tts-1", "input": TEXT}
@@ -52,9 +53,9 @@ async def test_a_full_engine_queue_refuses_new_connections_before_the_upgrade(se
     client: TestClient = await aiohttp_client(await serve(max_sessions=1, max_waiting=1))
     service = client.server.app[SERVICE_KEY]
     long = SynthesisParams(min_len=10_000, max_len=10_000)  # keeps its slot until aborted
-    running = service.speak("hold-slot", TEXT, long)
+    running = service.speak(SpeechJob("hold-slot", TEXT, long))
     await anext(running)  # it holds the only slot
-    waiting = service.speak("hold-queue", TEXT, long)
+    waiting = service.speak(SpeechJob("hold-queue", TEXT, long))
     queued = asyncio.ensure_future(anext(waiting))
     try:
         while service.engine.stats().waiting < 1:  # the engine publishes its load after each step

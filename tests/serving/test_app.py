@@ -17,7 +17,7 @@ from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import ErrorCode
 from voxwire.serving.app import drain
 from voxwire.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxwire.serving.service import SpeechFailure
+from voxwire.serving.service import SpeechFailure, SpeechJob
 
 pytestmark = pytest.mark.asyncio
 
@@ -125,7 +125,7 @@ async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohtt
     assert audio.size >= 4 * app[SERVICE_KEY].info.samples_per_patch  # the stop head cannot fire sooner
     await asyncio.wait_for(draining, 10)
     with pytest.raises(SpeechFailure) as failure:
-        await anext(app[SERVICE_KEY].speak("late", "Too late.", SynthesisParams()))
+        await anext(app[SERVICE_KEY].speak(SpeechJob("late", "Too late.", SynthesisParams())))
     assert failure.value.code is ErrorCode.UNAVAILABLE
 
 

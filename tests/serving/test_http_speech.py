@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 
 from voxwire.engine import SynthesisParams
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.service import SpeechJob
 
 from .ws.test_ws_normalize import record_engine_texts
 
@@ -235,9 +236,9 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
     client = await aiohttp_client(await serve(max_sessions=1, max_waiting=1))
     service = client.server.app[SERVICE_KEY]
     long = SynthesisParams(min_len=10_000, max_len=10_000)  # keeps its slot until aborted
-    running = service.speak("hold-slot", TEXT, long)
+    running = service.speak(SpeechJob("hold-slot", TEXT, long))
     await anext(running)  # admitted: it holds the only slot
-    waiting = service.speak("hold-queue", TEXT, long)
+    waiting = service.speak(SpeechJob("hold-queue", TEXT, long))
     queued = asyncio.ensure_future(anext(waiting))  # submitted before the HTTP request
     try:
         async with client.post("/v1/audio/speech", json={"model": "m", "input": TEXT}) as response:

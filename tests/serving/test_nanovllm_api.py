@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
 from voxwire.audio.pcm import to_s16le
+from voxwire.params import SynthesisParams
 from voxwire.serving.keys import VOICES_KEY
 from voxwire.tts import VoxCPM
 
@@ -91,7 +92,7 @@ async def test_generate_pcm_is_the_models_audio_with_its_headers(client: NanoVll
         str(rate), "1", "s16le",
     )  # fmt: skip
     # Its defaults: cfg_value 1.5 (not voxwire's 2.0).
-    assert body == pcm(persona_tts.generate(TEXT, seed=7, cfg_value=1.5, max_len=40))
+    assert body == pcm(persona_tts.generate(TEXT, SynthesisParams(seed=7, cfg_value=1.5, max_len=40)))
 
 
 @pytest.mark.asyncio
@@ -141,7 +142,7 @@ async def test_loras_register_list_use_and_unregister(
 
     payload = {"target_text": TEXT, "seed": 5, "response_format": "pcm", "max_generate_length": 30}
     _, with_a = await client.generate(**payload, lora_name="A")
-    assert with_a == pcm(persona_tts.generate(TEXT, seed=5, cfg_value=1.5, max_len=30, lora="A"))
+    assert with_a == pcm(persona_tts.generate(TEXT, SynthesisParams(seed=5, cfg_value=1.5, max_len=30), lora="A"))
     _, with_b = await client.generate(**payload, lora_name="B")
     assert with_b != with_a
 

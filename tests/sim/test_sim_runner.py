@@ -9,6 +9,7 @@ from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
 from voxwire.engine.cost_model import StepCost
 from voxwire.sim.model import SPEECH_CLIP, SimSpeech, speech_clip
 from voxwire.sim.runner import SimConfig, SimRunner
+from voxwire.voice_clip import VoiceClip
 
 COST = "10ms+1ms/row+0.5ms/token"
 
@@ -115,6 +116,6 @@ def test_the_packaged_clip_is_speech_and_small() -> None:
 def test_sim_voices_are_latents_shaped_like_voxcpm2s_and_cost_prefill() -> None:
     model = SimSpeech()
     clip = speech_clip(48000)[: 48000 * 2]
-    voice = model.make_prompt(reference_audio=clip, reference_sample_rate=48000)
+    voice = model.make_prompt(VoiceClip(reference_audio=clip, reference_sample_rate=48000))
     assert voice.reference_patches is not None and tuple(voice.reference_patches.shape[1:]) == model.patch_shape
     assert model.prompt_length("Hello.", voice) > model.prompt_length("Hello.", None)

@@ -28,6 +28,7 @@ from tests.workers.test_workers import KEY, metric
 import voxwire
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerError
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 from voxwire.tts import VoxCPM
 
@@ -131,7 +132,7 @@ def test_a_persona_from_the_command_line_speaks_as_in_one_process_on_every_front
     server: ServerProcess, reference: VoxCPM
 ) -> None:
     with server_threads():
-        expected = reference.generate(TEXT, seed=5, lora="A")
+        expected = reference.generate(TEXT, SynthesisParams(seed=5), lora="A")
     for audio in on_each_frontend(server, "A").values():
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), expected)
 
@@ -145,7 +146,7 @@ def test_a_persona_registered_through_one_frontend_serves_on_every_frontend_unti
     for _ in range(6):  # fresh connections: either frontend lists it
         assert names(server) == ["A", "B"]
     with server_threads():
-        expected = reference.generate(TEXT, seed=5, lora="B")
+        expected = reference.generate(TEXT, SynthesisParams(seed=5), lora="B")
     for audio in on_each_frontend(server, "B").values():
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), expected)
 
@@ -207,7 +208,7 @@ def test_with_devices_a_registered_persona_speaks_on_every_engine(
             # Started together, the two go to different engines (each to the freest one).
             return await asyncio.gather(*(speak_as(server.ws_url, "B", seed=5) for _ in range(2)))
 
-        expected = reference.generate(TEXT, seed=5, lora="B")
+        expected = reference.generate(TEXT, SynthesisParams(seed=5), lora="B")
         for audio in asyncio.run(pair()):
             np.testing.assert_allclose(np.frombuffer(audio, "<f4"), expected, atol=1e-4, rtol=0)
         after = server.get("/metrics", KEY)

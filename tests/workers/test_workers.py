@@ -17,6 +17,7 @@ from tests.server_process import ServerProcess, poll, server_threads
 
 from voxwire.client.connection import Connection
 from voxwire.client.errors import AuthenticationError, ServerError
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Start, Text
 from voxwire.tts import VoxCPM
 
@@ -86,7 +87,7 @@ def test_pcm_is_generate_alone_and_the_same_in_a_crowd(server: ServerProcess, ti
     pcm, done = asyncio.run(speak(server.ws_url, TEXT, seed=11))
     assert done.finish_reason in ("stop", "length")
     with server_threads():
-        expected = tiny_tts.generate(TEXT, seed=11)
+        expected = tiny_tts.generate(TEXT, SynthesisParams(seed=11))
     np.testing.assert_array_equal(np.frombuffer(pcm, "<f4"), expected)
 
     async def crowd() -> list[tuple[bytes, Done]]:
@@ -94,7 +95,9 @@ def test_pcm_is_generate_alone_and_the_same_in_a_crowd(server: ServerProcess, ti
         return await asyncio.gather(*(speak(server.ws_url, text, seed=i) for i, text in enumerate(TEXTS)))
 
     for i, (text, (pcm, _)) in enumerate(zip(TEXTS, asyncio.run(crowd()), strict=True)):
-        np.testing.assert_allclose(np.frombuffer(pcm, "<f4"), tiny_tts.generate(text, seed=i), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            np.frombuffer(pcm, "<f4"), tiny_tts.generate(text, SynthesisParams(seed=i)), atol=1e-4, rtol=0
+        )
 
 
 def test_every_endpoint_but_the_probes_needs_the_key(server: ServerProcess) -> None:

@@ -3,7 +3,8 @@ and ``Personas``, what the handlers use.
 
 Every transport checks a persona's name before it starts work, and again where a removal may have raced the
 request (the persona rule, stated once at ``check_persona``: an unknown name is an ``UnknownPersonaError``, the
-same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the ``/v1/loras`` API). Removing a persona lets the requests already holding it finish; new ones are refused.
+same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the ``/v1/loras`` API). Removing a
+persona lets the requests already holding it finish; new ones are refused.
 
 Personas are set up at start-up or not at all: with ``--lora`` or ``--lora-root`` the model's layers that
 personas may adapt are reserved before the engine captures its graphs (``reserve``: the reference's default

@@ -39,7 +39,7 @@ from voxwire.protocol.wire import (
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
-from voxwire.serving.service import DEFAULT_OPTIONS, ModelInfo, UtteranceOptions
+from voxwire.serving.service import ModelInfo, SpeechJob
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.handler import STREAM_PATH, add_ws_routes
 from voxwire.speech_model import VoxCPMSpeech
@@ -215,16 +215,9 @@ class ClipService:
     def check_persona(self, persona: str | None) -> None:
         assert persona is None, "the clip service has no personas"
 
-    async def speak(
-        self,
-        request_id: str,
-        text: str,
-        params: SynthesisParams,
-        voice: VoicePrompt | None = None,
-        options: UtteranceOptions = DEFAULT_OPTIONS,
-    ) -> AsyncIterator[Chunk]:
-        self.requests.append((text, params, voice))
-        self.timings.append((options.playback_lead_s, options.playback_due))
+    async def speak(self, job: SpeechJob) -> AsyncIterator[Chunk]:
+        self.requests.append((job.text, job.params, job.voice))
+        self.timings.append((job.options.playback_lead_s, job.options.playback_due))
         patch = self.info.samples_per_patch
         finished = False
         try:
@@ -235,10 +228,10 @@ class ClipService:
                 last = start + patch >= self.clip.size
                 self.chunks_sent += 1
                 finished = last
-                yield Chunk(request_id, chunk, FinishReason.STOP if last else None, None, patch_latent)
+                yield Chunk(job.request_id, chunk, FinishReason.STOP if last else None, None, patch_latent)
         finally:
             if not finished:
-                self.aborted.append(request_id)
+                self.aborted.append(job.request_id)
 
 
 def clip_app(service: ClipService, **overrides: Any) -> web.Application:

@@ -30,6 +30,7 @@ from voxwire.audio.pcm import to_s16le
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.service import SpeechJob
 from voxwire.tts import VoxCPM
 
 from .conftest import ClipService, Connect, Heard, StreamClient, clip_app, require
@@ -53,7 +54,7 @@ async def speak(stream: StreamClient, text: str, **settings: object) -> Heard:
 
 async def engine_audio(server: TestServer, text: str, seed: int) -> np.ndarray:
     service = server.app[SERVICE_KEY]
-    outputs = [output async for output in service.speak("reference", text, SynthesisParams(seed=seed))]
+    outputs = [output async for output in service.speak(SpeechJob("reference", text, SynthesisParams(seed=seed)))]
     return np.concatenate([output.audio for output in outputs])
 
 
@@ -90,7 +91,7 @@ async def test_pcm_is_the_engines_audio_for_the_seed(
     if convert is None:
         np.testing.assert_array_equal(heard.pcm(), expected)
         # Alone in the engine on CPU, a request is bit-exact with the one-utterance API.
-        np.testing.assert_array_equal(heard.pcm(), tiny_tts.generate(TEXT, seed=11))
+        np.testing.assert_array_equal(heard.pcm(), tiny_tts.generate(TEXT, SynthesisParams(seed=11)))
     else:
         assert b"".join(heard.packets) == convert(expected)
     assert heard.done is not None and heard.done.finish_reason in ("stop", "length")

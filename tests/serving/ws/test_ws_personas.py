@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
 from voxwire.tts import VoxCPM
@@ -47,8 +48,8 @@ async def test_a_session_with_a_persona_hears_exactly_that_persona(
     base = await speak(stream, TEXT)
 
     # Alone in the engine on CPU, a request is bit-exact with the one-utterance API.
-    np.testing.assert_array_equal(adapted, persona_tts.generate(TEXT, seed=11, lora="A"))
-    np.testing.assert_array_equal(base, persona_tts.generate(TEXT, seed=11))
+    np.testing.assert_array_equal(adapted, persona_tts.generate(TEXT, SynthesisParams(seed=11), lora="A"))
+    np.testing.assert_array_equal(base, persona_tts.generate(TEXT, SynthesisParams(seed=11)))
     assert not np.array_equal(adapted[: base.size], base[: adapted.size])
 
 
@@ -78,7 +79,7 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server = await serve(app=with_ws_routes(persona_app()))
-    expected = persona_tts.generate(TEXT, seed=3, lora="A")
+    expected = persona_tts.generate(TEXT, SynthesisParams(seed=3), lora="A")
     runner = server.app[SERVICE_KEY].runner
     execute = runner.execute
 

@@ -15,6 +15,7 @@ from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.service import SpeechJob
 from voxwire.tts import VoxCPM
 
 from .conftest import Connect, StreamClient, engine_idle
@@ -150,13 +151,14 @@ async def test_the_next_sentence_continues_the_voice_of_the_previous_one(
     assert heard.done is not None and heard.done.finish_reason == "stop"
     audio = heard.pcm()
     cut = heard.segments[1].start_sample
-    outputs = [o async for o in server.app[SERVICE_KEY].speak("ref", "First sentence.", SynthesisParams(seed=7))]
+    job = SpeechJob("ref", "First sentence.", SynthesisParams(seed=7))
+    outputs = [o async for o in server.app[SERVICE_KEY].speak(job)]
     patches = torch.from_numpy(np.stack([o.patch for o in outputs]))
 
     np.testing.assert_array_equal(audio[:cut], np.concatenate([o.audio for o in outputs]))
     # Sentence k uses seed + k and, as its prompt, sentence k-1 (its text, a space, and its latent patches).
     voice = VoicePrompt("First sentence. ", patches)
-    continued = tiny_tts.generate("Second sentence.", prompt=voice, seed=8)
+    continued = tiny_tts.generate("Second sentence.", SynthesisParams(seed=8), prompt=voice)
     np.testing.assert_allclose(audio[cut:], continued, atol=1e-5, rtol=0)
-    fresh = tiny_tts.generate("Second sentence.", seed=8)
+    fresh = tiny_tts.generate("Second sentence.", SynthesisParams(seed=8))
     assert fresh.shape != continued.shape or not np.allclose(fresh, continued, atol=1e-3)
