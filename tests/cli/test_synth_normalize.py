@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from voxwire.cli.main import main
+from voxwire.params import SynthesisParams
 from voxwire.text import normalize as normalize_module
 from voxwire.tts import VoxCPM
 
@@ -16,9 +19,9 @@ def test_synth_speaks_the_normalized_text(tmp_path: Path, monkeypatch: pytest.Mo
     spoken: list[str] = []
     generate = VoxCPM.generate
 
-    def recording(self: VoxCPM, text: str, **kwargs: object) -> object:
+    def recording(self: VoxCPM, text: str, params: SynthesisParams, **kwargs: Any) -> object:
         spoken.append(text)
-        return generate(self, text, **{**kwargs, "max_len": 4})
+        return generate(self, text, replace(params, max_len=4), **kwargs)
 
     monkeypatch.setattr(VoxCPM, "generate", recording)
     out = tmp_path / "speech.wav"

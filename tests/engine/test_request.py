@@ -8,6 +8,7 @@ import pytest
 
 from voxwire.engine import EngineConfig, ParamLimits, Request, RequestStatus, SynthesisParams
 from voxwire.engine.request import FINISH_REASONS, Session
+from voxwire.protocol.wire import MAX_SEED, ProtocolError, Start
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,16 @@ from voxwire.engine.request import FINISH_REASONS, Session
 def test_invalid_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field}="):
         SynthesisParams(**kwargs)
+
+
+def test_the_seed_bound_is_the_wire_protocols():
+    """One bound for a seed, whatever the transport: a request and a WebSocket ``start`` refuse the same seeds."""
+    SynthesisParams(seed=MAX_SEED - 1)
+    Start(seed=MAX_SEED - 1).check()
+    with pytest.raises(ValueError, match=r"^seed="):
+        SynthesisParams(seed=MAX_SEED)
+    with pytest.raises(ProtocolError, match="seed"):
+        Start(seed=MAX_SEED).check()
 
 
 def test_default_params_are_the_reference_defaults():
