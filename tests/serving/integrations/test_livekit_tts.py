@@ -11,6 +11,7 @@ from livekit.agents.tts import SynthesizedAudio
 
 from voxwire.integrations.livekit import VoxwireTTS
 from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.service import SpeechJob
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,9 +25,9 @@ def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     requests: list[tuple[str, bool]] = []
     speak = service.speak
 
-    def recording(request_id: str, text: str, params: object, prompt: object = None, *rest: object) -> object:
-        requests.append((text, prompt is not None))
-        return speak(request_id, text, params, prompt, *rest)
+    def recording(job: SpeechJob) -> object:
+        requests.append((job.text, job.voice is not None))
+        return speak(job)
 
     monkeypatch.setattr(service, "speak", recording)
     return requests

@@ -9,6 +9,7 @@ import pytest
 
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.service import SpeechJob
 from voxwire.serving.ws import utterance as utterance_module
 from voxwire.text import normalize as normalize_module
 
@@ -22,9 +23,9 @@ def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[st
     texts: list[str] = []
     speak = service.speak
 
-    def recording(request_id: str, text: str, *args: object, **kwargs: object) -> object:
-        texts.append(text)
-        return speak(request_id, text, *args, **kwargs)
+    def recording(job: SpeechJob) -> object:
+        texts.append(job.text)
+        return speak(job)
 
     monkeypatch.setattr(service, "speak", recording)
     return texts
