@@ -27,12 +27,14 @@ from voxwire.serving.workers import ipc
 from voxwire.sim.model import SimPromptLength
 from voxwire.speech_model import ModelInfo, TokenizedPromptLength
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 from .test_workers import TEXT, speak
 
 PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.ones(1, 4, 8))
 VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)
 STATS = EngineStats(1, 2, 3, 0.1, 4, 5, 6, 0.2)
+CLIP = VoiceClip("A clip.", np.zeros(8, np.float32), 16000, np.ones(8, np.float32), 16000)
 PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)})
 
 
@@ -43,7 +45,7 @@ def every_message(tts: VoxCPM) -> list[object]:
     patch = np.ones((4, 8), np.float32)
     messages = [
         ipc.Hello(1), ipc.Hello(1, (VOICE,), ("voice_fedcba9876543210",)), ipc.Add(request), ipc.Abort("r1"),
-        ipc.EncodeVoice(1, {"audio": np.zeros(8, np.float32)}),
+        ipc.EncodeVoice(1, CLIP),
         ipc.VoiceSaved(1, VOICE), ipc.VoiceDeleted(1, "voice_0123456789abcdef"), ipc.Applied((b"frontend-0", 1)),
         ipc.AddPersona(1, "A", "a"), ipc.RemovePersona(1, "A"), ipc.ListPersonas(1), ipc.PersonasPublished(1),
         ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),

@@ -10,10 +10,12 @@ import time
 import numpy as np
 
 from voxwire.engine import QueueFullError
+from voxwire.prompt import VoicePrompt
 from voxwire.serving.http.errors import as_api_error
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.utility import UtilityCalls
 from voxwire.sim.model import SimSpeech
+from voxwire.voice_clip import VoiceClip
 
 
 class GatedSpeech(SimSpeech):
@@ -23,9 +25,9 @@ class GatedSpeech(SimSpeech):
         super().__init__()
         self.gate = threading.Event()
 
-    def make_prompt(self, **kwargs: object):  # type: ignore[no-untyped-def]
+    def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
         self.gate.wait(10)
-        return super().make_prompt(**kwargs)
+        return super().make_prompt(clip)
 
 
 def _finished(calls: UtilityCalls, count: int) -> list[tuple[bytes, object]]:
@@ -40,7 +42,7 @@ def _finished(calls: UtilityCalls, count: int) -> list[tuple[bytes, object]]:
 def test_encodings_beyond_the_bound_are_refused_as_busy_until_one_finishes() -> None:
     model = GatedSpeech()
     calls = UtilityCalls(model, None, max_voice_jobs=2)
-    clip = {"text": "A clip.", "audio": np.zeros(16000, np.float32), "sample_rate": 16000}
+    clip = VoiceClip("A clip.", np.zeros(16000, np.float32), 16000)
     try:
         assert calls.handle(b"frontend-0", ipc.EncodeVoice(1, clip)) == []
         assert calls.handle(b"frontend-1", ipc.EncodeVoice(2, clip)) == []

@@ -21,6 +21,7 @@ import io
 import pickle
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
