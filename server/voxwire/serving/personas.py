@@ -112,7 +112,7 @@ def check_persona(personas: Personas | PersonaRegistry | None, persona: str | No
     checked by name wherever a request naming it meets a registry that may have changed since the last check,
     each time with this function (``unknown_persona`` on every transport):
 
-    1. before any work starts: a WebSocket ``start`` (``ws.utterance.settings_for``) and an HTTP request, so the
+    1. before any work starts: a WebSocket ``start`` (``ws.utterance.resolve_settings``) and an HTTP request, so the
        client hears of an unknown name at once, not at its first sentence;
     2. for each engine request (``service.speech_stream``, every ``Service.speak``): an utterance is one request
        per sentence, and a persona removed after ``start`` refuses the sentences that follow instead of their
