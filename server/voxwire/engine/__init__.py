@@ -14,8 +14,10 @@ from voxwire.engine.engine import Engine
 from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
 from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
-from voxwire.engine.request import FinishReason, ParamLimits, Request, RequestStatus, SynthesisParams
+from voxwire.engine.request import ParamLimits, Request, RequestStatus
 from voxwire.engine.slots import SlotMove
+from voxwire.finish_reason import FinishReason
+from voxwire.params import SynthesisParams
 
 __all__ = [
     "AsyncEngine",

@@ -58,7 +58,8 @@ class StepGraphs:
         self.device = device
         self.buckets = tuple(buckets)
         self.timestep_counts = tuple(sorted(timesteps))
-        self.pool: object | None = None  # one memory pool shared by every graph, made at the first capture
+        # One memory pool shared by every graph, made at the first capture (torch names its type privately).
+        self.pool: torch.cuda._POOL_HANDLE | None = None
         self.graphs: dict[tuple[int, int], tuple[Callable[[], object], torch.Tensor]] = {}
         self.captures = 0
         self.capture_seconds = 0.0

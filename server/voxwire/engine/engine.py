@@ -18,9 +18,10 @@ from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
 from voxwire.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan, TimestepWeightedRunner
 from voxwire.engine.policy import RealtimePolicy
-from voxwire.engine.request import FINISH_REASONS, FinishReason, Request, RequestStatus, Session
+from voxwire.engine.request import FINISH_REASONS, Request, RequestStatus, Session
 from voxwire.engine.scheduler import Scheduler
 from voxwire.errors import InvalidInputError
+from voxwire.finish_reason import FinishReason
 
 logger = logging.getLogger(__name__)
 

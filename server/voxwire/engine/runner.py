@@ -66,7 +66,7 @@ from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_s
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
 from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
-from voxwire.engine.request import Request, SynthesisParams
+from voxwire.engine.request import Request
 from voxwire.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
 from voxwire.errors import InvalidInputError
 from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
@@ -76,6 +76,7 @@ from voxwire.model.kv_cache import NULL_BLOCK, KVCache
 from voxwire.model.loaded import LoadedModel
 from voxwire.model.personas import PersonaBank, PersonaError
 from voxwire.model.voxcpm import DecodeState, PrefillBatch
+from voxwire.params import SynthesisParams
 from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxwire.sampling import NoiseStream, random_seed
 
@@ -93,7 +94,7 @@ def _on_device(method: Callable[Concatenate[ModelRunner, _P], _R]) -> Callable[C
     engine thread, and every thread that calls in, starts on cuda:0."""
 
     @functools.wraps(method)
-    def on_device(self: ModelRunner, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    def on_device(self: ModelRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with devices.scope(self.cuda):
             return method(self, *args, **kwargs)
 
@@ -307,9 +308,9 @@ class ModelRunner:
         sizes = spread(1, self.num_slots)
         for rows in sizes if self.graphs is None else sorted({self.graphs.bucket(n) for n in sizes}):
             slots = np.full(rows, pad, dtype=np.int64)
-            samples += [CostSample(rows, 0, s) for s in time_step(lambda slots=slots: self._run(slots), repeats)]
+            samples += [CostSample(rows, 0, s) for s in time_step(functools.partial(self._run, slots), repeats)]
         for item, tokens in self._calibration_prefills(default):
-            samples += [CostSample(1, tokens, s) for s in time_step(lambda item=item: self._admit_one(item), repeats)]
+            samples += [CostSample(1, tokens, s) for s in time_step(functools.partial(self._admit_one, item), repeats)]
         self.requests.clear()
         self.block_tables[0], self._positions[0] = NULL_BLOCK, 0
         cost = fit_step_cost(samples)
@@ -564,7 +565,7 @@ class ModelRunner:
         # Built on the host, then every input of the prefill goes up in one copy (``devices.upload``).
         host = PrefillBatch.from_sequences(sequences, torch.device("cpu"), self.tts.dtype)
         fields = (host.text_tokens, host.feats, host.text_mask, host.audio_mask, host.lengths, host.audio_positions)
-        tables, slots, personas, *inputs = devices.upload(
+        tables, slots, personas, text_tokens, feats, text_mask, audio_mask, lengths, audio_positions = devices.upload(
             [
                 tables,
                 torch.tensor([item.slot for item, _, _ in rows]),
@@ -574,7 +575,7 @@ class ModelRunner:
             self.tts.device,
             self.cuda,
         )
-        batch = PrefillBatch(*inputs, audio_encodings=encodings)
+        batch = PrefillBatch(text_tokens, feats, text_mask, audio_mask, lengths, audio_positions, encodings)
         self.personas.table[slots] = personas
         self.personas.select(self.personas.table[slots])
         state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
@@ -625,8 +626,8 @@ class ModelRunner:
             empty = len(plan.request_ids)
             return RunnerOutput((EMPTY_AUDIO,) * empty, (False,) * empty, caps, errors)
         stopped, broken, audio, patch = self._run(slots)
-        for out_row in np.flatnonzero(broken):
-            errors[plan.request_ids[rows[out_row]]] = NON_FINITE_OUTPUT
+        for broken_row in np.flatnonzero(broken):
+            errors[plan.request_ids[rows[broken_row]]] = NON_FINITE_OUTPUT
         patches = patch.reshape(len(rows), self.tts.config.patch_size, self.tts.config.feat_dim)
         if len(rows) == len(plan.request_ids):
             return RunnerOutput(tuple(audio), tuple(stopped.tolist()), caps, errors, tuple(patches))
