@@ -41,7 +41,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
-from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.error_codes import ErrorCode as ErrorCode  # re-exported: a ProtocolError's code
 
 
 def is_finite_number(value: object) -> bool:

@@ -118,9 +118,14 @@ class SpeechJob:
 class Service(Protocol):
     """What the handlers use: ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``)."""
 
-    info: ModelInfo
-    personas: Personas | None
-    """The LoRA personas requests may name (None: none, e.g. the simulator)."""
+    # Read-only properties, so that an implementation may hold a narrower kind (a frontend's RemotePersonas).
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def personas(self) -> Personas | None:
+        """The LoRA personas requests may name (None: none, e.g. the simulator)."""
+        ...
 
     async def start(self) -> None: ...
 
