@@ -208,6 +208,7 @@ def _read_vae_weights(folder: Path) -> tuple[Path, StateDict]:
 
 
 def _read_state_dict(path: Path) -> StateDict:
+    state: object
     try:
         if path.suffix == ".safetensors":
             state = load_file(str(path))

@@ -79,7 +79,7 @@ class VoicePrompt:
             if patches is not None:
                 values = patches.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 digest.update(f"{name}{tuple(values.shape)}".encode())
-                digest.update(values.numpy())
+                digest.update(values.numpy().data)
         return digest.hexdigest()
 
     def continued(self, text: str, patches: torch.Tensor) -> VoicePrompt:

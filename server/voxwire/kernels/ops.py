@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import overload
 
 import torch
 
@@ -37,6 +38,16 @@ def _fused(x: torch.Tensor) -> bool:
 
         return True
     return False
+
+
+@overload
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: None = None) -> torch.Tensor: ...
+
+
+@overload
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def rms_norm(
@@ -71,6 +82,18 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The VAE's Snake activation, x (B, C, L), alpha (1, C, 1)."""
     return torch.ops.voxwire.snake(x, alpha) if _fused(x) else reference.snake(x, alpha)
+
+
+@overload
+def snake_with_past(
+    x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor, residual: None = None
+) -> torch.Tensor: ...
+
+
+@overload
+def snake_with_past(
+    x: torch.Tensor, alpha: torch.Tensor, past: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def snake_with_past(

@@ -126,7 +126,8 @@ def probe_triton(device: torch.device) -> str | None:
         q = torch.randn(2, 4, 16, generator=generator)
         k_cache, v_cache = torch.randn(2, 4, 5, 2, 16, generator=generator).unbind(0)
         tables, lengths = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([10, 10], dtype=torch.int32)
-        got = paged_decode.paged_decode_attention(*(t.to(device) for t in (q, k_cache, v_cache, tables, lengths)), 0.25)
+        q_d, k_d, v_d, tables_d, lengths_d = (t.to(device) for t in (q, k_cache, v_cache, tables, lengths))
+        got = paged_decode.paged_decode_attention(q_d, k_d, v_d, tables_d, lengths_d, 0.25)
         k, v = (cache.view(2, 10, 2, 16).transpose(1, 2) for cache in (k_cache, v_cache))
         expected = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=0.25, enable_gqa=True)[:, :, 0]
         checks.append((got, expected))

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ class _CausalContext:
 
     context: int
     state_slot: int = -1
+    in_channels: int  # the convolution's (the class this one is mixed into)
 
     def _with_past(self, x: Tensor, states: StreamBuffers, snake_alpha: Tensor | None = None) -> Tensor:
         """x: (B, C, L) -> (B, C, context + L); with ``snake_alpha``, the Snake that precedes this layer is
@@ -151,7 +153,13 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
         with torch.no_grad():
             self.packed_weight = self._pack()
 
-    def forward(self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None) -> Tensor:
+    packed_weight: Tensor
+    bias: Tensor  # always built with one
+
+    # The stream state takes the place of ConvTranspose1d's output_size (the output is always L·stride).
+    def forward(  # type: ignore[override]
+        self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None
+    ) -> Tensor:
         """x: (B, C_in, L) -> (B, C_out, L·stride); ``snake_alpha``: see ``_with_past``."""
         batch, _, length = x.shape
         extended = self._with_past(x, states, snake_alpha)
@@ -161,7 +169,10 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
 
 
 def _run(
-    layers: Sequence[nn.Module], x: Tensor, states: StreamBuffers, conditions: Sequence[LayerInput | None] = ()
+    layers: Sequence[nn.Module] | nn.Sequential,
+    x: Tensor,
+    states: StreamBuffers,
+    conditions: Sequence[LayerInput | None] = (),
 ) -> Tensor:
     """Apply layers in order, threading the stream state through each; ``conditions[i]``, where given,
     transforms layer i's input. Two fusions save writing a tensor and reading it back: a Snake followed by
@@ -210,7 +221,8 @@ class CausalResidualUnit(nn.Module):
         """(x, pending) -> (x + pending, this unit's branch on it), the branch not yet added. ``pending`` is the
         previous unit's branch: the residual stream is carried as in the LMs, so that each add runs in the
         kernel that applies the next unit's first Snake (the same additions, so the same values)."""
-        snake, conv, *rest = self.block
+        first, second, *rest = self.block
+        snake, conv = cast(Snake1d, first), cast(CausalConv1d, second)
         if pending is None:
             hidden = conv(x, states, snake_alpha=snake.alpha)
         else:
@@ -295,6 +307,8 @@ class CausalDecoder(nn.Module):
     ``stream_state_shapes[slot]`` is that layer's (channels, frames) of stream state.
     """
 
+    sr_bin_boundaries: Tensor  # a buffer, with sample-rate conditioning
+
     def __init__(self, config: AudioVAEConfig, conditioned: bool) -> None:
         super().__init__()
         latent, channels = config.latent_dim, config.decoder_dim
@@ -317,11 +331,13 @@ class CausalDecoder(nn.Module):
         if conditioned:
             boundaries = config.sr_bin_boundaries or ()
             self.register_buffer("sr_bin_boundaries", torch.tensor(boundaries, dtype=torch.int32))
-            # Indexed like self.model (None elsewhere) so that checkpoint keys line up with the blocks.
-            self.sr_cond_model = nn.ModuleList(
+            # Indexed like self.model (None elsewhere) so that checkpoint keys line up with the blocks; torch
+            # holds None in a ModuleList, though its types say modules only.
+            conditions = [
                 SampleRateCondition(block_inputs[index], len(boundaries) + 1) if index in block_inputs else None
                 for index in range(len(layers))
-            )
+            ]
+            self.sr_cond_model = nn.ModuleList(conditions)  # type: ignore[arg-type]
         self.stream_state_shapes = _assign_state_slots(self.model)
 
     def _sample_rate_bucket(self) -> Tensor:
@@ -380,7 +396,16 @@ class AudioVAE(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the VAE computes in (its weights')."""
-        return self.decoder.model[0].weight.dtype
+        return self._first_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device the VAE's weights are on."""
+        return self._first_weight.device
+
+    @property
+    def _first_weight(self) -> Tensor:
+        return cast(CausalConv1d, self.decoder.model[0]).weight
 
 
 def _check_supported(config: AudioVAEConfig, variant: AudioVAEVariant) -> None:
@@ -451,7 +476,7 @@ class StreamingVAEDecoder:
 
     def new_state(self, batch_size: int) -> VAEStreamState:
         """Zero state for ``batch_size`` streams on the VAE's device."""
-        device = self.vae.decoder.model[0].weight.device
+        device = self.vae.device
         return VAEStreamState(
             [
                 torch.zeros(batch_size, channels, frames, device=device, dtype=self.vae.dtype)
@@ -468,7 +493,7 @@ class StreamingVAEDecoder:
         rounded to ``lm_dtype`` first, as the reference's LM input is.
         """
         if context.numel():
-            device = self.vae.decoder.model[0].weight.device
+            device = self.vae.device
             latents = context.to(lm_dtype).float().to(device)
             self.decode(latents.reshape(1, -1, context.size(-1)).transpose(1, 2), state)
 
@@ -539,7 +564,7 @@ def half_precision_check(vae: AudioVAE, patch_size: int, patches: int = 3) -> De
     the engine streams them."""
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(1, vae.latent_dim, patches * patch_size, generator=generator)
-    return decode_error(vae, HALF_VAE_DTYPE, latents.to(vae.decoder.model[0].weight.device), patch_size)
+    return decode_error(vae, HALF_VAE_DTYPE, latents.to(vae.device), patch_size)
 
 
 def dtype_after_check(measured: DecodeError) -> torch.dtype:

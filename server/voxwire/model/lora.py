@@ -27,6 +27,7 @@ common values are 8-256). ``dropout`` (ignored) must still be a probability.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -96,7 +97,7 @@ class LoRAConfig:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
             else:
                 within, expected = _NUMBERS[key]
-                ok = is_finite_number(value) and within(float(value))  # type: ignore[arg-type]
+                ok = is_finite_number(value) and within(float(value))
                 if not ok:
                     problems.append(f"{key}={value!r} must be {expected}")
                     continue
@@ -151,7 +152,7 @@ def target_layers(model: nn.Module, config: LoRAConfig) -> dict[str, nn.Linear]:
     return found
 
 
-def load_lora(directory: str | Path, model: nn.Module) -> LoRAAdapter:
+def load_lora(directory: str | os.PathLike[str], model: nn.Module) -> LoRAAdapter:
     """Read and check a LoRA checkpoint directory against ``model``'s layers.
 
     Raises:

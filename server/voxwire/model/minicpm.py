@@ -14,8 +14,9 @@ the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA wi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,8 @@ class MiniCPMLongRoPE(nn.Module):
         self.config = config
         self.num_positions = num_positions
         cos, sin = self._tables(None)
+        self.cos_cached: torch.Tensor
+        self.sin_cached: torch.Tensor
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
 
@@ -122,7 +125,7 @@ class _FusedLinear:
         self.weight, self.layers = weight, layers
         self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
 
-    def follow(self, *layers: nn.Module) -> None:
+    def follow(self, *layers: nn.Linear) -> None:
         """After the owner's ``_apply`` (``to``, ``cuda``, ``half``, ``to_empty``) converted each layer's weight
         on its own: fuse the new weights again, or, if a layer was replaced meanwhile, drop the fused tensor,
         whose values no layer uses any more."""
@@ -133,7 +136,7 @@ class _FusedLinear:
         else:
             self.weight, self.layers, self.addresses = None, (), ()
 
-    def _current(self, layers: tuple[nn.Module, ...]) -> bool:
+    def _current(self, layers: tuple[nn.Linear, ...]) -> bool:
         """These are the fused layers and their weights still live in the fused tensor."""
         assert self.weight is not None
         if any(mine is not theirs for mine, theirs in zip(self.layers, layers, strict=True)):
@@ -145,7 +148,7 @@ class _FusedLinear:
             for layer, address in zip(layers, self.addresses, strict=True)
         )
 
-    def __call__(self, x: torch.Tensor, *layers: nn.Module) -> torch.Tensor | None:
+    def __call__(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | None:
         if self.weight is None or not self._current(layers):
             return None
         return F.linear(x, self.weight)
@@ -316,7 +319,7 @@ class MiniCPMModel(nn.Module):
 
     def fuse_projections(self) -> None:
         """q/k/v and gate/up of every layer as one GEMM each; call once the weights are loaded."""
-        for layer in self.layers:
+        for layer in self._decoder_layers():
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse_gate_up()
 
@@ -340,9 +343,12 @@ class MiniCPMModel(nn.Module):
             rope = (cos[:, None, None, :], sin[:, None, None, :])
         seq_lens = (positions + 1).to(torch.int32)
         hidden, pending = inputs_embeds, None
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self._decoder_layers()):
             hidden, pending = layer.forward_step(hidden, pending, rope, DecodeKV(cache, index, positions, seq_lens))
         return self._final_norm(hidden, pending)
+
+    def _decoder_layers(self) -> Iterable[MiniCPMDecoderLayer]:
+        return cast(Iterable[MiniCPMDecoderLayer], self.layers)  # a ModuleList is typed as holding any Module
 
     def _final_norm(self, hidden: torch.Tensor, pending: torch.Tensor | None) -> torch.Tensor:
         """The final norm of ``hidden + pending`` (the last layer's MLP branch, added here)."""

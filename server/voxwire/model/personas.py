@@ -67,10 +67,15 @@ class PersonaLinear(nn.Linear):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.rows = rows
-        like = {"dtype": base.weight.dtype, "device": base.weight.device}
-        self.register_buffer("lora_A", torch.zeros(slots, max_rank, self.in_features, **like), persistent=False)
-        self.register_buffer("lora_B", torch.zeros(slots, self.out_features, max_rank, **like), persistent=False)
-        self.register_buffer("scaling", torch.zeros(slots, **like), persistent=False)
+        dtype, device = base.weight.dtype, base.weight.device
+        self.lora_A: torch.Tensor
+        self.lora_B: torch.Tensor
+        self.scaling: torch.Tensor
+        a = torch.zeros(slots, max_rank, self.in_features, dtype=dtype, device=device)
+        self.register_buffer("lora_A", a, persistent=False)
+        b = torch.zeros(slots, self.out_features, max_rank, dtype=dtype, device=device)
+        self.register_buffer("lora_B", b, persistent=False)
+        self.register_buffer("scaling", torch.zeros(slots, dtype=dtype, device=device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = F.linear(x, self.weight, self.bias)
@@ -263,8 +268,9 @@ class PersonaBank:
     def _write_layer(layer: PersonaLinear, path: str, slot: int, adapter: LoRAAdapter | None) -> None:
         pair = adapter.weights.get(path) if adapter is not None else None
         scaling = adapter.config.scaling if adapter is not None else 0.0
+        a, b = pair if pair is not None else (None, None)
         with torch.no_grad():
-            layer.set_slot(slot, *(pair if pair is not None else (None, None)), scaling)
+            layer.set_slot(slot, a, b, scaling)
 
     def _clear(self, slot: int) -> None:
         for layer in self.layers.values():
