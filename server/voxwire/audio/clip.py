@@ -126,7 +126,7 @@ def _decode_file(source: str | Path | bytes, target_rate: int, max_seconds: floa
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
         raise InvalidInputError(f"cannot read {name} as audio: {exc}") from exc
     except FileNotFoundError as exc:
-        raise InvalidInputError(f"audio file not found: {source}") from exc
+        raise InvalidInputError(f"audio file not found: {name}") from exc
 
 
 def _read_mono(

@@ -30,7 +30,10 @@ class PacketEncoder:
         self.sample_rate = output_rate
         self._resampler = StreamResampler(input_rate, output_rate)
         self._format = sample_format
-        self._context = av.CodecContext.create(codec, "w")
+        context = av.CodecContext.create(codec, "w")
+        if not isinstance(context, av.AudioCodecContext):
+            raise ValueError(f"{codec} is not an audio codec")
+        self._context = context
         self._context.sample_rate = output_rate
         self._context.layout = "mono"
         self._context.format = sample_format

@@ -35,7 +35,7 @@ def _crc_table() -> tuple[int, ...]:
 _CRC_TABLE = _crc_table()
 
 
-def ogg_crc(data: bytes) -> int:
+def ogg_crc(data: bytes | bytearray) -> int:
     """Ogg's CRC-32: polynomial 0x04C11DB7, initial value 0, not reflected, no final xor."""
     crc = 0
     for byte in data:

@@ -19,8 +19,10 @@ turn (a Pipecat audio context) is one voxwire utterance, so the voice continues 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from typing import Any
 
 from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.processors.frame_processor import FrameProcessorSetup
@@ -42,11 +44,12 @@ class VoxwireTTSService(WebsocketTTSService):
         server: str = "ws://127.0.0.1:8000",
         options: SessionOptions | None = None,
         sample_rate: int | None = None,
-        text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
+        # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one.
+        text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,  # type: ignore[assignment]
         voice: str | None = None,
         seed: int | None = None,
         normalize: bool | None = None,
-        **kwargs: object,
+        **kwargs: Any,  # WebsocketTTSService's own options, passed through
     ) -> None:
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
@@ -67,12 +70,13 @@ class VoxwireTTSService(WebsocketTTSService):
         self._session: SpeechSession | None = None
         self._contexts: dict[int, str] = {}
         """Pipecat's context id of each live utterance, by utterance number."""
-        self._receive_task = None
+        self._receive_task: asyncio.Task[None] | None = None
 
     def can_generate_metrics(self) -> bool:
         return True
 
-    async def setup(self, setup: FrameProcessorSetup) -> None:
+    # FrameProcessor.setup itself narrows BaseObject.setup's argument; this override keeps FrameProcessor's.
+    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
         await super().setup(setup)  # sets the pipeline's output rate, which the session resamples to
         await self._connect()
 

@@ -18,7 +18,7 @@ import itertools
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from voxwire.client.aio import together
@@ -150,7 +150,7 @@ def meets_slo(result: LevelResult, slo_p99_ttfa_ms: float) -> bool:
 # ---- load generators ---------------------------------------------------------------------------------------------
 
 
-async def _run(result: LevelResult, work: list[Awaitable[None]]) -> None:
+async def _run(result: LevelResult, work: Sequence[Awaitable[None]]) -> None:
     started = time.perf_counter()
     await asyncio.gather(*work)
     result.wall_s = time.perf_counter() - started
