@@ -108,7 +108,7 @@ VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxwire.state")
 SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxwire.sessions")
-OWNER_KEY: web.RequestKey[str | None] = web.RequestKey("voxwire.owner", str | None)
+OWNER_KEY = web.RequestKey[str | None]("voxwire.owner")
 """Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
 when authentication is off; voices remember it to tell who may delete them."""
 ENCODERS_KEY: web.AppKey[EncoderPool] = web.AppKey("voxwire.encoders")

@@ -97,7 +97,7 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, PersonaLoadError):
         return ApiError(ErrorCode(exc.code), str(exc))
     if isinstance(exc, SpeechFailure):
-        retry = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
+        retry: dict[str, str] | None = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
         return ApiError(exc.code, str(exc), headers=retry)
     if isinstance(exc, QueueFullError):  # an engine's bounded work (its voice encoder) is full
         return ApiError(ErrorCode.BUSY, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})

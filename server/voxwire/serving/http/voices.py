@@ -128,7 +128,8 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     }
     fields: dict[str, bytes] = {}
     total = 0
-    async for part in reader:
+    # reader.next(), not ``async for``: aiohttp types MultipartReader's __aiter__ for its body parts only.
+    while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS or part.name in fields:
             raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
         data = bytearray()
