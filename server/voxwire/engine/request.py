@@ -54,7 +54,7 @@ class ParamLimits:
     max_inference_timesteps: int = 100
     """Each timestep is a full diffusion pass per patch, so this bounds one request's step cost."""
 
-    def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
+    def __reduce__(self) -> tuple[type[ParamLimits], tuple[object, ...]]:
         # Unpickled (the engine socket) through the constructor, so its checks run on what a frontend sent.
         return type(self), tuple(getattr(self, field.name) for field in fields(self))
 

@@ -151,7 +151,7 @@ def _parse(body: object, schema: dict[str, _Field]) -> dict[str, Any]:
             problems.append({"loc": loc, "msg": f"Input has the wrong type ({type(value).__name__})", "type": "type"})
         elif spec.kind == (int, float) and not is_finite_number(value):  # 10**400 parses, but is no float
             problems.append({"loc": loc, "msg": "Input should be a finite number", "type": "finite_number"})
-        elif spec.minimum is not None and value < spec.minimum:
+        elif spec.minimum is not None and isinstance(value, (int, float)) and value < spec.minimum:
             problems.append({"loc": loc, "msg": f"Input should be >= {spec.minimum:g}", "type": "greater_than_equal"})
         elif spec.choices and value not in spec.choices:
             problems.append(

@@ -202,7 +202,7 @@ class EngineCore:
                 by_frontend.setdefault(owner, []).append(output)
         for identity, owned in by_frontend.items():
             meta, audio = ipc.pack_outputs(owned, self._loop.stats)
-            self._socket.send_multipart([identity, meta, audio], copy=False)
+            self._socket.send_multipart([identity, meta, audio.data], copy=False)
 
 
 def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, pulse: Pulse) -> None:
