@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.runner import ModelRunner
@@ -86,14 +86,14 @@ def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
 
 
 def test_a_measured_runner_states_its_cost_and_serves_as_if_never_measured(tts: VoxCPM) -> None:
-    measured = ModelRunner(tts, num_slots=4, max_length=256, measure_cost=True)
+    measured = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, measure_cost=True))
     cost = measured.step_cost
     assert cost.fixed_s >= 0 and cost.per_row_s >= 0 and cost.per_token_s >= 0
     assert cost.seconds(4, 100) > 0
     assert measured.chunk_seconds == tts.samples_per_patch / tts.sample_rate
     assert not measured.requests
 
-    plain = ModelRunner(tts, num_slots=4, max_length=256)
+    plain = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256))
     with pytest.raises(ValueError, match="step cost"):
         Engine(plain, EngineConfig(max_running=4, realtime=True))
     expected = speak(plain)

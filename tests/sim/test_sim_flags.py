@@ -7,6 +7,8 @@ import pytest
 from voxwire.cli.main import build_parser, main
 from voxwire.cli.serve import config_from_args
 from voxwire.engine.cost_model import StepCost
+from voxwire.serving.models import load_speech_model
+from voxwire.sim.model import SimSpeech
 
 
 def test_flags_make_the_config() -> None:
@@ -15,7 +17,8 @@ def test_flags_make_the_config() -> None:
          "--encoder-threads", "0"]
     )  # fmt: skip
     config = config_from_args(args, environ={})
-    assert config.sim_config().cost == StepCost.parse("120ms+0.1ms/row")
+    model = load_speech_model(config)
+    assert isinstance(model, SimSpeech) and model.config.cost == StepCost.parse("120ms+0.1ms/row")
     assert (config.opus_settings().complexity, config.workers, config.encoder_threads) == (3, 2, 0)
 
 
