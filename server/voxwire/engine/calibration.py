@@ -27,9 +27,10 @@ import numpy as np
 from voxwire.engine.blocks import blocks_for
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.outputs import PrefillItem
-from voxwire.engine.request import Request, SynthesisParams
+from voxwire.engine.request import Request
 from voxwire.engine.timestep_buckets import bucket_of
 from voxwire.errors import InvalidInputError
+from voxwire.params import SynthesisParams
 
 CALIBRATION_SLOT = 0
 """The slot admissions are timed in; their KV blocks are the pool's first (block 0 is the null block)."""
