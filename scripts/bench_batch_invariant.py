@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import voxwire
-from voxwire.engine import Request, SynthesisParams
+from voxwire.engine import Request, RunnerOptions, SynthesisParams
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.runner import ModelRunner
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -32,7 +32,7 @@ TEXT = "The quick brown fox jumps over the lazy dog near the river bank"
 def prefilled(tts: VoxCPM, batch: int, steps: int, invariant: bool) -> tuple[ModelRunner, StepPlan]:
     """A runner holding ``batch`` prefilled sessions that may each decode ``steps`` more patches, and the plan
     of one decode step of all of them."""
-    runner = ModelRunner(tts, num_slots=batch, max_length=256, batch_invariant=invariant)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=batch, max_length=256, batch_invariant=invariant))
     blocks = iter(range(1, runner.num_kv_blocks))
     items = []
     for slot in range(batch):

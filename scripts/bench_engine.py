@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 import voxwire
-from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
+from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.model.audio_vae import VAEStreamState
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -56,7 +57,8 @@ def sessions(count: int, patches: int, offset: int = 0) -> list[Request]:
 def run_all(tts: VoxCPM, requests: list[Request], slots: int) -> float:
     """Wall seconds to finish every request on an engine with ``slots`` rows."""
     engine = Engine(
-        ModelRunner(tts, num_slots=slots, max_length=256), EngineConfig(max_running=slots, max_waiting=len(requests))
+        ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256)),
+        EngineConfig(max_running=slots, max_waiting=len(requests)),
     )
     start = time.perf_counter()
     for request in requests:
@@ -81,7 +83,7 @@ def throughput_table(tts: VoxCPM, counts: list[int], patches: int) -> None:
 def arrival_gaps(tts: VoxCPM, running: int, patches: int, arrivals: int) -> None:
     """Keep ``running`` long streams going while ``arrivals`` short sessions arrive, one every 3 steps."""
     slots = running + arrivals
-    engine = Engine(ModelRunner(tts, num_slots=slots, max_length=256), EngineConfig(max_running=slots))
+    engine = Engine(ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256)), EngineConfig(max_running=slots))
     for request in sessions(running, patches * 4):
         engine.add(request)
     long_ids = {f"s{i}" for i in range(running)}
@@ -140,7 +142,12 @@ def host_overhead(tts: VoxCPM, sessions_count: int, steps: int) -> dict[str, flo
     patches = steps + 3
     blocks = sessions_count * (-(-(64 + patches) // 16)) + 1  # prompt and patches of each request, and the null block
     runner = ModelRunner(
-        tts, num_slots=sessions_count, max_length=256, kv_cache_bytes=blocks * 16 * ModelRunner.bytes_per_position(tts)
+        tts,
+        RunnerOptions(
+            num_slots=sessions_count,
+            max_length=256,
+            kv_cache_bytes=blocks * 16 * bytes_per_position(tts),
+        ),
     )
     config = EngineConfig(max_running=sessions_count, max_waiting=sessions_count, max_prefill_tokens_per_step=1 << 20)
     engine = Engine(runner, config)

@@ -67,10 +67,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from voxwire.config import ModelConfig
-from voxwire.engine import Engine, EngineConfig, FinishReason, ParamLimits, Request, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, FinishReason, ParamLimits, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.blocks import blocks_for
+from voxwire.engine.config import DEFAULT_BLOCK_SIZE
 from voxwire.engine.cuda_graphs import StepGraphs
-from voxwire.engine.runner import DEFAULT_BLOCK_SIZE, ModelRunner
+from voxwire.engine.kv_pool import bytes_per_position
+from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
 from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
@@ -159,7 +161,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def server_runner(tts: VoxCPM, sessions: int) -> ModelRunner:
     """The runner the server builds for ``sessions`` slots, through the server's own code."""
-    runner = VoxCPMSpeech(tts).new_runner(ServerConfig(max_sessions=sessions))
+    runner = VoxCPMSpeech(tts).new_runner(ServerConfig(max_sessions=sessions).runner_options())
     assert isinstance(runner, ModelRunner)
     return runner
 
@@ -476,11 +478,7 @@ def same_length_requests(prefix: str, count: int, patches: int, timesteps: int =
 
 def pool_bytes(tts: VoxCPM, slots: int, max_length: int) -> int:
     """A KV pool with room for ``slots`` sessions of ``max_length`` positions (and the null block)."""
-    return (
-        (1 + slots * blocks_for(max_length, DEFAULT_BLOCK_SIZE))
-        * DEFAULT_BLOCK_SIZE
-        * ModelRunner.bytes_per_position(tts)
-    )
+    return (1 + slots * blocks_for(max_length, DEFAULT_BLOCK_SIZE)) * DEFAULT_BLOCK_SIZE * bytes_per_position(tts)
 
 
 AUX_MAX_LENGTH = 256
@@ -491,12 +489,14 @@ def aux_runner(tts: VoxCPM, slots: int, *, graphs: bool, batch_invariant: bool =
     """A runner with a small KV pool: ``slots`` sessions of ``AUX_MAX_LENGTH`` positions, graphs for 10 timesteps."""
     return ModelRunner(
         tts,
-        num_slots=slots,
-        max_length=AUX_MAX_LENGTH,
-        kv_cache_bytes=pool_bytes(tts, slots, AUX_MAX_LENGTH),
-        cuda_graphs=graphs,
-        max_timesteps=10,
-        batch_invariant=batch_invariant,
+        RunnerOptions(
+            num_slots=slots,
+            max_length=AUX_MAX_LENGTH,
+            kv_cache_bytes=pool_bytes(tts, slots, AUX_MAX_LENGTH),
+            cuda_graphs=graphs,
+            max_timesteps=10,
+            batch_invariant=batch_invariant,
+        ),
     )
 
 
@@ -726,8 +726,10 @@ def record_kernel_calls(tts: VoxCPM, plan: Plan) -> Counter[KernelLaunch]:
     """The kernel launches of one decode step of ``plan.rows`` rows at 10 timesteps: the runner's own step
     function (what the graphs capture) run on the meta twin, with the fused ops on their CUDA path."""
     twin = meta_twin(tts)
-    per_block = DEFAULT_BLOCK_SIZE * ModelRunner.bytes_per_position(twin)
-    runner = ModelRunner(twin, num_slots=plan.rows, kv_cache_bytes=2 * per_block, cuda_graphs=True, max_timesteps=10)
+    per_block = DEFAULT_BLOCK_SIZE * bytes_per_position(twin)
+    runner = ModelRunner(
+        twin, RunnerOptions(num_slots=plan.rows, kv_cache_bytes=2 * per_block, cuda_graphs=True, max_timesteps=10)
+    )
     assert runner.graphs is not None
     recorder = FusedOpRecorder()
     with torch.inference_mode(), ops.fused_on_meta(), recorder:
@@ -948,7 +950,7 @@ def graph_pool_bytes(runner: ModelRunner) -> int | None:
 
 
 def memory_split(tts: VoxCPM, runner: ModelRunner, times: SetupTimes, device: torch.device) -> dict[str, Any]:
-    kv = runner.base.tensor.nbytes + runner.residual.tensor.nbytes + runner.noise.nbytes
+    kv = runner.pool.base.tensor.nbytes + runner.pool.residual.tensor.nbytes + runner.pool.noise.nbytes
     weights = model_bytes(tts)
     split: dict[str, Any] = {"weights_gib": weights / 2**30, "kv_pool_gib": kv / 2**30}
     if device.type != "cuda":

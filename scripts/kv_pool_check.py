@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import voxwire
-from voxwire.engine.runner import ModelRunner
+from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tiny.configs import ALL_CONFIGS
 
@@ -106,7 +106,7 @@ def main() -> None:
         model = kv_heavy_checkpoint(Path(tmp) / "kv-heavy")
         tts = voxwire.load_model(model, device="cpu")
         weights = sum(p.numel() * p.element_size() for p in tts.model.parameters())
-        dense = MAX_SESSIONS * MAX_LENGTH * ModelRunner.bytes_per_position(tts)
+        dense = MAX_SESSIONS * MAX_LENGTH * bytes_per_position(tts)
         print(
             f"weights {weights / 2**20:.1f} MiB; dense pool of {MAX_SESSIONS} x {MAX_LENGTH}: {dense / 2**30:.1f} GiB"
         )

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from voxwire.engine.config import RunnerOptions
 from voxwire.engine.outputs import Runner
 from voxwire.text.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from voxwire.prompt import VoicePrompt
-    from voxwire.serving.config import ServerConfig
     from voxwire.tts import VoxCPM
     from voxwire.voice_clip import VoiceClip
 
@@ -85,8 +85,8 @@ class SpeechModel(Protocol):
         """Encode a voice clip (blocking: the caller runs it off the event loop)."""
         ...
 
-    def new_runner(self, config: ServerConfig) -> Runner:
-        """The engine's runner, sized by the config (sessions, positions, memory)."""
+    def new_runner(self, options: RunnerOptions) -> Runner:
+        """The engine's runner, sized by ``options`` (sessions, positions, memory)."""
         ...
 
 
@@ -100,17 +100,7 @@ class VoxCPMSpeech:
         self.make_prompt = tts.make_prompt
         self.prompt_length = TokenizedPromptLength(tts.tokenizer)
 
-    def new_runner(self, config: ServerConfig) -> Runner:
+    def new_runner(self, options: RunnerOptions) -> Runner:
         from voxwire.engine.runner import ModelRunner
 
-        return ModelRunner(
-            self.tts,
-            num_slots=config.max_sessions,
-            max_length=config.max_length,
-            kv_cache_bytes=config.kv_cache_bytes,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_timesteps=config.max_inference_timesteps,
-            voice_cache_bytes=config.voice_cache_bytes,
-            measure_cost=config.realtime,  # the real-time policy budgets steps by it
-            batch_invariant=config.batch_invariant,
-        )
+        return ModelRunner(self.tts, options)

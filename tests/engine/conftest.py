@@ -206,7 +206,12 @@ def emulated_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake_capture(self: StepGraphs, bucket: int, timesteps: int) -> tuple[Callable[[], None], object]:
         runner = self.step.__self__  # type: ignore[attr-defined]
-        pool = [runner.base.tensor, runner.residual.tensor, *runner.state.as_tuple(), *runner.vae_state.buffers]
+        pool = [
+            runner.pool.base.tensor,
+            runner.pool.residual.tensor,
+            *runner.state.as_tuple(),
+            *runner.vae_state.buffers,
+        ]
         saved = [t.clone() for t in pool]
         output = self.step(bucket, timesteps)
         for tensor, value in zip(pool, saved, strict=True):

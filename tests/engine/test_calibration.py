@@ -1,17 +1,31 @@
 """The runner's measured step cost: the fit recovers a linear cost, ignores a stray slow run and never goes
-negative; a real (tiny) runner states a cost the real-time engine accepts, and measuring leaves it serving as
-if it never had."""
+negative; calibration times the shapes it needs (decode batches, admissions that fit) and recovers a runner's cost
+and its timestep buckets' row weights; a real (tiny) runner states a cost the real-time engine accepts, and
+measuring leaves it serving as if it never had."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
-from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
+from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
+from voxwire.engine.calibration import (
+    CALIBRATION_SLOT,
+    CostSample,
+    fit_step_cost,
+    measure_step_cost,
+    spread,
+    time_step,
+)
 from voxwire.engine.cost_model import StepCost
+from voxwire.engine.cuda_graphs import bucket_sizes
+from voxwire.engine.outputs import PrefillItem
 from voxwire.engine.runner import ModelRunner
+from voxwire.engine.timestep_buckets import bucket_of
+from voxwire.errors import InvalidInputError
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
@@ -67,6 +81,72 @@ def test_shapes_and_timing_helpers() -> None:
     assert len(calls) == 4 and times == [1.0, 1.0, 1.0]  # one untimed warm-up run, then three timed
 
 
+class VirtualTarget:
+    """A ``CalibrationTarget`` whose steps take ``cost`` on a virtual clock, a row costing in proportion to its
+    timestep bucket (one at 50 timesteps five times one at 10); idle steps run as CUDA graph buckets."""
+
+    def __init__(self, cost: StepCost, slots: int = 20, max_length: int = 512, words_fit: bool = True) -> None:
+        self.cost, self.num_slots, self.max_length, self.words_fit = cost, slots, max_length, words_fit
+        self.num_kv_blocks, self.block_size, self.timestep_counts = 100, 16, (4, 10, 50)
+        self.now = 0.0
+        self.idle_rows: set[int] = set()
+        self.admitted: list[PrefillItem] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def idle_step(self, rows: int, timesteps: int) -> tuple[int, Callable[[], object]]:
+        graph = min(b for b in bucket_sizes(self.num_slots) if b >= rows)
+        weight = int(bucket_of(self.timestep_counts, timesteps)) / 10
+
+        def step() -> None:
+            self.idle_rows.add(graph)
+            self.now += self.cost.seconds(graph * weight)
+
+        return graph, step
+
+    def admission_step(self, item: PrefillItem) -> Callable[[], object]:
+        tokens = self.prompt_positions(item.request)
+
+        def step() -> None:
+            self.admitted.append(item)
+            self.now += self.cost.seconds(1, tokens)
+
+        return step
+
+    def prompt_positions(self, request: Request) -> int:
+        if not self.words_fit:
+            raise InvalidInputError("the input does not fit")
+        return 2 * len(request.text.split()) + 3
+
+
+def test_calibration_recovers_the_cost_and_each_buckets_row_weight() -> None:
+    cost = StepCost.parse("4ms+0.17ms/row+9.2us/token")
+    target = VirtualTarget(cost)
+    fitted, weights = measure_step_cost(target, clock=target.clock)
+    assert_close(fitted, cost)
+    assert weights == pytest.approx({4: 0.4, 10: 1.0, 50: 5.0})
+    assert target.idle_rows == {1, 4, 20}  # 1, the middle and the largest batch (all graph buckets here)
+
+
+def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks() -> None:
+    target = VirtualTarget(StepCost.parse("1ms+1us/token"), max_length=64)
+    measure_step_cost(target, clock=target.clock)
+    lengths = {target.prompt_positions(item.request) for item in target.admitted}
+    assert len(lengths) >= 2 and max(lengths) < 64
+    for item in target.admitted:
+        length = target.prompt_positions(item.request)
+        assert item.slot == CALIBRATION_SLOT and item.blocks[0] == 1  # block 0 is the null block
+        assert len(item.blocks) * target.block_size >= length + 1  # the prompt and the patch it decodes
+
+
+def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone() -> None:
+    target = VirtualTarget(StepCost.parse("3ms+0.5ms/row"), words_fit=False)
+    fitted, _ = measure_step_cost(target, clock=target.clock)
+    assert not target.admitted
+    assert_close(fitted, StepCost.parse("3ms+0.5ms/row"))
+
+
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
@@ -86,14 +166,14 @@ def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
 
 
 def test_a_measured_runner_states_its_cost_and_serves_as_if_never_measured(tts: VoxCPM) -> None:
-    measured = ModelRunner(tts, num_slots=4, max_length=256, measure_cost=True)
+    measured = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, measure_cost=True))
     cost = measured.step_cost
     assert cost.fixed_s >= 0 and cost.per_row_s >= 0 and cost.per_token_s >= 0
     assert cost.seconds(4, 100) > 0
     assert measured.chunk_seconds == tts.samples_per_patch / tts.sample_rate
     assert not measured.requests
 
-    plain = ModelRunner(tts, num_slots=4, max_length=256)
+    plain = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256))
     with pytest.raises(ValueError, match="step cost"):
         Engine(plain, EngineConfig(max_running=4, realtime=True))
     expected = speak(plain)

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from voxwire.config import ModelConfig
-from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams, devices
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams, devices
 from voxwire.engine import runner as runner_module
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
@@ -274,7 +274,9 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         bank.release("p")
     watcher = DeviceOpWatcher(trace)
     with ops.fused_on_meta(), watcher:
-        runner = ModelRunner(tts, num_slots=2, max_length=96, max_timesteps=10, graph_timesteps=(4,), measure_cost=True)
+        runner = ModelRunner(
+            tts, RunnerOptions(num_slots=2, max_length=96, max_timesteps=10, graph_timesteps=(4,), measure_cost=True)
+        )
         assert trace.captures == len(runner.graphs.buckets) * 2 == runner.graph_captures  # type: ignore[union-attr]
         engine = Engine(runner, EngineConfig(max_running=2))
 

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, FinishReason, Request, SynthesisParams
+from voxwire.engine import Chunk, Engine, EngineConfig, FinishReason, Request, RunnerOptions, SynthesisParams
+from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.runner import ModelRunner
 from voxwire.errors import InvalidInputError
@@ -34,7 +35,7 @@ def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 def make_engine(
     tts: VoxCPM, slots: int = 8, *, batch_invariant: bool = False, **config: int
 ) -> tuple[Engine, ModelRunner]:
-    runner = ModelRunner(tts, num_slots=slots, max_length=256, batch_invariant=batch_invariant)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256, batch_invariant=batch_invariant))
     return Engine(runner, EngineConfig(max_running=slots, **config)), runner
 
 
@@ -138,7 +139,7 @@ def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, b
             )
         params = SynthesisParams(seed=case["seed"], max_len=meta["max_len"])
         requests.append(Request(case["key"], case["text"], prefill_tokens=8, params=params, prompt=voice))
-    runner = ModelRunner(model, num_slots=len(requests), batch_invariant=batch_invariant)
+    runner = ModelRunner(model, RunnerOptions(num_slots=len(requests), batch_invariant=batch_invariant))
     engine = Engine(runner, EngineConfig(max_running=len(requests)))
     outputs = run(engine, {0: requests})
     for case in meta["generate"]:
@@ -234,18 +235,20 @@ def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
 
 
 def test_the_kv_pool_is_sized_by_memory_not_by_sessions_times_max_length(tts: VoxCPM) -> None:
-    per_block = 16 * ModelRunner.bytes_per_position(tts)
-    runner = ModelRunner(tts, num_slots=64, max_length=512, kv_cache_bytes=10 * per_block + per_block // 2)
-    pool = runner.base.tensor.nbytes + runner.residual.tensor.nbytes + runner.noise.nbytes
+    per_block = 16 * bytes_per_position(tts)
+    runner = ModelRunner(
+        tts, RunnerOptions(num_slots=64, max_length=512, kv_cache_bytes=10 * per_block + per_block // 2)
+    )
+    pool = runner.pool.base.tensor.nbytes + runner.pool.residual.tensor.nbytes + runner.pool.noise.nbytes
     assert pool == 10 * per_block and runner.num_kv_blocks == 10
-    dense = 64 * 512 * ModelRunner.bytes_per_position(tts)
+    dense = 64 * 512 * bytes_per_position(tts)
     assert pool * 50 < dense
     with pytest.raises(ValueError, match="holds no session"):
-        ModelRunner(tts, num_slots=2, kv_cache_bytes=per_block)
+        ModelRunner(tts, RunnerOptions(num_slots=2, kv_cache_bytes=per_block))
 
 
 def test_more_timesteps_than_the_runner_holds_fail_that_request_alone(tts: VoxCPM) -> None:
-    runner = ModelRunner(tts, num_slots=2, max_length=256, max_timesteps=8)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=2, max_length=256, max_timesteps=8))
     outputs = run(
         Engine(runner, EngineConfig(max_running=2)),
         {
@@ -260,7 +263,9 @@ def test_more_timesteps_than_the_runner_holds_fail_that_request_alone(tts: VoxCP
 
 
 def test_a_request_longer_than_the_pool_is_refused_at_add(tts: VoxCPM) -> None:
-    runner = ModelRunner(tts, num_slots=2, max_length=512, kv_cache_bytes=4 * 16 * ModelRunner.bytes_per_position(tts))
+    runner = ModelRunner(
+        tts, RunnerOptions(num_slots=2, max_length=512, kv_cache_bytes=4 * 16 * bytes_per_position(tts))
+    )
     engine = Engine(runner, EngineConfig(max_running=2))
     with pytest.raises(InvalidInputError, match="KV pool holds 48"):
         engine.add(request("long", "A sentence long enough to need more than the pool.", tts, seed=1))
@@ -272,7 +277,9 @@ def test_admission_waits_for_blocks_and_every_session_sounds_as_alone(tts: VoxCP
     texts = {"a": "First in line.", "b": "Second, waiting for blocks."}
     requests = {rid: request(rid, text, tts, seed=i, max_len=10) for i, (rid, text) in enumerate(texts.items())}
     alone = {rid: audio(run(make_engine(tts)[0], {0: [req]})[rid]) for rid, req in requests.items()}
-    runner = ModelRunner(tts, num_slots=2, max_length=512, kv_cache_bytes=3 * 16 * ModelRunner.bytes_per_position(tts))
+    runner = ModelRunner(
+        tts, RunnerOptions(num_slots=2, max_length=512, kv_cache_bytes=3 * 16 * bytes_per_position(tts))
+    )
     engine = Engine(runner, EngineConfig(max_running=2))
     for req in requests.values():
         assert runner.kv_positions(req) <= 32  # one session fits, two do not
@@ -293,7 +300,7 @@ def test_decode_slots_may_be_any_subset_of_the_occupied_slots(tts: VoxCPM) -> No
     texts = ["One voice here.", "Another voice, a bit longer.", "Third."]
     reqs = [request(f"r{i}", text, tts, seed=10 + i, min_len=6, max_len=6) for i, text in enumerate(texts)]
     every_step = run(make_engine(tts, slots=4)[0], {0: list(reqs)})
-    runner = ModelRunner(tts, num_slots=4, max_length=256)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256))
     blocks = iter(range(1, runner.num_kv_blocks))
     items = []
     for slot, req in enumerate(reqs):
@@ -324,7 +331,7 @@ def test_graphs_are_captured_up_front_and_replays_match_eager(tts: VoxCPM, emula
     emulated on CPU (``emulated_graph_capture``)."""
     arrivals = staggered_arrivals(tts)
     eager = run(make_engine(tts, slots=4)[0], arrivals)
-    graph_runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    graph_runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16))
     graph_runner.capture_graphs()
     captured = graph_runner.graph_captures
     assert captured == len(graph_runner.graphs.buckets) * 2  # timesteps 10 and 16 for buckets 1, 2, 4
@@ -348,7 +355,9 @@ def test_batch_invariant_graph_replays_equal_eager_bit_for_bit(tts: VoxCPM, emul
     bit of any session's audio (capture emulated on CPU)."""
     arrivals = staggered_arrivals(tts)
     eager = run(make_engine(tts, slots=4, batch_invariant=True)[0], arrivals)
-    runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16, batch_invariant=True)
+    runner = ModelRunner(
+        tts, RunnerOptions(num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16, batch_invariant=True)
+    )
     runner.capture_graphs()
     graphed = run(Engine(runner, EngineConfig(max_running=4)), arrivals)
     for rid in arrivals_ids(arrivals):
@@ -366,7 +375,7 @@ def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> Non
     alone = audio(run(make_engine(tts)[0], {0: [target]})["target"])
     engine, runner = make_engine(tts)
     run(engine, {0: [request("before", "A longer sentence that fills more of the slot.", tts, seed=9, max_len=20)]})
-    for pool in (runner.base.tensor, runner.residual.tensor):
+    for pool in (runner.pool.base.tensor, runner.pool.residual.tensor):
         pool.fill_(float("nan"))
     after = audio(run(engine, {0: [target]})["target"])
     assert np.isfinite(after).all()
@@ -379,7 +388,9 @@ def test_rows_run_in_their_own_timestep_bucket(tts: VoxCPM, emulated_graph_captu
     16-step one), and every session still sounds as in the eager runner."""
     arrivals = staggered_arrivals(tts)  # "b" asks for 4 timesteps, the others for the default 10
     eager = run(make_engine(tts, slots=4)[0], arrivals)
-    runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16, graph_timesteps=(4, 10))
+    runner = ModelRunner(
+        tts, RunnerOptions(num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16, graph_timesteps=(4, 10))
+    )
     runner.capture_graphs()
     assert runner.graphs is not None
     replayed: list[tuple[int, int]] = []
@@ -403,7 +414,7 @@ def test_eager_rows_of_different_buckets_sound_as_alone(tts: VoxCPM) -> None:
     reqs = [
         request(rid, text, tts, seed=5, max_len=6, inference_timesteps=steps) for rid, (text, steps) in texts.items()
     ]
-    runner = ModelRunner(tts, num_slots=4, max_length=256, max_timesteps=16, graph_timesteps=(4,))
+    runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, max_timesteps=16, graph_timesteps=(4,)))
     together = run(Engine(runner, EngineConfig(max_running=4)), {0: reqs})
     for req in reqs:
         alone = run(make_engine(tts, slots=4)[0], {0: [req]})
@@ -416,9 +427,9 @@ def test_a_discarded_runner_is_freed_at_once_with_its_kv_pool(tts: VoxCPM, emula
     import gc
     import weakref
 
-    runner = ModelRunner(tts, num_slots=2, max_length=64, cuda_graphs=True)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=2, max_length=64, cuda_graphs=True))
     runner.capture_graphs()
-    pool, gone = weakref.ref(runner.base.tensor), weakref.ref(runner)
+    pool, gone = weakref.ref(runner.pool.base.tensor), weakref.ref(runner)
     gc.disable()
     try:
         del runner
@@ -432,7 +443,7 @@ def test_step_outputs_reuse_one_host_buffer_and_held_chunks_stay_intact(
 ) -> None:
     """Issue 21.10: the buffer a step's outputs are read into is reused once its chunks are gone (not a fresh
     page-locked block per step), and never while a chunk of it is still held."""
-    runner = ModelRunner(tts, num_slots=2, max_length=256, cuda_graphs=True)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=2, max_length=256, cuda_graphs=True))
     runner.capture_graphs()
     req = request("a", "Hold on to this one for a moment.", tts, seed=3, min_len=8, max_len=8)
     blocks = tuple(range(1, 1 + -(-runner.kv_positions(req) // runner.block_size)))

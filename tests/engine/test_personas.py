@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import voxwire
-from voxwire.engine import Engine, EngineConfig, FinishReason, Request
+from voxwire.engine import Engine, EngineConfig, FinishReason, Request, RunnerOptions
 from voxwire.engine.runner import ModelRunner
 from voxwire.model.lora import LoRAAdapter, LoRAConfig, load_lora
 from voxwire.model.personas import UnreservedLayersError
@@ -54,7 +54,7 @@ def tts(tmp_path_factory: pytest.TempPathFactory, adapters: dict[str, Path]) -> 
 
 
 def engine(tts: VoxCPM, slots: int = 4, batch_invariant: bool = False) -> tuple[Engine, ModelRunner]:
-    runner = ModelRunner(tts, num_slots=slots, max_length=256, batch_invariant=batch_invariant)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256, batch_invariant=batch_invariant))
     return Engine(runner, EngineConfig(max_running=slots)), runner
 
 
@@ -117,7 +117,7 @@ def test_graph_bookkeeping_covers_persona_rows(tts: VoxCPM, emulated_graph_captu
     reqs = speakers(tts)
     arrivals = {0: reqs[:1], 1: reqs[1:3], 3: reqs[3:]}
     eager = run(engine(tts)[0], arrivals)
-    runner = ModelRunner(tts, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16))
     runner.capture_graphs()
     captured = runner.graph_captures
     graphed = run(Engine(runner, EngineConfig(max_running=4)), arrivals)
@@ -194,7 +194,7 @@ def test_a_persona_added_after_graph_capture_needs_no_capture_and_sounds_as_if_l
     bank = late.enable_personas(max_personas=4, max_rank=16)
     bank.reserve(load_lora(LORA, late.model).config)  # what the server reserves at start-up
     addresses = slot_buffers(late)
-    runner = ModelRunner(late, num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner = ModelRunner(late, RunnerOptions(num_slots=4, max_length=256, cuda_graphs=True, max_timesteps=16))
     with caplog.at_level(logging.INFO, logger="voxwire.engine.runner"):
         runner.capture_graphs()
     captured = runner.graph_captures
@@ -223,7 +223,7 @@ def test_after_capture_an_adapter_of_unreserved_layers_is_refused_not_captured(
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("sealed") / "v2", "voxcpm2", seed=0)
     sealed = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
     sealed.enable_personas(max_personas=2, max_rank=16).reserve(LoRAConfig(enable_lm=True))  # q/k/v/o only
-    runner = ModelRunner(sealed, num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner = ModelRunner(sealed, RunnerOptions(num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16))
     runner.capture_graphs()
     with pytest.raises(UnreservedLayersError, match="did not reserve"):
         sealed.load_persona("A", LORA)  # it adapts the MLPs, the DiT and the projections too
@@ -231,7 +231,7 @@ def test_after_capture_an_adapter_of_unreserved_layers_is_refused_not_captured(
 
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp("never") / "v2", "voxcpm2", seed=0)
     plain = voxwire.load_model(folder, device="cpu", dtype=torch.float32)
-    runner = ModelRunner(plain, num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16)
+    runner = ModelRunner(plain, RunnerOptions(num_slots=2, max_length=256, cuda_graphs=True, max_timesteps=16))
     runner.capture_graphs()
     plain.enable_personas(max_personas=2, max_rank=16)
     plain.load_persona("A", LORA)

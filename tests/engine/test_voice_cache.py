@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.runner import ModelRunner
 from voxwire.engine.voice_cache import VoiceCache
 from voxwire.prompt import VoicePrompt
@@ -66,7 +66,10 @@ class LocEncCalls:
 
 def test_a_second_session_with_the_same_voice_skips_locenc_and_sounds_the_same(tts: VoxCPM) -> None:
     saved = voice(tts, seed=1)  # 3 reference + 5 prompt patches: one LocEnc call of 8 when encoded
-    cached, uncached = ModelRunner(tts, num_slots=2), ModelRunner(tts, num_slots=2, voice_cache_bytes=0)
+    cached, uncached = (
+        ModelRunner(tts, RunnerOptions(num_slots=2)),
+        ModelRunner(tts, RunnerOptions(num_slots=2, voice_cache_bytes=0)),
+    )
     for runner in (cached, uncached):
         speak(runner, say("first", "The first session.", saved, seed=3))
     with LocEncCalls(tts) as calls:
@@ -85,8 +88,10 @@ def test_a_second_session_with_the_same_voice_skips_locenc_and_sounds_the_same(t
 
 def test_cached_voices_keep_batch_independence(tts: VoxCPM) -> None:
     saved, other = voice(tts, seed=1), voice(tts, seed=2, audio=4, reference=2)
-    alone = speak(ModelRunner(tts, num_slots=4, voice_cache_bytes=0), say("target", "Same words.", saved, seed=9))
-    runner = ModelRunner(tts, num_slots=4)
+    alone = speak(
+        ModelRunner(tts, RunnerOptions(num_slots=4, voice_cache_bytes=0)), say("target", "Same words.", saved, seed=9)
+    )
+    runner = ModelRunner(tts, RunnerOptions(num_slots=4))
     speak(runner, say("warm", "Puts the voice in the cache.", saved, seed=1))
     crowded = speak(
         runner,

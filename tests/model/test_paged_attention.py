@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import voxwire
-from voxwire.engine import Engine, EngineConfig, Request, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels.batch_invariant import batch_invariant
 from voxwire.model.paged_attention import (
@@ -156,7 +156,7 @@ def test_cpu_decode_uses_the_torch_path() -> None:
 def test_no_sdpa_call_on_the_decode_path_has_both_a_mask_and_enable_gqa(tmp_path, monkeypatch) -> None:
     """On CUDA that combination silently falls back to the MATH backend (fp32 copies, K/V repeated)."""
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
-    engine = Engine(ModelRunner(tts, num_slots=2, max_length=128), EngineConfig(max_running=2))
+    engine = Engine(ModelRunner(tts, RunnerOptions(num_slots=2, max_length=128)), EngineConfig(max_running=2))
     for rid, text in (("a", "Short."), ("b", "A rather longer sentence than the first.")):
         engine.add(Request(rid, text, prefill_tokens=8, params=SynthesisParams(seed=1, max_len=4)))
     engine.step()  # both prefilled, first patches decoded

@@ -74,7 +74,7 @@ def test_batch_invariant_flag_reaches_the_models_runner(tmp_path: Path) -> None:
     config = config_from_args(build_parser().parse_args(["serve", "--batch-invariant", "--no-realtime"]), environ={})
     assert config.batch_invariant
     model = VoxCPMSpeech(voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu"))
-    assert model.new_runner(config).batch_invariant  # type: ignore[attr-defined]
+    assert model.new_runner(config.runner_options()).batch_invariant  # type: ignore[attr-defined]
 
 
 def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> None:

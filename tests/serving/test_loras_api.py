@@ -214,12 +214,12 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 
 @pytest.mark.asyncio
 async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
-    from voxwire.sim.model import SimSpeech
+    from voxwire.serving.models import load_speech_model
 
     config = ServerConfig(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
     with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):
         make_app(replace(config, loras=(("A", LORA),)))
-    http = await aiohttp_client(await serve(app=make_app(config, model=SimSpeech(config.sim_config()))))
+    http = await aiohttp_client(await serve(app=make_app(config, model=load_speech_model(config))))
     async with http.get("/v1/loras") as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "personas_unavailable")
     status, body = await speech(http, persona="A")

@@ -59,7 +59,7 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
     assert registry is not None
     registry.remove("A")
     endpoint = f"ipc://{tmp_path}/engine-0"
-    engine = Engine(model.new_runner(config), config.engine_config())
+    engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
     core = EngineCore(model, engine, endpoint, registry, max_voice_jobs=config.max_voice_jobs)
     thread = threading.Thread(target=core.run, name="test-engine-core")
     thread.start()

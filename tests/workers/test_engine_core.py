@@ -53,7 +53,7 @@ def endpoint(tmp_path: Path) -> Iterator[str]:
     config = ServerConfig(model="sim", max_sessions=4, realtime=False, workers=0)
     model = SimSpeech()
     endpoint = f"ipc://{tmp_path}/engine-0"
-    engine = Engine(model.new_runner(config), config.engine_config())
+    engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
     core = EngineCore(model, engine, endpoint, max_voice_jobs=config.max_voice_jobs)
     thread = threading.Thread(target=core.run, name="test-engine-core")
     thread.start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from voxwire.chunk import Chunk
 from voxwire.engine.async_engine import AsyncEngine
-from voxwire.engine.config import EngineConfig
+from voxwire.engine.config import EngineConfig, RunnerOptions
 from voxwire.engine.engine import Engine
 from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
 from voxwire.engine.loop import EngineStats
@@ -35,6 +35,7 @@ __all__ = [
     "Request",
     "RequestStatus",
     "Runner",
+    "RunnerOptions",
     "RunnerOutput",
     "SlotMove",
     "StepPlan",

@@ -1,10 +1,16 @@
-"""Measuring a runner's ``StepCost``: time steps of a few shapes and fit the linear model to them.
+"""Measuring a runner's ``StepCost``: which steps to time, timing them, and fitting the linear model to them.
+
+``measure_step_cost`` times decode steps at a few batch sizes and admission steps (one prefill, then its row
+decoded, as the engine runs them) at a few prompt lengths, all at the default timestep count, and fits a
+``StepCost``; then it times the largest batch at every timestep bucket for each bucket's row weight (its per-row
+cost over the default's), which the real-time policy weighs rows by. The runner supplies the steps
+(``CalibrationTarget``); what to time and how to read the timings is decided here.
 
 The fit is non-negative least squares over ``fixed + per_row * rows + per_token * prefill_tokens``,
 on the median of each shape's repeated timings: the median shrugs off a stray slow run (a page fault,
 another process on the device), and a coefficient the data would make negative (noise on a term
 that costs next to nothing) is pinned at zero and the others refitted, so the model never promises
-a step cheaper than nothing. Pure functions of what they are given; the runner supplies the steps.
+a step cheaper than nothing.
 """
 
 from __future__ import annotations
@@ -14,10 +20,112 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from voxwire.engine.blocks import blocks_for
 from voxwire.engine.cost_model import StepCost
+from voxwire.engine.outputs import PrefillItem
+from voxwire.engine.request import Request
+from voxwire.engine.timestep_buckets import bucket_of
+from voxwire.errors import InvalidInputError
+from voxwire.params import SynthesisParams
+
+CALIBRATION_SLOT = 0
+"""The slot admissions are timed in; their KV blocks are the pool's first (block 0 is the null block)."""
+_LONGEST_PROMPT = 256
+"""Positions of the longest timed prompt: a long sentence with a voice prompt."""
+
+
+class CalibrationTarget(Protocol):
+    """A runner before it serves, as calibration times it. Its idle rows (rows that hold no request) run decode
+    steps of any batch size, and admissions run in ``CALIBRATION_SLOT`` and the first KV blocks, which the runner
+    frees after calibration."""
+
+    @property
+    def num_slots(self) -> int: ...
+
+    @property
+    def num_kv_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+    @property
+    def timestep_counts(self) -> tuple[int, ...]:
+        """The timestep buckets, ascending (``engine.timestep_buckets``)."""
+        ...
+
+    def idle_step(self, rows: int, timesteps: int) -> tuple[int, Callable[[], object]]:
+        """The rows a decode step of ``rows`` idle rows really runs (a CUDA graph's batch bucket), and that step;
+        the idle rows run ``timesteps`` CFM timesteps from now on."""
+        ...
+
+    def admission_step(self, item: PrefillItem) -> Callable[[], object]:
+        """The admission of ``item`` as the engine runs it: its prefill, then its row's first decode step."""
+        ...
+
+    def prompt_positions(self, request: Request) -> int:
+        """The request's prompt length in LM positions.
+
+        Raises:
+            InvalidInputError: the prompt does not fit the runner.
+        """
+        ...
+
+
+def measure_step_cost(
+    target: CalibrationTarget, repeats: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> tuple[StepCost, dict[int, float]]:
+    """The target's fitted ``StepCost`` and each timestep bucket's row weight (see the module docstring)."""
+    default = SynthesisParams().inference_timesteps
+    decodes = dict(target.idle_step(rows, default) for rows in spread(1, target.num_slots))
+    samples: list[CostSample] = []
+    for rows, step in sorted(decodes.items()):
+        samples += [CostSample(rows, 0, seconds) for seconds in time_step(step, repeats, clock)]
+    for item, tokens in _admissions(target, default):
+        samples += [
+            CostSample(1, tokens, seconds) for seconds in time_step(target.admission_step(item), repeats, clock)
+        ]
+    cost = fit_step_cost(samples)
+    per_row: dict[int, float] = {}
+    for count in target.timestep_counts:  # the default's bucket is one of them
+        _, largest = target.idle_step(target.num_slots, count)
+        seconds = float(np.median(time_step(largest, repeats, clock)))
+        per_row[count] = max(seconds - cost.fixed_s, 1e-9) / target.num_slots
+    unit = per_row[int(bucket_of(target.timestep_counts, default))]
+    return cost, {count: per_row[count] / unit for count in target.timestep_counts}
+
+
+def _admissions(target: CalibrationTarget, timesteps: int) -> list[tuple[PrefillItem, int]]:
+    """Admissions of a few prompt lengths up to ``_LONGEST_PROMPT`` positions that fit a slot and the pool, each
+    with its prompt length; none when even a short prompt does not fit (decode samples only)."""
+    params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
+
+    def admission(words: int) -> tuple[Request, int]:
+        made = Request("calibration", " ".join(["calibrate"] * words), 1, params)
+        return made, target.prompt_positions(made)
+
+    try:
+        (_, short), (_, longer) = admission(8), admission(16)
+    except InvalidInputError:
+        return []
+    per_word = max((longer - short) / 8, 1e-9)
+    room = min(target.max_length, (target.num_kv_blocks - 1) * target.block_size) - 1
+    items = []
+    for wanted in spread(short, min(_LONGEST_PROMPT, room)):
+        try:
+            made, length = admission(max(1, round(8 + (wanted - short) / per_word)))
+        except InvalidInputError:
+            continue
+        if length <= room:
+            blocks = tuple(range(1, 1 + blocks_for(length + 1, target.block_size)))
+            items.append((PrefillItem("calibration", CALIBRATION_SLOT, made, blocks), length))
+    return items
 
 
 @dataclass(frozen=True, slots=True)

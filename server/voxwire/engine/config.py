@@ -1,7 +1,9 @@
-"""``EngineConfig``: the engine's capacity and admission knobs, validated on construction.
+"""``EngineConfig`` and ``RunnerOptions``: the engine's capacity and admission knobs, and how its runner is
+sized, each validated on construction.
 
-Only what the scheduler and the request validation read lives here; model and device settings
-belong to the runner, network limits to the server.
+``EngineConfig`` is what the scheduler and the request validation read; ``RunnerOptions`` is what a runner is
+built by (``ModelRunner``, and ``SpeechModel.new_runner`` for whichever model serves). Network limits belong to
+the server, which derives both from its own configuration.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 from voxwire.engine.request import ParamLimits
+
+DEFAULT_BLOCK_SIZE = 16
+"""Positions per KV block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,42 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.playback_lead_s={self.playback_lead_s!r} is invalid: must be >= 0")
         if not (self.max_ahead_s > 0 and math.isfinite(self.max_ahead_s)):
             raise ValueError(f"EngineConfig.max_ahead_s={self.max_ahead_s!r} is invalid: must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """How a runner is sized and what it measures. A runner reads the options that apply to it: the simulator
+    (``voxwire.sim``) only ``num_slots`` and ``max_length``, and paces its steps by its own cost model."""
+
+    num_slots: int
+    """Most sessions decoded together (batch rows)."""
+    max_length: int | None = None
+    """Most LM positions one session may reach (prompt + patches); None: the model's."""
+    kv_cache_bytes: int | None = None
+    """Device memory of the KV block pool. None: on CUDA, what is free after the weights and a profiled step at
+    the largest batch, times ``gpu_memory_utilization``; on other devices, room for every slot at ``max_length``
+    (the dense equivalent)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Positions per KV block."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of the device's memory the process may use in all (for the default ``kv_cache_bytes``)."""
+    cuda_graphs: bool | None = None
+    """Replay decode steps as CUDA graphs; None: on CUDA devices."""
+    max_timesteps: int = 100
+    """The most CFM timesteps a request may ask for."""
+    graph_timesteps: tuple[int, ...] = (10,)
+    """Timestep buckets besides ``max_timesteps`` (on CUDA each has its graphs): a row runs in the smallest bucket
+    that covers its count, each bucket's rows as their own sub-step (``engine.timestep_buckets``)."""
+    voice_cache_bytes: int = 256 * 2**20
+    """Device memory for the encoded patches of recently used voices (0: none kept)."""
+    measure_cost: bool = False
+    """Time steps after the warm-up and state the fitted ``step_cost`` (what the real-time policy budgets with;
+    ``engine.calibration``); off, the runner states none."""
+    batch_invariant: bool = False
+    """Compute every row independently of the rest of its batch, bit for bit (slower; ``kernels.batch_invariant``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: must be >= 1")

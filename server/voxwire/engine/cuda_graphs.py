@@ -8,11 +8,12 @@ streaming VAE decode, and scattering the state back. Its inputs are device buffe
 before a replay (the batch's slot indices) and per-slot tables written at prefill, so shapes and
 addresses are fixed per key: what capture needs.
 
-A step with T timesteps replays the graph of the smallest captured count >= T; rows with fewer are
-masked (``CfmSchedule.ragged``). ``capture_all`` warms up and captures every key once; a key missing
-at run time (never, when ``capture_all`` ran) is captured then and counted in ``captures``, which the
-server exports so a capture while serving is visible, with the time all captures took
-(``capture_seconds``, warm-up runs included: what delays ``/ready``). On CPU none of this is used.
+The timestep counts are the runner's timestep buckets: a row runs in the smallest one that covers it
+(``engine.timestep_buckets``), and rows with fewer are masked (``CfmSchedule.ragged``). ``capture_all``
+warms up and captures every key once; a key missing at run time (never, when ``capture_all`` ran) is
+captured then and counted in ``captures``, which the server exports so a capture while serving is
+visible, with the time all captures took (``capture_seconds``, warm-up runs included: what delays
+``/ready``). On CPU none of this is used.
 """
 
 from __future__ import annotations
@@ -72,10 +73,6 @@ class StepGraphs:
 
     def bucket(self, count: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, count)]
-
-    def timesteps_for(self, timesteps: int) -> int:
-        """The smallest captured timestep count >= ``timesteps``."""
-        return self.timestep_counts[bisect.bisect_left(self.timestep_counts, timesteps)]
 
     def capture_all(self) -> None:
         """Capture every (bucket, timesteps) key, largest first (the shared pool is sized by the first).

@@ -3,9 +3,9 @@ touches torch devices.
 
 State it owns, all preallocated on the model's device:
 
-* the KV block pool (``KVCache`` for the base LM and for the residual LM, one block id space), sized
-  by memory (``kv_cache_bytes``), not by sessions x max_length. Each block also holds one noise patch
-  per position (see below);
+* the KV block pool (``engine.kv_pool``: ``KVCache`` for the base LM and for the residual LM, one block id
+  space), sized by memory (``RunnerOptions.kv_cache_bytes``), not by sessions x max_length. Each block also
+  holds one noise patch per position (see below);
 * per slot (``num_slots`` rows plus one padding row): decode state, streaming-VAE state, block table,
   guidance strength and CFM timestep count.
 
@@ -28,10 +28,10 @@ A row whose audio or patch is not finite (NaN or infinity: a broken persona, say
 (``RunnerOutput.errors``) instead of speaking silence up to its length cap; other rows never see its values.
 
 CFM time grids come from a device table indexed by each row's timestep count. A step's rows run in groups by
-timestep bucket (the smallest of ``timestep_counts`` that covers the row), one sub-step per group, so a row
-asking for 50 timesteps costs 50 for itself, not for every row of the step; within a group rows with fewer
-timesteps are masked (``CfmSchedule.ragged``). The real-time policy costs each row by its bucket
-(``row_weight``, measured with the step cost).
+timestep bucket (``engine.timestep_buckets``), one sub-step per group, so a row asking for 50 timesteps costs 50
+for itself, not for every row of the step; within a group rows with fewer timesteps are masked
+(``CfmSchedule.ragged``). The real-time policy costs each row by its bucket (``row_weight``, measured with the step
+cost by ``engine.calibration``, which times this runner's steps before it serves).
 
 Batch-invariant numerics (``batch_invariant=True``, off by default: it costs speed): every model call runs
 within ``kernels.batch_invariant``, whose GEMMs, convolutions and decode attention give each row the same bits
@@ -48,39 +48,36 @@ longest row.
 
 from __future__ import annotations
 
-import bisect
 import functools
-import gc
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
 
 from voxwire.chunk import EMPTY_AUDIO
-from voxwire.engine import devices
+from voxwire.engine import calibration, devices
 from voxwire.engine.blocks import blocks_for
-from voxwire.engine.calibration import CostSample, fit_step_cost, spread, time_step
+from voxwire.engine.config import RunnerOptions
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
+from voxwire.engine.kv_pool import KVPool, default_kv_bytes
 from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
 from voxwire.engine.request import Request
-from voxwire.engine.voice_cache import DEFAULT_VOICE_CACHE_BYTES, VoiceCache
+from voxwire.engine.timestep_buckets import bucket_of, timestep_buckets
+from voxwire.engine.voice_cache import VoiceCache
 from voxwire.errors import InvalidInputError
 from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
 from voxwire.model.audio_vae import VAEStreamState
 from voxwire.model.cfm import CfmSchedule
-from voxwire.model.kv_cache import NULL_BLOCK, KVCache
+from voxwire.model.kv_cache import NULL_BLOCK
 from voxwire.model.loaded import LoadedModel
 from voxwire.model.personas import PersonaBank, PersonaError
 from voxwire.model.voxcpm import DecodeState, PrefillBatch
-from voxwire.params import SynthesisParams
 from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
 from voxwire.sampling import NoiseStream, random_seed
 
-DEFAULT_BLOCK_SIZE = 16
 NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
 
 logger = logging.getLogger(__name__)
@@ -99,14 +96,6 @@ def _on_device(method: Callable[Concatenate[ModelRunner, _P], _R]) -> Callable[C
             return method(self, *args, **kwargs)
 
     return on_device
-
-
-@dataclass(frozen=True, slots=True)
-class KVPoolSize:
-    """How a runner's block pool is sized: ``bytes`` of device memory in blocks of ``block_size``."""
-
-    bytes: int
-    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 class _Personas:
@@ -167,49 +156,16 @@ class _Personas:
 class ModelRunner:
     """Runs ``StepPlan``s on a model. Not thread-safe: the engine thread is its only caller."""
 
-    def __init__(
-        self,
-        tts: LoadedModel,
-        num_slots: int,
-        max_length: int | None = None,
-        *,
-        kv_cache_bytes: int | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        gpu_memory_utilization: float = 0.9,
-        cuda_graphs: bool | None = None,
-        max_timesteps: int = 100,
-        graph_timesteps: tuple[int, ...] = (10,),
-        voice_cache_bytes: int = DEFAULT_VOICE_CACHE_BYTES,
-        measure_cost: bool = False,
-        batch_invariant: bool = False,
-    ) -> None:
-        """
-        Args:
-            num_slots: most sessions decoded together (batch rows).
-            max_length: most LM positions one session may reach (prompt + patches); default the model's.
-            kv_cache_bytes: device memory of the KV block pool. Default: on CUDA, what is free after the
-                weights and a profiled step at the largest batch, times ``gpu_memory_utilization``; on
-                other devices, room for every slot at ``max_length`` (the dense equivalent).
-            block_size: positions per KV block.
-            cuda_graphs: replay decode steps as CUDA graphs (default: on CUDA devices).
-            max_timesteps: the most CFM timesteps a request may ask for.
-            graph_timesteps: timestep buckets besides ``max_timesteps`` (on CUDA each has its graphs); a row runs
-                in the smallest bucket that covers its count, each bucket's rows as their own sub-step.
-            voice_cache_bytes: device memory for the encoded patches of recently used voices (0: none kept).
-            measure_cost: time steps after the warm-up and state the fitted ``step_cost`` (what the
-                real-time policy budgets with); off, the runner states none.
-            batch_invariant: compute every row independently of the rest of its batch, bit for bit (slower).
-        """
+    def __init__(self, tts: LoadedModel, options: RunnerOptions) -> None:
+        """Allocates every buffer (the KV pool sized by ``options``), captures the step graphs on CUDA and, with
+        ``options.measure_cost``, measures the step cost: all before the first step."""
         config = tts.config
-        if num_slots < 1:
-            raise ValueError(f"num_slots={num_slots} is invalid: must be >= 1")
-        if block_size < 1:
-            raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        num_slots, block_size = options.num_slots, options.block_size
         self.tts = tts
         self.cuda = devices.cuda_device(tts.device)  # the device of every device-wide call (None: not CUDA)
         self.block_size = block_size
-        self.batch_invariant = batch_invariant
-        self.max_length = min(max_length or config.max_length, config.max_length)
+        self.batch_invariant = options.batch_invariant
+        self.max_length = min(options.max_length or config.max_length, config.max_length)
         self.pad_slot = num_slots  # the extra row padding rows gather from and scatter to
         device, dtype = tts.device, tts.dtype
         rows = num_slots + 1
@@ -231,29 +187,32 @@ class ModelRunner:
         self._positions = np.zeros(rows, dtype=np.int64)
         self._timesteps = np.ones(rows, dtype=np.int64)
         self.requests: set[str] = set()  # requests whose state this runner holds
-        self.voice_cache = VoiceCache(voice_cache_bytes)
-        self._build_schedule_tables(max_timesteps)
+        self.voice_cache = VoiceCache(options.voice_cache_bytes)
+        self._build_schedule_tables(options.max_timesteps)
         self.index = torch.full((num_slots,), self.pad_slot, dtype=torch.long, device=device)
-        self.max_timesteps = max_timesteps
-        self.timestep_counts = tuple(sorted({*graph_timesteps, max_timesteps}))
+        self.max_timesteps = options.max_timesteps
+        self.timestep_counts = timestep_buckets(options.max_timesteps, options.graph_timesteps)
         # One staging region per timestep bucket a step may run (each sub-step's upload reads its own, so
         # none is overwritten before its asynchronous copy ran).
         self._index_host = devices.host_buffer((len(self.timestep_counts) * num_slots,), torch.long, self.cuda)
         self._outputs = devices.HostOutputs((num_slots, self.packed_width), torch.float32, self.cuda)
-        use_graphs = self.cuda is not None if cuda_graphs is None else cuda_graphs
+        use_graphs = self.cuda is not None if options.cuda_graphs is None else options.cuda_graphs
         self.graphs = (
             StepGraphs(self._graph_step, bucket_sizes(num_slots), self.timestep_counts, self.cuda)
             if use_graphs
             else None
         )
+        kv_cache_bytes = options.kv_cache_bytes
         if kv_cache_bytes is None:
-            kv_cache_bytes = self._default_kv_bytes(num_slots, gpu_memory_utilization)
-        self._allocate_pool(kv_cache_bytes)
+            slot_blocks = num_slots * self.table_width
+            utilization = options.gpu_memory_utilization
+            kv_cache_bytes = default_kv_bytes(tts, block_size, slot_blocks, utilization, self.cuda, self._largest_step)
+        self.pool = KVPool.allocate(tts, kv_cache_bytes, block_size)
         if self.graphs is not None and self.cuda is not None:
             self.capture_graphs()
         self._step_cost: StepCost | None = None
         self._row_weights: dict[int, float] | None = None
-        if measure_cost:
+        if options.measure_cost:
             self._step_cost, self._row_weights = self.measure_step_cost()
 
     @_on_device
@@ -286,7 +245,7 @@ class ModelRunner:
         term): its timestep bucket's measured per-row cost over the default's."""
         if self._row_weights is None:
             raise AttributeError("this ModelRunner was built without measure_cost=True: it states no row weights")
-        return self._row_weights[self._timestep_bucket(timesteps)]
+        return self._row_weights[int(bucket_of(self.timestep_counts, min(timesteps, self.max_timesteps)))]
 
     @property
     def chunk_seconds(self) -> float:
@@ -295,68 +254,40 @@ class ModelRunner:
     @_on_device
     @torch.inference_mode()
     def measure_step_cost(self, repeats: int = 3) -> tuple[StepCost, dict[int, float]]:
-        """Time decode steps at a few batch sizes and admission steps (one prefill, then its row decoded,
-        as the engine runs them) at a few prompt lengths, all at the default timestep count, and fit a
-        ``StepCost`` (``engine.calibration``); then time the largest batch at every timestep bucket for each
-        bucket's row weight (its per-row cost over the default's). Runs before any request: it borrows slot 0,
-        the first KV blocks and the padding row, and leaves them as a new request expects them."""
-        assert not self.requests, "measure the step cost before serving: it uses slot 0 and the first KV blocks"
-        default = SynthesisParams().inference_timesteps
-        pad = self.pad_slot
-        self.timesteps[pad], self._timesteps[pad] = default, default
-        samples: list[CostSample] = []
-        sizes = spread(1, self.num_slots)
-        for rows in sizes if self.graphs is None else sorted({self.graphs.bucket(n) for n in sizes}):
-            slots = np.full(rows, pad, dtype=np.int64)
-            samples += [CostSample(rows, 0, s) for s in time_step(functools.partial(self._run, slots), repeats)]
-        for item, tokens in self._calibration_prefills(default):
-            samples += [CostSample(1, tokens, s) for s in time_step(functools.partial(self._admit_one, item), repeats)]
+        """This runner's step cost and row weights (``calibration.measure_step_cost``). Runs before any request:
+        it borrows the calibration slot, the first KV blocks and the padding row (the idle rows), and leaves them
+        as a new request expects them."""
+        assert not self.requests, "measure the step cost before serving: it uses a slot and the first KV blocks"
+        measured = calibration.measure_step_cost(self, repeats)
         self.requests.clear()
-        self.block_tables[0], self._positions[0] = NULL_BLOCK, 0
-        cost = fit_step_cost(samples)
-        largest = np.full(self.num_slots, pad, dtype=np.int64)
-        per_row: dict[int, float] = {}
-        for count in self.timestep_counts:  # the default's bucket is one of them
-            self.timesteps[pad], self._timesteps[pad] = count, count
-            seconds = float(np.median(time_step(lambda: self._run(largest), repeats)))
-            per_row[count] = max(seconds - cost.fixed_s, 1e-9) / self.num_slots
+        slot, pad = calibration.CALIBRATION_SLOT, self.pad_slot
+        self.block_tables[slot], self._positions[slot] = NULL_BLOCK, 0
         self.timesteps[pad], self._timesteps[pad], self._positions[pad] = 1, 1, 0
-        unit = per_row[self._timestep_bucket(default)]
-        return cost, {count: per_row[count] / unit for count in self.timestep_counts}
+        return measured
 
-    def _timestep_bucket(self, timesteps: int) -> int:
-        """The smallest timestep bucket >= ``timesteps``: the count a row asking for ``timesteps`` runs in."""
-        return self.timestep_counts[bisect.bisect_left(self.timestep_counts, min(timesteps, self.max_timesteps))]
+    # ---- the steps calibration times (``calibration.CalibrationTarget``) ----
+    def idle_step(self, rows: int, timesteps: int) -> tuple[int, Callable[[], object]]:
+        """The rows a decode step of ``rows`` padding rows really runs (its graph's batch bucket), and that step;
+        the padding rows run ``timesteps`` timesteps from now on."""
+        pad = self.pad_slot
+        self.timesteps[pad], self._timesteps[pad] = timesteps, timesteps
+        if self.graphs is not None:
+            rows = self.graphs.bucket(rows)
+        slots = np.full(rows, pad, dtype=np.int64)
+        return rows, lambda: self._run(slots)
 
-    def _calibration_prefills(self, timesteps: int) -> list[tuple[PrefillItem, int]]:
-        """Admissions of a few prompt lengths up to 256 positions (a long sentence with a voice prompt) that fit
-        slot 0 and the pool."""
-        params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
+    def admission_step(self, item: PrefillItem) -> Callable[[], object]:
+        """``item``'s prefill, then its row's first decode step, as the engine runs an admission."""
+        row = np.array([item.slot], dtype=np.int64)
 
-        def admission(words: int) -> tuple[Request, int]:
-            made = Request("calibration", " ".join(["calibrate"] * words), 1, params)
-            return made, self._sequence(made)[0].length
+        def admit() -> None:
+            self._prefill((item,))
+            self._run(row)
 
-        try:
-            (_, short), (_, longer) = admission(8), admission(16)
-        except InvalidInputError:  # max_length too small for even a short prompt: decode samples only
-            return []
-        per_word = max((longer - short) / 8, 1e-9)
-        room = min(self.max_length, (self.num_kv_blocks - 1) * self.block_size) - 1
-        items = []
-        for target in spread(short, min(256, room)):
-            try:
-                made, length = admission(max(1, round(8 + (target - short) / per_word)))
-            except InvalidInputError:
-                continue
-            if length <= room:
-                blocks = tuple(range(1, 1 + blocks_for(length + 1, self.block_size)))
-                items.append((PrefillItem("calibration", 0, made, blocks), length))
-        return items
+        return admit
 
-    def _admit_one(self, item: PrefillItem) -> None:
-        self._prefill((item,))
-        self._run(np.zeros(1, dtype=np.int64))
+    def prompt_positions(self, request: Request) -> int:
+        return self._sequence(request)[0].length
 
     # ---- sizes ----
     @property
@@ -365,7 +296,7 @@ class ModelRunner:
 
     @property
     def num_kv_blocks(self) -> int:
-        return self.base.num_blocks
+        return self.pool.num_blocks
 
     @property
     def graph_captures(self) -> int:
@@ -376,69 +307,14 @@ class ModelRunner:
         """Wall time spent capturing graphs (warm-up runs included), almost all of it before serving."""
         return 0.0 if self.graphs is None else self.graphs.capture_seconds
 
-    @staticmethod
-    def bytes_per_position(tts: LoadedModel) -> int:
-        """Pool memory one position of one session takes: both LMs' keys and values, and a noise value."""
-        config, dtype = tts.config, tts.dtype
-        element = torch.empty((), dtype=dtype).element_size()
-        kv = sum(KVCache.bytes_per_position(lm, dtype) for lm in (config.lm_config, config.residual_lm))
-        return kv + config.feat_dim * config.patch_size * element
-
-    @staticmethod
-    def bytes_per_slot(tts: LoadedModel) -> int:
-        """Memory one batch row holds outside the block pool: decode state, VAE state, table and settings."""
-        config, dtype = tts.config, tts.dtype
-        element = torch.empty((), dtype=dtype).element_size()
-        state = (2 * config.lm_config.hidden_size + config.patch_size * config.feat_dim) * element + 8
-        with torch.inference_mode():
-            vae = tts.vae_decoder.new_state(1).nbytes_per_stream
-        return state + vae
-
-    @_on_device
-    def _default_kv_bytes(self, num_slots: int, utilization: float) -> int:
-        per_block = self.block_size * self.bytes_per_position(self.tts)
-        if self.cuda is None:
-            return per_block * (1 + num_slots * self.table_width)
-        # Profile the largest step on a minimal pool, so the pool is sized with the activations (and the
-        # graphs' shared memory pool, which the largest step bounds) already taken out of the free memory.
-        cuda = self.cuda
-        self._allocate_pool(2 * per_block)
-        torch.cuda.synchronize(cuda)
-        torch.cuda.reset_peak_memory_stats(cuda)
-        before = torch.cuda.memory_allocated(cuda)
+    def _largest_step(self, pool: KVPool) -> None:
+        """The largest step (every slot at ``max_timesteps``) on ``pool``, keeping no reference to it: the default
+        KV size is what is free around this step's activations on a minimal pool (``kv_pool.default_kv_bytes``)."""
+        self.pool = pool
         with torch.inference_mode():
             self.index.fill_(self.pad_slot)
-            self._graph_step(num_slots, self.max_timesteps)
-        torch.cuda.synchronize(cuda)
-        activations = torch.cuda.max_memory_allocated(cuda) - before
-        del self.base, self.residual, self.noise
-        # Runners dropped but not yet collected (a reference cycle somewhere) still hold their KV pools:
-        # free them before reading what is free, or this pool is sized around them.
-        gc.collect()
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(cuda)
-        budget = int(free - (1 - utilization) * total) - 2 * activations
-        if budget < 2 * per_block:
-            raise ValueError(
-                f"no device memory left for the KV cache ({free} bytes free, {activations} needed for activations): "
-                "lower --max-sessions or raise --gpu-memory-utilization"
-            )
-        return budget
-
-    def _allocate_pool(self, kv_cache_bytes: int) -> None:
-        per_block = self.block_size * self.bytes_per_position(self.tts)
-        num_blocks = kv_cache_bytes // per_block
-        if num_blocks < 2:
-            raise ValueError(
-                f"a KV cache of {kv_cache_bytes} bytes holds no session: one block of {self.block_size} positions "
-                f"takes {per_block} bytes and one more is reserved (raise --kv-cache-gb)"
-            )
-        config, device, dtype = self.tts.config, self.tts.device, self.tts.dtype
-        self.base = KVCache(config.lm_config, num_blocks, self.block_size, device, dtype)
-        self.residual = KVCache(config.residual_lm, num_blocks, self.block_size, device, dtype)
-        self.noise = torch.zeros(
-            num_blocks * self.block_size, config.feat_dim, config.patch_size, device=device, dtype=dtype
-        )
+            self._graph_step(self.num_slots, self.max_timesteps)
+        del self.pool
 
     def _build_schedule_tables(self, max_timesteps: int) -> None:
         """Row k of each table is the CFM grid of a request with k timesteps (row 0 unused)."""
@@ -578,7 +454,7 @@ class ModelRunner:
         batch = PrefillBatch(text_tokens, feats, text_mask, audio_mask, lengths, audio_positions, encodings)
         self.personas.table[slots] = personas
         self.personas.select(self.personas.table[slots])
-        state = self.tts.model.prefill(batch, self.base.view(tables), self.residual.view(tables))
+        state = self.tts.model.prefill(batch, self.pool.base.view(tables), self.pool.residual.view(tables))
         for buffer, fresh_rows in zip(self.state.as_tuple(), state.as_tuple(), strict=True):
             buffer[slots] = fresh_rows
         self.block_tables[slots] = tables
@@ -613,7 +489,7 @@ class ModelRunner:
         stream = NoiseStream(
             random_seed() if seed is None else seed, config.feat_dim, config.patch_size, self.tts.dtype, self.tts.device
         )
-        self.noise[index] = stream.take(len(index))
+        self.pool.noise[index] = stream.take(len(index))
 
     def _decode(self, plan: StepPlan, caps: dict[str, int], errors: dict[str, str]) -> RunnerOutput:
         """One patch for every decode row whose prefill did not fail; failed rows get an empty chunk."""
@@ -648,10 +524,11 @@ class ModelRunner:
         """Run the batch of ``slots``, one sub-step per timestep bucket; returns its stop flags (n,) bool,
         whether each row's output is not finite (n,) bool, audio (n, samples) and patches (n, P*D), float32 arrays
         whose rows outlive the step."""
-        buckets = np.asarray(self.timestep_counts)[np.searchsorted(self.timestep_counts, self._timesteps[slots])]
-        groups = [np.flatnonzero(buckets == count) for count in np.unique(buckets)]
+        buckets = bucket_of(self.timestep_counts, self._timesteps[slots])
+        counts = np.unique(buckets)
+        groups = [np.flatnonzero(buckets == count) for count in counts]
         parts = [slots[rows] for rows in groups]
-        values = self._run_eager(parts) if self.graphs is None else self._replay(parts)
+        values = self._run_eager(parts) if self.graphs is None else self._replay(parts, counts.tolist())
         if len(groups) > 1:  # back into the order of ``slots`` (a copy: the buffer is free again at once)
             values = values[np.argsort(np.concatenate(groups))]
         self._positions[slots] += 1
@@ -670,20 +547,20 @@ class ModelRunner:
         # On CPU these are fresh tensors of this step: their arrays are the chunks, no copy (one group).
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)).cpu().numpy()
 
-    def _replay(self, groups: list[np.ndarray]) -> np.ndarray:
-        """Replay each group's graph and read every output back with one wait for the device."""
+    def _replay(self, groups: list[np.ndarray], buckets: list[int]) -> np.ndarray:
+        """Replay each group's graph (the group's timestep bucket's) and read every output back with one wait for
+        the device."""
         assert self.graphs is not None
         buffer = self._outputs.take()
         host = self._outputs.buffer(buffer)
         staged = done = 0
-        for slots in groups:
+        for slots, timesteps in zip(groups, buckets, strict=True):
             count = len(slots)
             bucket = self.graphs.bucket(count)
             staging = self._index_host[staged : staged + bucket]
             staging[:count] = torch.from_numpy(slots)
             staging[count:] = self.pad_slot
             self.index[:bucket].copy_(staging, non_blocking=True)  # the sub-step's one upload
-            timesteps = self.graphs.timesteps_for(int(self._timesteps[slots].max()))
             packed = self.graphs.run(bucket, timesteps)[:count]
             # The sub-step's one read: the graph's output is overwritten by its next replay.
             host[done : done + count].copy_(packed, non_blocking=True)
@@ -725,12 +602,12 @@ class ModelRunner:
             ragged=True,
         )
         flat = tables.gather(1, state.positions[:, None] // self.block_size)[:, 0].long() * self.block_size
-        noise = self.noise[flat + state.positions % self.block_size]
+        noise = self.pool.noise[flat + state.positions % self.block_size]
         self.personas.select(self.personas.table.index_select(0, index))
         cfg = self.cfg.index_select(0, index)
         with invariant_numerics(self.batch_invariant):
             patch, stop_logits = self.tts.model.decode_step(
-                state, self.base.view(tables), self.residual.view(tables), noise, cfg, schedule
+                state, self.pool.base.view(tables), self.pool.residual.view(tables), noise, cfg, schedule
             )
             audio = self.tts.vae_decoder.decode(patch.float().transpose(1, 2), vae)
         pools, batch = (*self.state.as_tuple(), *self.vae_state.buffers), (*state.as_tuple(), *vae.buffers)

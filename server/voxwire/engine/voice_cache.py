@@ -22,13 +22,11 @@ from collections import OrderedDict
 
 import torch
 
-DEFAULT_VOICE_CACHE_BYTES = 256 * 2**20
-
 
 class VoiceCache:
     """Voice digest -> (N, H) embeddings of the voice's patches on the model's device, LRU within a byte budget."""
 
-    def __init__(self, capacity_bytes: int = DEFAULT_VOICE_CACHE_BYTES) -> None:
+    def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"capacity_bytes={capacity_bytes} is invalid: must be >= 0 (0 disables the cache)")
         self.capacity_bytes = capacity_bytes

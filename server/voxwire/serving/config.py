@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
-from voxwire.engine import EngineConfig, ParamLimits
+from voxwire.engine import EngineConfig, ParamLimits, RunnerOptions
 from voxwire.engine.cost_model import StepCost
 from voxwire.protocol.wire import MAX_PLAYBACK_LEAD_MS
-from voxwire.sim.runner import DEFAULT_SIM_COST, SimConfig
+from voxwire.sim.runner import DEFAULT_SIM_COST
 
 # Fields that must be > 0; the others are checked by name in __post_init__.
 _POSITIVE_INTS = (
@@ -282,13 +282,22 @@ class ServerConfig:
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )
 
+    def runner_options(self) -> RunnerOptions:
+        """How the model's runner is sized, derived from this configuration."""
+        return RunnerOptions(
+            num_slots=self.max_sessions,
+            max_length=self.max_length,
+            kv_cache_bytes=self.kv_cache_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_timesteps=self.max_inference_timesteps,
+            voice_cache_bytes=self.voice_cache_bytes,
+            measure_cost=self.realtime,  # the real-time policy budgets steps by it
+            batch_invariant=self.batch_invariant,
+        )
+
     def opus_settings(self) -> OpusSettings:
         """How every Opus stream is coded."""
         return OpusSettings(self.opus_bitrate, self.opus_complexity)
-
-    def sim_config(self) -> SimConfig:
-        """The simulator's settings (``--model sim``)."""
-        return SimConfig(cost=StepCost.parse(self.sim_cost))
 
 
 def _is_int(value: object) -> bool:

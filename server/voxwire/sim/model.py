@@ -5,21 +5,18 @@ from __future__ import annotations
 import math
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from voxwire.audio.clip import AudioSource, load_clip
+from voxwire.engine.config import RunnerOptions
 from voxwire.engine.outputs import Runner
 from voxwire.prompt import VoicePrompt
 from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
 from voxwire.speech_model import SIM_MODEL, ModelInfo, voice_positions
 from voxwire.voice_clip import VoiceClip
-
-if TYPE_CHECKING:
-    from voxwire.serving.config import ServerConfig
 
 SPEECH_CLIP = Path(__file__).with_name("speech.opus")
 """~14 s of espeak-ng speech, Ogg Opus (made by ``scripts/make_sim_speech.py``)."""
@@ -61,9 +58,11 @@ class SimSpeech:
             else self._latents(clip.reference_audio, clip.reference_sample_rate),
         )
 
-    def new_runner(self, config: ServerConfig) -> Runner:
+    def new_runner(self, options: RunnerOptions) -> Runner:
+        """A ``SimRunner`` of ``options.num_slots`` slots and ``options.max_length`` positions (4096 by default),
+        paced by ``config.cost``; the options that size a real model's memory do not apply."""
         clip = speech_clip(self.config.sample_rate)
-        return SimRunner(clip, config.max_sessions, self.config, max_length=config.max_length or 4096)
+        return SimRunner(clip, options.num_slots, self.config, max_length=options.max_length or 4096)
 
     def _latents(self, source: AudioSource, sample_rate: int | None) -> torch.Tensor:
         seconds = load_clip(source, self.config.sample_rate, sample_rate).size / self.config.sample_rate
