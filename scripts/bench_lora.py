@@ -34,7 +34,7 @@ from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.lora import target_layers
 from voxwire.model.voxcpm import DecodeState, PrefillBatch
-from voxwire.prompt import build_sequence
+from voxwire.sequence import build_sequence
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 

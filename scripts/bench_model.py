@@ -35,8 +35,8 @@ from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
 from voxwire.params import SynthesisParams
-from voxwire.prompt import build_sequence
 from voxwire.sampling import NoiseStream
+from voxwire.sequence import build_sequence
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank, and then it runs home again."

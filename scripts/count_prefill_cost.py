@@ -25,7 +25,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from voxwire.config import ModelConfig
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch, VoxCPMModel
-from voxwire.prompt import InputSequence, VoicePrompt, build_sequence
+from voxwire.prompt import VoicePrompt
+from voxwire.sequence import InputSequence, build_sequence
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.configs import ALL_CONFIGS
 from voxwire.tiny.tokenizer_files import write_tiny_tokenizer

@@ -27,8 +27,9 @@ from voxwire.model.loaded import LoadedModel
 from voxwire.model.lora import load_lora
 from voxwire.model.voxcpm import PrefillBatch
 from voxwire.params import SynthesisParams
-from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
+from voxwire.prompt import VoicePrompt
 from voxwire.sampling import NoiseStream, random_seed
+from voxwire.sequence import InputSequence, build_sequence, sequence_length_cap
 from voxwire.voice_clip import VoiceClip
 
 
@@ -89,10 +90,12 @@ class VoxCPM(LoadedModel):
             raise InvalidInputError("prompt text must not be empty")
         return VoicePrompt(
             text=clip.text or "",
-            audio_patches=None if clip.audio is None else self.encode_audio(clip.audio, clip.sample_rate, pad="left"),
+            audio_patches=None
+            if clip.audio is None
+            else self.encode_audio(clip.audio, clip.sample_rate, pad="left").numpy(),
             reference_patches=None
             if clip.reference_audio is None
-            else self.encode_audio(clip.reference_audio, clip.reference_sample_rate, pad="right"),
+            else self.encode_audio(clip.reference_audio, clip.reference_sample_rate, pad="right").numpy(),
         )
 
     @contextmanager

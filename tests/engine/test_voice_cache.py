@@ -80,7 +80,7 @@ def test_a_second_session_with_the_same_voice_skips_locenc_and_sounds_the_same(t
     assert 8 in calls.sizes
     np.testing.assert_array_equal(second, without)
     # The same voice loaded again (a new object with equal patches) shares the entry.
-    reloaded = VoicePrompt(saved.text, saved.audio_patches.clone(), saved.reference_patches.clone())
+    reloaded = VoicePrompt(saved.text, saved.audio_patches.copy(), saved.reference_patches.copy())
     with LocEncCalls(tts) as calls:
         speak(cached, say("third", "Reloaded.", reloaded, seed=5))
     assert set(calls.sizes) == {1} and len(cached.voice_cache) == 1
@@ -124,7 +124,7 @@ def test_the_cache_evicts_least_recently_used_voices_within_its_budget() -> None
 
 def test_a_voice_digest_depends_on_its_patches_only(tts: VoxCPM) -> None:
     saved = voice(tts, seed=1)
-    assert saved.digest == VoicePrompt("Other words.", saved.audio_patches.clone(), saved.reference_patches).digest
+    assert saved.digest == VoicePrompt("Other words.", saved.audio_patches.copy(), saved.reference_patches).digest
     assert saved.digest != voice(tts, seed=2).digest
     # The same patches as prompt audio or as a reference clip are different voices.
     assert (

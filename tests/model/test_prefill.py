@@ -10,7 +10,8 @@ import torch
 import voxwire
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
-from voxwire.prompt import VoicePrompt, build_sequence
+from voxwire.prompt import VoicePrompt
+from voxwire.sequence import build_sequence
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 

@@ -23,8 +23,8 @@ from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch
 from voxwire.params import SynthesisParams
-from voxwire.prompt import build_sequence
 from voxwire.sampling import NoiseStream
+from voxwire.sequence import build_sequence
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip

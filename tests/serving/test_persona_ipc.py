@@ -14,7 +14,8 @@ import zmq
 
 from voxwire.engine import Engine, Request
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError, open_registry
+from voxwire.serving.persona_registry import open_registry
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.remote_personas import RemotePersonas

@@ -61,9 +61,9 @@ async def test_a_clip_of_huge_samples_is_refused_and_changes_no_one_elses_audio(
 
 def test_non_finite_latents_never_make_a_prompt() -> None:
     """The one gate: every prompt (encoded clip, disk, continuation) is a ``VoicePrompt``."""
-    good = torch.zeros(2, 2, 4)
+    good = np.zeros((2, 2, 4), np.float32)
     for bad_value in (float("nan"), float("inf"), -float("inf")):
-        bad = good.clone()
+        bad = good.copy()
         bad[1, 0, 3] = bad_value
         with pytest.raises(InvalidInputError, match="not finite"):
             VoicePrompt("words", bad)
@@ -75,15 +75,15 @@ def test_non_finite_latents_never_make_a_prompt() -> None:
 
 def test_huge_latents_never_make_a_prompt() -> None:
     """Issue 20 (N12): finite but huge latents (3e38) passed the gate and gave the length cap of silence."""
-    good = torch.zeros(2, 2, 4)
+    good = np.zeros((2, 2, 4), np.float32)
     for huge in (3e38, -1e20, 2 * MAX_LATENT_MAGNITUDE):
-        bad = good.clone()
+        bad = good.copy()
         bad[0, 1, 2] = huge
         with pytest.raises(InvalidInputError, match="above 1000"):
             VoicePrompt("words", bad)
         with pytest.raises(InvalidInputError, match="above 1000"):
             VoicePrompt(reference_patches=bad)
-    edge = good.clone()
+    edge = good.copy()
     edge[0, 0, 0] = -MAX_LATENT_MAGNITUDE
     assert VoicePrompt("words", edge).audio_patches is edge
 

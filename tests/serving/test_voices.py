@@ -143,7 +143,7 @@ async def test_store_round_trips_latents_and_skips_what_it_cannot_use(tmp_path: 
     reloaded = VoiceStore(tmp_path, "model-a", (2, 4), max_voices=10)
     reloaded.load()
     assert [v.id for v in reloaded.infos()] == [info.id]
-    assert torch.equal(reloaded.get(info.id).prompt.audio_patches, original.audio_patches)
+    assert np.array_equal(reloaded.get(info.id).prompt.audio_patches, original.audio_patches)
     assert reloaded.get(info.id).prompt.text == "words"
 
     other_model = VoiceStore(tmp_path, "model-b", (2, 5), max_voices=10)

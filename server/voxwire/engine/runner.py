@@ -75,8 +75,9 @@ from voxwire.model.kv_cache import NULL_BLOCK
 from voxwire.model.loaded import LoadedModel
 from voxwire.model.personas import PersonaBank, PersonaError
 from voxwire.model.voxcpm import DecodeState, PrefillBatch
-from voxwire.prompt import InputSequence, VoicePrompt, build_sequence, sequence_length_cap
+from voxwire.prompt import VoicePrompt
 from voxwire.sampling import NoiseStream, random_seed
+from voxwire.sequence import InputSequence, build_sequence, sequence_length_cap
 
 NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
 

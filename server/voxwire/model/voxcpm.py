@@ -28,7 +28,7 @@ from voxwire.model.kv_cache import PagedKV
 from voxwire.model.local_dit import VoxCPMLocDiT
 from voxwire.model.local_encoder import VoxCPMLocEnc
 from voxwire.model.minicpm import MiniCPMModel
-from voxwire.prompt import InputSequence
+from voxwire.sequence import InputSequence
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ from voxwire.serving.keys import (
 )
 from voxwire.serving.metrics import Metrics
 from voxwire.serving.models import load_speech_model
-from voxwire.serving.personas import LocalPersonas, open_registry
 from voxwire.serving.service import Service, SpeechJob, SpeechService
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.handler import add_ws_routes
@@ -73,6 +72,10 @@ _CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.Application:
     """Build the one-process server's application; the model is loaded from ``config`` (blocking) unless given
     (tests, benchmarks)."""
+    # The model's side, imported here: a --workers frontend imports this module for ``build_app`` and must not
+    # load the model's code (torch).
+    from voxwire.serving.persona_registry import LocalPersonas, open_registry
+
     model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)

@@ -5,7 +5,9 @@ and ``<id>.json`` (name, transcript, model, creation time), the JSON written las
 either complete or absent after a crash. Ids are made here (``voice_`` + random hex) and every id
 from a client is matched against ``VOICE_ID_PATTERN`` before it touches the file system, so no id
 can name a path outside the folder. This module does not decode or encode audio (the handlers do,
-through ``SpeechService``); it only keeps the results.
+through ``SpeechService``); it only keeps the results. It reads and writes the latents with numpy, not torch (a
+``--workers`` frontend keeps voices without the model stack): the files are byte for byte what safetensors'
+torch writer made of the same float32 patches, so voices saved by either load in both.
 
 Loading is defensive: a voice whose metadata has a wrong field, whose latents have the wrong shape
 or are not finite, is skipped with a warning, so one bad file never breaks the listing or reaches
@@ -30,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.numpy import load_file, save_file
 
 from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
@@ -225,10 +227,10 @@ class VoiceStore:
     def _write(self, voice: Voice) -> None:
         tensors_path, meta_path = self._paths(voice.info.id)
         tensors = {
-            name: tensor.detach().to("cpu", torch.float32).contiguous()
-            for name, tensor in (("audio_patches", voice.prompt.audio_patches),
-                                 ("reference_patches", voice.prompt.reference_patches))
-            if tensor is not None
+            name: np.ascontiguousarray(patches)
+            for name, patches in (("audio_patches", voice.prompt.audio_patches),
+                                  ("reference_patches", voice.prompt.reference_patches))
+            if patches is not None
         }  # fmt: skip
         # Each file is written beside and renamed, and the JSON last: it marks the voice complete.
         _replace(tensors_path, lambda tmp: save_file(tensors, str(tmp)))

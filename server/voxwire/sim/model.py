@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from voxwire.audio.clip import AudioSource, load_clip
 from voxwire.engine.config import RunnerOptions
 from voxwire.engine.outputs import Runner
-from voxwire.prompt import VoicePrompt
+from voxwire.prompt import Patches, VoicePrompt
 from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
 from voxwire.speech_model import SIM_MODEL, ModelInfo, voice_positions
 from voxwire.voice_clip import VoiceClip
@@ -64,6 +63,6 @@ class SimSpeech:
         clip = speech_clip(self.config.sample_rate)
         return SimRunner(clip, options.num_slots, self.config, max_length=options.max_length or 4096)
 
-    def _latents(self, source: AudioSource, sample_rate: int | None) -> torch.Tensor:
+    def _latents(self, source: AudioSource, sample_rate: int | None) -> Patches:
         seconds = load_clip(source, self.config.sample_rate, sample_rate).size / self.config.sample_rate
-        return torch.zeros(max(1, math.ceil(seconds / self.config.chunk_seconds)), *PATCH_SHAPE)
+        return np.zeros((max(1, math.ceil(seconds / self.config.chunk_seconds)), *PATCH_SHAPE), dtype=np.float32)

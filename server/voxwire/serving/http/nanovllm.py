@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from aiohttp import hdrs, web
 
 from voxwire.audio.clip import ClipTooLongError, load_clip
@@ -45,7 +44,7 @@ from voxwire.audio.formats import AudioFormat, make_encoder
 from voxwire.audio.mp3 import MP3_BITRATE
 from voxwire.engine import SynthesisParams
 from voxwire.errors import InvalidInputError
-from voxwire.prompt import VoicePrompt
+from voxwire.prompt import Patches, VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import is_finite_number
 from voxwire.serving.config import ServerConfig
@@ -247,7 +246,7 @@ async def _voice(app: web.Application, fields: dict[str, Any]) -> VoicePrompt | 
         raise _bad(str(exc)) from exc
 
 
-async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) -> torch.Tensor | None:
+async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) -> Patches | None:
     latents = fields.get(f"{prefix}_latents_base64")
     if latents is not None:
         return _latent_patches(latents, f"{prefix}_latents_base64", app[VOICES_KEY].patch_shape, _max_patches(app))
@@ -270,7 +269,7 @@ def _b64(value: str, name: str) -> bytes:
         raise _bad(f"Invalid base64 in {name}: {exc}") from exc
 
 
-def _latent_patches(value: str, name: str, patch_shape: tuple[int, int], max_patches: int) -> torch.Tensor:
+def _latent_patches(value: str, name: str, patch_shape: tuple[int, int], max_patches: int) -> Patches:
     """``/encode_latents``' float32 rows of ``feat_dim`` back into whole patches (N, P, D), at most
     ``max_patches`` of them: the length is checked on the base64 text, before anything is decoded."""
     patch, dim = patch_shape
@@ -279,10 +278,10 @@ def _latent_patches(value: str, name: str, patch_shape: tuple[int, int], max_pat
     data = _b64(value, name)
     if not data or len(data) % (4 * dim * patch):
         raise _bad(f"Invalid latent payload in {name}: expected float32 rows of {dim} in whole patches of {patch}")
-    return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(-1, patch, dim).copy())
+    return np.frombuffer(data, dtype="<f4").reshape(-1, patch, dim).astype(np.float32)
 
 
-async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> torch.Tensor:
+async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> Patches:
     """A clip (the bytes of an audio file, any format soundfile reads) as latent patches, encoded by the service
     (off the event loop) the way a prompt clip or, with ``reference``, a reference clip is (they are padded to
     whole patches on opposite sides)."""
@@ -315,7 +314,7 @@ async def encode_latents(request: web.Request) -> web.Response:
     config = app[CONFIG_KEY]
     fields = _parse(await read_json(request, config.body_timeout_s, _body_limit(config)), _ENCODE_FIELDS)
     patches = await _encode(app, _b64(fields["wav_base64"], "wav_base64"), reference=False)
-    data = patches.reshape(-1, patches.shape[-1]).numpy().astype("<f4").tobytes()
+    data = patches.reshape(-1, patches.shape[-1]).astype("<f4").tobytes()
     return web.json_response(
         {
             "prompt_latents_base64": base64.b64encode(data).decode("ascii"),

@@ -26,7 +26,8 @@ from voxwire.engine.loop import EngineLoop
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.heap import freeze_startup_heap
 from voxwire.serving.models import load_speech_model
-from voxwire.serving.personas import PersonaRegistry, UnknownPersonaError, check_persona, open_registry
+from voxwire.serving.persona_registry import PersonaRegistry, open_registry
+from voxwire.serving.personas import UnknownPersonaError, check_persona
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import HUB_MESSAGES, Hub, Letter
 from voxwire.serving.workers.liveness import Pulse

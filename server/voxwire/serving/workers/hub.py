@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
-from voxwire.serving.personas import PersonaRegistry
+from voxwire.serving.persona_registry import PersonaRegistry
 from voxwire.serving.voices import Voice
 from voxwire.serving.workers import ipc
 

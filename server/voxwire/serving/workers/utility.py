@@ -18,7 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from voxwire.engine import QueueFullError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaRegistry, UnknownPersonaError
+from voxwire.serving.persona_registry import PersonaRegistry
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import Letter
 from voxwire.speech_model import SpeechModel

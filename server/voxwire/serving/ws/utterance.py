@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import torch
 
 from voxwire.audio.formats import OpusPacketStream, StreamEncoder, make_encoder
 from voxwire.audio.opus import OpusSettings
@@ -255,7 +254,7 @@ def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> V
     (a segment is at most the segmenter's ``max_chars``): prompts never grow with the utterance.
     The space restores the separator the segmenter stripped between the two sentences.
     """
-    stacked = torch.from_numpy(np.stack(patches))
+    stacked = np.stack(patches)
     spoken = text + " "
     return VoicePrompt(spoken, stacked) if base is None else base.continued(spoken, stacked)
 
