@@ -155,6 +155,31 @@ def _meta(folder: Path, voice_id: str) -> str:
     return (folder / f"{voice_id}.json").read_text()
 
 
+async def test_voice_files_are_those_the_torch_writer_made(tmp_path: Path) -> None:
+    """The store writes latents with numpy (frontends have no torch): the files are byte for byte those that
+    safetensors' torch writer, which earlier versions used, makes of the same patches, and such files load."""
+    from safetensors.torch import save_file
+
+    store = VoiceStore(tmp_path, "m", (2, 4), max_voices=10)
+    original = VoicePrompt("words", torch.randn(3, 2, 4), torch.randn(2, 2, 4))
+    info = await store.add(original, name="new", duration_s=1.0)
+    written = (tmp_path / f"{info.id}.safetensors").read_bytes()
+    as_torch = {name: torch.from_numpy(getattr(original, name)) for name in ("audio_patches", "reference_patches")}
+    save_file(as_torch, str(tmp_path / "by-torch.safetensors"))
+    assert written == (tmp_path / "by-torch.safetensors").read_bytes()
+
+    old_id = "voice_00112233445566aa"  # a voice an earlier version saved
+    save_file(as_torch, str(tmp_path / f"{old_id}.safetensors"))
+    (tmp_path / f"{old_id}.json").write_text(json.dumps({**json.loads(_meta(tmp_path, info.id)), "id": old_id}))
+    reloaded = VoiceStore(tmp_path, "m", (2, 4), max_voices=10)
+    reloaded.load()
+    old = reloaded.get(old_id).prompt
+    assert old.text == "words" and old.audio_patches.dtype == old.reference_patches.dtype == np.float32
+    assert np.array_equal(old.audio_patches, original.audio_patches)
+    assert np.array_equal(old.reference_patches, original.reference_patches)
+    assert old.digest == original.digest  # the engine's voice cache knows it as the same voice
+
+
 async def test_store_resolves_default_names_and_enforces_its_limit() -> None:
     store = VoiceStore(None, "m", (2, 4), max_voices=1)
     for name in (None, "alloy", "Nova", "default", "shimmer"):
