@@ -1,7 +1,8 @@
 """A ``voxwire serve --workers 1`` frontend never imports torch or the model's code (issue 22), even after it has
 served each kind of request that carries a voice or audio: a voice upload (``POST /v1/voices``), the voice
 listing, ``POST /v1/audio/speech`` and a WebSocket utterance in that voice (whose second sentence continues the
-first one's patches, built in the frontend), while the audio stays what the model makes alone, bit for bit.
+first one's patches, built in the frontend), while the audio stays what the model makes alone, bit for bit. A
+quick check without a server guards the modules a frontend process starts with.
 
 How the real processes are asked: the server runs as operators run it (``python -m voxwire.cli.main serve``, the
 supervisor spawning the engine and the frontend), with one addition on ``PYTHONPATH``: a ``sitecustomize``
@@ -20,6 +21,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +37,6 @@ from voxwire.audio.clip import load_clip
 from voxwire.client.connection import Connection
 from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 from voxwire.tts import VoxCPM
-
-pytestmark = pytest.mark.slow
 
 TRANSCRIPT = "A clip of the voice."
 TEXT = "The frontend speaks in a saved voice."
@@ -61,6 +62,21 @@ MODULES_HOOK = textwrap.dedent(
 """``sitecustomize.py`` for the server's processes: SIGUSR2 writes the process's loaded modules to a file."""
 
 
+def is_model_side(module: str) -> bool:
+    return any(module == name or module.startswith(f"{name}.") for name in MODEL_CODE)
+
+
+def test_a_frontend_process_starts_without_the_model() -> None:
+    """What a spawned frontend imports before serving: ``voxwire.cli.main`` (the parent's ``__main__``, imported
+    again in a spawned child) and the frontend's entry module."""
+    imports = "voxwire.cli.main, voxwire.serving.workers.frontend"
+    code = f"import json, sys, {imports}; print(json.dumps(sorted(sys.modules)))"
+    listed = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    modules = json.loads(listed.stdout)
+    assert "voxwire.serving.app" in modules
+    assert [module for module in modules if is_model_side(module)] == []
+
+
 @pytest.fixture(scope="module")
 def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("modules")
@@ -79,6 +95,7 @@ def server(tiny_tts: VoxCPM, modules_dir: Path, tmp_path_factory: pytest.TempPat
         yield process
 
 
+@pytest.mark.slow
 def test_a_frontend_serves_voices_and_speech_without_torch(
     server: ServerProcess, tiny_tts: VoxCPM, modules_dir: Path
 ) -> None:
@@ -102,7 +119,7 @@ def test_a_frontend_serves_voices_and_speech_without_torch(
     engine = loaded_modules(server, "engine", modules_dir)
     assert {"torch", "voxwire.model.voxcpm"} <= engine  # the probe sees a real process's modules
     assert "voxwire.serving.workers.frontend" in frontend and "voxwire.serving.http.voices" in frontend
-    model_side = sorted(name for name in frontend if any(name == m or name.startswith(f"{m}.") for m in MODEL_CODE))
+    model_side = sorted(module for module in frontend if is_model_side(module))
     assert not model_side, f"the frontend loaded {len(model_side)} module(s) of the model's side: {model_side[:10]}"
 
 
