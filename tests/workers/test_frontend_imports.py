@@ -5,12 +5,12 @@ first one's patches, built in the frontend), while the audio stays what the mode
 quick check without a server guards the modules a frontend process starts with.
 
 How the real processes are asked: the server runs as operators run it (``python -m voxwire.cli.main serve``, the
-supervisor spawning the engine and the frontend), with one addition on ``PYTHONPATH``: a ``sitecustomize``
-module, which every Python process runs at start-up, spawned children included. It installs a SIGUSR2 handler
-that writes ``sorted(sys.modules)`` to ``<folder>/<pid>.json``; nothing is added to the server itself (no debug
-route). After the requests, the test signals the frontend and the engine (their pids from the supervisor's log)
-and reads what each has loaded. The engine's list is the control: it must hold torch and the model, so the probe
-does see a real process's modules.
+supervisor spawning the engine and the frontend), with one addition on ``PYTHONPATH``: a ``sitecustomize`` module,
+which every Python process runs at start-up, spawned children included. It installs a SIGWINCH handler that writes
+``sorted(sys.modules)`` to ``<folder>/<pid>.json`` (a signal the server never uses, and one ignored by default);
+nothing is added to the server itself (no debug route). After the requests, the test signals the frontend and the
+engine (their pids from the supervisor's log) and reads what each has loaded. The engine's list is the control: it
+must hold torch and the model, so the probe does see a real process's modules.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ MODULES_HOOK = textwrap.dedent(
             json.dump(sorted(sys.modules), file)
         os.replace(path + ".tmp", path)
 
-    signal.signal(signal.SIGUSR2, _write_modules)
+    signal.signal(signal.SIGWINCH, _write_modules)
     """
 )
-"""``sitecustomize.py`` for the server's processes: SIGUSR2 writes the process's loaded modules to a file."""
+"""``sitecustomize.py`` for the server's processes: SIGWINCH writes the process's loaded modules to a file."""
 
 
 def is_model_side(module: str) -> bool:
@@ -167,9 +167,9 @@ async def utterance(url: str, voice: str, text: str, seed: int) -> tuple[bytes, 
 
 
 def loaded_modules(server: ServerProcess, role: str, folder: Path) -> set[str]:
-    """The modules process ``role`` (``frontend`` or ``engine``, index 0) has loaded now, asked by SIGUSR2."""
+    """The modules process ``role`` (``frontend`` or ``engine``, index 0) has loaded now, asked by SIGWINCH."""
     pid = server_pid(server, role)
-    os.kill(pid, signal.SIGUSR2)
+    os.kill(pid, signal.SIGWINCH)
     path = folder / f"{pid}.json"
     assert poll(path.exists, timeout=10), f"the {role} (pid {pid}) wrote no module list:\n{server.log}"
     return set(json.loads(path.read_text()))
