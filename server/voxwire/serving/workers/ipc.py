@@ -163,12 +163,16 @@ class AddPersona:
     call_id: int
     name: str
     path: str
+    owner: str | None
+    """The requester's key digest (``OWNER_KEY``), None without a key."""
 
 
 @dataclass(frozen=True, slots=True)
 class RemovePersona:
     call_id: int
     name: str
+    owner: str | None
+    """The requester's key digest (``OWNER_KEY``), None without a key: ``PersonaRegistry.remove`` decides."""
 
 
 @dataclass(frozen=True, slots=True)
