@@ -161,17 +161,20 @@ async def test_a_rank_above_the_limit_is_refused_before_its_weights_are_read(
 
     monkeypatch.setattr(voxwire.model.lora, "load_file", no_weights)
     for folder, said in (("a", "rank 8 (r=8 in lora_config.json)"), ("understated", "rank 8 (base_lm.")):
-        async with http.post("/v1/loras", json={"name": "A", "path": folder}) as response:
+        async with http.post("/v1/loras", json={"name": "A", "path": str(root / folder)}) as response:
             answer = await response.json()
         assert (response.status, answer["error"]["code"]) == (400, "lora_too_large"), answer
         assert said in answer["error"]["message"] and "max_rank=4" in answer["error"]["message"]
 
 
 @pytest.mark.asyncio
-async def test_re_adding_a_name_requests_still_speak_with_is_409(http: TestClient, persona_tts: VoxCPM) -> None:
+async def test_re_adding_a_name_requests_still_speak_with_is_409(
+    http: TestClient, persona_tts: VoxCPM, other_lora: Path
+) -> None:
     """Issue 20.9: a persona deleted while a request holds it is still resident; adding its name again answered
     ``lora_too_large``. It is ``persona_exists`` (409) until the request ends, then it loads."""
-    async with http.post("/v1/loras", json={"name": "B", "path": "b"}) as response:
+    body = {"name": "B", "path": str(other_lora)}
+    async with http.post("/v1/loras", json=body) as response:
         assert response.status == 201
     bank = persona_tts.personas
     assert bank is not None
@@ -179,12 +182,12 @@ async def test_re_adding_a_name_requests_still_speak_with_is_409(http: TestClien
     try:
         async with http.delete("/v1/loras/B") as response:
             assert response.status == 200
-        async with http.post("/v1/loras", json={"name": "B", "path": "b"}) as response:
+        async with http.post("/v1/loras", json=body) as response:
             answer = await response.json()
         assert (response.status, answer["error"]["code"]) == (409, "persona_exists"), answer
     finally:
         bank.release("B")
-    async with http.post("/v1/loras", json={"name": "B", "path": "b"}) as response:
+    async with http.post("/v1/loras", json=body) as response:
         assert response.status == 201
 
 

@@ -91,9 +91,12 @@ async def test_no_client_deletes_an_operator_persona_and_it_keeps_speaking(
     assert await speak(http, "A", key) == (200, before)
 
 
-async def test_only_the_key_that_added_a_persona_deletes_it(app_with: Callable[..., Awaitable[TestClient]]) -> None:
+async def test_only_the_key_that_added_a_persona_deletes_it(
+    app_with: Callable[..., Awaitable[TestClient]], lora_root: Path
+) -> None:
     http = await app_with(api_keys=(KEY_A, KEY_B))
-    status, _ = await call(http, "POST", "/v1/loras", KEY_A, json={"name": "B", "path": "b"})
+    b = str(lora_root / "b")
+    status, _ = await call(http, "POST", "/v1/loras", KEY_A, json={"name": "B", "path": b})
     assert status == 201
     status, answer = await call(http, "DELETE", "/v1/loras/B", KEY_B)
     assert (status, answer["error"]["code"]) == (403, "forbidden") and "another API key" in answer["error"]["message"]
@@ -102,7 +105,7 @@ async def test_only_the_key_that_added_a_persona_deletes_it(app_with: Callable[.
     assert await names(http, KEY_B) == ["A", "B"]
     assert (await speak(http, "B", KEY_B))[0] == 200  # anyone may speak with it
 
-    status, answer = await call(http, "POST", "/loras", KEY_B, json={"name": "C", "path": "b"})
+    status, answer = await call(http, "POST", "/loras", KEY_B, json={"name": "C", "path": b})
     assert (status, answer) == (200, {"name": "C"})
     assert (await call(http, "DELETE", "/v1/loras/C", KEY_A))[0] == 403
     assert await call(http, "DELETE", "/loras/C", KEY_B) == (200, {"name": "C"})
@@ -112,10 +115,10 @@ async def test_only_the_key_that_added_a_persona_deletes_it(app_with: Callable[.
 
 
 async def test_without_keys_a_persona_added_by_anyone_is_deleted_by_anyone(
-    app_with: Callable[..., Awaitable[TestClient]],
+    app_with: Callable[..., Awaitable[TestClient]], lora_root: Path
 ) -> None:
     http = await app_with()
-    assert (await call(http, "POST", "/v1/loras", json={"name": "B", "path": "b"}))[0] == 201
+    assert (await call(http, "POST", "/v1/loras", json={"name": "B", "path": str(lora_root / "b")}))[0] == 201
     assert (await call(http, "DELETE", "/v1/loras/B"))[0] == 200
 
 
@@ -151,10 +154,10 @@ async def test_a_link_out_of_the_root_is_refused(
 ) -> None:
     http = await app_with()
     path = link_out(lora_root, what)
-    for body in ({"name": "B", "path": path}, {"name": "B", "path": str(lora_root / path)}):
+    for body in ({"name": "B", "path": str(lora_root / path)}, {"name": "B", "path": path}):
         status, answer = await call(http, "POST", "/v1/loras", json=body)
         assert (status, answer["error"]["code"]) == (400, "invalid_path"), body
-        assert str(lora_root.parent) not in answer["error"]["message"]
+        assert str(lora_root.parent / "outside") not in answer["error"]["message"]  # only the path it sent
     assert await names(http) == ["A"]
 
 
@@ -189,7 +192,7 @@ async def test_refusals_name_no_server_path_and_no_file_contents(
     http = await app_with()
     secrets = [str(lora_root.parent), str(lora_root.resolve().parent), "SECRET"]
     for folder, named in bad_folders(lora_root).items():
-        for path in (folder, str(lora_root / folder)):
+        for path in (str(lora_root / folder), folder):
             status, answer = await call(http, "POST", "/v1/loras", json={"name": "B", "path": path})
             message = answer["error"]["message"]
             assert (status, answer["error"]["code"]) == (400, "invalid_lora"), (folder, message)
@@ -212,7 +215,7 @@ async def test_listings_and_info_name_no_server_path(
     http = await app_with()
     shutil.copytree(LORA, lora_root / "team" / "calm")
     assert (await call(http, "POST", "/v1/loras", json={"name": "B", "path": str(lora_root / "b")}))[0] == 201
-    assert (await call(http, "POST", "/v1/loras", json={"name": "C", "path": "team/calm"}))[0] == 201
+    assert (await call(http, "POST", "/v1/loras", json={"name": "C", "path": str(lora_root / "team/calm")}))[0] == 201
     status, listed = await call(http, "GET", "/v1/loras")
     assert status == 200
     # Relative to the root; the operator's --lora persona by its folder's name.
