@@ -282,12 +282,12 @@ class PersonaRegistry:
             raise PersonaLoadError("invalid_lora", f"{exc} (--lora)") from exc
         except PersonaInUseError as exc:
             raise PersonaLoadError("persona_exists", str(exc)) from exc
-        except RankTooLargeError as exc:  # a .ckpt adapter (no header to read its rank from before loading)
+        except RankTooLargeError as exc:  # the bank's own check (``load_persona`` refuses such a rank first)
             raise PersonaLoadError("lora_too_large", str(exc)) from exc
 
     @staticmethod
     def _refused(name: str, code: str, public: str, exc: LoRALoadError) -> PersonaLoadError:
-        logger.warning("persona %r refused (%s): %s", name, code, exc)
+        logger.info("persona %r refused (%s): %s", name, code, exc)
         return PersonaLoadError(code, f"persona {name!r}: {public}")
 
     def remove(self, name: str, *, owner: str | None) -> None:

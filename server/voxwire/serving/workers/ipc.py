@@ -279,7 +279,8 @@ class Synced:
 @dataclass(frozen=True, slots=True)
 class PersonaReply:
     """The answer to ``AddPersona`` (the persona), ``RemovePersona`` (nothing) or ``ListPersonas`` (all of
-    them); ``error``: ``UnknownPersonaError``, ``PersonaLoadError`` or an unexpected failure."""
+    them); ``error``: ``UnknownPersonaError``, ``PersonaLoadError``, ``PersonaOwnerError`` or an unexpected
+    failure."""
 
     call_id: int
     infos: tuple[PersonaInfo, ...] = ()
