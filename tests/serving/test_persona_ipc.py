@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -244,7 +244,7 @@ async def test_a_restarted_engine_gets_the_personas_a_serving_engine_holds() -> 
     exists = PersonaLoadError("persona_exists", "another frontend restored it first")
     engines = FakeEngines(
         [
-            {ipc.ListPersonas: (info("A"), info("B"), info("D"))},
+            {ipc.ListPersonas: (info("A"), replace(info("B"), owner="key-digest"), info("D"))},
             # Another frontend restores them too: an add that finds the persona there is no failure.
             {ipc.ListPersonas: (info("A"), info("C")), ipc.AddPersona: exists, ipc.RemovePersona: ()},
         ]
@@ -255,4 +255,6 @@ async def test_a_restarted_engine_gets_the_personas_a_serving_engine_holds() -> 
     assert changes == [(1, "AddPersona", "B"), (1, "AddPersona", "D"), (1, "RemovePersona", "C")]
     added = [m for _, m in engines.sent if isinstance(m, ipc.AddPersona)]
     assert [m.path for m in added] == ["/loras/B", "/loras/D"]  # from the folders the serving engine loaded
+    assert [m.owner for m in added] == ["key-digest", None]  # for the same owners
+    assert [m.owner for _, m in engines.sent if isinstance(m, ipc.RemovePersona)] == [OPERATOR]  # by the server
     assert engines.published == 0  # the names every frontend checks against did not change
