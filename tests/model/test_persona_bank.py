@@ -13,11 +13,13 @@ from torch import nn
 import voxwire
 from voxwire.model.lora import LoRAConfig
 from voxwire.model.personas import PersonaLinear
+from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
 TEXT = "Hello there."
+PARAMS = SynthesisParams(seed=3, max_len=8)
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def wrapped(tts: VoxCPM) -> set[str]:
 
 def test_removing_the_last_persona_gives_the_model_its_own_layers_back(tts: VoxCPM) -> None:
     """They stayed ``PersonaLinear`` (slot buffers, a branch per call) after every persona was gone."""
-    plain = tts.generate(TEXT, seed=3, max_len=8)
+    plain = tts.generate(TEXT, PARAMS)
     before = linears(tts)
     keys = set(tts.model.state_dict())
     bank = tts.enable_personas(max_personas=2, max_rank=16)
@@ -54,11 +56,11 @@ def test_removing_the_last_persona_gives_the_model_its_own_layers_back(tts: VoxC
     assert wrapped(tts) == set() and not bank.layers
     assert all(linears(tts)[path] is module for path, module in before.items())  # the very same modules
     assert set(tts.model.state_dict()) == keys
-    np.testing.assert_array_equal(tts.generate(TEXT, seed=3, max_len=8), plain)
+    np.testing.assert_array_equal(tts.generate(TEXT, PARAMS), plain)
 
     tts.load_persona("A", LORA)  # and personas still work afterwards
     assert wrapped(tts) == adapted
-    with_a = tts.generate(TEXT, seed=3, max_len=8, lora="A")
+    with_a = tts.generate(TEXT, PARAMS, lora="A")
     assert not np.array_equal(with_a[: plain.size], plain[: with_a.size])
 
 
