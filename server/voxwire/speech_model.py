@@ -11,6 +11,7 @@ picks one from ``--model``. Nothing here imports torch at module level: frontend
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from voxwire.engine.config import RunnerOptions
@@ -31,6 +32,7 @@ class ModelInfo:
     """What a client is told about the model in ``ready`` messages and headers."""
 
     name: str
+    """``public_model_name`` of its ``--model`` source."""
     sample_rate: int
     samples_per_patch: int
     reference_cloning: bool
@@ -39,6 +41,14 @@ class ModelInfo:
     @property
     def chunk_seconds(self) -> float:
         return self.samples_per_patch / self.sample_rate
+
+
+def public_model_name(source: str) -> str:
+    """How clients see a ``--model`` source: a hub id (or a relative path) as given; a folder given by an absolute,
+    home- or dot-relative path by its own name only, so no server path (its home, a cache folder) reaches them."""
+    if source.startswith(("/", "~", ".")) or Path(source).is_absolute():
+        return Path(source).name or source
+    return source
 
 
 class PromptLength(Protocol):
@@ -95,7 +105,8 @@ class VoxCPMSpeech:
 
     def __init__(self, tts: VoxCPM) -> None:
         self.tts = tts
-        self.info = ModelInfo(tts.name, tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
+        info = (tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
+        self.info = ModelInfo(public_model_name(tts.name), *info)
         self.patch_shape = (tts.config.patch_size, tts.config.feat_dim)
         self.make_prompt = tts.make_prompt
         self.prompt_length = TokenizedPromptLength(tts.tokenizer)

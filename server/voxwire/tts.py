@@ -39,9 +39,10 @@ class VoxCPM(LoadedModel):
 
     # ---- personas (LoRA adapters) ----
     def load_persona(self, name: str, directory: str | os.PathLike[str]) -> None:
-        """Load a LoRA checkpoint directory (the reference's format) as persona ``name``."""
+        """Load a LoRA checkpoint directory (the reference's format) as persona ``name`` (its rank is checked
+        against the bank's ``max_rank`` before its weights are read)."""
         bank = self.enable_personas()
-        bank.register(name, load_lora(directory, self.model))
+        bank.register(name, load_lora(directory, self.model, bank.max_rank))
 
     def _persona_name(self, lora: str | os.PathLike[str]) -> str:
         """A registered persona's name, or a checkpoint directory (registered under its resolved path)."""

@@ -183,10 +183,10 @@ async def test_a_server_side_delay_shows_in_the_printed_ttfa(serve, app_factory,
 
 
 async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
-    app = persona_app()
+    app = persona_app(lora_root=LORA.parent)
     server = await serve(app=app)
     service = app[SERVICE_KEY]
-    await service.personas.add("B", str(LORA))
+    await service.personas.add("B", str(LORA), owner=None)
     used: list[str | None] = []
     speak = service.speak
 

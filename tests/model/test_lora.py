@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 import voxwire
 from voxwire.errors import ModelLoadError
 from voxwire.kernels.batch_invariant import batch_invariant as invariant_numerics
-from voxwire.model.lora import MAX_LORA_ALPHA, MAX_LORA_WEIGHT, load_lora
+from voxwire.model import lora as lora_module
+from voxwire.model.lora import MAX_LORA_ALPHA, MAX_LORA_WEIGHT, LoRALoadError, LoRATooLargeError, load_lora
 from voxwire.model.personas import PersonaLinear, PersonaRows
 from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
@@ -201,3 +202,41 @@ def test_a_poisoned_slot_never_reaches_another_row(batch_invariant: bool) -> Non
             healthy = [0, 1, 3]
             assert torch.equal(poisoned[healthy], clean[healthy])
             assert not bool(torch.isfinite(poisoned[2]).all())
+
+
+@pytest.mark.parametrize("where", ["config", "header"])
+def test_a_rank_above_max_rank_is_refused_before_the_weights_are_read(
+    tmp_path: Path, tmp_root: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Issue 20.9: the rank comes from ``lora_config.json`` and then the safetensors header (a config may
+    understate it), before any weight is in memory: the weight loader is never called."""
+    folder, _ = adapter_copy(tmp_path)
+    if where == "header":
+        config = (folder / "lora_config.json").read_text()
+        (folder / "lora_config.json").write_text(config.replace('"r": 8', '"r": 2'))
+    model = fp32_model("voxcpm2", tmp_root).model
+
+    def no_weights(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the weights were read")
+
+    monkeypatch.setattr(lora_module, "load_file", no_weights)
+    with pytest.raises(LoRATooLargeError) as caught:
+        load_lora(folder, model, max_rank=4)
+    said = {"config": "rank 8 (r=8 in lora_config.json)", "header": "rank 8 (base_lm.layers.0.mlp.down_proj.lora_A (8,"}
+    assert said[where] in caught.value.public and "max_rank=4" in caught.value.public
+    assert str(folder) not in caught.value.public and str(folder) in str(caught.value)
+
+
+def test_the_public_message_has_no_path_and_no_config_contents(tmp_path: Path, tmp_root: str) -> None:
+    """Issue 20.5: a server shows clients ``public``; ``str`` keeps every detail for the files' owner."""
+    folder, _ = adapter_copy(tmp_path)
+    document = json.loads((folder / "lora_config.json").read_text())
+    document["lora_config"].update({"SECRET_FIELD": 1, "alpha": "SECRET_VALUE"})
+    (folder / "lora_config.json").write_text(json.dumps(document))
+    with pytest.raises(LoRALoadError) as caught:
+        load_lora(folder, fp32_model("voxcpm2", tmp_root).model)
+    public = caught.value.public
+    assert "lora_config.json" in public and "alpha must be" in public and "1 unknown field" in public
+    assert "SECRET" not in public and str(tmp_path) not in public
+    detail = str(caught.value)
+    assert "SECRET_FIELD" in detail and "SECRET_VALUE" in detail and str(folder) in detail

@@ -17,11 +17,13 @@ from aiohttp.test_utils import TestClient
 from safetensors.torch import load_file, save_file
 
 import voxwire
+import voxwire.model.lora
 from voxwire.errors import InvalidInputError
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
+from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve
 
@@ -30,7 +32,7 @@ Client = Callable[..., Awaitable[TestClient]]
 
 @pytest.fixture(scope="module")
 def other_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Persona B: the same layers as ``LORA`` with other weights."""
+    """Persona B: the same layers as ``LORA`` with other weights, in a folder of its own (the ``--lora-root``)."""
     folder = tmp_path_factory.mktemp("loras") / "b"
     shutil.copytree(LORA, folder)
     state = load_file(str(folder / "lora_weights.safetensors"))
@@ -39,8 +41,10 @@ def other_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture
-async def http(serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client) -> TestClient:
-    return await aiohttp_client(await serve(app=persona_app()))
+async def http(
+    serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client, other_lora: Path
+) -> TestClient:
+    return await aiohttp_client(await serve(app=persona_app(lora_root=other_lora.parent)))
 
 
 async def speech(http: TestClient, **fields: object) -> tuple[int, bytes]:
@@ -81,7 +85,7 @@ async def test_loras_are_listed_added_and_removed(http: TestClient, other_lora: 
     async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
         assert response.status == 201
         added = await response.json()
-    assert (added["name"], added["path"], added["in_use"]) == ("B", str(other_lora.resolve()), 0)
+    assert (added["name"], added["path"], added["in_use"]) == ("B", "b", 0)  # relative to --lora-root
     status, with_b = await speech(http, persona="B")
     status_a, with_a = await speech(http, persona="A")
     assert status == status_a == 200 and with_a != with_b
@@ -99,13 +103,14 @@ async def test_loras_are_listed_added_and_removed(http: TestClient, other_lora: 
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"name": "A", "path": str(LORA)}, 409, "persona_exists"),
-        ({"name": "bad name!", "path": str(LORA)}, 400, "invalid_name"),
+        ({"name": "A", "path": "b"}, 409, "persona_exists"),
+        ({"name": "bad name!", "path": "b"}, 400, "invalid_name"),
         ({"name": "C", "path": "/no/such/folder"}, 400, "invalid_path"),
-        ({"name": "C", "path": str(LORA / "lora_config.json")}, 400, "invalid_path"),
-        ({"name": "C", "path": str(LORA.parent)}, 400, "invalid_lora"),
+        ({"name": "C", "path": "no-such-folder"}, 400, "invalid_path"),
+        ({"name": "C", "path": "b/lora_config.json"}, 400, "invalid_path"),
+        ({"name": "C", "path": "."}, 400, "invalid_lora"),  # the root itself: no lora_config.json
         ({"name": "C"}, 400, "invalid_request"),
-        ({"name": "C", "path": str(LORA), "rank": 4}, 400, "unknown_field"),
+        ({"name": "C", "path": "b", "rank": 4}, 400, "unknown_field"),
         (["C"], 400, "invalid_request"),
     ],
 )
@@ -122,25 +127,68 @@ async def test_bad_lora_uploads_get_typed_errors(http: TestClient, body: object,
 async def test_limits_on_loras(
     serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Client, other_lora: Path
 ) -> None:
-    http = await aiohttp_client(await serve(app=persona_app(max_loras=1, lora_root=other_lora.parent)))
+    http = await aiohttp_client(await serve(app=persona_app(max_loras=2, lora_root=other_lora.parent)))
     async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
-        assert (response.status, (await response.json())["error"]["code"]) == (409, "persona_limit")
-    async with http.delete("/v1/loras/A") as response:
+        assert response.status == 201
+    async with http.post("/v1/loras", json={"name": "C", "path": str(other_lora)}) as response:
+        assert (response.status, (await response.json())["error"]["code"]) == (409, "persona_limit")  # A and B
+    async with http.delete("/v1/loras/B") as response:
         assert response.status == 200
     async with http.post("/v1/loras", json={"name": "C", "path": str(LORA)}) as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "invalid_path")  # outside root
-    async with http.post("/v1/loras", json={"name": "B", "path": str(other_lora)}) as response:
+    async with http.post("/v1/loras", json={"name": "C", "path": str(other_lora)}) as response:
         assert response.status == 201
 
 
 @pytest.mark.asyncio
-async def test_a_rank_above_the_limit_is_refused(serve: Serve, aiohttp_client: Client, tmp_path: Path) -> None:
+async def test_a_rank_above_the_limit_is_refused_before_its_weights_are_read(
+    serve: Serve, aiohttp_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20.9: the rank was checked once every weight was in memory. Now it is read from the config and the
+    safetensors header first; the weight loader is never called (``r`` in the config may also understate it)."""
     # A model of its own: the persona capacity is fixed when a model first gets personas.
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
-    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=LORA.parent)
+    root = tmp_path / "loras"
+    shutil.copytree(LORA, root / "a")
+    shutil.copytree(LORA, root / "understated")  # rank 8 weights, "r": 2 in its config
+    config_file = root / "understated" / "lora_config.json"
+    config_file.write_text(config_file.read_text().replace('"r": 8', '"r": 2'))
+    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=root)
     http = await aiohttp_client(await serve(app=make_app(config, model=VoxCPMSpeech(tts))))
-    async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
-        assert (response.status, (await response.json())["error"]["code"]) == (400, "lora_too_large")
+
+    def no_weights(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the weights were read")
+
+    monkeypatch.setattr(voxwire.model.lora, "load_file", no_weights)
+    for folder, said in (("a", "rank 8 (r=8 in lora_config.json)"), ("understated", "rank 8 (base_lm.")):
+        async with http.post("/v1/loras", json={"name": "A", "path": str(root / folder)}) as response:
+            answer = await response.json()
+        assert (response.status, answer["error"]["code"]) == (400, "lora_too_large"), answer
+        assert said in answer["error"]["message"] and "max_rank=4" in answer["error"]["message"]
+
+
+@pytest.mark.asyncio
+async def test_re_adding_a_name_requests_still_speak_with_is_409(
+    http: TestClient, persona_tts: VoxCPM, other_lora: Path
+) -> None:
+    """Issue 20.9: a persona deleted while a request holds it is still resident; adding its name again answered
+    ``lora_too_large``. It is ``persona_exists`` (409) until the request ends, then it loads."""
+    body = {"name": "B", "path": str(other_lora)}
+    async with http.post("/v1/loras", json=body) as response:
+        assert response.status == 201
+    bank = persona_tts.personas
+    assert bank is not None
+    bank.acquire("B")  # a request speaking with B
+    try:
+        async with http.delete("/v1/loras/B") as response:
+            assert response.status == 200
+        async with http.post("/v1/loras", json=body) as response:
+            answer = await response.json()
+        assert (response.status, answer["error"]["code"]) == (409, "persona_exists"), answer
+    finally:
+        bank.release("B")
+    async with http.post("/v1/loras", json=body) as response:
+        assert response.status == 201
 
 
 @pytest.mark.asyncio
@@ -172,11 +220,13 @@ def strict_json(text: str) -> object:
 
 @pytest.mark.parametrize("poison", ["weights", "alpha"])
 @pytest.mark.asyncio
-async def test_a_nan_lora_is_refused_and_the_listing_stays_json(http: TestClient, tmp_path: Path, poison: str) -> None:
+async def test_a_nan_lora_is_refused_and_the_listing_stays_json(
+    http: TestClient, other_lora: Path, poison: str
+) -> None:
     """Issue 20.1: NaN weights loaded with 201 (and silenced everyone), and ``"alpha": NaN`` was listed as a bare
     NaN, which strict JSON parsers refuse."""
-    folder = tmp_path / "nan"
-    shutil.copytree(LORA, folder)
+    folder = other_lora.parent / f"nan-{poison}"
+    shutil.copytree(LORA, folder, dirs_exist_ok=True)
     if poison == "weights":
         state = load_file(str(folder / "lora_weights.safetensors"))
         save_file(

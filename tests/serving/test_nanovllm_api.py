@@ -74,9 +74,13 @@ def other_lora(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture
 async def client(
-    serve: Serve, persona_app: Callable[..., web.Application], aiohttp_client: Callable[..., Awaitable[TestClient]]
+    serve: Serve,
+    persona_app: Callable[..., web.Application],
+    aiohttp_client: Callable[..., Awaitable[TestClient]],
+    other_lora: Path,
 ) -> NanoVllmClient:
-    return NanoVllmClient(await aiohttp_client(await serve(app=persona_app())))
+    app = persona_app(lora_root=other_lora.parent)
+    return NanoVllmClient(await aiohttp_client(await serve(app=app)))
 
 
 def pcm(audio: np.ndarray) -> bytes:

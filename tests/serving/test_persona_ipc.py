@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ import zmq
 from voxwire.engine import Engine, Request
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.persona_registry import open_registry
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.personas import OPERATOR, PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.remote_personas import RemotePersonas
@@ -54,11 +54,13 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
         bank.remove(name)
     # Started as ``run_engine`` starts it with ``--lora A=...`` (which reserves the layers A adapts), then A is
     # removed: the test adds it over the socket.
-    config = ServerConfig(max_sessions=2, max_lora_rank=16, realtime=False, workers=0, loras=(("A", LORA),))
+    config = ServerConfig(
+        max_sessions=2, max_lora_rank=16, realtime=False, workers=0, loras=(("A", LORA),), lora_root=LORA.parent
+    )
     model = VoxCPMSpeech(persona_tts)
     registry = open_registry(model, config)
     assert registry is not None
-    registry.remove("A")
+    registry.remove("A", owner=OPERATOR)
     endpoint = f"ipc://{tmp_path}/engine-0"
     engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
     core = EngineCore(model, engine, endpoint, registry, max_voice_jobs=config.max_voice_jobs)
@@ -77,13 +79,13 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
 
 
 def test_the_engine_loads_lists_announces_and_removes_personas(engine: Frontend) -> None:
-    engine.send(ipc.AddPersona(1, "A", str(LORA)))
+    engine.send(ipc.AddPersona(1, "A", str(LORA), None))
     reply = engine.receive(ipc.PersonaReply)
     assert isinstance(reply, ipc.PersonaReply) and reply.error is None
     [info] = reply.infos
     assert (info.name, info.rank, info.in_use) == ("A", 8, 0) and info.modules["target_modules_lm"]
 
-    engine.send(ipc.AddPersona(2, "A", str(LORA)))
+    engine.send(ipc.AddPersona(2, "A", str(LORA), None))
     refused = engine.receive(ipc.PersonaReply)
     assert isinstance(refused, ipc.PersonaReply) and isinstance(refused.error, PersonaLoadError)
     assert refused.error.code == "persona_exists"  # pickled across the socket with its code
@@ -98,12 +100,29 @@ def test_the_engine_loads_lists_announces_and_removes_personas(engine: Frontend)
     engine.send(ipc.ListPersonas(4))
     listed = engine.receive(ipc.PersonaReply)
     assert isinstance(listed, ipc.PersonaReply) and [i.name for i in listed.infos] == ["A"]
-    engine.send(ipc.RemovePersona(5, "A"))
+    engine.send(ipc.RemovePersona(5, "A", None))
     removed = engine.receive(ipc.PersonaReply)
     assert isinstance(removed, ipc.PersonaReply) and removed.error is None
-    engine.send(ipc.RemovePersona(6, "A"))
+    engine.send(ipc.RemovePersona(6, "A", None))
     again = engine.receive(ipc.PersonaReply)
     assert isinstance(again, ipc.PersonaReply) and isinstance(again.error, UnknownPersonaError)
+
+
+def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine: Frontend) -> None:
+    """Issue 20.5: under --workers the frontends forward the requester's key digest (``OWNER_KEY``); the engine's
+    registry refuses anyone else's removal, typed across the socket, and the owner's own succeeds."""
+    engine.send(ipc.AddPersona(1, "B", "voxcpm2", "digest-of-key-a"))  # relative to the root
+    added = engine.receive(ipc.PersonaReply)
+    assert isinstance(added, ipc.PersonaReply) and added.error is None
+    assert [(i.name, i.path) for i in added.infos] == [("B", "voxcpm2")]
+    for call_id, other in ((2, "digest-of-key-b"), (3, None)):
+        engine.send(ipc.RemovePersona(call_id, "B", other))
+        refused = engine.receive(ipc.PersonaReply)
+        assert isinstance(refused, ipc.PersonaReply) and isinstance(refused.error, PersonaOwnerError), other
+        assert "another API key" in str(refused.error)
+    engine.send(ipc.RemovePersona(4, "B", "digest-of-key-a"))
+    removed = engine.receive(ipc.PersonaReply)
+    assert isinstance(removed, ipc.PersonaReply) and removed.error is None
 
 
 def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: Frontend) -> None:
@@ -150,7 +169,7 @@ async def test_a_persona_one_engine_cannot_load_is_removed_from_the_others() -> 
     engines = FakeEngines([{ipc.AddPersona: (info("B"),), ipc.RemovePersona: ()}, {ipc.AddPersona: bad}])
     personas = RemotePersonas(engines, ["A"])
     with pytest.raises(PersonaLoadError) as caught:
-        await personas.add("B", "/loras/B")
+        await personas.add("B", "/loras/B", owner=None)
     assert caught.value is bad
     removes = [(engine, message.name) for engine, message in engines.sent if isinstance(message, ipc.RemovePersona)]
     assert removes == [(0, "B")] and engines.published == 1  # the frontends hear the rolled-back list
@@ -160,7 +179,7 @@ async def test_a_persona_one_engine_cannot_load_is_removed_from_the_others() -> 
 async def test_a_persona_every_engine_loads_is_announced_once() -> None:
     engines = FakeEngines([{ipc.AddPersona: (info("B"),)}, {ipc.AddPersona: (info("B"),)}])
     personas = RemotePersonas(engines, ["A"])
-    assert await personas.add("B", "/loras/B") == info("B")
+    assert await personas.add("B", "/loras/B", owner=None) == info("B")
     assert engines.published == 1 and not any(isinstance(m, ipc.RemovePersona) for _, m in engines.sent)
 
 
@@ -175,12 +194,31 @@ async def test_listing_counts_users_on_every_engine_and_remove_needs_one_engine_
     )
     personas = RemotePersonas(engines, ["A", "B"])
     assert [(i.name, i.in_use) for i in await personas.infos()] == [("A", 3), ("B", 3)]
-    await personas.remove("B")  # engine 1 had lost it already: removed all the same
+    await personas.remove("B", owner=None)  # engine 1 had lost it already: removed all the same
     assert engines.published == 1
     engines.answers[0][ipc.RemovePersona] = unknown
     with pytest.raises(UnknownPersonaError):
-        await personas.remove("B")
+        await personas.remove("B", owner=None)
     assert engines.published == 1  # nothing changed, nothing to announce
+
+
+@pytest.mark.asyncio
+async def test_every_call_of_an_add_or_remove_carries_the_requesters_key() -> None:
+    bad = PersonaLoadError("invalid_lora", "engine 1 could not read it")
+    answers: list[dict[type, object]] = [{ipc.AddPersona: (info("B"),)}, {ipc.AddPersona: bad}]
+    for answer in answers:
+        answer[ipc.RemovePersona] = ()
+    engines = FakeEngines(answers)
+    personas = RemotePersonas(engines, ["A"])
+    with pytest.raises(PersonaLoadError):
+        await personas.add("B", "b", owner="digest")
+    await personas.remove("B", owner="digest")
+    sent = [(engine, type(message).__name__, message.owner) for engine, message in engines.sent]
+    assert sent == [
+        (0, "AddPersona", "digest"), (1, "AddPersona", "digest"),
+        (0, "RemovePersona", "digest"),  # the roll-back, on the engine that loaded it
+        (0, "RemovePersona", "digest"), (1, "RemovePersona", "digest"),
+    ]  # fmt: skip
 
 
 def test_names_are_checked_against_the_last_announced_list() -> None:
@@ -200,7 +238,7 @@ async def test_a_restarted_engine_gets_the_personas_a_serving_engine_holds() -> 
     exists = PersonaLoadError("persona_exists", "another frontend restored it first")
     engines = FakeEngines(
         [
-            {ipc.ListPersonas: (info("A"), info("B"), info("D"))},
+            {ipc.ListPersonas: (info("A"), replace(info("B"), owner="key-digest"), info("D"))},
             # Another frontend restores them too: an add that finds the persona there is no failure.
             {ipc.ListPersonas: (info("A"), info("C")), ipc.AddPersona: exists, ipc.RemovePersona: ()},
         ]
@@ -211,4 +249,6 @@ async def test_a_restarted_engine_gets_the_personas_a_serving_engine_holds() -> 
     assert changes == [(1, "AddPersona", "B"), (1, "AddPersona", "D"), (1, "RemovePersona", "C")]
     added = [m for _, m in engines.sent if isinstance(m, ipc.AddPersona)]
     assert [m.path for m in added] == ["/loras/B", "/loras/D"]  # from the folders the serving engine loaded
+    assert [m.owner for m in added] == ["key-digest", None]  # for the same owners
+    assert [m.owner for _, m in engines.sent if isinstance(m, ipc.RemovePersona)] == [OPERATOR]  # by the server
     assert engines.published == 0  # the names every frontend checks against did not change

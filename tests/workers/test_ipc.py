@@ -21,7 +21,7 @@ from tests.server_process import ServerProcess
 from voxwire.engine import EngineStats, FinishReason, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
 from voxwire.serving.voices import Voice, VoiceInfo
 from voxwire.serving.workers import ipc
 from voxwire.sim.model import SimPromptLength
@@ -35,7 +35,7 @@ PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.one
 VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)
 STATS = EngineStats(1, 2, 3, 0.1, 4, 5, 6, 0.2)
 CLIP = VoiceClip("A clip.", np.zeros(8, np.float32), 16000, np.ones(8, np.float32), 16000)
-PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)})
+PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)}, "key-digest")
 
 
 def every_message(tts: VoxCPM) -> list[object]:
@@ -47,7 +47,8 @@ def every_message(tts: VoxCPM) -> list[object]:
         ipc.Hello(1), ipc.Hello(1, (VOICE,), ("voice_fedcba9876543210",)), ipc.Add(request), ipc.Abort("r1"),
         ipc.EncodeVoice(1, CLIP),
         ipc.VoiceSaved(1, VOICE), ipc.VoiceDeleted(1, "voice_0123456789abcdef"), ipc.Applied((b"frontend-0", 1)),
-        ipc.AddPersona(1, "A", "a"), ipc.RemovePersona(1, "A"), ipc.ListPersonas(1), ipc.PersonasPublished(1),
+        ipc.AddPersona(1, "A", "a", "key-digest"), ipc.RemovePersona(1, "A", "key-digest"), ipc.ListPersonas(1),
+        ipc.PersonasPublished(1),
         ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
         ipc.Welcome(info, (4, 8), SimPromptLength(), (), None),
         ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch), ("r2", 0, None, "oops", None)], STATS),
@@ -56,7 +57,7 @@ def every_message(tts: VoxCPM) -> list[object]:
         ipc.VoicesChanged((b"frontend-0", 1), (VOICE,), ("voice_0123456789abcdef",)),
         ipc.PersonasChanged((b"frontend-0", 1), ("A",)), ipc.Synced(1),
         ipc.PersonaReply(1, (PERSONA,)), ipc.PersonaReply(1, (), PersonaLoadError("invalid_lora", "no")),
-        ipc.PersonaReply(1, (), UnknownPersonaError("who")),
+        ipc.PersonaReply(1, (), UnknownPersonaError("who")), ipc.PersonaReply(1, (), PersonaOwnerError("not yours")),
     ]  # fmt: skip
     assert {type(message) for message in messages} == ipc.MESSAGE_TYPES
     return messages

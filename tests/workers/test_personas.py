@@ -58,15 +58,18 @@ def reference(persona_tts: VoxCPM, other_lora: Path) -> VoxCPM:
     return tts
 
 
-def persona_server(persona_tts: VoxCPM, *extra: str) -> ServerProcess:
+OTHER_KEY = "another-secret"
+
+
+def persona_server(persona_tts: VoxCPM, lora_root: Path, *extra: str) -> ServerProcess:
     args = ("--model", persona_tts.name, "--dtype", "float32", "--max-lora-rank", "16", "--max-loras", "2")
-    args += ("--lora", f"A={LORA}", "--encoder-threads", "1")
-    return ServerProcess(*args, *extra, env={"VOXWIRE_API_KEYS": KEY})
+    args += ("--lora", f"A={LORA}", "--lora-root", str(lora_root), "--encoder-threads", "1")
+    return ServerProcess(*args, *extra, env={"VOXWIRE_API_KEYS": f"{KEY},{OTHER_KEY}"})
 
 
 @pytest.fixture(scope="module")
-def server(persona_tts: VoxCPM) -> Iterator[ServerProcess]:
-    with persona_server(persona_tts, "--workers", "2", "--max-sessions", "4") as process:
+def server(persona_tts: VoxCPM, other_lora: Path) -> Iterator[ServerProcess]:
+    with persona_server(persona_tts, other_lora.parent, "--workers", "2", "--max-sessions", "4") as process:
         process.wait_ready()
         yield process
 
@@ -105,10 +108,10 @@ def on_each_frontend(server: ServerProcess, persona: str, tries: int = 16) -> di
     raise AssertionError(f"{tries} connections all landed on frontend {list(heard)}")
 
 
-def call(server: ServerProcess, method: str, path: str, body: object = None) -> tuple[int, object]:
+def call(server: ServerProcess, method: str, path: str, body: object = None, key: str = KEY) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(server.url + path, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {KEY}")
+    request.add_header("Authorization", f"Bearer {key}")
     request.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -142,7 +145,7 @@ def test_a_persona_registered_through_one_frontend_serves_on_every_frontend_unti
 ) -> None:
     status, added = call(server, "POST", "/v1/loras", {"name": "B", "path": str(other_lora)})
     assert status == 201 and isinstance(added, dict)
-    assert (added["name"], added["path"], added["rank"], added["in_use"]) == ("B", str(other_lora.resolve()), 8, 0)
+    assert (added["name"], added["path"], added["rank"], added["in_use"]) == ("B", "b", 8, 0)
     for _ in range(6):  # fresh connections: either frontend lists it
         assert names(server) == ["A", "B"]
     with server_threads():
@@ -168,9 +171,29 @@ def test_a_persona_registered_through_one_frontend_serves_on_every_frontend_unti
         assert refused.value.code == "unknown_persona"
     status, answer = call(server, "DELETE", "/v1/loras/B")
     assert (status, error_code(answer)) == (404, "unknown_persona")
-    status, answer = call(server, "POST", "/v1/loras", {"name": "C", "path": str(LORA.parent)})
-    assert (status, error_code(answer)) == (400, "invalid_lora")
+    status, answer = call(server, "POST", "/v1/loras", {"name": "C", "path": str(other_lora.parent)})
+    assert (status, error_code(answer)) == (400, "invalid_lora")  # the root itself: no lora_config.json
+    status, answer = call(server, "POST", "/v1/loras", {"name": "C", "path": str(LORA)})
+    assert (status, error_code(answer)) == (400, "invalid_path")  # outside --lora-root
     assert names(server) == ["A"]
+
+
+def test_owners_travel_to_the_engines(server: ServerProcess, other_lora: Path) -> None:
+    """Issue 20.5 under --workers: the frontends forward who asks, and the engines refuse anyone but the owner;
+    no key deletes the operator's --lora persona."""
+    status, _ = call(server, "POST", "/v1/loras", {"name": "B", "path": str(other_lora)})
+    assert status == 201
+    for _ in range(4):  # either frontend
+        status, answer = call(server, "DELETE", "/v1/loras/B", key=OTHER_KEY)
+        assert (status, error_code(answer)) == (403, "forbidden")
+        for key in (KEY, OTHER_KEY):
+            status, answer = call(server, "DELETE", "/v1/loras/A", key=key)
+            assert (status, error_code(answer)) == (403, "forbidden")
+        status, answer = call(server, "DELETE", "/loras/A", key=KEY)
+        assert status == 403 and isinstance(answer, dict) and "operator" in answer["detail"]
+    assert names(server) == ["A", "B"]
+    status, _ = call(server, "DELETE", "/v1/loras/B")
+    assert status == 200 and names(server) == ["A"]
 
 
 def test_nanovllm_loras_routes_reach_the_engine(server: ServerProcess, other_lora: Path) -> None:
@@ -198,7 +221,8 @@ def test_a_bad_lora_on_the_command_line_stops_the_server(persona_tts: VoxCPM) ->
 def test_with_devices_a_registered_persona_speaks_on_every_engine(
     persona_tts: VoxCPM, reference: VoxCPM, other_lora: Path
 ) -> None:
-    with persona_server(persona_tts, "--devices", "cpu,cpu", "--workers", "1", "--max-sessions", "2") as server:
+    devices = ("--devices", "cpu,cpu", "--workers", "1", "--max-sessions", "2")
+    with persona_server(persona_tts, other_lora.parent, *devices) as server:
         server.wait_ready()
         status, _ = call(server, "POST", "/v1/loras", {"name": "B", "path": str(other_lora)})
         assert status == 201

@@ -111,7 +111,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="load a LoRA persona (a checkpoint folder in the reference's fine-tuning format) before serving; "
         "repeatable",
     )
-    parser.add_argument("--lora-root", type=Path, help="POST /v1/loras only loads folders inside it (default: any)")
+    parser.add_argument("--lora-root", type=Path, help="POST /v1/loras loads only folders inside it (default: refused)")
     parser.add_argument("--voices-dir", type=Path, help="folder where voices persist (default: memory only)")
     parser.add_argument(
         "--replica-id", help="name sent in every response's X-Voxwire-Replica header (default: the hostname)"

@@ -22,6 +22,13 @@ Values are checked too, since a diverged training run really does write NaN adap
 never reach the model: every weight must be finite with ``|w| <= MAX_LORA_WEIGHT`` (1e3; trained LoRA weights
 are O(0.01-1), so this only refuses absurd files) and ``alpha`` finite with ``|alpha| <= MAX_LORA_ALPHA`` (1e4;
 common values are 8-256). ``dropout`` (ignored) must still be a probability.
+
+With ``max_rank`` the rank is checked before any weight is read: the config's ``r``, then each ``lora_A``'s and
+``lora_B``'s shape from the safetensors header (``LoRATooLargeError``), so an oversized file costs no memory.
+
+Every refusal is a ``LoRALoadError``: its text names the folder and everything wrong, for whoever owns the files;
+its ``public`` form says what is wrong without the folder's path, the operating system's reasons, or the values
+and unknown keys of ``lora_config.json``, for a server's clients (``serving.personas``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -52,6 +59,19 @@ MAX_LORA_WEIGHT = 1e3
 """Largest ``|w|`` of any ``lora_A``/``lora_B`` element accepted."""
 MAX_LORA_ALPHA = 1e4
 """Largest ``|alpha|`` accepted."""
+
+
+class LoRALoadError(ModelLoadError):
+    """A LoRA checkpoint cannot be used. ``str``: every detail (the folder, values, the OS's reason); ``public``:
+    what is wrong in terms of the format only (no path, no file contents but the weights' names and shapes)."""
+
+    def __init__(self, public: str, detail: str | None = None) -> None:
+        super().__init__(detail if detail is not None else public)
+        self.public = public
+
+
+class LoRATooLargeError(LoRALoadError):
+    """The adapter's rank is above the ``max_rank`` accepted."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +94,21 @@ class LoRAConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> LoRAConfig:
+        """Raises ``LoRALoadError`` (its ``public`` form names the file by its name only)."""
+        name = path.name
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"{path}: cannot read the LoRA config ({exc})") from exc
+            unreadable = f"{name} cannot be read as JSON"
+            raise LoRALoadError(unreadable, f"{path}: cannot read the LoRA config ({exc})") from exc
         section = document.get("lora_config") if isinstance(document, dict) else None
         if not isinstance(section, dict):
-            raise ModelLoadError(f'{path}: expected an object with a "lora_config" object')
+            expected = 'expected an object with a "lora_config" object'
+            raise LoRALoadError(f"{name}: {expected}", f"{path}: {expected}")
         known = {f.name: f for f in fields(cls)}
-        problems = [f"unknown field {key!r}" for key in section if key not in known]
+        unknown = [key for key in section if key not in known]
+        problems = [f"unknown field {key!r}" for key in unknown]
+        public: list[str] = [f"{len(unknown)} unknown field(s) (the fields are {', '.join(known)})"] if unknown else []
         values: dict[str, object] = {}
         for key, value in section.items():
             if key not in known:
@@ -100,12 +126,14 @@ class LoRAConfig:
                 ok = is_finite_number(value) and within(float(value))
                 if not ok:
                     problems.append(f"{key}={value!r} must be {expected}")
+                    public.append(f"{key} must be {expected}")
                     continue
             if not ok:
                 problems.append(f"{key}={value!r} has the wrong type or value")
+                public.append(f"{key} has the wrong type or value")
             values[key] = value
         if problems:
-            raise ModelLoadError(f"{path}: " + "; ".join(problems))
+            raise LoRALoadError(f"{name}: " + "; ".join(public), f"{path}: " + "; ".join(problems))
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -152,20 +180,25 @@ def target_layers(model: nn.Module, config: LoRAConfig) -> dict[str, nn.Linear]:
     return found
 
 
-def load_lora(directory: str | os.PathLike[str], model: nn.Module) -> LoRAAdapter:
-    """Read and check a LoRA checkpoint directory against ``model``'s layers.
+def load_lora(directory: str | os.PathLike[str], model: nn.Module, max_rank: int | None = None) -> LoRAAdapter:
+    """Read and check a LoRA checkpoint directory against ``model``'s layers (and its rank against ``max_rank``,
+    before reading the weights).
 
     Raises:
-        ModelLoadError: a file is missing or unreadable, or the weights do not match the config and model
+        LoRATooLargeError: the rank is above ``max_rank``.
+        LoRALoadError: a file is missing or unreadable, or the weights do not match the config and model
             (the message lists every offending key).
     """
     folder = Path(directory)
     if not folder.is_dir():
-        raise ModelLoadError(f"{folder}: not a LoRA checkpoint directory")
+        raise LoRALoadError("not a LoRA checkpoint directory", f"{folder}: not a LoRA checkpoint directory")
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
-        raise ModelLoadError(f"{folder}: {CONFIG_FILE} is missing (the reference's fine-tuning script writes it)")
+        missing = f"{CONFIG_FILE} is missing (the reference's fine-tuning script writes it)"
+        raise LoRALoadError(missing, f"{folder}: {missing}")
     config = LoRAConfig.from_file(config_path)
+    if max_rank is not None:
+        _check_rank(folder, config, max_rank)
     state = _read_weights(folder)
     layers = target_layers(model, config)
     problems = [
@@ -184,17 +217,39 @@ def load_lora(directory: str | os.PathLike[str], model: nn.Module) -> LoRAAdapte
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for path, linear in layers.items():
         found = pairs.get(path, {})
-        missing = [part for part in ("lora_A", "lora_B") if part not in found]
-        if missing:
-            problems += [f"{path}.{part}: missing" for part in missing]
+        missing_parts = [part for part in ("lora_A", "lora_B") if part not in found]
+        if missing_parts:
+            problems += [f"{path}.{part}: missing" for part in missing_parts]
             continue
         a, b = found["lora_A"], found["lora_B"]
         problems += _shape_problems(path, a, b, config.r, linear) or _value_problems(path, a, b)
         weights[path] = (a.float(), b.float())
     if problems:
-        listing = "\n  ".join(problems)
-        raise ModelLoadError(f"{folder}: LoRA weights do not match {CONFIG_FILE} and the model:\n  {listing}")
+        listing = f"LoRA weights do not match {CONFIG_FILE} and the model:\n  " + "\n  ".join(problems)
+        raise LoRALoadError(listing, f"{folder}: {listing}")
     return LoRAAdapter(str(folder), config, weights)
+
+
+def _check_rank(folder: Path, config: LoRAConfig, max_rank: int) -> None:
+    """Refuse a rank above ``max_rank``: the config's ``r``, then every ``lora_A``/``lora_B`` shape in the
+    safetensors header (read without the weights; a ``.ckpt`` pickle has no header: it is checked once loaded)."""
+    ranks = {f"r={config.r} in {CONFIG_FILE}": config.r}
+    safetensors_path = folder / SAFETENSORS_FILE
+    if safetensors_path.is_file():
+        try:
+            with safe_open(str(safetensors_path), framework="pt") as header:
+                for key in header.keys():  # noqa: SIM118 (a safetensors handle is not a mapping)
+                    shape = header.get_slice(key).get_shape()
+                    part = key.rpartition(".")[2]
+                    if len(shape) == 2 and part in ("lora_A", "lora_B"):
+                        ranks[f"{key} {tuple(shape)}"] = shape[0] if part == "lora_A" else shape[1]
+        except (SafetensorError, OSError) as exc:
+            unreadable = f"{SAFETENSORS_FILE} cannot be read as safetensors"
+            raise LoRALoadError(unreadable, f"{safetensors_path}: cannot read ({exc})") from exc
+    for where, rank in ranks.items():
+        if rank > max_rank:
+            too_large = f"rank {rank} ({where}) is above the largest accepted, max_rank={max_rank}"
+            raise LoRATooLargeError(too_large, f"{folder}: {too_large}")
 
 
 def _shape_problems(path: str, a: torch.Tensor, b: torch.Tensor, rank: int, linear: nn.Linear) -> list[str]:
@@ -232,17 +287,21 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(safetensors_path))
         except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"{safetensors_path}: cannot read ({exc})") from exc
+            unreadable = f"{SAFETENSORS_FILE} cannot be read as safetensors"
+            raise LoRALoadError(unreadable, f"{safetensors_path}: cannot read ({exc})") from exc
     if not ckpt_path.is_file():
-        raise ModelLoadError(f"{folder}: neither {SAFETENSORS_FILE} nor {CKPT_FILE} is there")
+        neither = f"neither {SAFETENSORS_FILE} nor {CKPT_FILE} is there"
+        raise LoRALoadError(neither, f"{folder}: {neither}")
     try:
         loaded = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many types for a corrupt or unsafe pickle
-        raise ModelLoadError(f"{ckpt_path}: cannot read ({exc})") from exc
+        unreadable = f"{CKPT_FILE} cannot be read as a weights-only torch checkpoint"
+        raise LoRALoadError(unreadable, f"{ckpt_path}: cannot read ({exc})") from exc
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
     ):
-        raise ModelLoadError(f"{ckpt_path}: expected a state dict of tensors (bare or under 'state_dict')")
+        expected = "expected a state dict of tensors (bare or under 'state_dict')"
+        raise LoRALoadError(f"{CKPT_FILE}: {expected}", f"{ckpt_path}: {expected}")
     return loaded

@@ -19,6 +19,12 @@ is loaded, swapped or removed by copying into them in place. ``reserve`` wraps t
 before graphs are captured, and ``seal`` fixes that set: afterwards an adapter of any other layer is refused
 (``UnreservedLayersError``) instead of changing the model under its captured graphs.
 
+Unwrapping: once no persona needs a wrapped layer any more (none registered adapts it, and no request still
+holds a removed one that does), the layer gets its plain ``nn.Linear`` back, so a model whose personas are all
+gone computes exactly what it did before it had any. Only while the bank is not sealed, and never for layers
+``reserve`` asked for: a sealed bank's layers are in captured graphs (which replay their slot buffers whatever
+the module tree says) and could not be wrapped again, so there removal only zeroes the slot (an exact zero).
+
 Residency: ``max_personas`` adapters live in device slots; more are registered on the host. ``acquire``
 puts a persona in a slot (evicting the least recently used one that no running request holds) and counts
 its users; ``release`` drops the count. A persona that is in use is never evicted or replaced.
@@ -48,6 +54,14 @@ class PersonaError(InvalidInputError):
 
 class UnreservedLayersError(PersonaError):
     """An adapter targets layers a sealed bank did not reserve (captured CUDA graphs do not contain them)."""
+
+
+class PersonaInUseError(PersonaError):
+    """Running requests still hold a persona of this name (removed, or about to be replaced)."""
+
+
+class RankTooLargeError(PersonaError):
+    """An adapter's rank is above the bank's ``max_rank``."""
 
 
 @dataclass
@@ -137,6 +151,8 @@ def _locked(method: Callable[P, R]) -> Callable[P, R]:
 @dataclass
 class _Resident:
     slot: int
+    layers: frozenset[str]
+    """The layers its adapter adapts (kept until its slot is freed, also after its persona is removed)."""
     users: int = 0
 
 
@@ -155,6 +171,10 @@ class PersonaBank:
     """Held by every method that changes the bank, and by an engine runner for a whole step."""
     sealed: bool = False
     """The adapted layers are fixed (``seal``): only their slot buffers' contents change from now on."""
+    reserved: set[str] = field(default_factory=set)
+    """Layers ``reserve`` adapted: they stay adapted with no persona on them."""
+    originals: dict[str, nn.Linear] = field(default_factory=dict)
+    """Each wrapped layer's own ``nn.Linear``, given back when no persona needs the layer (``_unwrap_unused``)."""
 
     def __post_init__(self) -> None:
         if self.max_personas < 1 or self.max_rank < 1:
@@ -169,6 +189,7 @@ class PersonaBank:
         layers = target_layers(self.model, config)
         self._check_reserved("these targets", layers)
         self._wrap(layers)
+        self.reserved.update(layers)
 
     @_locked
     def seal(self) -> None:
@@ -180,28 +201,32 @@ class PersonaBank:
         """Make ``name`` available. Replacing a registered persona is refused while it is in use.
 
         Raises:
-            PersonaError: its rank is above ``max_rank``, or ``name`` is in use.
+            RankTooLargeError: its rank is above ``max_rank``.
+            PersonaInUseError: running requests hold a persona of this name.
             UnreservedLayersError: the bank is sealed and the adapter targets a layer it did not reserve."""
         if adapter.rank > self.max_rank:
-            raise PersonaError(f"persona {name!r} has rank {adapter.rank}, above max_rank={self.max_rank}")
+            raise RankTooLargeError(f"persona {name!r} has rank {adapter.rank}, above max_rank={self.max_rank}")
         layers = target_layers(self.model, adapter.config)
         self._check_reserved(f"persona {name!r}", layers)
         current = self.resident.get(name)
         if current is not None and current.users:
-            raise PersonaError(f"persona {name!r} is in use by {current.users} request(s); remove it later")
+            raise PersonaInUseError(f"persona {name!r} is in use by {current.users} request(s); retry later")
         self._wrap(layers)
         self.adapters[name] = adapter
         if current is not None:
+            current.layers = frozenset(layers)
             self._write(current.slot, adapter)
 
     @_locked
     def remove(self, name: str) -> None:
-        """Forget ``name``; requests already holding it keep its slot until they release it."""
+        """Forget ``name``; requests already holding it keep its slot until they release it. Layers no persona
+        needs any more are unwrapped (unless sealed or reserved)."""
         if self.adapters.pop(name, None) is None:
             raise PersonaError(f"unknown persona {name!r}")
         held = self.resident.get(name)
         if held is not None and not held.users:
             self._clear(self.resident.pop(name).slot)
+        self._unwrap_unused()
 
     @_locked
     def acquire(self, name: str) -> int:
@@ -211,7 +236,7 @@ class PersonaBank:
             raise PersonaError(f"unknown persona {name!r}")
         held = self.resident.get(name)
         if held is None:
-            held = _Resident(self._free_slot())
+            held = _Resident(self._free_slot(), frozenset(target_layers(self.model, adapter.config)))
             self._write(held.slot, adapter)
             self.resident[name] = held
         self.resident.move_to_end(name)
@@ -224,6 +249,7 @@ class PersonaBank:
         held.users -= 1
         if not held.users and name not in self.adapters:  # removed while in use: free it now
             self._clear(self.resident.pop(name).slot)
+            self._unwrap_unused()
 
     def users(self, name: str) -> int:
         held = self.resident.get(name)
@@ -257,8 +283,26 @@ class PersonaBank:
             wrapped = PersonaLinear(linear, self.max_personas + 1, self.max_rank, self.rows)
             setattr(self.model.get_submodule(parent) if parent else self.model, attribute, wrapped)
             self.layers[path] = wrapped
+            self.originals[path] = linear
             for name, held in self.resident.items():  # the new layer's slots for personas already resident
                 self._write_layer(wrapped, path, held.slot, self.adapters.get(name))
+
+    def _unwrap_unused(self) -> None:
+        """Give their own ``nn.Linear`` back to the wrapped layers no persona needs (none registered adapts them,
+        no slot still held holds one that does) and ``reserve`` did not ask for; never once sealed (graphs were
+        captured over them, and a sealed bank could not wrap them again)."""
+        if self.sealed:
+            return
+        needed = set(self.reserved)
+        for adapter in self.adapters.values():
+            needed.update(target_layers(self.model, adapter.config))
+        for held in self.resident.values():
+            needed.update(held.layers)
+        for path in [path for path in self.layers if path not in needed]:
+            wrapped, original = self.layers.pop(path), self.originals.pop(path)
+            original.weight, original.bias = wrapped.weight, wrapped.bias  # the same tensors, cast or moved since
+            parent, _, attribute = path.rpartition(".")
+            setattr(self.model.get_submodule(parent) if parent else self.model, attribute, original)
 
     def _write(self, slot: int, adapter: LoRAAdapter) -> None:
         for path, layer in self.layers.items():

@@ -89,7 +89,7 @@ class ErrorCode(str, enum.Enum):
     UNAUTHORIZED = ("unauthorized", 401)
     FORBIDDEN_ORIGIN = ("forbidden_origin", 403)
     FORBIDDEN = ("forbidden", 403)
-    """Another key's voice."""
+    """Another key's voice or persona, or an operator's (``--lora``) persona."""
     NOT_FOUND = ("not_found", 404)
     METHOD_NOT_ALLOWED = ("method_not_allowed", 405)
     BODY_TIMEOUT = ("body_timeout", 408)
@@ -106,6 +106,6 @@ class ErrorCode(str, enum.Enum):
     LORA_TOO_LARGE = ("lora_too_large", 400)
     PERSONAS_UNAVAILABLE = ("personas_unavailable", 400)
     """This server has no personas (``--model sim``: no LoRA layers), or none can be added (started without
-    ``--lora`` or ``--lora-root``)."""
+    ``--lora-root``)."""
     PERSONA_EXISTS = ("persona_exists", 409)
     PERSONA_LIMIT = ("persona_limit", 409)

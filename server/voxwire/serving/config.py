@@ -97,7 +97,7 @@ class ServerConfig:
     max_loras: int = 64
     """Personas registered at once (host memory); ``POST /v1/loras`` beyond it is refused."""
     lora_root: Path | None = None
-    """When set, ``POST /v1/loras`` only loads folders inside it; None allows any folder the server can read."""
+    """``POST /v1/loras`` loads only folders inside it (no symbolic link out of it); None refuses the request."""
 
     # ---- engine capacity ----
     max_sessions: int = 16

@@ -7,6 +7,15 @@ request (the persona rule, stated once at ``check_persona``: an unknown name is 
 same ``unknown_persona`` code on the WebSocket, the OpenAI endpoint and the ``/v1/loras`` API). Removing a
 persona lets the requests already holding it finish; new ones are refused.
 
+Clients add personas (``POST /v1/loras``) only from folders inside ``--lora-root``: without it the request is
+refused (``personas_unavailable``), and a folder, or a file the loader reads, that resolves outside the root
+(a symbolic link) is ``invalid_path``. Owners, as for voices: a persona added with an API key records a digest of
+the key (never listed) and only that key may remove it; one added without a key (authentication off) anyone
+may remove; ``--lora`` personas belong to the operator (``OPERATOR``) and no client removes them
+(``PersonaOwnerError``, 403 ``forbidden``). What clients read carries no server path and no file contents:
+errors say what is wrong in the format's terms (``LoRALoadError.public``; the log keeps the full detail), and
+listings name a persona's folder relative to the root (an operator's: its folder's name).
+
 The single-process server's ``Personas`` are ``persona_registry.LocalPersonas``; with ``--workers`` each engine
 process owns a registry, and the frontends reach it over IPC (``workers.remote_personas.RemotePersonas``).
 """
@@ -15,16 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from voxwire.errors import VoxwireError
 
 TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
 """The reference config's keys of the modules an adapter targets."""
+OPERATOR: Final = "operator"
+"""The owner of ``--lora`` personas, and who may remove any persona (the server itself, never a client: a key's
+digest is 32 hex digits, a request without a key has None)."""
 
 
 class UnknownPersonaError(VoxwireError):
     """No persona has this name (never loaded, or removed)."""
+
+
+class PersonaOwnerError(VoxwireError):
+    """The persona is the operator's (``--lora``) or was added with another API key: this requester may not remove
+    it."""
 
 
 class PersonaLoadError(VoxwireError):
@@ -46,6 +63,7 @@ class PersonaInfo:
 
     name: str
     path: str
+    """Its folder relative to ``--lora-root`` (an operator's ``--lora`` persona: the folder's name only)."""
     rank: int
     alpha: float
     lm: bool
@@ -55,6 +73,8 @@ class PersonaInfo:
     """Requests holding it now."""
     modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """The modules it adapts, by the reference config's keys (``TARGET_KEYS``)."""
+    owner: str | None = None
+    """Who may remove it (``PersonaRegistry.remove``); not listed. A restarted engine gets it with the persona."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -80,12 +100,14 @@ class Personas(Protocol):
 
     async def infos(self) -> list[PersonaInfo]: ...
 
-    async def add(self, name: str, path: str) -> PersonaInfo:
-        """Load the checkpoint folder ``path`` (on the server) as ``name``; ``PersonaLoadError`` if it cannot."""
+    async def add(self, name: str, path: str, *, owner: str | None) -> PersonaInfo:
+        """Load the checkpoint folder ``path`` (inside ``--lora-root``) as ``name`` for ``owner`` (the requester's
+        key digest, None without a key); ``PersonaLoadError`` if it cannot."""
         ...
 
-    async def remove(self, name: str) -> None:
-        """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``."""
+    async def remove(self, name: str, *, owner: str | None) -> None:
+        """Forget ``name``: requests holding it finish with it, new ones get ``unknown_persona``.
+        ``PersonaOwnerError`` unless ``owner`` may (``PersonaRegistry.remove``)."""
         ...
 
 

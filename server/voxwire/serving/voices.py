@@ -38,6 +38,7 @@ from safetensors.numpy import load_file, save_file
 
 from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
+from voxwire.speech_model import public_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class VoiceInfo:
     transcript: str | None
     """The clip's transcript (continuation prompt); None for a reference-only voice (voxcpm2)."""
     model: str
-    """The model (its ``--model`` source) whose encoder made the latents."""
+    """The model (its ``--model`` source) whose encoder made the latents; listed as ``public_model_name``."""
     duration_s: float
     created_at: int
     """Unix time, seconds."""
@@ -87,7 +88,7 @@ class VoiceInfo:
     def to_json(self) -> dict[str, object]:
         listed = asdict(self)
         del listed["owner"]
-        return {"object": "voice", **listed}
+        return {"object": "voice", **listed, "model": public_model_name(self.model)}
 
     @classmethod
     def from_json(cls, data: object) -> VoiceInfo:

@@ -13,6 +13,7 @@ from aiohttp import web
 from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.personas import OPERATOR
 from voxwire.tts import VoxCPM
 
 from ..conftest import Serve
@@ -96,7 +97,7 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     await stream.expect(Segment)  # the utterance is under way: its first audio frame follows
 
     assert persona_tts.personas is not None and persona_tts.personas.users("A") == 1  # held by this utterance
-    await server.app[SERVICE_KEY].personas.remove("A")
+    await server.app[SERVICE_KEY].personas.remove("A", owner=OPERATOR)
     heard = await stream.heard()
     assert heard.errors == []
     audio = heard.pcm()

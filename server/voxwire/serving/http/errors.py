@@ -21,7 +21,7 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.keys import (
     METRICS_KEY,
 )
-from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError
+from voxwire.serving.personas import PersonaLoadError, PersonaOwnerError, UnknownPersonaError
 from voxwire.serving.service import SpeechFailure
 from voxwire.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 
@@ -90,7 +90,7 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(ErrorCode.UNKNOWN_VOICE, str(exc))
     if isinstance(exc, VoiceLimitError):
         return ApiError(ErrorCode.VOICE_LIMIT, str(exc))
-    if isinstance(exc, VoiceOwnerError):
+    if isinstance(exc, (VoiceOwnerError, PersonaOwnerError)):
         return ApiError(ErrorCode.FORBIDDEN, str(exc))
     if isinstance(exc, UnknownPersonaError):
         return ApiError(ErrorCode.UNKNOWN_PERSONA, str(exc))

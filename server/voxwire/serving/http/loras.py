@@ -1,4 +1,5 @@
-"""LoRA personas over HTTP: ``POST /v1/loras`` (load a folder on the server), list, delete."""
+"""LoRA personas over HTTP: ``POST /v1/loras`` (load a folder inside ``--lora-root``), list, delete (the persona's
+owner only: ``serving.personas``)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import json_field, read_json
 from voxwire.serving.http.errors import ApiError
-from voxwire.serving.keys import (
-    CONFIG_KEY,
-    SERVICE_KEY,
-)
+from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SERVICE_KEY
 from voxwire.serving.personas import Personas
 
 
 async def create_lora(request: web.Request) -> web.Response:
-    """``POST /v1/loras`` ``{"name", "path"}``: load a LoRA checkpoint folder on the server as a persona."""
+    """``POST /v1/loras`` ``{"name", "path"}``: load a LoRA checkpoint folder inside ``--lora-root`` as a persona
+    owned by the request's API key."""
     app = request.app
     require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
     body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
@@ -28,7 +27,7 @@ async def create_lora(request: web.Request) -> web.Response:
     name, path = json_field(body, "name", str), json_field(body, "path", str)
     if name is None or path is None:
         raise ApiError(ErrorCode.INVALID_REQUEST, "the body needs 'name' and 'path' (a LoRA folder on the server)")
-    info = await persona_registry(app).add(name, path)
+    info = await persona_registry(app).add(name, path, owner=request.get(OWNER_KEY))
     return web.json_response(info.to_json(), status=201)
 
 
@@ -38,9 +37,10 @@ async def list_loras(request: web.Request) -> web.Response:
 
 
 async def delete_lora(request: web.Request) -> web.Response:
-    """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``."""
+    """Requests already speaking with the persona finish with it; new ones get ``unknown_persona``. Only the key
+    that added it may (403 ``forbidden`` otherwise, and always for an operator's ``--lora`` persona)."""
     name = request.match_info["name"]
-    await persona_registry(request.app).remove(name)
+    await persona_registry(request.app).remove(name, owner=request.get(OWNER_KEY))
     return web.json_response({"name": name, "object": "lora", "deleted": True})
 
 

@@ -53,7 +53,7 @@ from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.voice_clip import VoiceClip
@@ -360,11 +360,11 @@ async def register_lora(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)
     fields = _parse(await read_json(request, app[CONFIG_KEY].body_timeout_s), _LORA_FIELDS)
-    added = await persona_registry(app).add(fields["name"], fields["path"])
+    added = await persona_registry(app).add(fields["name"], fields["path"], owner=request.get(OWNER_KEY))
     return web.json_response({"name": added.name})
 
 
 async def unregister_lora(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    await persona_registry(request.app).remove(name)
+    await persona_registry(request.app).remove(name, owner=request.get(OWNER_KEY))
     return web.json_response({"name": name})

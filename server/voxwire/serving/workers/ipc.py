@@ -163,12 +163,16 @@ class AddPersona:
     call_id: int
     name: str
     path: str
+    owner: str | None
+    """The requester's key digest (``OWNER_KEY``), None without a key."""
 
 
 @dataclass(frozen=True, slots=True)
 class RemovePersona:
     call_id: int
     name: str
+    owner: str | None
+    """The requester's key digest (``OWNER_KEY``), None without a key: ``PersonaRegistry.remove`` decides."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +279,8 @@ class Synced:
 @dataclass(frozen=True, slots=True)
 class PersonaReply:
     """The answer to ``AddPersona`` (the persona), ``RemovePersona`` (nothing) or ``ListPersonas`` (all of
-    them); ``error``: ``UnknownPersonaError``, ``PersonaLoadError`` or an unexpected failure."""
+    them); ``error``: ``UnknownPersonaError``, ``PersonaLoadError``, ``PersonaOwnerError`` or an unexpected
+    failure."""
 
     call_id: int
     infos: tuple[PersonaInfo, ...] = ()

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from voxwire.engine.errors import EngineDeadError
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.personas import OPERATOR, PersonaInfo, PersonaLoadError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 
 logger = logging.getLogger(__name__)
@@ -79,15 +79,16 @@ class RemotePersonas:
         assert isinstance(first, tuple)
         return [replace(info, in_use=users[info.name]) for info in first]
 
-    async def add(self, name: str, path: str) -> PersonaInfo:
-        results = await self._on_each(lambda call_id: ipc.AddPersona(call_id, name, path), self._engines.engines())
+    async def add(self, name: str, path: str, *, owner: str | None) -> PersonaInfo:
+        add = functools.partial(ipc.AddPersona, name=name, path=path, owner=owner)
+        results = await self._on_each(add, self._engines.engines())
         errors = [result for result in results if isinstance(result, BaseException)]
         if errors:
             engines = zip(self._engines.engines(), results, strict=True)
             loaded = [i for i, result in engines if not isinstance(result, BaseException)]
             if loaded:
                 logger.warning("persona %r loaded on %d of %d engines: removing it", name, len(loaded), len(results))
-                await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), loaded)
+                await self._on_each(functools.partial(ipc.RemovePersona, name=name, owner=owner), loaded)
                 await self._publish()
             raise errors[0]
         await self._publish()
@@ -95,8 +96,9 @@ class RemotePersonas:
         assert isinstance(first, tuple)
         return first[0]
 
-    async def remove(self, name: str) -> None:
-        results = await self._on_each(lambda call_id: ipc.RemovePersona(call_id, name), self._engines.engines())
+    async def remove(self, name: str, *, owner: str | None) -> None:
+        remove = functools.partial(ipc.RemovePersona, name=name, owner=owner)
+        results = await self._on_each(remove, self._engines.engines())
         errors = [result for result in results if isinstance(result, BaseException)]
         if len(errors) < len(results):
             await self._publish()
@@ -108,8 +110,9 @@ class RemotePersonas:
 
     async def restore(self, engine: int, source: int) -> None:
         """Give ``engine``, restarted, the personas that ``source`` (a serving engine) holds: a successor loads the
-        operator's ``--lora`` personas only, so those added over the API are loaded again from their folders and
-        those removed over the API are removed again. A load that fails is logged: that engine then refuses a
+        operator's ``--lora`` personas only, so those added over the API are loaded again from their folders, for
+        their owners, and any ``source`` lacks are removed again (by the server: ``OPERATOR``). A load that fails
+        is logged: that engine then refuses a
         request naming the persona (``unknown_persona``), as an engine does for one removed meanwhile."""
         try:
             wanted = await self._engines.call(source, ipc.ListPersonas)
@@ -124,11 +127,12 @@ class RemotePersonas:
                 await self._restore_one(engine, info)
         for name in sorted(held_names - {info.name for info in wanted}):
             with contextlib.suppress(UnknownPersonaError):  # another frontend removed it first
-                await self._engines.call(engine, functools.partial(ipc.RemovePersona, name=name))
+                await self._engines.call(engine, functools.partial(ipc.RemovePersona, name=name, owner=OPERATOR))
 
     async def _restore_one(self, engine: int, info: PersonaInfo) -> None:
         try:
-            await self._engines.call(engine, functools.partial(ipc.AddPersona, name=info.name, path=info.path))
+            add = functools.partial(ipc.AddPersona, name=info.name, path=info.path, owner=info.owner)
+            await self._engines.call(engine, add)
         except PersonaLoadError as exc:
             if exc.code != "persona_exists":  # exists: another frontend restored it first
                 logger.error("persona %r could not be restored on engine %d: %s", info.name, engine, exc)

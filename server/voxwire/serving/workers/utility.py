@@ -12,6 +12,7 @@ Sans-I/O: every call returns the letters to send (frontend identity, message); t
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from voxwire.engine import QueueFullError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.persona_registry import PersonaRegistry
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import Letter
 from voxwire.speech_model import SpeechModel
@@ -72,12 +73,13 @@ class UtilityCalls:
             error = UnknownPersonaError("this server has no personas (its model has no LoRA layers)")
             return [(sender, ipc.PersonaReply(call.call_id, error=error))]
         if isinstance(call, ipc.AddPersona):
-            self._submit(sender, self._loader, lambda: registry.add(call.name, call.path), _persona_reply(call))
+            add = functools.partial(registry.add, call.name, call.path, owner=call.owner)
+            self._submit(sender, self._loader, add, _persona_reply(call))
             return []
         if isinstance(call, ipc.RemovePersona):
             try:
-                registry.remove(call.name)
-            except UnknownPersonaError as exc:
+                registry.remove(call.name, owner=call.owner)
+            except (UnknownPersonaError, PersonaOwnerError) as exc:
                 return [(sender, ipc.PersonaReply(call.call_id, error=exc))]
             return [(sender, ipc.PersonaReply(call.call_id))]
         return [(sender, ipc.PersonaReply(call.call_id, tuple(registry.infos())))]
