@@ -35,8 +35,10 @@ from tests.server_process import ServerProcess, poll, server_threads
 
 from voxwire.audio.clip import load_clip
 from voxwire.client.connection import Connection
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
 from voxwire.tts import VoxCPM
+from voxwire.voice_clip import VoiceClip
 
 TRANSCRIPT = "A clip of the voice."
 TEXT = "The frontend speaks in a saved voice."
@@ -111,8 +113,8 @@ def test_a_frontend_serves_voices_and_speech_without_torch(
     # The voice went to the engine and back as numpy and travelled with the request: the audio is the model's.
     with server_threads():
         samples = load_clip(wav, tiny_tts.sample_rate)
-        prompt = tiny_tts.make_prompt(text=TRANSCRIPT, audio=samples, sample_rate=tiny_tts.sample_rate)
-        expected = tiny_tts.generate(TEXT, prompt=prompt, seed=5)
+        prompt = tiny_tts.make_prompt(VoiceClip(text=TRANSCRIPT, audio=samples, sample_rate=tiny_tts.sample_rate))
+        expected = tiny_tts.generate(TEXT, SynthesisParams(seed=5), prompt=prompt)
     np.testing.assert_array_equal(np.frombuffer(pcm, "<f4"), expected)
 
     frontend = loaded_modules(server, "frontend", modules_dir)
