@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from voxwire.engine import QueueFullError
+from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.persona_registry import PersonaRegistry
 from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
@@ -107,6 +108,11 @@ class UtilityCalls:
         def reply(done: Future[object]) -> ipc.VoiceEncoded:
             self._encoding -= 1  # on the engine's loop (``finished``), like the check in ``handle``
             error = done.exception()
+            if error is not None and not isinstance(error, (InvalidInputError, QueueFullError)):
+                # A server bug (a device out of memory, say): its type may be one the engine socket does not
+                # decode, and the upload would wait forever; the frontend answers 500, the traceback stays here.
+                logger.error("encoding a voice clip failed", exc_info=error)
+                error = RuntimeError(f"{type(error).__name__}: {error}")
             if error is not None:
                 return ipc.VoiceEncoded(call.call_id, error=error)
             prompt = done.result()
