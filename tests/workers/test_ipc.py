@@ -181,14 +181,14 @@ def test_a_live_engine_drops_foreign_frames_and_keeps_serving(tmp_path: Path) ->
         context = zmq.Context()
         try:
             impostor = context.socket(zmq.DEALER)
-            impostor.setsockopt(zmq.LINGER, 0)
+            impostor.setsockopt(zmq.LINGER, 5000)  # deliver every frame before the socket closes
             impostor.connect(f"ipc://{endpoint}")
             for frame in (b"junk", pickle.dumps(Gadget(marker)), pickle.dumps(torch.zeros(2))):
                 impostor.send(frame)
             impostor.send_multipart([b"two", b"frames"])
             impostor.send(ipc.dumps(ipc.Add(_Unchecked())))  # type: ignore[arg-type]
         finally:
-            context.destroy(linger=0)
+            context.destroy(linger=5000)
         assert asyncio.run(speak(server.ws_url, TEXT, seed=1, token=None))[1].finish_reason in ("stop", "length")
         assert not marker.exists()
         assert poll(lambda: server.log.count("dropped a") >= 5, timeout=10), server.log  # the log arrives by a pipe
