@@ -188,7 +188,7 @@ def bad_folders(root: Path) -> dict[str, str]:
 async def test_refusals_name_no_server_path_and_no_file_contents(
     app_with: Callable[..., Awaitable[TestClient]], lora_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="voxwire.serving.personas")
+    caplog.set_level(logging.INFO, logger="voxwire.serving")
     http = await app_with()
     secrets = [str(lora_root.parent), str(lora_root.resolve().parent), "SECRET"]
     for folder, named in bad_folders(lora_root).items():
