@@ -24,6 +24,10 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from typing import Any
 
+DOCS_PAGE = "operations.md"
+"""The page of docs/ that holds the settings' tables: docstrings' links are relative to it."""
+
+
 _FLAG = "voxwire.flag"
 """The key of a field's ``Flag`` in its ``metadata``."""
 
@@ -54,14 +58,13 @@ def flag(**attributes: Any) -> dict[str, Flag]:
 class Setting:
     """One setting of a group, described for the command line and the docs."""
 
-    group: str
-    """Its group's attribute in ``ServerConfig`` (``limits``)."""
     name: str
     """Its field's name, also the flat name ``ServerConfig.of`` takes (``max_connections``)."""
     doc: str
     """Its docstring, in the docs' markdown."""
     kind: type
-    """The type of its value, of one item for a repeatable flag (``int``, ``float``, ``str``, ``bool``, ``Path``)."""
+    """The type of its value (``int``, ``float``, ``str``, ``bool``, ``Path``; ``tuple`` made by ``Flag.parse``),
+    of one item for a repeatable flag."""
     default: Any
     """Its default (a computed one, computed now)."""
     flag: Flag
@@ -89,14 +92,8 @@ def groups(config: type) -> tuple[GroupDoc, ...]:
     found = []
     for member in fields(config):
         group: Any = member.default_factory  # a group class: its ``title`` is a ClassVar
-        found.append(
-            GroupDoc(member.name, group.title, inspect.cleandoc(group.__doc__ or ""), _settings(member.name, group))
-        )
+        found.append(GroupDoc(member.name, group.title, inspect.cleandoc(group.__doc__ or ""), _settings(group)))
     return tuple(found)
-
-
-DOCS_PAGE = "operations.md"
-"""The page of docs/ that holds the settings' tables: docstrings' links are relative to it."""
 
 
 def plain(doc: str) -> str:
@@ -106,7 +103,7 @@ def plain(doc: str) -> str:
     return text.replace("``", "")
 
 
-def _settings(group_name: str, group: type) -> tuple[Setting, ...]:
+def _settings(group: type) -> tuple[Setting, ...]:
     docs = _field_docs(group)
     hints = typing.get_type_hints(group)
     made = []
@@ -115,19 +112,23 @@ def _settings(group_name: str, group: type) -> tuple[Setting, ...]:
             raise TypeError(f"{group.__name__}.{member.name} has no docstring: it is the setting's help")
         flag: Flag = member.metadata.get(_FLAG, Flag())
         default = member.default_factory() if member.default is MISSING else member.default  # type: ignore[misc]
-        kind = _value_type(hints[member.name], flag)
-        made.append(Setting(group_name, member.name, docs[member.name], kind, default, flag))
+        kind = _value_type(f"{group.__name__}.{member.name}", hints[member.name], flag)
+        made.append(Setting(member.name, docs[member.name], kind, default, flag))
     return tuple(made)
 
 
-def _value_type(hint: Any, flag: Flag) -> type:
+def _value_type(where: str, hint: Any, flag: Flag) -> type:
     """The type a flag's text becomes: ``int`` of ``int | None``, ``str`` of a repeatable ``tuple[str, ...]``."""
     if isinstance(hint, types.UnionType):
         (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
-    if typing.get_origin(hint) is tuple:
-        item = typing.get_args(hint)[0]
-        return item if flag.repeatable and isinstance(item, type) else tuple
-    return hint  # type: ignore[no-any-return]
+    if typing.get_origin(hint) is not tuple:
+        return hint  # type: ignore[no-any-return]
+    item = typing.get_args(hint)[0]
+    if flag.repeatable and (flag.parse or isinstance(item, type)):
+        return item if isinstance(item, type) else tuple
+    if flag.parse is None:
+        raise TypeError(f"{where}: a tuple is a repeatable flag or one parsed from its text (Flag.parse)")
+    return tuple
 
 
 @cache
