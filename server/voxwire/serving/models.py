@@ -16,11 +16,5 @@ def load_speech_model(config: ServerConfig) -> SpeechModel:
         return SimSpeech(SimConfig(cost=StepCost.parse(config.engine.sim_cost)))
     from voxwire.loader import load_model
 
-    return VoxCPMSpeech(
-        load_model(
-            config.engine.model,
-            device=config.engine.device,
-            dtype=config.engine.dtype,
-            vae_dtype=config.engine.vae_dtype,
-        )
-    )
+    engine = config.engine
+    return VoxCPMSpeech(load_model(engine.model, device=engine.device, dtype=engine.dtype, vae_dtype=engine.vae_dtype))
