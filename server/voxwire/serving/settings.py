@@ -20,7 +20,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
@@ -111,7 +111,7 @@ def _settings(group: type) -> tuple[Setting, ...]:
         if member.name not in docs:
             raise TypeError(f"{group.__name__}.{member.name} has no docstring: it is the setting's help")
         flag: Flag = member.metadata.get(_FLAG, Flag())
-        default = member.default_factory() if member.default is MISSING else member.default  # type: ignore[misc]
+        default = member.default_factory() if callable(member.default_factory) else member.default
         kind = _value_type(f"{group.__name__}.{member.name}", hints[member.name], flag)
         made.append(Setting(member.name, docs[member.name], kind, default, flag))
     return tuple(made)
@@ -122,7 +122,7 @@ def _value_type(where: str, hint: Any, flag: Flag) -> type:
     if isinstance(hint, types.UnionType):
         (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
     if typing.get_origin(hint) is not tuple:
-        return hint  # type: ignore[no-any-return]
+        return hint
     item = typing.get_args(hint)[0]
     if flag.repeatable and (flag.parse or isinstance(item, type)):
         return item if isinstance(item, type) else tuple
