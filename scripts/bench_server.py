@@ -59,7 +59,7 @@ async def server_overhead(sessions: list[int], utterances: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tts = voxwire.load_model(make_tiny_checkpoint(Path(tmp) / "voxcpm2", "voxcpm2"), device="cpu")
     port = _free_port()
-    config = ServerConfig(
+    config = ServerConfig.of(
         port=port, max_sessions=max(sessions), max_waiting=4 * max(sessions), max_connections=4 * max(sessions)
     )
     app = make_app(config, model=VoxCPMSpeech(tts))

@@ -161,7 +161,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def server_runner(tts: VoxCPM, sessions: int) -> ModelRunner:
     """The runner the server builds for ``sessions`` slots, through the server's own code."""
-    runner = VoxCPMSpeech(tts).new_runner(ServerConfig(max_sessions=sessions).runner_options())
+    runner = VoxCPMSpeech(tts).new_runner(ServerConfig.of(max_sessions=sessions).engine.runner_options())
     assert isinstance(runner, ModelRunner)
     return runner
 

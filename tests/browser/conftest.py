@@ -72,7 +72,7 @@ def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> DemoServer:
     async def start(**overrides: Any) -> TestServer:
         settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, **overrides}
-        app = make_app(ServerConfig(**settings), model=VoxCPMSpeech(tiny_tts))
+        app = make_app(ServerConfig.of(**settings), model=VoxCPMSpeech(tiny_tts))
         server = await aiohttp_server(app)
 
         async def accepting() -> None:

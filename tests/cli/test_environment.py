@@ -44,31 +44,31 @@ def test_variables_set_the_settings() -> None:
             "VOXWIRE_KV_CACHE_GB": "0.5",
         },
     )
-    assert (config.max_sessions, config.max_clip_seconds, config.model) == (3, 12.5, "sim")
-    assert config.voices_dir == Path("/srv/voices")
-    assert config.batch_invariant and not config.realtime
-    assert config.allowed_origins == ("https://a.example", "https://b.example")
-    assert config.loras == (("calm", Path("/loras/calm")), ("bright", Path("/loras/bright")))
-    assert config.devices == ("cpu", "cpu")
-    assert config.kv_cache_bytes == 2**29
+    assert (config.engine.max_sessions, config.voices.max_clip_seconds, config.engine.model) == (3, 12.5, "sim")
+    assert config.voices.voices_dir == Path("/srv/voices")
+    assert config.engine.batch_invariant and not config.engine.realtime
+    assert config.transport.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.personas.loras == (("calm", Path("/loras/calm")), ("bright", Path("/loras/bright")))
+    assert config.topology.devices == ("cpu", "cpu")
+    assert config.engine.kv_cache_bytes == 2**29
 
 
 def test_the_command_line_wins_over_the_variable_and_the_variable_over_the_default() -> None:
     environ = {"VOXWIRE_PORT": "9000", "VOXWIRE_REALTIME": "true", "VOXWIRE_BATCH_INVARIANT": "false"}
     # Flags equal to their defaults still win: what was typed is what runs.
     config = config_from_args(parse("--port", "8000", "--no-realtime", "--batch-invariant"), environ=environ)
-    assert (config.port, config.realtime, config.batch_invariant) == (8000, False, True)
+    assert (config.transport.port, config.engine.realtime, config.engine.batch_invariant) == (8000, False, True)
     config = config_from_args(parse(), environ=environ)
-    assert (config.port, config.realtime, config.batch_invariant) == (9000, True, False)
+    assert (config.transport.port, config.engine.realtime, config.engine.batch_invariant) == (9000, True, False)
     default = config_from_args(parse(), environ={})
-    assert (default.port, default.realtime, default.batch_invariant) == (8000, True, False)
-    assert config_from_args(parse(), environ={"VOXWIRE_PORT": " "}).port == 8000  # empty: unset
+    assert (default.transport.port, default.engine.realtime, default.engine.batch_invariant) == (8000, True, False)
+    assert config_from_args(parse(), environ={"VOXWIRE_PORT": " "}).transport.port == 8000  # empty: unset
 
 
 def test_a_repeatable_option_takes_the_values_of_both() -> None:
     """As $VOXWIRE_API_KEYS always did: keys from the environment stay out of ps output, more may be added."""
     config = config_from_args(parse("--api-key", "a", "--api-key", "b"), environ={"VOXWIRE_API_KEYS": "c, a"})
-    assert config.api_keys == ("a", "b", "c")
+    assert config.transport.api_keys == ("a", "b", "c")
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,7 @@ def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
     command = voxwire_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pause = float(command[1])
-    assert spec["terminationGracePeriodSeconds"] > pause + pod_config().drain_timeout_s
+    assert spec["terminationGracePeriodSeconds"] > pause + pod_config().limits.drain_timeout_s
 
 
 def test_pods_are_configured_through_voxwire_variables() -> None:
@@ -161,12 +161,14 @@ def test_pods_are_configured_through_voxwire_variables() -> None:
     assert {name for name in environ if name.startswith(environment.PREFIX)} <= serve_variables()
     config = pod_config()
     exposed = [int(value) for keyword, value in dockerfile_instructions() if keyword == "EXPOSE"]
-    assert (config.host, [config.port]) == ("0.0.0.0", exposed)
-    assert config.port in [port["containerPort"] for port in container["ports"]]
-    assert config.model == "openbmb/VoxCPM2"
-    assert (config.replica_id, config.api_keys) == (POD_NAME, (SECRET,))
+    assert (config.transport.host, [config.transport.port]) == ("0.0.0.0", exposed)
+    assert config.transport.port in [port["containerPort"] for port in container["ports"]]
+    assert config.engine.model == "openbmb/VoxCPM2"
+    assert (config.transport.replica_id, config.transport.api_keys) == (POD_NAME, (SECRET,))
     mounts = [Path(mount["mountPath"]) for mount in container["volumeMounts"]]
-    assert config.voices_dir is not None and any(config.voices_dir.is_relative_to(mount) for mount in mounts)
+    assert config.voices.voices_dir is not None and any(
+        config.voices.voices_dir.is_relative_to(mount) for mount in mounts
+    )
 
 
 def test_each_pod_has_one_gpu_and_runs_as_non_root() -> None:

@@ -52,7 +52,7 @@ def _config(**overrides: Any) -> ServerConfig:
         "port": 0, "max_sessions": 4, "max_waiting": 16, "drain_timeout_s": 10.0, "realtime": False,
     }  # fmt: skip
     settings.update(overrides)
-    return ServerConfig(**settings)
+    return ServerConfig.of(**settings)
 
 
 async def wait_ready(app: web.Application, timeout: float = READY_TIMEOUT_S) -> None:

@@ -74,7 +74,7 @@ async def test_a_full_engine_queue_refuses_new_connections_before_the_upgrade(se
 
 def test_replica_id_comes_from_the_flag_or_the_hostname() -> None:
     parse = build_parser().parse_args
-    assert config_from_args(parse(["serve", "--replica-id", "gpu-3"]), environ={}).replica_id == "gpu-3"
-    assert config_from_args(parse(["serve"]), environ={}).replica_id == socket.gethostname()
+    assert config_from_args(parse(["serve", "--replica-id", "gpu-3"]), environ={}).transport.replica_id == "gpu-3"
+    assert config_from_args(parse(["serve"]), environ={}).transport.replica_id == socket.gethostname()
     with pytest.raises(ValueError, match="replica_id"):
         config_from_args(parse(["serve", "--replica-id", "bad id\r\n"]), environ={})

@@ -18,20 +18,30 @@ from voxwire.cli.serve import config_from_args
 from voxwire.tts import VoxCPM
 
 
-def test_every_limit_flag_is_in_the_operations_limits_table() -> None:
+def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> None:
+    """Limits in the Limits table, the other settings in the Flags tables (scripts/flag_docs.py writes both)."""
     from pathlib import Path
 
-    from voxwire.cli.serve import _LIMITS
     from voxwire.serving.config import ServerConfig
+    from voxwire.serving.settings import groups
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
-    table = page[page.index("\n## Limits\n") : page.index("\n## ", page.index("\n## Limits\n") + 1)]
+
+    def section(title: str) -> str:
+        start = page.index(f"\n## {title}\n")
+        return page[start : page.index("\n## ", start + 1)]
+
     per_machine = {"workers": "one per spare core"}  # defaults computed from the machine, shown as their rule
-    for name in _LIMITS:
-        default = getattr(ServerConfig(), name)
-        shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
-        shown = per_machine.get(name, shown)
-        assert f"| `--{name.replace('_', '-')}` | {shown} |" in table, name
+    by_memory = {"kv_cache_gb": "by memory"}  # None: the free memory decides
+    for group in groups(ServerConfig):
+        table = section("Limits" if group.name == "limits" else "Flags")
+        for setting in group.settings:
+            if setting.kind not in (int, float):
+                continue
+            default = getattr(getattr(ServerConfig(), group.name), setting.name)
+            shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
+            shown = per_machine.get(setting.name, by_memory.get(setting.name, shown))
+            assert f"| `--{setting.name.replace('_', '-')}` | {shown} |" in table, setting.name
 
 
 def test_serve_arguments_and_environment_make_the_config() -> None:
@@ -40,19 +50,19 @@ def test_serve_arguments_and_environment_make_the_config() -> None:
          "--max-clip-seconds", "12.5", "--voices-dir", "/tmp/v", "--voice-cache-mb", "64"]
     )  # fmt: skip
     config = config_from_args(args, environ={"VOXWIRE_API_KEYS": "b, c,,a"})
-    assert (config.port, config.max_sessions, config.max_clip_seconds) == (9000, 3, 12.5)
-    assert config.api_keys == ("a", "b", "c")
-    assert config.allowed_origins == ("https://x.example",)
-    assert str(config.voices_dir) == "/tmp/v"
-    assert config.engine_config().max_running == 3
-    assert config.voice_cache_bytes == 64 * 2**20
+    assert (config.transport.port, config.engine.max_sessions, config.voices.max_clip_seconds) == (9000, 3, 12.5)
+    assert config.transport.api_keys == ("a", "b", "c")
+    assert config.transport.allowed_origins == ("https://x.example",)
+    assert str(config.voices.voices_dir) == "/tmp/v"
+    assert config.engine.engine_config().max_running == 3
+    assert config.engine.voice_cache_bytes == 64 * 2**20
 
 
 def test_kv_cache_flags_size_the_pool_in_bytes() -> None:
     args = build_parser().parse_args(["serve", "--kv-cache-gb", "0.5", "--gpu-memory-utilization", "0.8"])
     config = config_from_args(args, environ={})
-    assert (config.kv_cache_bytes, config.gpu_memory_utilization) == (2**29, 0.8)
-    assert config_from_args(build_parser().parse_args(["serve"]), environ={}).kv_cache_bytes is None
+    assert (config.engine.kv_cache_bytes, config.engine.gpu_memory_utilization) == (2**29, 0.8)
+    assert config_from_args(build_parser().parse_args(["serve"]), environ={}).engine.kv_cache_bytes is None
 
 
 @pytest.mark.parametrize(
@@ -70,23 +80,23 @@ def test_batch_invariant_flag_reaches_the_models_runner(tmp_path: Path) -> None:
     from voxwire.speech_model import VoxCPMSpeech
     from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
-    assert not config_from_args(build_parser().parse_args(["serve"]), environ={}).batch_invariant
+    assert not config_from_args(build_parser().parse_args(["serve"]), environ={}).engine.batch_invariant
     config = config_from_args(build_parser().parse_args(["serve", "--batch-invariant", "--no-realtime"]), environ={})
-    assert config.batch_invariant
+    assert config.engine.batch_invariant
     model = VoxCPMSpeech(voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu"))
-    assert model.new_runner(config.runner_options()).batch_invariant  # type: ignore[attr-defined]
+    assert model.new_runner(config.engine.runner_options()).batch_invariant  # type: ignore[attr-defined]
 
 
 def test_devices_flag_runs_one_engine_per_device_and_at_least_one_frontend() -> None:
     config = config_from_args(build_parser().parse_args(["serve", "--devices", "cuda:0, cuda:1"]), environ={})
     assert config.engine_devices() == ("cuda:0", "cuda:1")
-    assert config.frontends == 1  # --workers 0 with --devices: the engines need a frontend process
+    assert config.topology.frontends == 1  # --workers 0 with --devices: the engines need a frontend process
     config = config_from_args(
         build_parser().parse_args(["serve", "--devices", "cpu,cpu", "--workers", "3"]), environ={}
     )
-    assert config.frontends == 3
+    assert config.topology.frontends == 3
     single = config_from_args(build_parser().parse_args(["serve", "--device", "cpu", "--workers", "0"]), environ={})
-    assert (single.engine_devices(), single.frontends) == (("cpu",), 0)
+    assert (single.engine_devices(), single.topology.frontends) == (("cpu",), 0)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +126,9 @@ def test_lora_flags_make_the_persona_config(capsys: pytest.CaptureFixture[str]) 
          "--lora-root", "/loras"]
     )  # fmt: skip
     config = config_from_args(args, environ={})
-    assert [(name, str(path)) for name, path in config.loras] == [("a", "/loras/a"), ("b.2", "/loras/b=c")]
-    assert (config.max_personas, config.max_lora_rank, str(config.lora_root)) == (2, 32, "/loras")
+    assert [(name, str(path)) for name, path in config.personas.loras] == [("a", "/loras/a"), ("b.2", "/loras/b=c")]
+    personas = config.personas
+    assert (personas.max_personas, personas.max_lora_rank, str(personas.lora_root)) == (2, 32, "/loras")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--lora", "/loras/a"])
     assert "expected NAME=DIR" in capsys.readouterr().err

@@ -30,5 +30,5 @@ def test_default_workers_is_one_per_spare_core(
         limit.write_text(cpu_max + "\n")
     monkeypatch.setattr(server_config, "CGROUP_CPU_MAX", limit)
     assert spare_cores() == workers
-    assert ServerConfig().workers == workers
-    assert ServerConfig(workers=0).workers == 0, "--workers 0 stays the single-process mode"
+    assert ServerConfig().topology.workers == workers
+    assert ServerConfig.of(workers=0).topology.workers == 0, "--workers 0 stays the single-process mode"

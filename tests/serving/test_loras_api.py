@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,7 +152,7 @@ async def test_a_rank_above_the_limit_is_refused_before_its_weights_are_read(
     shutil.copytree(LORA, root / "understated")  # rank 8 weights, "r": 2 in its config
     config_file = root / "understated" / "lora_config.json"
     config_file.write_text(config_file.read_text().replace('"r": 8', '"r": 2'))
-    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=root)
+    config = ServerConfig.of(port=0, max_sessions=2, drain_timeout_s=5.0, max_lora_rank=4, lora_root=root)
     http = await aiohttp_client(await serve(app=make_app(config, model=VoxCPMSpeech(tts))))
 
     def no_weights(*args: object, **kwargs: object) -> object:
@@ -198,7 +197,7 @@ async def test_without_lora_or_lora_root_no_layer_is_adapted_and_adding_is_refus
     """Personas are reserved at start-up (captured graphs read their slot buffers): a server started without them
     adapts no layer, so its steps cost nothing extra, and says how to get personas."""
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2", seed=0), device="cpu")
-    config = ServerConfig(port=0, max_sessions=2, drain_timeout_s=5.0)
+    config = ServerConfig.of(port=0, max_sessions=2, drain_timeout_s=5.0)
     http = await aiohttp_client(await serve(app=make_app(config, model=VoxCPMSpeech(tts))))
     async with http.post("/v1/loras", json={"name": "A", "path": str(LORA)}) as response:
         answer = await response.json()
@@ -266,9 +265,9 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
     from voxwire.serving.models import load_speech_model
 
-    config = ServerConfig(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
+    config = ServerConfig.of(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
     with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):
-        make_app(replace(config, loras=(("A", LORA),)))
+        make_app(config.with_settings(loras=(("A", LORA),)))
     http = await aiohttp_client(await serve(app=make_app(config, model=load_speech_model(config))))
     async with http.get("/v1/loras") as response:
         assert (response.status, (await response.json())["error"]["code"]) == (400, "personas_unavailable")

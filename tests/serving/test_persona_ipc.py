@@ -54,7 +54,7 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
         bank.remove(name)
     # Started as ``run_engine`` starts it with ``--lora A=...`` (which reserves the layers A adapts), then A is
     # removed: the test adds it over the socket.
-    config = ServerConfig(
+    config = ServerConfig.of(
         max_sessions=2, max_lora_rank=16, realtime=False, workers=0, loras=(("A", LORA),), lora_root=LORA.parent
     )
     model = VoxCPMSpeech(persona_tts)
@@ -62,8 +62,8 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
     assert registry is not None
     registry.remove("A", owner=OPERATOR)
     endpoint = f"ipc://{tmp_path}/engine-0"
-    engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
-    core = EngineCore(model, engine, endpoint, registry, max_voice_jobs=config.max_voice_jobs)
+    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
+    core = EngineCore(model, engine, endpoint, registry, max_voice_jobs=config.voices.max_voice_jobs)
     thread = threading.Thread(target=core.run, name="test-engine-core")
     thread.start()
     frontend = Frontend(endpoint)

@@ -10,7 +10,7 @@ from voxwire.serving.config import ServerConfig
 
 
 def engine_config_of(*flags: str):
-    return config_from_args(build_parser().parse_args(["serve", *flags]), environ={}).engine_config()
+    return config_from_args(build_parser().parse_args(["serve", *flags]), environ={}).engine.engine_config()
 
 
 def test_real_time_is_on_by_default_with_the_documented_lead_and_horizon() -> None:
@@ -31,4 +31,4 @@ def test_the_flags_reach_the_engine() -> None:
 )  # fmt: skip
 def test_bad_real_time_settings_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        ServerConfig(**{field: value})
+        ServerConfig.of(**{field: value})

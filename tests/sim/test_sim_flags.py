@@ -21,7 +21,7 @@ def test_flags_make_the_config() -> None:
     config = config_from_args(args, environ={})
     model = load_speech_model(config)
     assert isinstance(model, SimSpeech) and model.config.cost == StepCost.parse("120ms+0.1ms/row")
-    assert (config.opus_settings().complexity, config.workers, config.encoder_threads) == (3, 2, 0)
+    assert (config.audio.opus_settings().complexity, config.topology.workers, config.audio.encoder_threads) == (3, 2, 0)
 
 
 def test_flags_size_the_runner() -> None:
@@ -31,7 +31,7 @@ def test_flags_size_the_runner() -> None:
          "--batch-invariant"]
     )  # fmt: skip
     config = config_from_args(args, environ={})
-    options = config.runner_options()
+    options = config.engine.runner_options()
     assert options == RunnerOptions(
         num_slots=3,
         max_length=200,

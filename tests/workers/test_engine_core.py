@@ -50,11 +50,11 @@ class Frontend:
 @pytest.fixture
 def endpoint(tmp_path: Path) -> Iterator[str]:
     """An engine process's core on the simulated model, serving ``endpoint`` from a thread."""
-    config = ServerConfig(model="sim", max_sessions=4, realtime=False, workers=0)
+    config = ServerConfig.of(model="sim", max_sessions=4, realtime=False, workers=0)
     model = SimSpeech()
     endpoint = f"ipc://{tmp_path}/engine-0"
-    engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
-    core = EngineCore(model, engine, endpoint, max_voice_jobs=config.max_voice_jobs)
+    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
+    core = EngineCore(model, engine, endpoint, max_voice_jobs=config.voices.max_voice_jobs)
     thread = threading.Thread(target=core.run, name="test-engine-core")
     thread.start()
     try:

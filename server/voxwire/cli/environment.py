@@ -123,10 +123,12 @@ def _switch(action: argparse.Action) -> bool:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Ends each option's help with its variable: ``TCP port (default: 8000) [env: VOXWIRE_PORT]``."""
+    """Ends each option's help with its default and its variable: ``TCP port (default: 8000) [env: VOXWIRE_PORT]``.
+    A help that states its default itself (a rule: ``(default: the hostname)``) is not given a second one."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = super()._get_help_string(action)
+        stated = action.help is not None and "(default: " in action.help
+        text = action.help if stated else super()._get_help_string(action)
         if not _has_variable(action):
             return text
         return f"{text or ''} [env: {variable(action)}]".lstrip()

@@ -79,7 +79,7 @@ def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.A
     model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
-    voices = VoiceStore(config.voices_dir, model.info.name, model.patch_shape, config.max_voices)
+    voices = VoiceStore(config.voices.voices_dir, model.info.name, model.patch_shape, config.voices.max_voices)
     return build_app(config, service, voices)
 
 
@@ -91,13 +91,13 @@ def build_app(
     ``metrics_dir``: the Prometheus multiprocess folder shared by the frontends of ``--workers``."""
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
-    body_limit = 4 * config.max_text_chars_per_utterance + _JSON_OVERHEAD
+    body_limit = 4 * config.limits.max_text_chars_per_utterance + _JSON_OVERHEAD
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
     app[SESSIONS_KEY] = sessions
-    app[ENCODERS_KEY] = EncoderPool(config.encoder_threads)
+    app[ENCODERS_KEY] = EncoderPool(config.audio.encoder_threads)
     app[VOICES_KEY] = voices
     app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
     add_openai_routes(app)
@@ -119,7 +119,7 @@ REPLICA_HEADER = "X-Voxwire-Replica"
 
 async def _name_replica(request: web.Request, response: web.StreamResponse) -> None:
     """Every response (errors and the WebSocket 101 too) says which replica answered, for behind a balancer."""
-    response.headers[REPLICA_HEADER] = request.app[CONFIG_KEY].replica_id
+    response.headers[REPLICA_HEADER] = request.app[CONFIG_KEY].transport.replica_id
 
 
 def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None:
@@ -157,7 +157,7 @@ def runner_options(config: ServerConfig) -> dict[str, Any]:
     header timeout (for a fresh connection and between keep-alive requests alike).
     """
     return {
-        "keepalive_timeout": config.header_timeout_s,
+        "keepalive_timeout": config.limits.header_timeout_s,
         "access_log_class": AccessLogger,
         "access_log": ACCESS_LOGGER,
     }
@@ -200,9 +200,9 @@ async def drain(app: web.Application) -> None:
     """Graceful shutdown: refuse new work, let live utterances finish (bounded), close sockets, stop the engine."""
     state, config = app[STATE_KEY], app[CONFIG_KEY]
     state.phase = Phase.DRAINING
-    if not await state.wait_idle(config.drain_timeout_s):
+    if not await state.wait_idle(config.limits.drain_timeout_s):
         live = state.live_utterances
-        logger.warning("drain timeout (%.0f s): cutting off %d live utterance(s)", config.drain_timeout_s, live)
+        logger.warning("drain timeout (%.0f s): cutting off %d live utterance(s)", config.limits.drain_timeout_s, live)
     closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in app[SESSIONS_KEY]]
     await asyncio.gather(*closing, return_exceptions=True)
     await app[SERVICE_KEY].stop()
@@ -236,7 +236,7 @@ async def run_app(
     try:
         if reuse_port:
             await asyncio.shield(ready)
-        await web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None).start()
+        await web.TCPSite(runner, config.transport.host, config.transport.port, reuse_port=reuse_port or None).start()
         for host, port, *_ in runner.addresses:
             logger.info("listening on http://%s:%d", host, port)
         stop = stop if stop is not None else asyncio.Event()
@@ -244,7 +244,7 @@ async def run_app(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
-        logger.info("shutting down: draining live utterances (at most %.0f s)", config.drain_timeout_s)
+        logger.info("shutting down: draining live utterances (at most %.0f s)", config.limits.drain_timeout_s)
         await drain(app)
     finally:
         ready.cancel()

@@ -1,36 +1,31 @@
-"""``ServerConfig``: every setting and limit of ``voxwire serve``, validated on construction.
+"""``ServerConfig``: every setting and limit of ``voxwire serve``, in groups, validated on construction.
 
-The HTTP and WebSocket handlers read their limits from here (through ``keys.CONFIG_KEY``); the
-engine's own knobs are derived by ``engine_config``. Nothing else in the server has a magic number
-that an operator might want to change.
+Each group is a frozen dataclass of settings, and each setting's docstring is its one description: the flag's
+help and its row in docs/operations.md are made from it (``serving.settings``). The HTTP and WebSocket handlers
+read their limits from here (through ``keys.CONFIG_KEY``); the engine's own knobs are derived by
+``EngineSettings.engine_config``. Nothing else in the server has a magic number that an operator might want to
+change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 import socket
+from argparse import ArgumentTypeError
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
 from voxwire.engine import EngineConfig, ParamLimits, RunnerOptions
 from voxwire.engine.cost_model import StepCost
 from voxwire.protocol.wire import MAX_PLAYBACK_LEAD_MS
+from voxwire.serving.settings import flag
 from voxwire.sim.runner import DEFAULT_SIM_COST
 
-# Fields that must be > 0; the others are checked by name in __post_init__.
-_POSITIVE_INTS = (
-    "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps", "max_connections",
-    "max_message_bytes", "max_text_chars_per_message", "max_text_chars_per_utterance", "max_upload_bytes",
-    "max_voices", "opus_bitrate", "max_transcript_chars", "max_voice_name_chars", "max_queued_utterances",
-    "max_personas", "max_lora_rank", "max_loras", "max_voice_jobs",
-)  # fmt: skip
-_POSITIVE_FLOATS = (
-    "max_clip_seconds", "idle_timeout_s", "ping_interval_s", "max_unsent_audio_s", "drain_timeout_s",
-    "max_messages_per_s", "header_timeout_s", "body_timeout_s", "liveness_timeout_s",
-)  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A persona's name: safe in URLs (``DELETE /v1/loras/{name}``), logs and headers."""
 
@@ -54,213 +49,97 @@ def spare_cores() -> int:
     return max(1, usable_cores() - 1)
 
 
+def device_list(text: str) -> tuple[str, ...]:
+    """``--devices cuda:0, cuda:1`` -> ``("cuda:0", "cuda:1")`` (an empty item is left for validation to name)."""
+    return tuple(device.strip() for device in text.split(","))
+
+
+def persona_arg(text: str) -> tuple[str, Path]:
+    """``--lora NAME=DIR`` -> ``(name, Path(folder))``."""
+    name, sep, folder = text.partition("=")
+    if not sep or not name or not folder:
+        raise ArgumentTypeError(f"expected NAME=DIR, got {text!r}")
+    return name, Path(folder)
+
+
 @dataclass(frozen=True)
-class ServerConfig:
-    """Settings of one server process; defaults suit a single GPU and a trusted local network."""
+class EngineSettings:
+    """The model, where and in what precision it runs, and how the engine schedules and sizes its work."""
 
-    # ---- network and model ----
-    host: str = "127.0.0.1"
-    """Interface to listen on (``0.0.0.0`` for every interface)."""
-    port: int = 8000
-    """TCP port; 0 picks a free one (tests)."""
+    title: ClassVar[str] = "Model and engine"
+
     model: str = "demo"
-    """Checkpoint folder, Hugging Face id, ``demo`` (tiny random weights: the audio is noise), or ``sim``
-    (no weights: a load-testing simulator that paces steps by ``sim_cost`` and speaks a looped clip)."""
+    """A checkpoint folder, a Hugging Face id (``openbmb/VoxCPM2``, downloaded through ``huggingface_hub``, which
+    honours its cache and ``HF_HUB_OFFLINE=1``), ``demo`` (tiny random weights built in: it speaks noise, no
+    download) or ``sim`` (no weights: [the load-testing simulator](#load-testing-without-a-gpu---model-sim) paces
+    its steps by ``--sim-cost`` and speaks a looped clip)."""
     sim_cost: str = DEFAULT_SIM_COST
-    """``--model sim`` only: duration of one engine step, e.g. ``4ms+0.17ms/row+9.2us/token``."""
-    device: str | None = None
-    """Torch device; None picks CUDA when available, else CPU."""
-    dtype: str | None = None
-    """Dtype of the transformer parts; None picks bfloat16 on CUDA, float32 elsewhere."""
-    replica_id: str = field(default_factory=socket.gethostname)
-    """Names this server in every response's ``X-Voxwire-Replica`` header (which replica a balancer chose)."""
-    vae_dtype: str | None = None
-    """Dtype of the AudioVAE; None is float32 (float16 halves its memory traffic; errors: docs/performance.md)."""
-
-    # ---- access ----
-    api_keys: tuple[str, ...] = ()
-    """Accepted API keys; empty disables authentication. ``/health`` and ``/ready`` stay open."""
-    allowed_origins: tuple[str, ...] = ()
-    """``Origin`` values (browser pages) allowed to use the API, WebSocket and HTTP alike, with CORS answers for
-    them; empty allows every origin (and sends no CORS headers)."""
-    voices_dir: Path | None = None
-    """Folder where uploaded voices persist across restarts; None keeps them in memory only."""
-
-    # ---- personas (LoRA adapters) ----
-    loras: tuple[tuple[str, Path], ...] = ()
-    """Personas loaded before the server reports ready: (name, checkpoint folder in the reference's format)."""
-    max_personas: int = 4
-    """LoRA personas resident on the device at once (more may be registered; they are swapped in, least
-    recently used first, never one in use)."""
-    max_lora_rank: int = 64
-    """Largest LoRA rank accepted; every resident adapter is padded to it (memory and compute per step)."""
-    max_loras: int = 64
-    """Personas registered at once (host memory); ``POST /v1/loras`` beyond it is refused."""
-    lora_root: Path | None = None
-    """``POST /v1/loras`` loads only folders inside it (no symbolic link out of it); None refuses the request."""
-
-    # ---- engine capacity ----
+    """With ``--model sim``: one engine step's duration, a sum of a fixed time, a time per decode row and a time
+    per prefill position ([the simulator](#load-testing-without-a-gpu---model-sim))."""
+    device: str | None = field(default=None, metadata=flag(shown_default="cuda when available"))
+    """Torch device of the engine (``cuda``, ``cpu``, ...); excludes ``--devices``."""
+    dtype: str | None = field(default=None, metadata=flag(shown_default="bfloat16 on CUDA, float32 on CPU"))
+    """Dtype of the transformer parts: ``bfloat16`` or ``float32``."""
+    vae_dtype: str | None = field(
+        default=None, metadata=flag(shown_default="float16 on CUDA if its check decode passes, else float32")
+    )
+    """Dtype of the AudioVAE: ``float16`` halves its memory traffic on a GPU at the error stated in
+    [performance](performance.md#half-precision-vae-error) (``bfloat16`` is accepted, with 8x the error)."""
     max_sessions: int = 16
     """Engine slots: utterances synthesized at once (batch rows; each holds a KV cache)."""
     max_waiting: int = 64
-    """Utterances queued for a free slot; beyond it requests are refused with ``queue_full``."""
+    """Utterances waiting for a slot beyond the free ones (then ``busy``); a request is never refused while a slot
+    is free."""
     max_prefill_tokens_per_step: int = 512
-    """Prompt positions admitted per engine step, so arrivals add bounded latency to running streams
-    (FIFO policy only: the real-time policy budgets admissions by the measured step time)."""
+    """Prompt positions admitted per engine step, so that arrivals add bounded latency to running streams
+    (``--no-realtime`` only: real-time admission is budgeted by the measured step time)."""
     realtime: bool = True
-    """Schedule by playback deadline (``engine.policy``): the runner measures its step cost at start-up,
-    streams ahead of their listeners yield steps to those behind, admission is budgeted by step time.
-    Off: every running stream decodes every step (FIFO admission by ``max_prefill_tokens_per_step``)."""
+    """Schedule engine steps by playback deadline ([scheduling](#scheduling)): the step cost is measured at
+    start-up, streams ahead of their listeners yield steps to those behind, admission is budgeted by step time.
+    ``--no-realtime``: every stream decodes every step, FIFO admission by ``--max-prefill-tokens-per-step``."""
     playback_lead_ms: int = 300
-    """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms``."""
+    """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms`` (at most
+    10000)."""
     max_ahead_ms: int = 1000
-    """A stream with this much audio ready ahead of its listener skips steps (real-time policy)."""
-    max_length: int | None = None
-    """LM positions per slot (prompt + generated patches); None uses the model's ``max_length``."""
+    """A stream this far ahead of its listener skips engine steps (real-time)."""
+    max_length: int | None = field(default=None, metadata=flag(shown_default="model's"))
+    """LM positions per slot (prompt + generated patches)."""
     max_inference_timesteps: int = 50
     """Largest ``inference_timesteps`` a client may ask for (each one is a diffusion pass per patch)."""
-    kv_cache_gb: float | None = None
-    """Device memory of the KV block pool, in GiB (sessions share it by the positions they reach). None:
-    on CUDA, what is free after the weights and activations, times ``gpu_memory_utilization``; on other
-    devices, room for ``max_sessions`` sessions at ``max_length``."""
+    kv_cache_gb: float | None = field(default=None, metadata=flag(shown_default="by memory"))
+    """Device memory of the KV block pool, in GiB: sessions share it by the positions they reach, and a request
+    waits for its blocks. By default, on CUDA, what is free after the weights and activations, times
+    ``--gpu-memory-utilization``; on other devices, room for ``--max-sessions`` sessions at ``--max-length``."""
     gpu_memory_utilization: float = 0.9
-    """Fraction of the GPU's memory the server may use in all (for the default ``kv_cache_gb``)."""
+    """Fraction of the GPU's memory the server may use in all (it sizes the default KV pool)."""
     voice_cache_mb: int = 256
-    """Device memory, in MiB, for the encoded patches of recently used voices, so sessions with the same
-    voice skip re-encoding it (least recently used voices are dropped first; 0 keeps none)."""
+    """Device memory, in MiB, for the encoded patches of recently used voices, so that sessions with the same
+    voice skip re-encoding it; the least recently used are dropped first (0: none; see
+    [architecture](architecture.md#prefill-and-the-voice-cache))."""
     batch_invariant: bool = False
-    """Compute every session's rows independently of the rest of the batch, so that its audio is bit for bit what
-    it is alone (``ModelRunner(batch_invariant=True)``); slower (docs/performance.md)."""
-
-    # ---- per-connection and per-request limits ----
-    max_connections: int = 256
-    """WebSocket connections open at once; the next one is refused as ``busy`` (HTTP 503)."""
-    max_message_bytes: int = 64 * 1024
-    """Largest WebSocket message a client may send."""
-    max_text_chars_per_message: int = 4096
-    """Largest ``text`` of one WebSocket ``text`` message."""
-    max_text_chars_per_utterance: int = 20_000
-    """Largest text of one utterance (WebSocket, buffered) or one ``/v1/audio/speech`` ``input``."""
-    max_upload_bytes: int = 10 * 1024 * 1024
-    """Largest voice-clip upload (the whole multipart body of ``POST /v1/voices``)."""
-    max_clip_seconds: float = 30.0
-    """Longest voice clip accepted; longer prompts slow every utterance that uses the voice."""
-    max_voices: int = 1000
-    """Voices kept in the store; uploads beyond it are refused until one is deleted."""
-    max_voice_jobs: int = 2
-    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``), and
-    clips encoded or waiting at once on each engine process from every frontend together; more are refused with
-    503 ``busy`` and ``Retry-After``, so uploads cannot crowd out the streams' CPU."""
-    max_transcript_chars: int = 2000
-    """Largest ``transcript`` of a voice upload (it is part of every prompt that uses the voice)."""
-    max_voice_name_chars: int = 200
-    """Largest ``name`` of a voice upload."""
-    max_queued_utterances: int = 8
-    """Utterances of one WebSocket not done yet (speaking or waiting their turn); more are refused."""
-    max_messages_per_s: float = 1000.0
-    """Client messages a WebSocket may send per second, with a burst of one second's worth; a flood beyond it is
-    closed (``rate_limited``, 4003) so that one connection cannot monopolise the server's event loop."""
-
-    # ---- timing and flow control ----
-    idle_timeout_s: float = 300.0
-    """A WebSocket with no client message and nothing being spoken for this long is closed."""
-    ping_interval_s: float = 20.0
-    """WebSocket ping period (keeps proxies from dropping quiet connections, detects dead peers)."""
-    max_unsent_audio_s: float = 5.0
-    """Audio a session may have produced but not yet sent; a slower reader is disconnected."""
-    max_buffer_delay_ms: int = 500
-    """Default wait for more text before speaking an incomplete sentence (a client may override it)."""
-    header_timeout_s: float = 15.0
-    """An HTTP connection must send a request's complete headers this soon after it opens or after its previous
-    response; idle keep-alive connections are closed after it too."""
-    body_timeout_s: float = 60.0
-    """An HTTP request body (speech JSON, voice upload) must arrive whole within this long."""
-    drain_timeout_s: float = 30.0
-    """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
-
-    # ---- audio ----
-    opus_bitrate: int = DEFAULT_BITRATE
-    """Opus bitrate in bits per second, for every Opus and Ogg Opus stream."""
-    opus_complexity: int = DEFAULT_COMPLEXITY
-    """Opus encoder complexity, 0-10: 7 and up cost ~5x the CPU of 6 on speech (docs/performance.md)."""
-    encoder_threads: int = 2
-    """Threads that run audio encoders off the event loop (libopus releases the GIL); 0 encodes on the loop."""
-
-    # ---- processes ----
-    workers: int = field(default_factory=spare_cores)
-    """Frontend processes (``--workers N``): each runs its own event loop, sockets and encoders on the shared
-    port, and one engine process owns the model; 0 serves everything from this one process. Default: one per
-    core the engine process does not need (``spare_cores``)."""
-    liveness_timeout_s: float = 5.0
-    """``--workers``/``--devices``: an engine or frontend process that has not shown life (its loop stamps a
-    heartbeat several times a second) for this long is hung, not busy: the supervisor ends it, so the exit path
-    of a dead engine (or the restart of a dead frontend) runs instead of connections waiting on a stopped process.
-    """
-    devices: tuple[str, ...] = ()
-    """``--devices cuda:0,cuda:1``: one engine process per device (each its own KV pool and graphs), new
-    utterances to the one with the most free capacity; empty: one engine on ``device``. Implies at least one
-    frontend process (``frontends``), since the engines run in processes of their own."""
+    """Every session's audio bit for bit what it is alone, whatever else the batch holds (GEMMs over fixed row
+    tiles, attention in fixed chunks, one prefill at a time); slower: see
+    [correctness](correctness.md#batch-invariance) and [its cost](performance.md#batch-invariant-numerics)."""
 
     def __post_init__(self) -> None:
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            _check(name, value, _is_int(value) and value > 0, "an int > 0")
-        for name in _POSITIVE_FLOATS:
-            value = getattr(self, name)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            _check(name, value, number and math.isfinite(value) and value > 0, "a finite number > 0")
-        _check("port", self.port, _is_int(self.port) and 0 <= self.port <= 65535, "an int in [0, 65535]")
+        _positive_ints(self, "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps")
         length = self.max_length
-        _check("max_length", length, length is None or (_is_int(length) and length > 0), "None or an int > 0")
+        _check(self, "max_length", length, length is None or (_is_int(length) and length > 0), "None or an int > 0")
         gb = self.kv_cache_gb
-        number = isinstance(gb, (int, float)) and not isinstance(gb, bool)
-        _check("kv_cache_gb", gb, gb is None or (number and math.isfinite(gb) and gb > 0), "None or a number > 0")
+        _check(self, "kv_cache_gb", gb, gb is None or (_is_finite(gb) and gb > 0), "None or a number > 0")
         share = self.gpu_memory_utilization
-        number = isinstance(share, (int, float)) and not isinstance(share, bool)
-        _check("gpu_memory_utilization", share, number and 0 < share <= 1, "a number in (0, 1]")
-        cache = self.voice_cache_mb
-        _check("voice_cache_mb", cache, _is_int(cache) and cache >= 0, "an int >= 0")
-        delay = self.max_buffer_delay_ms
-        _check("max_buffer_delay_ms", delay, _is_int(delay) and delay >= 0, "an int >= 0")
+        _check(self, "gpu_memory_utilization", share, _is_finite(share) and 0 < share <= 1, "a number in (0, 1]")
+        _at_least_zero(self, "voice_cache_mb")
         lead = self.playback_lead_ms
-        _check("playback_lead_ms", lead, _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "an int in [0, 10000]")
-        ahead = self.max_ahead_ms
-        _check("max_ahead_ms", ahead, _is_int(ahead) and ahead > 0, "an int > 0")
+        ok = _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS
+        _check(self, "playback_lead_ms", lead, ok, f"an int in [0, {MAX_PLAYBACK_LEAD_MS}]")
+        _positive_ints(self, "max_ahead_ms")
         for name in ("realtime", "batch_invariant"):
-            _check(name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
-        _check("replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
-        for name in ("encoder_threads", "workers"):
-            value = getattr(self, name)
-            _check(name, value, _is_int(value) and value >= 0, "an int >= 0")
-        devices = self.devices
-        ok = isinstance(devices, tuple) and all(isinstance(d, str) and d.strip() == d and d for d in devices)
-        _check("devices", devices, ok, "a tuple of device names such as 'cuda:0'")
-        _check("devices", devices, not (devices and self.device), "empty when device is given (--device)")
-        try:
-            self.opus_settings()
-        except ValueError as exc:
-            raise ValueError(f"ServerConfig.opus_bitrate/opus_complexity are invalid: {exc}") from None
+            _check(self, name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
         try:
             StepCost.parse(self.sim_cost)
         except ValueError as exc:
-            raise ValueError(f"ServerConfig.sim_cost={self.sim_cost!r} is invalid: {exc}") from None
-        names = [name for name, _ in self.loras]
-        ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
-        _check("loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
-        _check("loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
-        for name in ("api_keys", "allowed_origins"):
-            values = getattr(self, name)
-            ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
-            _check(name, values, ok, "a tuple of non-empty strings")
-
-    @property
-    def frontends(self) -> int:
-        """Frontend processes to run: ``workers``, at least 1 with ``devices`` (0: this process serves alone)."""
-        return max(self.workers, 1) if self.devices else self.workers
-
-    def engine_devices(self) -> tuple[str | None, ...]:
-        """The device of each engine process: ``devices``, or the one ``device``."""
-        return self.devices or (self.device,)
+            raise ValueError(f"EngineSettings.sim_cost={self.sim_cost!r} is invalid: {exc}") from None
 
     @property
     def kv_cache_bytes(self) -> int | None:
@@ -271,7 +150,7 @@ class ServerConfig:
         return self.voice_cache_mb * 2**20
 
     def engine_config(self) -> EngineConfig:
-        """The engine's knobs, derived from this configuration."""
+        """The engine's knobs, derived from these settings."""
         return EngineConfig(
             max_running=self.max_sessions,
             max_waiting=self.max_waiting,
@@ -283,7 +162,7 @@ class ServerConfig:
         )
 
     def runner_options(self) -> RunnerOptions:
-        """How the model's runner is sized, derived from this configuration."""
+        """How the model's runner is sized, derived from these settings."""
         return RunnerOptions(
             num_slots=self.max_sessions,
             max_length=self.max_length,
@@ -295,13 +174,263 @@ class ServerConfig:
             batch_invariant=self.batch_invariant,
         )
 
+
+@dataclass(frozen=True)
+class Topology:
+    """The processes that serve: frontends sharing the port, and the engine processes that own the model."""
+
+    title: ClassVar[str] = "Processes"
+
+    workers: int = field(default_factory=spare_cores, metadata=flag(shown_default="one per spare core"))
+    """Frontend processes sharing the port, each with its own event loop, sockets and encoders, and one engine
+    process that owns the model: by default the usable cores less one, at least 1 (0: this one
+    process serves everything; [architecture](architecture.md#topologies))."""
+    devices: tuple[str, ...] = field(default=(), metadata=flag(parse=device_list, shown_default="none"))
+    """Comma-separated devices, one engine process each (``cuda:0,cuda:1``; ``cpu,cpu`` in tests), each with its
+    own KV pool and graphs; new utterances go to the engine with the most free capacity. Implies ``--workers 1``
+    at least, since the engines run in processes of their own ([deploy](deploy.md#several-gpus-in-one-machine))."""
+    liveness_timeout_s: float = 5.0
+    """``--workers``/``--devices``: an engine or frontend process whose loop has not stamped its heartbeat
+    (several times a second) for this long is hung, not busy; the supervisor ends it (a frontend is restarted; an
+    engine's end takes the path of its death: restarted while another engine serves, else the service stops)."""
+
+    def __post_init__(self) -> None:
+        _at_least_zero(self, "workers")
+        _positive_numbers(self, "liveness_timeout_s")
+        devices = self.devices
+        ok = isinstance(devices, tuple) and all(isinstance(d, str) and d.strip() == d and d for d in devices)
+        _check(self, "devices", devices, ok, "a tuple of device names such as 'cuda:0'")
+
+    @property
+    def frontends(self) -> int:
+        """Frontend processes to run: ``workers``, at least 1 with ``devices`` (0: this process serves alone)."""
+        return max(self.workers, 1) if self.devices else self.workers
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Where the server listens, how it names itself, and who may use it."""
+
+    title: ClassVar[str] = "Network and access"
+
+    host: str = "127.0.0.1"
+    """Interface to listen on (``0.0.0.0``: every interface)."""
+    port: int = 8000
+    """TCP port (0 picks a free one)."""
+    replica_id: str = field(default_factory=socket.gethostname, metadata=flag(shown_default="the hostname"))
+    """The name in every response's ``X-Voxwire-Replica`` header (which replica a balancer chose)."""
+    api_keys: tuple[str, ...] = field(default=(), metadata=flag(repeatable=True, shown_default="none"))
+    """An accepted API key (repeatable; none: authentication is off); ``/health`` and ``/ready`` stay open
+    ([authentication](#authentication-and-origins))."""
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=flag(repeatable=True, shown_default="any"))
+    """A browser ``Origin`` allowed to use the API, WebSocket and HTTP alike, with CORS answers (repeatable; none:
+    every origin, without CORS headers)."""
+    ping_interval_s: float = 20.0
+    """WebSocket ping period (keeps proxies from dropping quiet connections, detects dead peers)."""
+
+    def __post_init__(self) -> None:
+        _check(self, "port", self.port, _is_int(self.port) and 0 <= self.port <= 65535, "an int in [0, 65535]")
+        _check(self, "replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
+        for name in ("api_keys", "allowed_origins"):
+            values = getattr(self, name)
+            ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
+            _check(self, name, values, ok, "a tuple of non-empty strings")
+        _positive_numbers(self, "ping_interval_s")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection or request may ask and how long it may take: one client reaching a limit gets a typed
+    error and affects no other session. The engine's capacity and the bounds of voices and personas are with their
+    [flags](#flags)."""
+
+    title: ClassVar[str] = "Limits"
+
+    max_connections: int = 256
+    """WebSockets open at once on the server, all frontends together (then 503 ``busy`` before the upgrade; under
+    ``--workers`` each frontend sees the others' counts as published at most half a second ago)."""
+    max_message_bytes: int = 64 * 1024
+    """Largest WebSocket message a client may send (``message_too_large``; over 4x: closed unread, 1009)."""
+    max_messages_per_s: float = 1000.0
+    """Client messages per second per WebSocket, with a one-second burst; a flood is closed with 4003
+    ``rate_limited`` so that one connection cannot starve the other sessions of the event loop."""
+    max_queued_utterances: int = 8
+    """Utterances of one WebSocket not done yet, speaking or waiting their turn (``too_many_utterances``)."""
+    max_text_chars_per_message: int = 4096
+    """Largest ``text`` of one WebSocket message (``text_too_long``)."""
+    max_text_chars_per_utterance: int = 20_000
+    """Largest text of one utterance, and ``input`` of ``/v1/audio/speech`` (``utterance_too_long``,
+    ``text_too_long``); it also sizes the speech body limit (4 bytes a character + 64 KiB)."""
+    header_timeout_s: float = 15.0
+    """An HTTP request's headers must be complete this soon after the connection opens or its previous response
+    (idle keep-alive connections close after it too)."""
+    body_timeout_s: float = 60.0
+    """An HTTP request body (speech JSON, voice upload) must arrive whole within this (``body_timeout``, 408)."""
+    idle_timeout_s: float = 300.0
+    """A WebSocket with no client message and nothing being spoken for this long is closed (4002
+    ``idle_timeout``)."""
+    max_unsent_audio_s: float = 5.0
+    """Audio produced but not yet taken by a WebSocket; a slower reader is closed (4001 ``slow_consumer``), never
+    buffered without bound."""
+    max_buffer_delay_ms: int = 500
+    """Default wait for more text before an incomplete sentence is spoken (a client may set its own)."""
+    drain_timeout_s: float = 30.0
+    """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
+
+    def __post_init__(self) -> None:
+        _positive_ints(
+            self, "max_connections", "max_message_bytes", "max_queued_utterances", "max_text_chars_per_message",
+            "max_text_chars_per_utterance",
+        )  # fmt: skip
+        _positive_numbers(
+            self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_unsent_audio_s",
+            "drain_timeout_s",
+        )  # fmt: skip
+        _at_least_zero(self, "max_buffer_delay_ms")
+
+
+@dataclass(frozen=True)
+class VoiceSettings:
+    """The voice store: where uploaded voices persist, how many it keeps, and the bounds of an upload."""
+
+    title: ClassVar[str] = "Voice store"
+
+    voices_dir: Path | None = field(default=None, metadata=flag(shown_default="memory only"))
+    """Folder where uploaded voices persist across restarts."""
+    max_voices: int = 1000
+    """Voices in the store; uploads beyond it are refused until one is deleted (``voice_limit``, 409)."""
+    max_upload_bytes: int = 10 * 1024 * 1024
+    """A voice upload's whole multipart body (``upload_too_large``, 413)."""
+    max_clip_seconds: float = 30.0
+    """A voice clip's duration, read from the file's header before decoding; decoding stops at the limit whatever
+    the header says (``clip_too_long``). Longer prompts slow every utterance that uses the voice."""
+    max_transcript_chars: int = 2000
+    """A voice upload's ``transcript``, part of every prompt that uses the voice (``text_too_long``, refused while
+    the body is read)."""
+    max_voice_name_chars: int = 200
+    """A voice upload's ``name`` (``text_too_long``; control and format characters: ``invalid_name``)."""
+    max_voice_jobs: int = 2
+    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``), and
+    clips encoded or waiting at once on each engine process from every frontend together; more get 503 ``busy``
+    with ``Retry-After``, so that uploads cannot crowd out the streams' CPU."""
+
+    def __post_init__(self) -> None:
+        _positive_ints(
+            self, "max_voices", "max_upload_bytes", "max_transcript_chars", "max_voice_name_chars", "max_voice_jobs"
+        )
+        _positive_numbers(self, "max_clip_seconds")
+
+
+@dataclass(frozen=True)
+class PersonaSettings:
+    """LoRA personas: those loaded at start, where more may be loaded from, and how many fit."""
+
+    title: ClassVar[str] = "Personas"
+
+    loras: tuple[tuple[str, Path], ...] = field(
+        default=(), metadata=flag(repeatable=True, parse=persona_arg, metavar="NAME=DIR", shown_default="none")
+    )
+    """A LoRA persona loaded before ``/ready``: a name and a checkpoint folder in the reference's fine-tuning
+    format (repeatable; [personas](#personas-lora-adapters))."""
+    lora_root: Path | None = field(default=None, metadata=flag(shown_default="none: ``POST /v1/loras`` refused"))
+    """``POST /v1/loras`` loads only folders inside it (no symbolic link out of it)."""
+    max_personas: int = 4
+    """LoRA personas resident on the device at once (more are swapped in, least recently used first, never one in
+    use)."""
+    max_lora_rank: int = 64
+    """Largest LoRA rank accepted (``lora_too_large``); resident adapters are padded to it (memory and compute
+    per step)."""
+    max_loras: int = 64
+    """Personas registered at once, ``--lora`` and ``POST /v1/loras`` (``persona_limit``, 409)."""
+
+    def __post_init__(self) -> None:
+        _positive_ints(self, "max_personas", "max_lora_rank", "max_loras")
+        names = [name for name, _ in self.loras]
+        ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
+        _check(self, "loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
+        _check(self, "loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
+
+
+@dataclass(frozen=True)
+class AudioSettings:
+    """How the audio streams are encoded."""
+
+    title: ClassVar[str] = "Audio"
+
+    opus_bitrate: int = DEFAULT_BITRATE
+    """Opus bits per second, for every Opus and Ogg Opus stream."""
+    opus_complexity: int = DEFAULT_COMPLEXITY
+    """Opus encoder complexity, 0-10 (7 and up cost ~5x the CPU of 6 on speech:
+    [performance](performance.md#opus-on-speech-complexity-and-bitrate))."""
+    encoder_threads: int = 2
+    """Threads that run the audio encoders off the event loop (libopus releases the GIL; 0: on the loop)."""
+
+    def __post_init__(self) -> None:
+        _positive_ints(self, "opus_bitrate")
+        _at_least_zero(self, "encoder_threads")
+        try:
+            self.opus_settings()
+        except ValueError as exc:
+            raise ValueError(f"AudioSettings.opus_bitrate/opus_complexity are invalid: {exc}") from None
+
     def opus_settings(self) -> OpusSettings:
         """How every Opus stream is coded."""
         return OpusSettings(self.opus_bitrate, self.opus_complexity)
 
 
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one server process, in groups; defaults suit a single GPU and a trusted local network.
+
+    ``ServerConfig.of(max_sessions=2, port=0)`` makes one from settings named flat, as their flags are.
+    """
+
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    topology: Topology = field(default_factory=Topology)
+    transport: Transport = field(default_factory=Transport)
+    limits: Limits = field(default_factory=Limits)
+    voices: VoiceSettings = field(default_factory=VoiceSettings)
+    personas: PersonaSettings = field(default_factory=PersonaSettings)
+    audio: AudioSettings = field(default_factory=AudioSettings)
+
+    def __post_init__(self) -> None:
+        devices = self.topology.devices
+        _check(self, "devices", devices, not (devices and self.engine.device), "empty when device is given (--device)")
+
+    @classmethod
+    def of(cls, **settings: Any) -> ServerConfig:
+        """The config with these settings, named flat (``max_sessions=2``), each in its group; the others default."""
+        return cls().with_settings(**settings)
+
+    def with_settings(self, **settings: Any) -> ServerConfig:
+        """This config with these settings, named flat (``port=0``), replaced in their groups."""
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in settings.items():
+            if name not in _GROUP_OF:
+                raise TypeError(f"ServerConfig has no setting {name!r}")
+            changes.setdefault(_GROUP_OF[name], {})[name] = value
+        groups = {group: dataclasses.replace(getattr(self, group), **values) for group, values in changes.items()}
+        return dataclasses.replace(self, **groups)
+
+    def engine_devices(self) -> tuple[str | None, ...]:
+        """The device of each engine process: ``devices``, or the one ``device``."""
+        return self.topology.devices or (self.engine.device,)
+
+
+_GROUP_OF = {
+    setting.name: group.name
+    for group in dataclasses.fields(ServerConfig)
+    for setting in dataclasses.fields(group.default_factory)  # type: ignore[arg-type]
+}
+"""Each setting's group: ``{"max_connections": "limits", ...}``."""
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_persona_name(value: str) -> bool:
@@ -313,6 +442,23 @@ def _is_token(value: object) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._:-]{1,253}", value) is not None
 
 
-def _check(name: str, value: object, ok: bool, rule: str) -> None:
+def _positive_ints(group: object, *names: str) -> None:
+    for name in names:
+        value = getattr(group, name)
+        _check(group, name, value, _is_int(value) and value > 0, "an int > 0")
+
+
+def _positive_numbers(group: object, *names: str) -> None:
+    for name in names:
+        value = getattr(group, name)
+        _check(group, name, value, _is_finite(value) and value > 0, "a finite number > 0")
+
+
+def _at_least_zero(group: object, name: str) -> None:
+    value = getattr(group, name)
+    _check(group, name, value, _is_int(value) and value >= 0, "an int >= 0")
+
+
+def _check(group: object, name: str, value: object, ok: bool, rule: str) -> None:
     if not ok:
-        raise ValueError(f"ServerConfig.{name}={value!r} is invalid: must be {rule}")
+        raise ValueError(f"{type(group).__name__}.{name}={value!r} is invalid: must be {rule}")

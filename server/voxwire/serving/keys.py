@@ -14,7 +14,7 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 * ``ENCODERS_KEY``: the ``EncoderPool`` (threads that run the audio encoders).
 * ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
   ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
-  finish (up to ``ServerConfig.drain_timeout_s``) and then closes every socket left here with 1001.
+  finish (up to ``ServerConfig.limits.drain_timeout_s``) and then closes every socket left here with 1001.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from voxwire.serving.workers.supervisor import supervise
 
 def serve(config: ServerConfig) -> int:
     """Serve until SIGTERM or SIGINT, draining before the listener closes; the exit status."""
-    if config.frontends > 0:
+    if config.topology.frontends > 0:
         return supervise(config)
     app = make_app(config)
     run_loop(run_app(app, config))

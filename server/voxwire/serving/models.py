@@ -8,12 +8,13 @@ from voxwire.speech_model import SIM_MODEL, SpeechModel, VoxCPMSpeech
 
 
 def load_speech_model(config: ServerConfig) -> SpeechModel:
-    """The model ``config.model`` names: ``sim``, ``demo`` (tiny random weights: noise), a folder or a hub id."""
-    if config.model == SIM_MODEL:
+    """The model ``config.engine.model`` names: ``sim``, ``demo`` (tiny random weights: noise), a folder or a hub id."""
+    if config.engine.model == SIM_MODEL:
         from voxwire.sim.model import SimSpeech
         from voxwire.sim.runner import SimConfig
 
-        return SimSpeech(SimConfig(cost=StepCost.parse(config.sim_cost)))
+        return SimSpeech(SimConfig(cost=StepCost.parse(config.engine.sim_cost)))
     from voxwire.loader import load_model
 
-    return VoxCPMSpeech(load_model(config.model, device=config.device, dtype=config.dtype, vae_dtype=config.vae_dtype))
+    engine = config.engine
+    return VoxCPMSpeech(load_model(engine.model, device=engine.device, dtype=engine.dtype, vae_dtype=engine.vae_dtype))

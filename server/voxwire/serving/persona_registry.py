@@ -46,17 +46,17 @@ logger = logging.getLogger(__name__)
 
 
 def open_registry(model: SpeechModel, config: ServerConfig) -> PersonaRegistry | None:
-    """The personas of ``model`` with ``config.loras`` loaded (blocking: at startup, before the server reports
+    """The personas of ``model`` with ``config.personas.loras`` loaded (blocking: at startup, before the server reports
     ready, so a bad ``--lora`` stops it); None for a model without LoRA layers (the simulator)."""
     if not isinstance(model, VoxCPMSpeech):
-        if config.loras:
-            raise InvalidInputError(f"--lora needs a checkpoint model; {config.model!r} has no LoRA layers")
+        if config.personas.loras:
+            raise InvalidInputError(f"--lora needs a checkpoint model; {config.engine.model!r} has no LoRA layers")
         return None
     registry = PersonaRegistry(model.tts, config)
-    if config.loras or config.lora_root is not None:
-        bank = model.tts.enable_personas(config.max_personas, config.max_lora_rank)
+    if config.personas.loras or config.personas.lora_root is not None:
+        bank = model.tts.enable_personas(config.personas.max_personas, config.personas.max_lora_rank)
         bank.reserve(RESERVED_TARGETS)
-        for name, path in config.loras:  # the operator's folders: not bound to ``lora_root``
+        for name, path in config.personas.loras:  # the operator's folders: not bound to ``lora_root``
             registry.load(name, Path(path), OPERATOR, Path(path).name)
         bank.seal()  # before the engine captures its graphs
     return registry
@@ -123,7 +123,7 @@ class PersonaRegistry:
         """Load the checkpoint folder ``path`` (inside ``--lora-root``: absolute, or relative to it) as ``name``
         for ``owner`` (blocking: reads files, and briefly holds the engine's step lock). The cheap checks come
         first: the name, whether it is taken (or still held by requests), the limit; then the folder."""
-        root = self.config.lora_root
+        root = self.config.personas.lora_root
         bank = self.tts.personas
         if root is None or bank is None:
             raise PersonaLoadError(
@@ -139,8 +139,8 @@ class PersonaRegistry:
             raise PersonaLoadError(
                 "persona_exists", f"persona {name!r} was deleted but requests still speak with it; retry when they end"
             )
-        if len(self._bank_names()) >= self.config.max_loras:
-            limit = self.config.max_loras
+        if len(self._bank_names()) >= self.config.personas.max_loras:
+            limit = self.config.personas.max_loras
             raise PersonaLoadError("persona_limit", f"{limit} personas are loaded (max_loras); delete one first")
         folder, listed = self._folder(path, root)
         self.load(name, folder, owner, listed)
@@ -150,7 +150,7 @@ class PersonaRegistry:
         """Load the checkpoint ``folder`` as ``name`` of ``owner``, listed as ``listed_path``, unchecked (``add``
         checks a client's request). Refusals say what is wrong without the folder's path or the files' contents;
         the log has every detail."""
-        self.tts.enable_personas(self.config.max_personas, self.config.max_lora_rank)
+        self.tts.enable_personas(self.config.personas.max_personas, self.config.personas.max_lora_rank)
         self._records[name] = _Record(owner, listed_path)  # before it can be listed or removed
         try:
             self._load(name, folder)

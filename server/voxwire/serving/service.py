@@ -198,10 +198,10 @@ class SpeechService:
         self.model = model
         self.personas = personas
         """The LoRA personas requests may name; None: the base model only."""
-        self.runner = model.new_runner(config.runner_options())
-        self.engine = AsyncEngine(Engine(self.runner, config.engine_config()))
-        self._max_waiting = config.max_waiting
-        self._max_running = config.max_sessions
+        self.runner = model.new_runner(config.engine.runner_options())
+        self.engine = AsyncEngine(Engine(self.runner, config.engine.engine_config()))
+        self._max_waiting = config.engine.max_waiting
+        self._max_running = config.engine.max_sessions
         self.info = model.info
         self._ids = itertools.count()
 

@@ -58,7 +58,7 @@ def ws_config(**overrides: Any) -> ServerConfig:
     settings: dict[str, Any] = {
         "port": 0, "max_sessions": 4, "max_waiting": 64, "drain_timeout_s": 5.0, "realtime": False,
     }  # fmt: skip
-    return ServerConfig(**{**settings, **overrides})
+    return ServerConfig.of(**{**settings, **overrides})
 
 
 def with_ws_routes(app: web.Application) -> web.Application:

@@ -146,7 +146,7 @@ async def refused_upgrade(connect: Connect, server: TestServer, code: str) -> No
         await connect(server, read_ready=False)
     assert refused.value.status == 503
     assert refused.value.headers is not None and refused.value.headers["Retry-After"] == "1"
-    assert refused.value.headers["X-Voxwire-Replica"] == server.app[CONFIG_KEY].replica_id
+    assert refused.value.headers["X-Voxwire-Replica"] == server.app[CONFIG_KEY].transport.replica_id
     async with ClientSession() as http, http.get(server.make_url(STREAM_PATH), headers=UPGRADE) as response:
         assert response.status == 503
         assert (await response.json())["error"]["code"] == code

@@ -51,7 +51,7 @@ def test_parsing_a_message_does_no_reflection(monkeypatch) -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("budget", [200.0, ServerConfig().max_messages_per_s])
+@pytest.mark.parametrize("budget", [200.0, ServerConfig().limits.max_messages_per_s])
 async def test_a_flooding_connection_is_closed_and_others_keep_their_pace(
     serve, aiohttp_client, connect, budget: float
 ) -> None:

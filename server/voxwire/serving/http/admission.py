@@ -38,10 +38,10 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
         return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
     if phase is Phase.DRAINING:
         return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
-    if connection and len(app[SESSIONS_KEY]) + state.other_connections() >= config.max_connections:
-        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.max_connections} connections")
+    if connection and len(app[SESSIONS_KEY]) + state.other_connections() >= config.limits.max_connections:
+        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.limits.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
-        return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.max_waiting} waiting)")
+        return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.engine.max_waiting} waiting)")
     return None
 
 

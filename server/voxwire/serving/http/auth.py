@@ -55,12 +55,14 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if is_public(request):
         return await handler(request)
     origin = request.headers.get(hdrs.ORIGIN)
-    if config.allowed_origins and origin is not None:
-        check_origin(origin, config.allowed_origins)
+    if config.transport.allowed_origins and origin is not None:
+        check_origin(origin, config.transport.allowed_origins)
         if _is_preflight(request):
             return _preflight(origin)
         request[_CORS_ORIGIN] = origin
-    request[OWNER_KEY] = key_owner(check_api_key(request, config.api_keys)) if config.api_keys else None
+    request[OWNER_KEY] = (
+        key_owner(check_api_key(request, config.transport.api_keys)) if config.transport.api_keys else None
+    )
     return await handler(request)
 
 

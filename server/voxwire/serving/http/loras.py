@@ -18,7 +18,7 @@ async def create_lora(request: web.Request) -> web.Response:
     owned by the request's API key."""
     app = request.app
     require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
-    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
+    body = await read_json(request, app[CONFIG_KEY].limits.body_timeout_s)
     if not isinstance(body, dict):
         raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
     unknown = sorted(set(body) - {"name", "path"})

@@ -174,7 +174,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     app = request.app
     require_admission(app, connection=False)
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
-    body = await read_json(request, config.body_timeout_s, _body_limit(config))
+    body = await read_json(request, config.limits.body_timeout_s, _body_limit(config))
     fields = {**_DEFAULTS, **_parse(body, _GENERATE_FIELDS)}
     _check_prompt_fields(fields)
     if fields["temperature"] != 1.0:
@@ -185,13 +185,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
     text = fields["target_text"]
     if not text.strip():
         raise _bad("target_text must not be empty")
-    if len(text) > config.max_text_chars_per_utterance:
-        raise _bad(f"target_text has {len(text)} characters; the limit is {config.max_text_chars_per_utterance}")
+    if len(text) > config.limits.max_text_chars_per_utterance:
+        raise _bad(f"target_text has {len(text)} characters; the limit is {config.limits.max_text_chars_per_utterance}")
     try:
         params = SynthesisParams(
             cfg_value=float(fields["cfg_value"]), max_len=fields["max_generate_length"], seed=fields.get("seed")
         )
-        config.engine_config().limits.check(params)
+        config.engine.engine_config().limits.check(params)
     except ValueError as exc:
         raise _bad(str(exc)) from exc
     voice = await _voice(app, fields)
@@ -259,7 +259,7 @@ async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) ->
 def _max_patches(app: web.Application) -> int:
     """Patches of latents a prompt may hold: those of a clip of ``max_clip_seconds``, as an upload's."""
     info = app[SERVICE_KEY].info
-    return math.ceil(app[CONFIG_KEY].max_clip_seconds * info.sample_rate / info.samples_per_patch)
+    return math.ceil(app[CONFIG_KEY].voices.max_clip_seconds * info.sample_rate / info.samples_per_patch)
 
 
 def _b64(value: str, name: str) -> bytes:
@@ -290,7 +290,7 @@ async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> Patc
     if reference and not service.info.reference_cloning:
         raise _bad("Reference audio is not supported by the loaded model")
     try:
-        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.voices.max_clip_seconds)
         if reference:
             voice = await service.encode_voice(VoiceClip(reference_audio=samples, reference_sample_rate=rate))
             patches = voice.reference_patches
@@ -312,7 +312,7 @@ async def encode_latents(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
     config = app[CONFIG_KEY]
-    fields = _parse(await read_json(request, config.body_timeout_s, _body_limit(config)), _ENCODE_FIELDS)
+    fields = _parse(await read_json(request, config.limits.body_timeout_s, _body_limit(config)), _ENCODE_FIELDS)
     patches = await _encode(app, _b64(fields["wav_base64"], "wav_base64"), reference=False)
     data = patches.reshape(-1, patches.shape[-1]).astype("<f4").tobytes()
     return web.json_response(
@@ -328,7 +328,9 @@ async def encode_latents(request: web.Request) -> web.Response:
 
 def _body_limit(config: ServerConfig) -> int:
     """Room for two base64 clips (prompt and reference, each at most ``max_upload_bytes``) and the text."""
-    return 2 * (4 * config.max_upload_bytes // 3 + 4) + 4 * config.max_text_chars_per_utterance + 64 * 1024
+    return (
+        2 * (4 * config.voices.max_upload_bytes // 3 + 4) + 4 * config.limits.max_text_chars_per_utterance + 64 * 1024
+    )
 
 
 async def info(request: web.Request) -> web.Response:
@@ -339,7 +341,7 @@ async def info(request: web.Request) -> web.Response:
     names = [info.name for info in infos]
     lora = {
         "enabled": registry is not None, "enable_lm": True, "enable_dit": True, "enable_proj": True,
-        "max_loras": config.max_personas, "max_lora_rank": config.max_lora_rank,
+        "max_loras": config.personas.max_personas, "max_lora_rank": config.personas.max_lora_rank,
         **(persona_targets(infos) if registry is not None else {}), "registered_names": names, "loaded": bool(names),
     }  # fmt: skip
     patch_size, feat_dim = app[VOICES_KEY].patch_shape
@@ -359,7 +361,7 @@ async def list_loras(request: web.Request) -> web.Response:
 async def register_lora(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)
-    fields = _parse(await read_json(request, app[CONFIG_KEY].body_timeout_s), _LORA_FIELDS)
+    fields = _parse(await read_json(request, app[CONFIG_KEY].limits.body_timeout_s), _LORA_FIELDS)
     added = await persona_registry(app).add(fields["name"], fields["path"], owner=request.get(OWNER_KEY))
     return web.json_response({"name": added.name})
 

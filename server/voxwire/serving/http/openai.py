@@ -67,8 +67,8 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     text = json_field(body, "input", str)
     if text is None or not text.strip():
         raise ApiError(ErrorCode.EMPTY_INPUT, "'input' must be a non-empty string")
-    if len(text) > config.max_text_chars_per_utterance:
-        limit = config.max_text_chars_per_utterance
+    if len(text) > config.limits.max_text_chars_per_utterance:
+        limit = config.limits.max_text_chars_per_utterance
         raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'input' has {len(text)} characters; the limit is {limit}")
     response_format = json_field(body, "response_format", str) or "mp3"  # OpenAI's default, which its SDKs rely on
     if response_format not in OPENAI_RESPONSE_FORMATS:
@@ -94,7 +94,9 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
     try:
         params = SynthesisParams(**extras)
-        config.engine_config().limits.check(params)  # this server's limits, before any work (as a WebSocket start)
+        config.engine.engine_config().limits.check(
+            params
+        )  # this server's limits, before any work (as a WebSocket start)
     except ValueError as exc:
         raise ApiError(ErrorCode.INVALID_PARAMETER, str(exc)) from exc
     voice = json_field(body, "voice", str)
@@ -107,7 +109,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated."""
     app = request.app
     require_admission(app, connection=False)
-    body = await read_json(request, app[CONFIG_KEY].body_timeout_s)
+    body = await read_json(request, app[CONFIG_KEY].limits.body_timeout_s)
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
@@ -142,7 +144,7 @@ async def _stream_speech(
     app = request.app
     service, config = app[SERVICE_KEY], app[CONFIG_KEY]
     fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
-    opus = config.opus_settings()
+    opus = config.audio.opus_settings()
     encoder = make_encoder(
         fmt, service.info.sample_rate, output_rate=rate, bitrate=opus.bitrate, complexity=opus.complexity
     )

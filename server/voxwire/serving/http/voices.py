@@ -37,26 +37,26 @@ async def create_voice(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
-    if request.content_length is not None and request.content_length > config.max_upload_bytes:
-        raise _too_large(config.max_upload_bytes)
-    fields = await read_within(config.body_timeout_s, _read_upload(request, config))
+    if request.content_length is not None and request.content_length > config.voices.max_upload_bytes:
+        raise _too_large(config.voices.max_upload_bytes)
+    fields = await read_within(config.limits.body_timeout_s, _read_upload(request, config))
     clip = fields.get("file")
     if clip is None:
         raise ApiError(ErrorCode.INVALID_REQUEST, "the upload needs a 'file' part holding the voice clip")
     # An empty transcript field is the same as none (forms send empty fields).
-    text = _text_part(fields, "transcript", config.max_transcript_chars) or None
-    name = _text_part(fields, "name", config.max_voice_name_chars)
+    text = _text_part(fields, "transcript", config.voices.max_transcript_chars) or None
+    name = _text_part(fields, "name", config.voices.max_voice_name_chars)
     check_voice_name(name)
     if text is None and not service.info.reference_cloning:
         raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
     rate = service.info.sample_rate
     state = app[STATE_KEY]
-    if state.voice_jobs >= config.max_voice_jobs:
-        message = f"{config.max_voice_jobs} voice uploads are being processed here; retry shortly"
+    if state.voice_jobs >= config.voices.max_voice_jobs:
+        message = f"{config.voices.max_voice_jobs} voice uploads are being processed here; retry shortly"
         raise ApiError(ErrorCode.BUSY, message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     try:
         with state.voice_job():
-            samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.max_clip_seconds)
+            samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.voices.max_clip_seconds)
             # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
             made_of = (
                 VoiceClip(text, samples, rate)
@@ -122,9 +122,9 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
         raise ApiError(ErrorCode.INVALID_REQUEST, "send the voice as multipart/form-data") from exc
     part_limits = {
-        "file": config.max_upload_bytes,
-        "transcript": _UTF8_BYTES_PER_CHAR * config.max_transcript_chars + _PART_SLACK,
-        "name": _UTF8_BYTES_PER_CHAR * config.max_voice_name_chars + _PART_SLACK,
+        "file": config.voices.max_upload_bytes,
+        "transcript": _UTF8_BYTES_PER_CHAR * config.voices.max_transcript_chars + _PART_SLACK,
+        "name": _UTF8_BYTES_PER_CHAR * config.voices.max_voice_name_chars + _PART_SLACK,
     }
     fields: dict[str, bytes] = {}
     total = 0
@@ -135,11 +135,15 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
         data = bytearray()
         while chunk := await part.read_chunk():
             total += len(chunk)
-            if total > config.max_upload_bytes:
-                raise _too_large(config.max_upload_bytes)
+            if total > config.voices.max_upload_bytes:
+                raise _too_large(config.voices.max_upload_bytes)
             data += chunk
             if len(data) > part_limits[part.name]:
-                limit = config.max_transcript_chars if part.name == "transcript" else config.max_voice_name_chars
+                limit = (
+                    config.voices.max_transcript_chars
+                    if part.name == "transcript"
+                    else config.voices.max_voice_name_chars
+                )
                 raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part.name}' is longer than the limit of {limit} characters")
         fields[part.name] = bytes(data)
     return fields

@@ -207,14 +207,15 @@ class EngineCore:
 
 
 def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, pulse: Pulse) -> None:
-    """Engine process ``index``'s main: load the model on ``config.device``, build the engine, serve until SIGTERM."""
+    """Engine process ``index``'s main: load the model on ``config.engine.device``, build the engine, serve until
+    SIGTERM."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[engine-{index}]: %(message)s")
     # Ctrl-C reaches the whole process group: the supervisor decides when the engine stops (after the drain).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = load_speech_model(config)
     personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
-    engine = Engine(model.new_runner(config.runner_options()), config.engine_config())
-    core = EngineCore(model, engine, endpoint, personas, pulse, max_voice_jobs=config.max_voice_jobs)
+    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
+    core = EngineCore(model, engine, endpoint, personas, pulse, max_voice_jobs=config.voices.max_voice_jobs)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         core.stop()

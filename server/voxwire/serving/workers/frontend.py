@@ -50,7 +50,7 @@ async def _frontend(
     parent = os.getppid()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
     proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
-    voices = SharedVoiceStore(proxy, config.voices_dir, config.max_voices)
+    voices = SharedVoiceStore(proxy, config.voices.voices_dir, config.voices.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     app[STATE_KEY].other_connections = pulse.others  # --max-connections bounds the server, not this frontend
     stop = asyncio.Event()

@@ -119,8 +119,8 @@ class EngineProxy:
         self._links = links
         self._endpoints = tuple(endpoints)
         self._frontend = frontend
-        self._max_waiting = config.max_waiting
-        self._max_running = config.max_sessions
+        self._max_waiting = config.engine.max_waiting
+        self._max_running = config.engine.max_sessions
         welcome = links[0].welcome  # engine 0 keeps the voices
         self.info = welcome.info
         self.patch_shape = welcome.patch_shape

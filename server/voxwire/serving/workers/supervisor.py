@@ -32,7 +32,6 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -54,7 +53,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def supervise(config: ServerConfig) -> int:
-    """Run the engines and ``config.frontends`` frontends until a signal or an engine's death; the exit status."""
+    """Run the engines and ``config.topology.frontends`` frontends until a signal or an engine's death; the exit
+    status."""
     context = multiprocessing.get_context("spawn")  # no fork: the engine may hold CUDA, frontends must not
     log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     _remove_stale_folders(Path(tempfile.gettempdir()))
@@ -63,11 +63,11 @@ def supervise(config: ServerConfig) -> int:
         metrics_dir.mkdir()
         # Read by prometheus_client when the frontends import it: their instruments write to shared files.
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
-        reserved = _reserve_port(config.host, config.port)
+        reserved = _reserve_port(config.transport.host, config.transport.port)
         try:
             port = reserved.getsockname()[1]
             endpoints = tuple(f"ipc://{folder}/engine-{i}" for i in range(len(config.engine_devices())))
-            supervisor = _Supervisor(context, replace(config, port=port), endpoints, metrics_dir, log_level)
+            supervisor = _Supervisor(context, config.with_settings(port=port), endpoints, metrics_dir, log_level)
             return supervisor.run()
         finally:
             reserved.close()
@@ -126,7 +126,7 @@ class _Supervisor:
         self.started_at: dict[int, float] = {}
         self.stop_requested = False
         self.engine_count = len(endpoints)
-        self.pulses = Pulses(context, self.engine_count + config.frontends)
+        self.pulses = Pulses(context, self.engine_count + config.topology.frontends)
         """Heartbeats: engines in slots 0..engines-1, then the frontends."""
         self.engines: list[multiprocessing.process.BaseProcess] = []
         self.engine_started_at: list[float] = []
@@ -140,9 +140,9 @@ class _Supervisor:
         for index in range(self.engine_count):
             self.engines.append(self._start_engine(index))
             self.engine_started_at.append(time.monotonic())
-        for index in range(self.config.frontends):
+        for index in range(self.config.topology.frontends):
             self._start_frontend(index)
-        logger.info("supervising %d engine(s) and %d frontend(s)", self.engine_count, self.config.frontends)
+        logger.info("supervising %d engine(s) and %d frontend(s)", self.engine_count, self.config.topology.frontends)
         while not self.stop_requested:
             time.sleep(_WATCH_S)
             for index in range(self.engine_count):
@@ -159,7 +159,7 @@ class _Supervisor:
 
         device = self.config.engine_devices()[index]
         # Each engine loads the model on its own device: its own KV pool, graphs and voice cache.
-        config = replace(self.config, device=device, devices=())
+        config = self.config.with_settings(device=device, devices=())
         engine = self.context.Process(
             target=run_engine,
             args=(config, index, self.endpoints[index], self.log_level, self.pulses.pulse(index)),
@@ -204,7 +204,7 @@ class _Supervisor:
 
     def _end_if_silent(self, process: multiprocessing.process.BaseProcess, slot: int) -> None:
         """SIGKILL a hung child (see ``liveness``): its death then takes the path of any other."""
-        silence = self.pulses.silent(slot, self.config.liveness_timeout_s)
+        silence = self.pulses.silent(slot, self.config.topology.liveness_timeout_s)
         if silence is not None and process.is_alive():
             logger.error("%s (pid %s) showed no life for %.1f s: ending it", process.name, process.pid, silence)
             process.kill()
@@ -235,7 +235,7 @@ class _Supervisor:
 
     def _shutdown(self, engines: list[multiprocessing.process.BaseProcess]) -> int:
         logger.info("shutting down: the frontends drain, then the engines stop")
-        self._stop_frontends(signal.SIGTERM, self.config.drain_timeout_s + _STOP_GRACE_S)
+        self._stop_frontends(signal.SIGTERM, self.config.limits.drain_timeout_s + _STOP_GRACE_S)
         _stop_engines(engines)
         logger.info("stopped")
         return 0 if all(engine.exitcode == 0 for engine in engines) else 1

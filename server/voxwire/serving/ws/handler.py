@@ -74,9 +74,9 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     require_admission(app, connection=True)
     # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
     ws = StreamSocket(
-        max_message_bytes=config.max_message_bytes,
-        heartbeat=config.ping_interval_s,
-        max_msg_size=HARD_SIZE_FACTOR * config.max_message_bytes,
+        max_message_bytes=config.limits.max_message_bytes,
+        heartbeat=config.transport.ping_interval_s,
+        max_msg_size=HARD_SIZE_FACTOR * config.limits.max_message_bytes,
         compress=False,
     )
     sessions = app[SESSIONS_KEY]

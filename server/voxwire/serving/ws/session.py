@@ -68,12 +68,12 @@ class SessionTransport(Transport, Protocol):
 
 def session_limits(config: ServerConfig) -> SessionLimits:
     return SessionLimits(
-        max_message_bytes=config.max_message_bytes,
-        max_messages_per_s=config.max_messages_per_s,
-        max_text_chars_per_message=config.max_text_chars_per_message,
-        max_text_chars_per_utterance=config.max_text_chars_per_utterance,
-        max_queued_utterances=config.max_queued_utterances,
-        idle_timeout_s=config.idle_timeout_s,
+        max_message_bytes=config.limits.max_message_bytes,
+        max_messages_per_s=config.limits.max_messages_per_s,
+        max_text_chars_per_message=config.limits.max_text_chars_per_message,
+        max_text_chars_per_utterance=config.limits.max_text_chars_per_utterance,
+        max_queued_utterances=config.limits.max_queued_utterances,
+        idle_timeout_s=config.limits.idle_timeout_s,
     )
 
 
@@ -96,11 +96,13 @@ class Session:
         self.server = server
         self.transport = transport
         self.metrics = metrics
-        self.outbox = Outbox(transport, config.max_unsent_audio_s)
-        limits = config.engine_config().limits
+        self.outbox = Outbox(transport, config.limits.max_unsent_audio_s)
+        limits = config.engine.engine_config().limits
 
         def resolve(start: Start) -> Settings:
-            return resolve_settings(start, voices, service, limits, config.max_buffer_delay_ms, config.playback_lead_ms)
+            return resolve_settings(
+                start, voices, service, limits, config.limits.max_buffer_delay_ms, config.engine.playback_lead_ms
+            )
 
         self.core = SessionCore(session_limits(config), resolve, server, time.monotonic())
         self._audio: dict[int, UtteranceAudio] = {}
@@ -146,7 +148,7 @@ class Session:
         for action in actions:
             match action:
                 case Announce(settings):
-                    self.outbox.put(ready_message(settings, self.service.info, self.config.opus_settings()))
+                    self.outbox.put(ready_message(settings, self.service.info, self.config.audio.opus_settings()))
                 case Preload():
                     self._spawn(preload_in_worker())
                 case SendError(code, message, utterance):
@@ -154,7 +156,7 @@ class Session:
                         self.metrics.count_error(code.value)
                     self.outbox.put(Error(code.value, message, utterance))
                 case OpenUtterance(number, settings):
-                    rate, opus = self.service.info.sample_rate, self.config.opus_settings()
+                    rate, opus = self.service.info.sample_rate, self.config.audio.opus_settings()
                     self._audio[number] = UtteranceAudio(number, settings, rate, opus, time.monotonic())
                 case SpeakSegment():
                     self._work[action.utterance] = self._spawn(self._speak(action))
