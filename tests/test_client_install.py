@@ -23,7 +23,8 @@ from voxwire.cli.main import SERVER_EXTRA_MODULES
 TEXT = "A client without torch speaks through the server."
 CLIENT_MODULES = (
     "voxwire", "voxwire.audio", "voxwire.audio.pcm", "voxwire.audio.resample", "voxwire.audio.backend",
-    "voxwire.audio.ogg", "voxwire.errors", "voxwire.serving", "voxwire.protocol", "voxwire.protocol.wire", "voxwire.protocol.error_codes",
+    "voxwire.audio.ogg", "voxwire.errors", "voxwire.serving", "voxwire.protocol", "voxwire.protocol.wire",
+    "voxwire.protocol.error_codes",
 )  # fmt: skip
 """The modules outside client/ and integrations/ that clients may import: none loads the model or serves."""
 

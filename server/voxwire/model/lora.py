@@ -144,7 +144,6 @@ _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
 """The config's number fields: each one's bound and how it is stated."""
 
 
-
 @dataclass(frozen=True)
 class LoRAAdapter:
     """One loaded adapter: per targeted layer (its module path in the model), ``A`` (r, in) and ``B`` (out, r)
