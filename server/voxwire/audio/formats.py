@@ -9,6 +9,8 @@ are never empty. Per format:
   tells the client how many 48 kHz samples to drop.
 - ``ogg_opus``: RFC 7845 Ogg pages, one page per chunk; the first block carries the headers.
 - ``pcm_s16le`` / ``pcm_f32le``: raw little-endian mono samples.
+- ``pcm_mulaw`` / ``pcm_alaw``: G.711 bytes (``audio/g711.py``), 8 kHz unless ``output_rate`` says otherwise,
+  as phone gateways take them.
 - ``wav``: s16le with a streaming header (0xFFFFFFFF sizes) first; ``final_header()`` gives
   the header with real sizes for a consumer that can seek back and patch its file.
 - ``flac``: ``fLaC`` and a STREAMINFO with the length unknown first, then each FLAC frame as
@@ -31,6 +33,7 @@ import numpy as np
 
 from voxwire.audio.aac import AacStream
 from voxwire.audio.flac import FlacStream
+from voxwire.audio.g711 import to_alaw, to_mulaw
 from voxwire.audio.mp3 import Mp3Stream
 from voxwire.audio.ogg import OggOpusMuxer
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
@@ -43,6 +46,8 @@ class AudioFormat(str, Enum):
     OGG_OPUS = "ogg_opus"
     PCM_S16LE = "pcm_s16le"
     PCM_F32LE = "pcm_f32le"
+    PCM_MULAW = "pcm_mulaw"
+    PCM_ALAW = "pcm_alaw"
     WAV = "wav"
     FLAC = "flac"
     MP3 = "mp3"
@@ -58,6 +63,9 @@ OPENAI_RESPONSE_FORMATS: dict[str, tuple[AudioFormat, int | None]] = {
     "pcm": (AudioFormat.PCM_S16LE, 24000),
 }
 """OpenAI ``response_format`` -> (format, output rate); ``None`` keeps the model's rate."""
+
+TELEPHONY_RATE = 8000
+"""The rate of the G.711 formats when no ``output_rate`` is asked for: the telephone network's."""
 
 
 class StreamEncoder(Protocol):
@@ -167,6 +175,10 @@ def make_encoder(
     if fmt in (AudioFormat.OPUS, AudioFormat.OGG_OPUS):
         opus = OpusEncoder(input_rate, opus_rate=output_rate, bitrate=bitrate, complexity=complexity)
         return OpusPacketStream(opus) if fmt is AudioFormat.OPUS else OggOpusStream(opus, serial=serial)
+    if fmt in (AudioFormat.PCM_MULAW, AudioFormat.PCM_ALAW):
+        rate = TELEPHONY_RATE if output_rate is None else output_rate
+        mulaw = fmt is AudioFormat.PCM_MULAW
+        return PcmStream(input_rate, rate, to_mulaw if mulaw else to_alaw, "mulaw" if mulaw else "alaw")
     rate = input_rate if output_rate is None else output_rate
     if fmt is AudioFormat.PCM_S16LE:
         return PcmStream(input_rate, rate, to_s16le, "s16le")
