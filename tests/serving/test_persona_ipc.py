@@ -4,13 +4,12 @@ several engines (a load that fails on one engine is rolled back on the others)."
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-import zmq
+from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request
 from voxwire.serving.config import ServerConfig
@@ -25,29 +24,8 @@ from voxwire.tts import VoxCPM
 from .conftest import LORA
 
 
-class Frontend:
-    """A frontend's socket to one ``EngineCore``: send a message, receive the next one."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(0))
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
-
-    def send(self, message: object) -> None:
-        self.socket.send(ipc.dumps(message))
-
-    def receive(self, kind: type, timeout_s: float = 30.0) -> object:
-        """The next message of type ``kind`` (heartbeats and step outputs in between are skipped)."""
-        while self.socket.poll(int(timeout_s * 1000)):
-            message = ipc.loads(self.socket.recv_multipart()[0])
-            if isinstance(message, kind):
-                return message
-        raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
-
-
 @pytest.fixture
-def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
+def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[FrontendSocket]:
     """An engine process's core on the persona model, in a thread, with no persona loaded."""
     bank = persona_tts.personas
     for name in list(bank.adapters) if bank is not None else []:
@@ -64,21 +42,18 @@ def engine(persona_tts: VoxCPM, tmp_path: Path) -> Iterator[Frontend]:
     endpoint = f"ipc://{tmp_path}/engine-0"
     engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
     core = EngineCore(model, engine, endpoint, registry, max_voice_jobs=config.voices.max_voice_jobs)
-    thread = threading.Thread(target=core.run, name="test-engine-core")
-    thread.start()
-    frontend = Frontend(endpoint)
-    try:
-        frontend.send(ipc.Hello(1))
-        welcome = frontend.receive(ipc.Welcome)
-        assert isinstance(welcome, ipc.Welcome) and welcome.personas == ()
-        yield frontend
-    finally:
-        core.stop()
-        thread.join(timeout=30)
-        frontend.socket.close()
+    frontend = FrontendSocket(endpoint)
+    with running(core):
+        try:
+            frontend.send(ipc.Hello(1))
+            welcome = frontend.receive(ipc.Welcome)
+            assert isinstance(welcome, ipc.Welcome) and welcome.personas == ()
+            yield frontend
+        finally:
+            frontend.close()
 
 
-def test_the_engine_loads_lists_announces_and_removes_personas(engine: Frontend) -> None:
+def test_the_engine_loads_lists_announces_and_removes_personas(engine: FrontendSocket) -> None:
     engine.send(ipc.AddPersona(1, "A", str(LORA), None))
     reply = engine.receive(ipc.PersonaReply)
     assert isinstance(reply, ipc.PersonaReply) and reply.error is None
@@ -108,7 +83,7 @@ def test_the_engine_loads_lists_announces_and_removes_personas(engine: Frontend)
     assert isinstance(again, ipc.PersonaReply) and isinstance(again.error, UnknownPersonaError)
 
 
-def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine: Frontend) -> None:
+def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine: FrontendSocket) -> None:
     """Issue 20.5: under --workers the frontends forward the requester's key digest (``OWNER_KEY``); the engine's
     registry refuses anyone else's removal, typed across the socket, and the owner's own succeeds."""
     engine.send(ipc.AddPersona(1, "B", "voxcpm2", "digest-of-key-a"))  # relative to the root
@@ -125,7 +100,7 @@ def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine
     assert isinstance(removed, ipc.PersonaReply) and removed.error is None
 
 
-def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: Frontend) -> None:
+def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: FrontendSocket) -> None:
     # A frontend whose list of names is stale (a removal not yet announced) still gets the typed refusal.
     engine.send(ipc.Add(Request("r-1", "Hello there.", 8, persona="gone")))
     rejected = engine.receive(ipc.Rejected)

@@ -4,12 +4,11 @@ streams already playing)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import zmq
+from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request, SynthesisParams
 from voxwire.serving.config import ServerConfig
@@ -18,27 +17,13 @@ from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.sim.model import SimSpeech
 
 
-class Frontend:
-    """A frontend's socket to one ``EngineCore``: send a message, receive the next one of a kind."""
+class Frontend(FrontendSocket):
+    """Frontend 0, welcomed by the engine."""
 
     def __init__(self, endpoint: str) -> None:
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, ipc.frontend_identity(0))
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
+        super().__init__(endpoint)
         self.send(ipc.Hello(1))
         self.receive(ipc.Welcome)
-
-    def send(self, message: object) -> None:
-        self.socket.send(ipc.dumps(message))
-
-    def receive(self, kind: type, timeout_s: float = 10.0) -> object:
-        """The next message of type ``kind`` (others in between are skipped)."""
-        while self.socket.poll(int(timeout_s * 1000)):
-            message = ipc.loads(self.socket.recv_multipart()[0])
-            if isinstance(message, kind):
-                return message
-        raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
 
     def request_ids(self) -> list[str]:
         """The request ids of the next step's message, in the order the engine sent them."""
@@ -55,13 +40,8 @@ def endpoint(tmp_path: Path) -> Iterator[str]:
     endpoint = f"ipc://{tmp_path}/engine-0"
     engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
     core = EngineCore(model, engine, endpoint, max_voice_jobs=config.voices.max_voice_jobs)
-    thread = threading.Thread(target=core.run, name="test-engine-core")
-    thread.start()
-    try:
+    with running(core):
         yield endpoint
-    finally:
-        core.stop()
-        thread.join(timeout=30)
 
 
 def test_a_new_streams_first_chunk_leads_its_step_message(endpoint: str) -> None:

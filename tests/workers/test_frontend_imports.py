@@ -36,9 +36,11 @@ from tests.server_process import ServerProcess, poll, server_threads
 from voxwire.audio.clip import load_clip
 from voxwire.client.connection import Connection
 from voxwire.params import SynthesisParams
-from voxwire.protocol.wire import AudioFrame, Done, End, Start, Text
+from voxwire.protocol.wire import Done
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
+
+from .test_workers import utterance
 
 TRANSCRIPT = "A clip of the voice."
 TEXT = "The frontend speaks in a saved voice."
@@ -105,9 +107,9 @@ def test_a_frontend_serves_voices_and_speech_without_torch(
     voice = asyncio.run(upload_and_list(server.url, wav))
     speech = asyncio.run(speak_over_http(server.url, voice))
     assert len(speech) > 0
-    pcm, done = asyncio.run(utterance(server.ws_url, voice, TEXT, seed=5))
+    pcm, done = asyncio.run(utterance_with_voice(server.ws_url, voice, TEXT, seed=5))
     assert done.finish_reason in ("stop", "length")
-    _, continued = asyncio.run(utterance(server.ws_url, voice, TWO_SENTENCES, seed=6))
+    _, continued = asyncio.run(utterance_with_voice(server.ws_url, voice, TWO_SENTENCES, seed=6))
     assert continued.finish_reason in ("stop", "length") and continued.segments == 2
 
     # The voice went to the engine and back as numpy and travelled with the request: the audio is the model's.
@@ -154,18 +156,9 @@ async def speak_over_http(url: str, voice: str) -> bytes:
         return await response.read()
 
 
-async def utterance(url: str, voice: str, text: str, seed: int) -> tuple[bytes, Done]:
+async def utterance_with_voice(url: str, voice: str, text: str, seed: int) -> tuple[bytes, Done]:
     async with await Connection.open(url, None) as connection:
-        await connection.configure(Start(format="pcm_f32le", seed=seed, voice=voice))
-        await connection.send(Text(text))
-        await connection.send(End())
-        audio = []
-        while True:
-            message = await asyncio.wait_for(connection.receive(), 60)
-            if isinstance(message, AudioFrame):
-                audio += message.packets
-            elif isinstance(message, Done):
-                return b"".join(audio), message
+        return await utterance(connection, text, seed, voice=voice)
 
 
 def loaded_modules(server: ServerProcess, role: str, folder: Path) -> set[str]:

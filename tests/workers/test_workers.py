@@ -56,8 +56,10 @@ async def speak(url: str, text: str, seed: int, fmt: str = "pcm_f32le", token: s
         return await utterance(connection, text, seed, fmt)
 
 
-async def utterance(connection: Connection, text: str, seed: int, fmt: str = "pcm_f32le") -> tuple[bytes, Done]:
-    await connection.configure(Start(format=fmt, seed=seed))
+async def utterance(
+    connection: Connection, text: str, seed: int, fmt: str = "pcm_f32le", voice: str | None = None
+) -> tuple[bytes, Done]:
+    await connection.configure(Start(format=fmt, seed=seed, voice=voice))
     await connection.send(Text(text))
     await connection.send(End())
     audio = []
