@@ -120,20 +120,11 @@ def test_a_voice_saved_once_speaks_on_both_engines(server: ServerProcess) -> Non
     clip = np.sin(np.linspace(0, 400 * np.pi, 48000)).astype(np.float32) * 0.3
     voice = upload_voice(server, clip)
 
-    async def in_voice(seed: int) -> Done:
-        async with await Connection.open(server.ws_url, KEY) as connection:
-            await connection.configure(Start(format="pcm_f32le", seed=seed, voice=voice))
-            await connection.send(Text(LONG))
-            await connection.send(End())
-            while not isinstance(message := await asyncio.wait_for(connection.receive(), 60), Done):
-                pass
-            return message
-
     async def both() -> tuple[list[Done], list[tuple[float, float]]]:
         samples: list[tuple[float, float]] = []
         stop = asyncio.Event()
         watcher = asyncio.create_task(watch_engines(server, samples, stop))
-        done = await asyncio.gather(*(in_voice(seed) for seed in range(4)))
+        done = await asyncio.gather(*(in_voice(server, voice, seed) for seed in range(4)))
         stop.set()
         await watcher
         return done, samples
