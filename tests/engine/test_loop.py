@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from voxwire.engine import Chunk, EngineStats, FinishReason
 from voxwire.engine.loop import EngineLoop
 
@@ -130,3 +132,24 @@ def test_the_drain_ends_every_stream_and_leaves_the_engine_idle(make_engine, mak
     assert sorted(o.request_id for o in finals) == ["a", "b", "c"]
     assert {o.finish_reason for o in finals} == {FinishReason.ABORTED}
     assert not engine.has_work() and runner.is_empty
+
+
+def test_queue_waits_run_from_add_to_the_admitting_step_and_count_only_served_requests(make_engine, make_request):
+    engine, _ = make_engine(config={"max_running": 1})
+    clock = Clock()
+    loop, delivered = new_loop(engine, clock)
+    loop.add(make_request("a", max_len=1))  # admitted at once, done in its first step
+    loop.add(make_request("b"))  # waits for a's slot
+    loop.add(make_request("c"))  # aborted while it waits: never served, no wait
+    clock.now += 0.02
+    loop.run_due()
+    engine.abort("c")
+    clock.now += 0.1
+    loop.run_due()
+    assert delivered.ids(0) == ["a"] and "b" in delivered.ids(1)
+    waits = loop.stats.queue_waits
+    assert waits.count == 2 and waits.total_s == pytest.approx(0.02 + 0.12)
+    # Prometheus' buckets (upper bounds inclusive): 20 ms falls in the 25 ms bucket, 120 ms in the 125 ms one.
+    cumulative = dict(waits.cumulative())
+    assert (cumulative[0.01], cumulative[0.025], cumulative[0.1], cumulative[0.125]) == (0, 1, 1, 2)
+    assert loop.stats.step_times.count == loop.stats.steps == 2

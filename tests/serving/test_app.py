@@ -13,10 +13,11 @@ from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from voxwire import __version__
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import ErrorCode
 from voxwire.serving.app import drain
-from voxwire.serving.keys import METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
 from voxwire.serving.service import SpeechFailure, SpeechJob
 
 pytestmark = pytest.mark.asyncio
@@ -71,7 +72,13 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     count = "voxwire_time_to_first_audio_seconds_count"
     assert after[count] - before[count] == 1
     assert after['voxwire_errors_total{code="unsupported_format"}'] == 1
-    assert after['voxwire_errors_total{code="not_found"}'] == 1
+    # A path no route matches is counted with the HTTP requests, not as an error of the service.
+    assert 'voxwire_errors_total{code="not_found"}' not in after
+    assert after['voxwire_http_requests_total{method="GET",route="unmatched",status="404"}'] == 1
+    speech = 'method="POST",route="/v1/audio/speech"'
+    assert after[f'voxwire_http_requests_total{{{speech},status="200"}}'] == 1
+    assert after[f'voxwire_http_requests_total{{{speech},status="400"}}'] == 1
+    assert after[f"voxwire_http_request_duration_seconds_count{{{speech}}}"] == 2
     assert (
         after['voxwire_utterances_total{finish_reason="stop"}']
         + after.get('voxwire_utterances_total{finish_reason="length"}', 0)
@@ -81,9 +88,21 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     steps = f"voxwire_engine_step_seconds_count{engine}"
     assert after[steps] > before[steps]
     assert after[f"voxwire_engine_step_seconds_sum{engine}"] > 0
-    for gauge in ("voxwire_sessions_active", "voxwire_sessions_queued"):
+    # Histograms: the +Inf bucket holds every step, and the buckets resolve 25-300 ms.
+    assert after['voxwire_engine_step_seconds_bucket{engine="0",le="+Inf"}'] == after[steps]
+    for bound in ("0.025", "0.05", "0.1", "0.15", "0.2", "0.3"):
+        assert f'voxwire_engine_queue_wait_seconds_bucket{{engine="0",le="{bound}"}}' in after
+        assert f'voxwire_time_to_first_audio_seconds_bucket{{le="{bound}"}}' in after
+    waits = f"voxwire_engine_queue_wait_seconds_count{engine}"
+    assert after[waits] - before[waits] == 1  # the one spoken request (the refused one never reached the engine)
+    for gauge in ("voxwire_engine_requests_running", "voxwire_engine_requests_waiting"):
         assert after[gauge + engine] == 0
     assert after["voxwire_websocket_connections"] == 0
+    assert after["voxwire_utterances_in_progress"] == 0
+    config, model = client.server.app[CONFIG_KEY], client.server.app[SERVICE_KEY].info.name
+    build = f'voxwire_build_info{{device="{config.engine.device or "auto"}",model="{model}",version="{__version__}"}}'
+    assert after[build] == 1
+    assert after['process_resident_memory_bytes{process="server"}'] > 0
     assert after[f"voxwire_kv_blocks_used{engine}"] == 0 and after[f"voxwire_kv_blocks_total{engine}"] > 0
     captures = f"voxwire_graph_captures_total{engine}"
     assert after[captures] == before[captures] == 0  # CPU: no graphs

@@ -18,7 +18,7 @@ import torch
 import zmq
 from tests.server_process import ServerProcess, poll
 
-from voxwire.engine import EngineStats, FinishReason, QueueFullError, Request, SynthesisParams
+from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
@@ -33,7 +33,7 @@ from .test_workers import TEXT, speak
 
 PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.ones(1, 4, 8))
 VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)
-STATS = EngineStats(1, 2, 3, 0.1, 4, 5, 6, 0.2)
+STATS = EngineStats(1, 2, LatencyHistogram().observe(0.1), 4, 5, 6, 0.2, LatencyHistogram().observe(0.03))
 CLIP = VoiceClip("A clip.", np.zeros(8, np.float32), 16000, np.ones(8, np.float32), 16000)
 PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)}, "key-digest")
 

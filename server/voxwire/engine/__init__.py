@@ -12,6 +12,7 @@ from voxwire.engine.async_engine import AsyncEngine
 from voxwire.engine.config import EngineConfig, RunnerOptions
 from voxwire.engine.engine import Engine
 from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
+from voxwire.engine.latency import LATENCY_BUCKETS_S, LatencyHistogram
 from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
 from voxwire.engine.request import ParamLimits, Request, RequestStatus
@@ -20,6 +21,7 @@ from voxwire.finish_reason import FinishReason
 from voxwire.params import SynthesisParams
 
 __all__ = [
+    "LATENCY_BUCKETS_S",
     "AsyncEngine",
     "Chunk",
     "DuplicateRequestError",
@@ -29,6 +31,7 @@ __all__ = [
     "EngineError",
     "EngineStats",
     "FinishReason",
+    "LatencyHistogram",
     "ParamLimits",
     "PrefillItem",
     "QueueFullError",

@@ -158,7 +158,7 @@ class AsyncEngine:
 
     def _add(self, request: Request) -> None:
         try:
-            self._engine.add(request)
+            self._cycle.add(request)
         except (EngineError, ValueError) as exc:
             self._post(self._reject, request.request_id, exc)
 

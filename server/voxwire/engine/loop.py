@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from voxwire.chunk import Chunk
 from voxwire.engine.engine import Engine
+from voxwire.engine.latency import NO_LATENCIES, LatencyHistogram
+from voxwire.engine.request import Request
 
 Deliver = Callable[[list[Chunk]], None]
 """Hands one step's outputs (never empty) to their consumers; ``EngineLoop.stats`` is already this step's."""
@@ -30,10 +32,8 @@ class EngineStats:
     """Requests holding a slot."""
     waiting: int = 0
     """Requests queued for a slot."""
-    steps: int = 0
-    """Steps run since start."""
-    step_seconds: float = 0.0
-    """Total wall time spent in those steps."""
+    step_times: LatencyHistogram = NO_LATENCIES
+    """Wall time of each step run since start."""
     kv_blocks_used: int = 0
     """KV blocks held by running requests."""
     kv_blocks_total: int = 0
@@ -42,6 +42,14 @@ class EngineStats:
     """CUDA graphs the runner has captured since start (all before serving, when it captures up front)."""
     graph_capture_seconds: float = 0.0
     """Wall time those captures took (warm-up runs included): most of the time to ``/ready`` on CUDA."""
+    queue_waits: LatencyHistogram = NO_LATENCIES
+    """Per request admitted since start: from ``EngineLoop.add`` to the start of the step that admitted it (the
+    step that produced its first audio)."""
+
+    @property
+    def steps(self) -> int:
+        """Steps run since start."""
+        return self.step_times.count
 
 
 class EngineLoop:
@@ -56,6 +64,13 @@ class EngineLoop:
         """Requests that have had an output but not their final one: their next output is not their first."""
         self.stats = _stats_before_steps(engine)
         """The load after the most recent step; replaced whole, so a reader on any thread sees one snapshot."""
+        self._queued_at: dict[str, float] = {}
+        """When each request not yet admitted was added (on ``clock``)."""
+
+    def add(self, request: Request) -> None:
+        """``Engine.add`` (same errors), noting when the request started to wait for its slot."""
+        self.engine.add(request)
+        self._queued_at[request.request_id] = self._clock()
 
     def wait_s(self) -> float:
         """Seconds until a step is due: 0 or less when one is due now, ``inf`` while only a new request (or an
@@ -78,6 +93,17 @@ class EngineLoop:
         while self.engine.has_work():
             self._step()
 
+    def _waits_ended(self, outputs: Iterable[Chunk], started: float) -> LatencyHistogram:
+        """The queue waits with those that the step begun at ``started`` ended. A request's first output with
+        audio ends its wait (the step that admits a request decodes it); one without (aborted while waiting,
+        failed at prefill) was never served and is no wait."""
+        waits = self.stats.queue_waits
+        for output in outputs:
+            queued_at = self._queued_at.pop(output.request_id, None)
+            if queued_at is not None and output.audio.size:
+                waits = waits.observe(max(0.0, started - queued_at))
+        return waits
+
     def _first_chunks_first(self, outputs: Iterable[Chunk]) -> list[Chunk]:
         """One step's outputs in delivery order: every stream's first output, then the others, each group in
         the engine's order (a stream has at most one output per step, so its own order is kept). A driver
@@ -98,7 +124,8 @@ class EngineLoop:
         started = self._clock()
         outputs = self.engine.step(started)
         # Stats first: a consumer woken by these outputs must see the load after this step.
-        self.stats = _stats_after_step(self.engine, self.stats, self._clock() - started)
+        waits = self._waits_ended(outputs, started) if outputs and self._queued_at else self.stats.queue_waits
+        self.stats = _stats_after_step(self.engine, self.stats, self._clock() - started, waits)
         if outputs:
             self._deliver(self._first_chunks_first(outputs))
         # The chunks are handed over now: the listeners' playback clocks start here.
@@ -115,15 +142,16 @@ def _stats_before_steps(engine: Engine) -> EngineStats:
     )
 
 
-def _stats_after_step(engine: Engine, last: EngineStats, seconds: float) -> EngineStats:
-    """The load after a step of ``seconds`` that followed the snapshot ``last``."""
+def _stats_after_step(engine: Engine, last: EngineStats, seconds: float, waits: LatencyHistogram) -> EngineStats:
+    """The load after a step of ``seconds`` that followed the snapshot ``last`` and ended the queue waits in
+    ``waits``."""
     return EngineStats(
         engine.num_running,
         engine.num_waiting,
-        last.steps + 1,
-        last.step_seconds + seconds,
+        last.step_times.observe(seconds),
         engine.kv_blocks_used,
         engine.kv_blocks_total,
         engine.runner.graph_captures,
         engine.runner.graph_capture_seconds,
+        waits,
     )

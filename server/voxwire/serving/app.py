@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, web
 
+from voxwire import __version__
 from voxwire.engine import SynthesisParams
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import EncoderPool
@@ -31,6 +32,7 @@ from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
 from voxwire.serving.http.probes import add_probe_routes
+from voxwire.serving.http.request_metrics import request_metrics_middleware
 from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
     CONFIG_KEY,
@@ -43,7 +45,7 @@ from voxwire.serving.keys import (
     Phase,
     ServerState,
 )
-from voxwire.serving.metrics import Metrics
+from voxwire.serving.metrics import BuildInfo, Metrics
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.service import Service, SpeechJob, SpeechService
 from voxwire.serving.voices import VoiceStore
@@ -92,14 +94,22 @@ def build_app(
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.limits.max_text_chars_per_utterance + _JSON_OVERHEAD
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
+    middlewares = [request_metrics_middleware, error_middleware, auth_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
     app[SESSIONS_KEY] = sessions
     app[ENCODERS_KEY] = EncoderPool(config.audio.encoder_threads)
     app[VOICES_KEY] = voices
-    app[METRICS_KEY] = Metrics(service.engine_stats, lambda: len(sessions), multiprocess_dir=metrics_dir)
+    state = app[STATE_KEY]
+    app[METRICS_KEY] = Metrics(
+        service.engine_stats,
+        lambda: len(sessions),
+        lambda: state.live_utterances,
+        build_info(config, service),
+        multiprocess_dir=metrics_dir,
+    )
     add_openai_routes(app)
     add_voice_routes(app)
     add_lora_routes(app)
@@ -112,6 +122,12 @@ def build_app(
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)
     return app
+
+
+def build_info(config: ServerConfig, service: Service) -> BuildInfo:
+    """What ``voxwire_build_info`` reports: this version, the model's public name, the configured device(s)."""
+    devices = ",".join(device or "auto" for device in config.engine_devices())
+    return BuildInfo(__version__, service.info.name, devices)
 
 
 REPLICA_HEADER = "X-Voxwire-Replica"

@@ -120,7 +120,8 @@ CLIENT_CLOSED_STATUS = 499
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every failure into the JSON error envelope, and count it by code."""
+    """Turn every failure into the JSON error envelope, and count it by code (``not_found``, a path that does
+    not exist, is counted with the HTTP requests instead: ``route="unmatched"`` or a demo file's 404)."""
     try:
         return await handler(request)
     except asyncio.CancelledError:
@@ -139,7 +140,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if error is None:
             logger.exception("unexpected error in %s %s", request.method, request.path)
             error = ApiError(ErrorCode.INTERNAL_ERROR, "the server failed to handle this request; see its log")
-        request.app[METRICS_KEY].count_error(error.code.value)
+        if error.code is not ErrorCode.NOT_FOUND:  # a path that does not exist (a scanner's probe) is no error
+            request.app[METRICS_KEY].count_error(error.code.value)
         return error.response()
 
 

@@ -168,7 +168,7 @@ class EngineCore:
         request = add.request
         try:
             check_persona(self.personas, request.persona)  # the persona rule's third check: this registry decides
-            self.engine.add(request)
+            self._loop.add(request)
         except (EngineError, ValueError, UnknownPersonaError) as exc:
             self._send(sender, ipc.Rejected(request.request_id, exc))
             return

@@ -56,7 +56,7 @@ DATA_TYPES = frozenset(
         ("numpy", "dtype"), ("numpy", "ndarray"),
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-        ("voxwire.engine.loop", "EngineStats"),
+        ("voxwire.engine.loop", "EngineStats"), ("voxwire.engine.latency", "LatencyHistogram"),
         ("voxwire.engine.request", "Request"),
         ("voxwire.finish_reason", "FinishReason"),
         ("voxwire.params", "SynthesisParams"),

@@ -37,7 +37,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from voxwire.engine import Chunk, EngineDeadError, EngineStats, Request
+from voxwire.engine import Chunk, EngineDeadError, EngineStats, LatencyHistogram, Request
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.config import ServerConfig
@@ -266,12 +266,12 @@ class EngineProxy:
         return EngineStats(
             running=sum(s.running for s in every),
             waiting=sum(s.waiting for s in every),
-            steps=sum(s.steps for s in every),
-            step_seconds=sum(s.step_seconds for s in every),
+            step_times=sum((s.step_times for s in every), LatencyHistogram()),
             kv_blocks_used=sum(s.kv_blocks_used for s in every),
             kv_blocks_total=sum(s.kv_blocks_total for s in every),
             graph_captures=sum(s.graph_captures for s in every),
             graph_capture_seconds=sum(s.graph_capture_seconds for s in every),
+            queue_waits=sum((s.queue_waits for s in every), LatencyHistogram()),
         )
 
     def engine_stats(self) -> list[EngineStats]:

@@ -38,6 +38,7 @@ from types import FrameType
 from prometheus_client import multiprocess
 
 from voxwire.serving.config import ServerConfig
+from voxwire.serving.metrics import register_process
 from voxwire.serving.workers.frontend import run_frontend
 from voxwire.serving.workers.liveness import EngineDeaths, Pulses
 
@@ -135,6 +136,7 @@ class _Supervisor:
         """Engines that died and wait for their restart (``_RESTART_INTERVAL_S``)."""
 
     def run(self) -> int:
+        register_process(self.metrics_dir, "supervisor", os.getpid())
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         for index in range(self.engine_count):
@@ -166,6 +168,7 @@ class _Supervisor:
             name=f"voxwire-engine-{index}",
         )
         engine.start()
+        register_process(self.metrics_dir, f"engine-{index}", engine.pid or 0)
         logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
         return engine
 
@@ -221,6 +224,7 @@ class _Supervisor:
             name=f"voxwire-frontend-{index}",
         )
         process.start()
+        register_process(self.metrics_dir, f"frontend-{index}", process.pid or 0)
         logger.info("frontend %d started (pid %d)", index, process.pid)
         self.frontends[index] = process
         self.started_at[index] = time.monotonic()
