@@ -3,6 +3,8 @@ that resolve 25-300 ms, immutable, and summed over engines."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from voxwire.engine import LATENCY_BUCKETS_S, LatencyHistogram
@@ -23,7 +25,7 @@ def test_a_duration_counts_in_the_first_bucket_whose_bound_it_does_not_exceed() 
 
 def test_the_bounds_resolve_25_to_300_ms() -> None:
     inside = [bound for bound in LATENCY_BUCKETS_S if 0.025 <= bound <= 0.3]
-    assert len(inside) >= 8 and max(b - a for a, b in zip(inside, inside[1:], strict=False)) <= 0.05 + 1e-9
+    assert len(inside) >= 8 and max(b - a for a, b in pairwise(inside)) <= 0.05 + 1e-9
 
 
 def test_observing_leaves_the_histogram_it_started_from_unchanged_and_histograms_add() -> None:
