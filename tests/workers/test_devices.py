@@ -54,7 +54,7 @@ def test_every_engine_is_warmed_up_before_ready(server: ServerProcess) -> None:
 def active(server: ServerProcess) -> tuple[float, float]:
     """Utterances running on engine 0 and on engine 1 now."""
     scraped = server.get("/metrics", KEY)
-    return tuple(metric(scraped, f'voxwire_sessions_active{{engine="{i}"}}') for i in range(2))  # type: ignore[return-value]
+    return tuple(metric(scraped, f'voxwire_engine_requests_running{{engine="{i}"}}') for i in range(2))  # type: ignore[return-value]
 
 
 async def watch_engines(server: ServerProcess, samples: list[tuple[float, float]], stop: asyncio.Event) -> None:

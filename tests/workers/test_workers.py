@@ -188,7 +188,7 @@ def test_cancel_ends_the_utterance_and_frees_its_slot(server: ServerProcess) -> 
             return message
 
     assert asyncio.run(cancel()).finish_reason == "cancelled"
-    assert poll(lambda: metric(server.get("/metrics", KEY), "voxwire_sessions_active") == 0, timeout=10)
+    assert poll(lambda: metric(server.get("/metrics", KEY), "voxwire_engine_requests_running") == 0, timeout=10)
 
 
 # ---- processes coming and going ---------------------------------------------------------------------------------

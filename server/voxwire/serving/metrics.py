@@ -22,13 +22,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from voxwire.engine import LATENCY_BUCKETS_S, EngineStats, LatencyHistogram
+
+# No ``_created`` series beside each counter and histogram: the multiprocess mode of --workers has none, and both
+# modes expose the same metrics (the ones docs/operations.md lists).
+disable_created_metrics()
 
 _CONNECTIONS = "voxwire_websocket_connections"
 _CONNECTIONS_HELP = "Open WebSocket connections."
