@@ -65,6 +65,8 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
         audio, rate = soundfile.read(io.BytesIO(await response.read()))
     await status_and_code(client, "POST", "/v1/audio/speech", json={**SPEECH, "response_format": "vorbis"})
     await status_and_code(client, "GET", "/v1/voices/voice_0123456789abcdef/nothing")
+    assert await status_and_code(client, "DELETE", "/v1/voices/voice_0123456789abcdef") == (404, "unknown_voice")
+    assert (await status_and_code(client, "PROPFIND", "/v1/voices"))[0] == 405
     after = await scrape(client)
     assert after["voxwire_audio_seconds_total"] - before["voxwire_audio_seconds_total"] == pytest.approx(
         audio.size / rate
@@ -79,6 +81,13 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
     assert after[f'voxwire_http_requests_total{{{speech},status="200"}}'] == 1
     assert after[f'voxwire_http_requests_total{{{speech},status="400"}}'] == 1
     assert after[f"voxwire_http_request_duration_seconds_count{{{speech}}}"] == 2
+    # By route template, never the raw path (the voice id is not a label value); unknown methods are "other".
+    voice = 'method="DELETE",route="/v1/voices/{voice_id}",status="404"'
+    assert (
+        after[f"voxwire_http_requests_total{{{voice}}}"] == 1
+        and after['voxwire_errors_total{code="unknown_voice"}'] == 1
+    )
+    assert after['voxwire_http_requests_total{method="other",route="unmatched",status="405"}'] == 1
     assert (
         after['voxwire_utterances_total{finish_reason="stop"}']
         + after.get('voxwire_utterances_total{finish_reason="length"}', 0)
@@ -204,3 +213,8 @@ async def test_shutdown_closes_websockets_with_1001(serve, app_factory, aiohttp_
     assert message.type is WSMsgType.CLOSE and message.data == 1001
     await asyncio.wait_for(draining, 10)
     assert not app[SESSIONS_KEY]
+    # The upgrade is counted once its session ends (status 101), and not timed: its duration is the session's.
+    await wait_until(lambda: ws.closed)
+    scraped = await scrape(client)
+    assert scraped['voxwire_http_requests_total{method="GET",route="/test/ws",status="101"}'] == 1
+    assert 'voxwire_http_request_duration_seconds_count{method="GET",route="/test/ws"}' not in scraped

@@ -231,6 +231,13 @@ def test_killing_a_frontend_ends_only_its_sessions_and_it_comes_back() -> None:
         # Served again, by whichever frontend: the restarted one or the one that never stopped.
         for seed in range(4):
             assert asyncio.run(speak(server.ws_url, TEXT, seed=seed, token=None))[1].finish_reason in ("stop", "length")
+        # The process metrics follow the successor: frontend-0 is now a process started after frontend-1.
+        scraped = server.get("/metrics")
+        started_at = {
+            name: metric(scraped, f'process_start_time_seconds{{process="{name}"}}')
+            for name in ("supervisor", "engine-0", "frontend-0", "frontend-1")
+        }
+        assert started_at["frontend-0"] > started_at["frontend-1"] >= started_at["supervisor"] > 0, started_at
         assert server.stop() == 0
 
 
