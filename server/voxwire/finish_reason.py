@@ -1,7 +1,7 @@
 """``FinishReason``: why a stream of speech ended, one vocabulary for the engine and the wire protocol.
 
 stdlib only: the protocol (and so every client) imports it without the engine. The engine ends a request
-with ``stop``, ``length``, ``aborted`` or ``error``; a WebSocket utterance's ``done.finish_reason`` is
+with ``stop``, ``length``, ``aborted``, ``busy`` or ``error``; a WebSocket utterance's ``done.finish_reason`` is
 ``stop``, ``length``, ``cancelled`` or ``error`` (the session reports a cancel it asked for as ``cancelled``,
 and an engine abort, like any failure, as ``error`` after an ``error`` message).
 """
@@ -20,6 +20,9 @@ class FinishReason(str, enum.Enum):
     """The length cap was hit (for an utterance: by at least one segment)."""
     ABORTED = "aborted"
     """Engine only: the request was aborted (cancelled, or the engine shut down)."""
+    BUSY = "busy"
+    """Engine only: the request waited longer than its bound for a LoRA persona slot and never ran (a retryable
+    refusal, like a full queue)."""
     CANCELLED = "cancelled"
     """Protocol only: the client cancelled the utterance."""
     ERROR = "error"

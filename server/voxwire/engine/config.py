@@ -37,6 +37,11 @@ class EngineConfig:
     (``Request.playback_lead_s``); real-time policy only."""
     max_ahead_s: float = 1.0
     """Sessions with this much audio buffered ahead of their listener skip steps; real-time policy only."""
+    persona_slots_per_owner: int | None = None
+    """Most LoRA persona slots one owner's running requests hold at once (distinct personas, ``Request.owner``);
+    a request over it waits. None: no cap. Persona slots are the runner's (``PersonaRunner``)."""
+    max_persona_wait_s: float = 20.0
+    """A request waiting this long for a persona slot ends ``FinishReason.BUSY`` without running."""
     limits: ParamLimits = field(default_factory=ParamLimits)
     """Bounds on per-request synthesis parameters."""
 
@@ -48,8 +53,13 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be an int >= 1")
         if not (self.playback_lead_s >= 0 and math.isfinite(self.playback_lead_s)):
             raise ValueError(f"EngineConfig.playback_lead_s={self.playback_lead_s!r} is invalid: must be >= 0")
-        if not (self.max_ahead_s > 0 and math.isfinite(self.max_ahead_s)):
-            raise ValueError(f"EngineConfig.max_ahead_s={self.max_ahead_s!r} is invalid: must be > 0")
+        for name in ("max_ahead_s", "max_persona_wait_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be a finite number > 0")
+        cap = self.persona_slots_per_owner
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"EngineConfig.persona_slots_per_owner={cap!r} is invalid: must be None or an int >= 1")
 
 
 @dataclass(frozen=True, slots=True)

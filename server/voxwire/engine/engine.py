@@ -10,13 +10,21 @@ drives this class from its own thread, and tests drive it with a fake runner. Ti
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
 from voxwire.chunk import EMPTY_AUDIO, Chunk
 from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
-from voxwire.engine.outputs import RealtimeRunner, Runner, RunnerOutput, StepPlan, TimestepWeightedRunner
+from voxwire.engine.outputs import (
+    PersonaRunner,
+    RealtimeRunner,
+    Runner,
+    RunnerOutput,
+    StepPlan,
+    TimestepWeightedRunner,
+)
 from voxwire.engine.policy import RealtimePolicy
 from voxwire.engine.request import FINISH_REASONS, Request, RequestStatus, Session
 from voxwire.engine.scheduler import Scheduler
@@ -42,7 +50,7 @@ class Engine:
             )
         self.runner = runner
         blocks = BlockAllocator(runner.num_kv_blocks, runner.block_size)
-        self.scheduler = Scheduler(self.config, blocks, _realtime_policy(runner, self.config))
+        self.scheduler = Scheduler(self.config, blocks, _realtime_policy(runner, self.config), _persona_slots(runner))
         # Sessions whose first chunk the last step produced, until mark_sent stamps them.
         self._unsent: list[Session] = []
 
@@ -120,6 +128,10 @@ class Engine:
             raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
         self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
         outputs = [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
+        outputs += [
+            Chunk(s.request_id, EMPTY_AUDIO, FinishReason.BUSY, self._busy_message(s))
+            for s in self.scheduler.take_expired(now)
+        ]
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return outputs
@@ -143,6 +155,14 @@ class Engine:
         for session in self._unsent:
             session.first_sent_at = now
         self._unsent.clear()
+
+    def _busy_message(self, session: Session) -> str:
+        wait = session.persona_wait
+        why = f" ({wait.value})" if wait is not None else ""
+        return (
+            f"request {session.request_id!r} waited {self.config.max_persona_wait_s:g} s for a slot for persona "
+            f"{session.request.persona!r} and got none{why}; retry later"
+        )
 
     def _fail(self, rows: list[Session], message: str) -> list[Chunk]:
         self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
@@ -187,6 +207,13 @@ def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | N
         )
     row_weight = runner.row_weight if isinstance(runner, TimestepWeightedRunner) else None
     return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s, row_weight)
+
+
+def _persona_slots(runner: Runner) -> Callable[[], int | None]:
+    """The runner's persona slots as the scheduler reads them, now (None: it states no bound)."""
+    if isinstance(runner, PersonaRunner):
+        return lambda: runner.persona_slots
+    return lambda: None
 
 
 def _check_output(plan: StepPlan, result: RunnerOutput) -> None:

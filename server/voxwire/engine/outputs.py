@@ -138,6 +138,18 @@ class TimestepWeightedRunner(Protocol):
 
 
 @runtime_checkable
+class PersonaRunner(Protocol):
+    """A runner with a bounded number of LoRA persona slots (``ModelRunner`` over a model with a ``PersonaBank``):
+    the scheduler admits a request with a persona only when its persona can have one (``engine.scheduler``)."""
+
+    @property
+    def persona_slots(self) -> int | None:
+        """Personas its device holds at once, for running requests (None: no personas, no bound: a persona
+        request then fails at prefill as unknown)."""
+        ...
+
+
+@runtime_checkable
 class RealtimeRunner(Runner, Protocol):
     """A runner the real-time policy (``EngineConfig.realtime``) may schedule: one that states what a
     step costs, which the policy budgets steps with. ``ModelRunner`` measures its ``step_cost`` at

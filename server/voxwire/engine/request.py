@@ -27,6 +27,8 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_BUSY = enum.auto()
+    """It waited for a persona slot longer than ``EngineConfig.max_persona_wait_s`` and never ran."""
 
     @property
     def is_finished(self) -> bool:
@@ -38,7 +40,15 @@ FINISH_REASONS: dict[RequestStatus, FinishReason] = {
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORTED,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.FINISHED_BUSY: FinishReason.BUSY,
 }
+
+
+class PersonaWait(enum.Enum):
+    """Why a waiting request cannot take a free slot yet: its persona cannot have a device slot now."""
+
+    SLOTS_HELD = "every persona slot is held by running requests of other personas"
+    OWNER_CAP = "its client's running requests already hold their cap of persona slots"
 
 
 def _is_number(value: object) -> bool:
@@ -96,6 +106,9 @@ class Request:
     listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
     persona: str | None = None
     """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
+    owner: str | None = None
+    """Who the request counts against for per-client caps (``EngineConfig.persona_slots_per_owner``): an API key's
+    digest, else its connection; None: nobody's, no cap applies."""
 
     def __post_init__(self) -> None:
         rid = self.request_id
@@ -111,6 +124,8 @@ class Request:
         require(due_ok, "playback_due", due, "must be None or a finite number")
         persona = self.persona
         require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
+        owner = self.owner
+        require(owner is None or (isinstance(owner, str) and owner != ""), "owner", owner, "must be a non-empty str")
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +146,11 @@ class Session:
     """Arrival order among the engine's requests: FIFO among equals."""
     first_sent_at: float | None = None
     """When its first chunk left (``Engine.mark_sent``); the real-time policy's playback clock."""
+    persona_wait: PersonaWait | None = None
+    """Why it last could not have its persona while a slot was free for it (None: it has not had to wait)."""
+    persona_wait_since: float | None = None
+    """When the scheduler first found it waiting for its persona (the clock of ``Engine.step``): it ends ``busy``
+    once it waited ``EngineConfig.max_persona_wait_s``."""
 
     @property
     def request_id(self) -> str:

@@ -19,7 +19,8 @@ patch per step it may take, ``NoiseStream.take``) is drawn once and stored in it
 position each step writes; the step gathers every row's noise by its position on the device.
 
 LoRA personas: each request's persona gets a slot of the model's ``PersonaBank`` at prefill (released
-with the request), kept in a per-slot table like the guidance strength; the step gathers the batch's
+with the request; the scheduler admits it only when its persona can have one, from ``persona_slots``), kept in a
+per-slot table like the guidance strength; the step gathers the batch's
 persona slots on the device and the adapted layers pick each row's adapter by them (``_Personas``). The
 adapters are graph inputs: capturing seals the bank's layers, and loading a persona later only copies its
 weights into their slot buffers, so nothing is captured again.
@@ -120,6 +121,12 @@ class _Personas:
         """Adapted layers exist: every model call must say which adapter slot each row uses."""
         bank = self.bank
         return bank is not None and bool(bank.layers)
+
+    @property
+    def slots(self) -> int | None:
+        """Personas the bank holds on the device at once; None without a bank."""
+        bank = self.bank
+        return None if bank is None else bank.max_personas
 
     def acquire(self, request_id: str, persona: str | None) -> int:
         """The bank slot of the request's persona (0 for none), held until ``release``."""
@@ -294,6 +301,12 @@ class ModelRunner:
     @property
     def num_slots(self) -> int:
         return self.pad_slot
+
+    @property
+    def persona_slots(self) -> int | None:
+        """The bank's device slots for personas (``PersonaRunner``; read each time: personas may be enabled after
+        the runner was made). The scheduler admits a persona request only when its persona can have one."""
+        return self.personas.slots
 
     @property
     def num_kv_blocks(self) -> int:

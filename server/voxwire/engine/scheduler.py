@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 
 from voxwire.engine.blocks import BlockAllocator
@@ -19,7 +19,7 @@ from voxwire.engine.config import EngineConfig
 from voxwire.engine.errors import DuplicateRequestError, QueueFullError
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.policy import RealtimePolicy, admit_count, playback_deadline
-from voxwire.engine.request import Request, RequestStatus, Session
+from voxwire.engine.request import PersonaWait, Request, RequestStatus, Session
 from voxwire.engine.slots import SlotMove, SlotTable
 
 
@@ -35,14 +35,36 @@ class Scheduler:
 
     KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
     the first waiting request whose blocks are not free (it waits; nothing overtakes it).
+
+    LoRA personas (when the runner has a bounded number of persona slots, ``PersonaRunner``), the rules of
+    persona admission, stated here once:
+
+    P1. A running request holds its persona's device slot; requests of one persona share it. A waiting request
+        with a persona may take a free slot only if its persona is held already or a persona slot is left
+        (resident personas no running request holds are evicted for it by the runner's bank).
+    P2. Its owner (``Request.owner``) may hold at most ``EngineConfig.persona_slots_per_owner`` distinct personas
+        with its running requests: one client cannot take every persona slot.
+    P3. A request that P1 or P2 holds back keeps its place in the queue and is passed over: it never delays
+        requests behind it that can run (no persona, a held one, or one that still has a slot). When a persona
+        slot frees, the earliest such request gets it.
+    P4. A request held back by P1 or P2 for ``EngineConfig.max_persona_wait_s`` (on the clock ``schedule`` is
+        given) leaves the queue ``FINISHED_BUSY`` (``take_expired``), a retryable refusal, never a failure.
     """
 
-    def __init__(self, config: EngineConfig, blocks: BlockAllocator, realtime: RealtimePolicy | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockAllocator,
+        realtime: RealtimePolicy | None = None,
+        persona_slots: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        """``persona_slots``: the runner's persona slots now (``PersonaRunner.persona_slots``; None: unbounded)."""
         if config.realtime != (realtime is not None):
             raise ValueError("EngineConfig.realtime needs a RealtimePolicy, and only it takes one")
         self.config = config
         self.blocks = blocks
         self.realtime = realtime
+        self.persona_slots = persona_slots
         self._serial = 0
         self.slots = SlotTable(config.max_running)
         self.waiting: deque[Session] = deque()
@@ -96,17 +118,33 @@ class Scheduler:
             del self.sessions[session.request_id]
         return aborted
 
+    def take_expired(self, now: float | None) -> list[Session]:
+        """The waiting requests that have waited ``max_persona_wait_s`` for a persona slot by ``now`` (rule P4):
+        they leave the queue ``FINISHED_BUSY``, and the caller emits their final outputs. None: no clock, none."""
+        if now is None:
+            return []
+        bound = self.config.max_persona_wait_s
+        expired = [s for s in self.waiting if s.persona_wait_since is not None and now - s.persona_wait_since >= bound]
+        for session in expired:
+            self.waiting.remove(session)
+            session.status = RequestStatus.FINISHED_BUSY
+            del self.sessions[session.request_id]
+        return expired
+
     def schedule(self, now: float | None = None) -> StepPlan:
         """Admit from the waiting queue and describe this step's work (see the class docstring).
 
         ``now`` (the caller's clock, the one ``Engine.mark_sent`` stamps with) is required by the
-        real-time policy and ignored otherwise.
+        real-time policy, and times the waits for persona slots (rule P4; None: they are not timed).
         """
         released, moves = tuple(self._released), tuple(self._moves)
         self._released.clear()
         self._moves.clear()
-        admitted, decode = self._decide(now)
-        prefills = tuple(self._admit(self.waiting.popleft()) for _ in range(admitted))
+        admissible = self._admissible(now)
+        admitted, decode = self._decide(now, admissible)
+        for session in admissible[:admitted]:
+            self.waiting.remove(session)  # the head, unless rule P3 passed over requests before it
+        prefills = tuple(self._admit(session) for session in admissible[:admitted])
         # Admitted rows take the slots after the running ones, so the slots stay ascending.
         slots = decode + tuple(item.slot for item in prefills)
         owners = self.slots.owners
@@ -114,10 +152,10 @@ class Scheduler:
         step_indices = tuple(self.sessions[rid].step_index for rid in request_ids)
         return StepPlan(released, moves, prefills, request_ids, step_indices, slots)
 
-    def _decide(self, now: float | None) -> tuple[int, tuple[int, ...]]:
-        """How many waiting requests to admit, and which used slots decode (ascending)."""
-        free = self._admissible()
-        tokens = (session.request.prefill_tokens for session in self.waiting)
+    def _decide(self, now: float | None, admissible: list[Session]) -> tuple[int, tuple[int, ...]]:
+        """How many of the ``admissible`` requests to admit (a prefix), and which used slots decode (ascending)."""
+        free = len(admissible)
+        tokens = (session.request.prefill_tokens for session in admissible)
         if self.realtime is None:
             return admit_count(tokens, free, self.config.max_prefill_tokens_per_step), tuple(range(self.slots.num_used))
         if now is None:
@@ -126,7 +164,7 @@ class Scheduler:
         deadlines = [self._deadline(session, self.realtime) for session in running]
         policy = self.realtime
         weights = policy.weights(session.request.params.inference_timesteps for session in running)
-        waiting = policy.weights(session.request.params.inference_timesteps for session in islice(self.waiting, free))
+        waiting = policy.weights(session.request.params.inference_timesteps for session in admissible)
         decision = policy.decide(now, deadlines, tokens, free, weights, waiting)
         return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
 
@@ -134,15 +172,19 @@ class Scheduler:
         """When a step would next do any work: ``now`` if it would now, ``inf`` if only new requests can
         make it. Under the real-time policy a step whose running sessions are all far enough ahead
         decodes nothing; the caller should wait until this time instead."""
-        if self._released or self._moves or self._aborted or self._admissible():
+        if self._released or self._moves or self._aborted or self._admissible(now):
             return now
+        # A request waiting for a persona slot ends busy once its wait is over (rule P4): a step is due then.
+        bound = self.config.max_persona_wait_s
+        waits = (s.persona_wait_since for s in self.waiting if s.persona_wait_since is not None)
+        expiry = min((since + bound for since in waits), default=math.inf)
         if not self.slots.num_used:
-            return math.inf
+            return max(now, expiry)
         if self.realtime is None:
             return now
         policy = self.realtime
         earliest = min(self._deadline(self.sessions[rid], policy) for rid in self.slots.owners)
-        return max(now, policy.runs_from(earliest))
+        return max(now, min(policy.runs_from(earliest), expiry))
 
     def _deadline(self, session: Session, policy: RealtimePolicy) -> float:
         start = session.playback_start(self.config.playback_lead_s)
@@ -170,21 +212,50 @@ class Scheduler:
         session.blocks = self.blocks.allocate(self.blocks.blocks_for(session.kv_positions))
         return PrefillItem(session.request_id, slot, session.request, session.blocks)
 
-    # ---- the admission gate: slots and KV blocks (see blocks.py) ----
-    def _admissible(self) -> int:
-        """How many requests at the head of the queue have both a free slot and their KV blocks. The
-        policy is given this bound, so the gate never undoes a decision it budgeted a step on."""
-        return self._fit_blocks(min(self.slots.num_free, len(self.waiting)))
+    # ---- the admission gate: slots, persona slots and KV blocks (see blocks.py) ----
+    def _admissible(self, now: float | None) -> list[Session]:
+        """The waiting requests that have a free slot, their persona and their KV blocks, in FIFO order: the
+        policy admits a prefix of them, so the gate never undoes a decision it budgeted a step on."""
+        candidates = self._with_personas(now)
+        return candidates[: self._fit_blocks(candidates)]
 
-    def _fit_blocks(self, count: int) -> int:
-        """How many of the first ``count`` waiting requests, in FIFO order, the free KV blocks hold."""
+    def _with_personas(self, now: float | None) -> list[Session]:
+        """The first waiting requests, one per free slot, in FIFO order, passing over those whose persona cannot
+        have a device slot now (rules P1-P3); those are stamped with why, and since when (rule P4's clock)."""
+        free = self.slots.num_free
+        slots = self.persona_slots()
+        if slots is None or not free:
+            return list(islice(self.waiting, free))
+        gate: _PersonaGate | None = None
+        candidates: list[Session] = []
+        for session in self.waiting:
+            request = session.request
+            if request.persona is not None:
+                if gate is None:
+                    running = (self.sessions[rid].request for rid in self.slots.owners)
+                    gate = _PersonaGate(running, slots, self.config.persona_slots_per_owner)
+                wait = gate.wait(request)
+                if wait is not None:
+                    session.persona_wait = wait
+                    if session.persona_wait_since is None:
+                        session.persona_wait_since = now
+                    continue
+                gate.take(request)
+            session.persona_wait_since = None  # it can have its persona: it waits for nothing of P1-P2 now
+            candidates.append(session)
+            if len(candidates) == free:
+                break
+        return candidates
+
+    def _fit_blocks(self, candidates: list[Session]) -> int:
+        """How many of ``candidates``, in order, the free KV blocks hold."""
         free = self.blocks.num_free
-        for fitted, session in enumerate(islice(self.waiting, count)):
+        for fitted, session in enumerate(candidates):
             need = self.blocks.blocks_for(session.kv_positions)
             if need > free:
                 return fitted
             free -= need
-        return count
+        return len(candidates)
 
     def _release(self, session: Session) -> None:
         self.blocks.free(session.blocks)
@@ -193,3 +264,36 @@ class Scheduler:
         self._released.append(session.request_id)
         if move is not None:
             self._moves.append(move)
+
+
+class _PersonaGate:
+    """Rules P1 and P2 over one admission walk: the personas the running requests hold (one device slot each,
+    shared by all their requests), the distinct personas each owner's running requests use, and the requests the
+    walk lets through so far (``take``)."""
+
+    def __init__(self, running: Iterable[Request], slots: int, per_owner: int | None) -> None:
+        self.slots = slots
+        self.per_owner = per_owner
+        self.held: set[str] = set()
+        self.owned: dict[str, set[str]] = {}
+        for request in running:
+            self.take(request)
+
+    def wait(self, request: Request) -> PersonaWait | None:
+        """Why ``request`` (with a persona) cannot have its persona now; None: it can."""
+        persona = request.persona
+        owned = self.owned.get(request.owner, set()) if request.owner is not None else set()
+        if self.per_owner is not None and persona not in owned and len(owned) >= self.per_owner:
+            return PersonaWait.OWNER_CAP
+        if persona not in self.held and len(self.held) >= self.slots:
+            return PersonaWait.SLOTS_HELD
+        return None
+
+    def take(self, request: Request) -> None:
+        """``request`` runs (or will): its persona is held, and counts for its owner."""
+        persona = request.persona
+        if persona is None:
+            return
+        self.held.add(persona)
+        if request.owner is not None:
+            self.owned.setdefault(request.owner, set()).add(persona)

@@ -27,7 +27,9 @@ the module tree says) and could not be wrapped again, so there removal only zero
 
 Residency: ``max_personas`` adapters live in device slots; more are registered on the host. ``acquire``
 puts a persona in a slot (evicting the least recently used one that no running request holds) and counts
-its users; ``release`` drops the count. A persona that is in use is never evicted or replaced.
+its users; ``release`` drops the count. A persona that is in use is never evicted or replaced. ``max_personas`` is
+the capacity an engine's scheduler admits persona requests by (``engine.scheduler``, rules P1-P4), so a request
+waits in its queue for a slot rather than reach ``acquire`` with every slot held (which is refused, a guard).
 """
 
 from __future__ import annotations

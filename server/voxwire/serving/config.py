@@ -342,13 +342,30 @@ class PersonaSettings:
     per step)."""
     max_loras: int = 64
     """Personas registered at once, ``--lora`` and ``POST /v1/loras`` (``persona_limit``, 409)."""
+    persona_slots_per_client: int | None = field(default=None, metadata=flag(shown_default="half of --max-personas"))
+    """Resident persona slots one client (an API key; without authentication, a connection) holds at once with its
+    running requests, so that no client takes them all; its request for one more persona waits (default: half of
+    ``--max-personas``, at least 1; [personas](#personas-lora-adapters))."""
+    max_persona_wait_s: float = 20.0
+    """How long a request may wait in the engine's queue for a persona slot (all held by other personas' running
+    requests, or its client at ``--persona-slots-per-client``) before it is refused 503 ``busy`` with
+    ``Retry-After`` (the WebSocket: an ``error`` ``busy``)."""
 
     def __post_init__(self) -> None:
         _positive_ints(self, "max_personas", "max_lora_rank", "max_loras")
+        cap = self.persona_slots_per_client
+        _check(self, "persona_slots_per_client", cap, cap is None or (_is_int(cap) and cap > 0), "None or an int > 0")
+        _positive_numbers(self, "max_persona_wait_s")
         names = [name for name, _ in self.loras]
         ok = all(isinstance(name, str) and is_persona_name(name) for name in names) and len(set(names)) == len(names)
         _check(self, "loras", self.loras, ok, "distinct names of 1-64 letters, digits or ._-")
         _check(self, "loras", self.loras, len(names) <= self.max_loras, f"at most max_loras={self.max_loras} personas")
+
+    @property
+    def slots_per_client(self) -> int:
+        """``persona_slots_per_client``, or its default: half of ``max_personas``, at least 1."""
+        cap = self.persona_slots_per_client
+        return max(1, self.max_personas // 2) if cap is None else cap
 
 
 @dataclass(frozen=True)
@@ -411,6 +428,15 @@ class ServerConfig:
             changes.setdefault(_GROUP_OF[name], {})[name] = value
         groups = {group: dataclasses.replace(getattr(self, group), **values) for group, values in changes.items()}
         return dataclasses.replace(self, **groups)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's knobs: the engine settings', with the persona admission's (``personas``)."""
+        personas = self.personas
+        return dataclasses.replace(
+            self.engine.engine_config(),
+            persona_slots_per_owner=personas.slots_per_client,
+            max_persona_wait_s=personas.max_persona_wait_s,
+        )
 
     def engine_devices(self) -> tuple[str | None, ...]:
         """The device of each engine process: ``devices``, or the one ``device``."""

@@ -16,12 +16,18 @@ may remove; ``--lora`` personas belong to the operator (``OPERATOR``) and no cli
 errors say what is wrong in the format's terms (``LoRALoadError.public``; the log keeps the full detail), and
 listings name a persona's folder relative to the root (an operator's: its folder's name).
 
+Persona slots are shared fairly (``client_owner``): a request counts against its API key, or without
+authentication against its connection, and one owner's running requests hold at most ``--persona-slots-per-client``
+of the device's persona slots; a request over it, or finding every slot held, waits in the engine's queue
+(``engine.scheduler``, rules P1-P4) and after ``--max-persona-wait-s`` is refused ``busy`` (503, ``Retry-After``).
+
 The single-process server's ``Personas`` are ``persona_registry.LocalPersonas``; with ``--workers`` each engine
 process owns a registry, and the frontends reach it over IPC (``workers.remote_personas.RemotePersonas``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -33,6 +39,12 @@ TARGET_KEYS = ("target_modules_lm", "target_modules_dit", "target_proj_modules")
 OPERATOR: Final = "operator"
 """The owner of ``--lora`` personas, and who may remove any persona (the server itself, never a client: a key's
 digest is 32 hex digits, a request without a key has None)."""
+
+
+def client_owner(key_owner: str | None, connection: object) -> str:
+    """Who a request's persona slots count against: its API key's digest (``OWNER_KEY``), or without one its
+    connection (``connection``: this process's object for it; the process id keeps frontends apart)."""
+    return f"key:{key_owner}" if key_owner is not None else f"connection:{os.getpid()}:{id(connection)}"
 
 
 class UnknownPersonaError(VoxwireError):

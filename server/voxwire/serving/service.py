@@ -58,6 +58,8 @@ async def typed_failures(stream: AsyncGenerator[Chunk, None]) -> AsyncGenerator[
                 if output.finish_reason is FinishReason.ERROR:
                     message = f"the engine could not synthesize this input: {output.error}"
                     raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, message, FinishReason.ERROR)
+                if output.finish_reason is FinishReason.BUSY:  # it waited too long for a persona slot
+                    raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({output.error})")
                 if output.finish_reason is FinishReason.ABORTED:
                     message = "the engine stopped (the server is shutting down)"
                     raise SpeechFailure(ErrorCode.UNAVAILABLE, message, FinishReason.ABORTED)
@@ -89,6 +91,9 @@ class UtteranceOptions:
     and, for a sentence continuing a stream that plays already, when its first chunk is due (on
     ``time.monotonic``, one clock for every process of the machine; None: a new stream)."""
     playback_due: float | None = None
+    owner: str | None = None
+    """Who asks (``personas.client_owner``: an API key's digest, else the connection): one owner's requests hold
+    at most ``--persona-slots-per-client`` persona slots at once. None: no cap (the warm-up)."""
 
 
 DEFAULT_OPTIONS = UtteranceOptions()
@@ -112,6 +117,7 @@ class SpeechJob:
         return Request(
             self.request_id, self.text, prefill_tokens, self.params, self.voice,
             playback_lead_s=options.playback_lead_s, playback_due=options.playback_due, persona=options.persona,
+            owner=options.owner,
         )  # fmt: skip
 
 
@@ -199,7 +205,7 @@ class SpeechService:
         self.personas = personas
         """The LoRA personas requests may name; None: the base model only."""
         self.runner = model.new_runner(config.engine.runner_options())
-        self.engine = AsyncEngine(Engine(self.runner, config.engine.engine_config()))
+        self.engine = AsyncEngine(Engine(self.runner, config.engine_config()))
         self._max_waiting = config.engine.max_waiting
         self._max_running = config.engine.max_sessions
         self.info = model.info

@@ -54,7 +54,7 @@ from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
-from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, persona_targets
+from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.voice_clip import VoiceClip
 
@@ -205,7 +205,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
     with app[STATE_KEY].utterance():  # a drain lets it finish, as it does a /v1/audio/speech request
-        job = SpeechJob(service.new_request_id("generate"), text, params, voice, UtteranceOptions(lora))
+        options = UtteranceOptions(lora, owner=client_owner(request.get(OWNER_KEY), request.protocol))
+        job = SpeechJob(service.new_request_id("generate"), text, params, voice, options)
         outputs = service.speak(job)
         async with contextlib.aclosing(outputs):
             response, _ = await stream_audio(request, outputs, encoder, headers)

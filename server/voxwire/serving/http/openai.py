@@ -26,10 +26,12 @@ from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import (
     CONFIG_KEY,
+    OWNER_KEY,
     SERVICE_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
+from voxwire.serving.personas import client_owner
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
@@ -116,7 +118,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     service.check_persona(speech.persona)  # the persona rule's first check (``personas.check_persona``)
     text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     with app[STATE_KEY].utterance():
-        job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, UtteranceOptions(speech.persona))
+        options = UtteranceOptions(speech.persona, owner=client_owner(request.get(OWNER_KEY), request.protocol))
+        job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
         outputs = service.speak(job)
         async with contextlib.aclosing(outputs):
             input_tokens = service.prefill_tokens(text, voice)

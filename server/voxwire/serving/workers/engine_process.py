@@ -214,7 +214,7 @@ def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = load_speech_model(config)
     personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
-    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine.engine_config())
+    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine_config())
     core = EngineCore(model, engine, endpoint, personas, pulse, max_voice_jobs=config.voices.max_voice_jobs)
 
     def on_term(signum: int, frame: FrameType | None) -> None:

@@ -21,11 +21,13 @@ from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
     METRICS_KEY,
+    OWNER_KEY,
     SERVICE_KEY,
     SESSIONS_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
+from voxwire.serving.personas import client_owner
 from voxwire.serving.ws.frames import StreamSocket
 from voxwire.serving.ws.session import Session
 
@@ -93,6 +95,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
             socket,
             app.get(METRICS_KEY),
             app.get(ENCODERS_KEY, INLINE),
+            client_owner(request.get(OWNER_KEY), ws),
         )
         async with session:
             async for message in ws:

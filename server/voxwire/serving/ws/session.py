@@ -89,8 +89,11 @@ class Session:
         transport: SessionTransport,
         metrics: Metrics | None = None,
         encoders: EncoderPool = INLINE,
+        owner: str | None = None,
     ) -> None:
+        """``owner``: who the connection's persona slots count against (``personas.client_owner``; None: no cap)."""
         self.service = service
+        self.owner = owner
         self.encoders = encoders
         self.config = config
         self.server = server
@@ -271,7 +274,7 @@ class Session:
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = audio.playback_lead_s, audio.playback_due()
-        options = UtteranceOptions(audio.settings.persona, playback_lead_s=lead, playback_due=due)
+        options = UtteranceOptions(audio.settings.persona, playback_lead_s=lead, playback_due=due, owner=self.owner)
         speech = self.service.speak(SpeechJob(request_id, spoken, params, audio.prompt, options))
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
