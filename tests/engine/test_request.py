@@ -89,7 +89,7 @@ def test_status_order_and_finish_reasons():
     finished = [s for s in RequestStatus if s.is_finished]
     assert not RequestStatus.WAITING.is_finished and not RequestStatus.RUNNING.is_finished
     assert set(FINISH_REASONS) == set(finished)
-    assert [r.value for r in FINISH_REASONS.values()] == ["stop", "length", "aborted", "error"]
+    assert [r.value for r in FINISH_REASONS.values()] == ["stop", "length", "aborted", "error", "busy"]
 
 
 def _session(min_len: int, cap: int, step_index: int) -> Session:
