@@ -34,6 +34,8 @@ pytestmark = pytest.mark.asyncio
 
 Client = Callable[..., Awaitable[TestClient]]
 TEXT = "Hello there."
+LONG = "One long utterance. " * 4
+"""About 370 steps (the text's bound, within the tiny model's 512 positions): seconds of holding a persona."""
 KEY_A, KEY_B = "key-of-a", "key-of-b"
 SCALES = (1.0, -0.7, 0.5, 1.3, -0.4, 0.8)
 """Persona ``P<i>``: the reference adapter's weights times ``SCALES[i]`` (six different voices)."""
@@ -82,9 +84,7 @@ async def holding(http: TestClient, personas: list[str], owners: list[str]) -> A
     streams: list[AsyncGenerator[Chunk, None]] = []
     firsts: list[asyncio.Task[Chunk]] = []
     for index, (persona, owner) in enumerate(zip(personas, owners, strict=True)):
-        job = SpeechJob(
-            f"hold-{index}", "One long utterance. " * 40, params, options=UtteranceOptions(persona, owner=owner)
-        )
+        job = SpeechJob(f"hold-{index}", LONG, params, options=UtteranceOptions(persona, owner=owner))
         streams.append(service.speak(job))
         firsts.append(asyncio.ensure_future(anext(streams[-1])))
     try:
@@ -92,8 +92,16 @@ async def holding(http: TestClient, personas: list[str], owners: list[str]) -> A
     finally:
         for first in firsts:
             first.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)  # a generator is closed only once its step is done
         for stream in streams:
             await stream.aclose()
+
+
+async def idle(http: TestClient) -> None:
+    """Wait until the engine's latest step left nothing running or waiting (the holds' aborts are applied)."""
+    service = http.server.app[SERVICE_KEY]
+    while service.stats().running or service.stats().waiting:
+        await asyncio.sleep(0.02)
 
 
 async def running(firsts: list[asyncio.Task[Chunk]], count: int) -> None:
@@ -133,6 +141,7 @@ async def test_a_request_waiting_too_long_for_a_persona_slot_is_503_busy(
         assert asyncio.get_running_loop().time() - started >= 0.3
         assert (status, headers.get("Retry-After")) == (503, "1"), body
         assert b'"busy"' in body and b"persona" in body
+    await asyncio.wait_for(idle(http), 30)
     assert (await speak(http, "P4"))[0] == 200
 
 
@@ -150,6 +159,7 @@ async def test_a_full_queue_of_persona_requests_is_503_busy_at_once(
         assert asyncio.get_running_loop().time() - started < 5
         assert (status, headers.get("Retry-After")) == (503, "1") and b'"busy"' in body
         assert not firsts[4].done() and not firsts[5].done()  # they still wait
+    await asyncio.wait_for(idle(http), 30)
     assert (await speak(http, "P5"))[0] == 200
 
 

@@ -244,3 +244,20 @@ def test_with_devices_a_registered_persona_speaks_on_every_engine(
         with pytest.raises(ServerError) as refused:
             asyncio.run(speak_as(server.ws_url, "B", seed=5))
         assert refused.value.code == "unknown_persona"
+
+
+def test_persona_requests_wait_for_a_slot_in_the_engine_process(persona_tts: VoxCPM, reference: VoxCPM) -> None:
+    """Issue 20.6 under --workers: three sessions at once, each a different persona, on 2 persona slots (and one key,
+    which may hold 1 of them: the default cap, half): each waits its turn for a slot in the engine process and
+    speaks whole (was: ``synthesis_failed`` once both slots were held)."""
+    loras = ("--lora", f"C={LORA}", "--lora", f"D={LORA}", "--max-loras", "4", "--max-personas", "2")
+    with persona_server(persona_tts, LORA.parent, "--workers", "2", "--max-sessions", "4", *loras) as server:
+        server.wait_ready()
+
+        async def together() -> list[bytes]:
+            return await asyncio.gather(*(speak_as(server.ws_url, name, seed=5) for name in ("A", "C", "D")))
+
+        with server_threads():
+            expected = reference.generate(TEXT, SynthesisParams(seed=5), lora="A")  # C and D are A's weights
+        for audio in asyncio.run(together()):
+            np.testing.assert_allclose(np.frombuffer(audio, "<f4"), expected, atol=1e-4, rtol=0)

@@ -46,7 +46,7 @@ class Scheduler:
         with its running requests: one client cannot take every persona slot.
     P3. A request that P1 or P2 holds back keeps its place in the queue and is passed over: it never delays
         requests behind it that can run (no persona, a held one, or one that still has a slot). When a persona
-        slot frees, the earliest such request gets it.
+        slot frees, the earliest such request gets it. It counts against ``max_waiting`` as any waiting request.
     P4. A request held back by P1 or P2 for ``EngineConfig.max_persona_wait_s`` (on the clock ``schedule`` is
         given) leaves the queue ``FINISHED_BUSY`` (``take_expired``), a retryable refusal, never a failure.
     """

@@ -3,6 +3,7 @@ persona's audio, and an unknown or removed name is a typed ``unknown_persona`` e
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -14,9 +15,10 @@ from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Segment, Start, Text
 from voxwire.serving.keys import SERVICE_KEY
 from voxwire.serving.personas import OPERATOR
+from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.tts import VoxCPM
 
-from ..conftest import Serve
+from ..conftest import LORA, Serve
 from .conftest import Connect, StreamClient, with_ws_routes
 
 pytestmark = pytest.mark.asyncio
@@ -108,3 +110,40 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     heard = await stream.heard()
     assert [error.code for error in heard.errors] == ["unknown_persona"] and heard.done is not None
     assert heard.done.finish_reason == "error"
+
+
+async def test_an_utterance_that_gets_no_persona_slot_in_time_is_busy(
+    serve: Serve, persona_app: Callable[..., web.Application], connect: Connect
+) -> None:
+    """Issue 20.6 on the WebSocket: with every persona slot held by other clients' long utterances, an utterance
+    for another persona waits ``max_persona_wait_s`` and then ends with a typed ``busy`` error (was:
+    ``synthesis_failed`` at once); once a slot frees, the same session speaks with it."""
+    names = ("A", "B", "C", "D", "E")
+    loras = tuple((name, LORA) for name in names)
+    app = persona_app(loras=loras, max_personas=4, max_sessions=5, max_persona_wait_s=0.3)
+    server = await serve(app=with_ws_routes(app))
+    service = server.app[SERVICE_KEY]
+    long = SynthesisParams(min_len=10_000, max_len=10_000)
+    holds = [
+        service.speak(
+            SpeechJob(f"hold-{name}", "One long utterance. " * 4, long, options=UtteranceOptions(name, owner=name))
+        )
+        for name in names[:4]
+    ]
+    try:
+        for hold in holds:
+            await asyncio.wait_for(anext(hold), 60)  # running: it holds its persona's slot
+        stream = await connect(server)
+        await stream.send(Start(format="pcm_f32le", persona="E"))
+        await stream.expect(Ready)
+        await stream.send(Text(TEXT))
+        await stream.send(End())
+        heard = await stream.heard()
+        assert [error.code for error in heard.errors] == ["busy"] and "persona" in heard.errors[0].message
+        assert heard.done is not None and heard.done.finish_reason == "error"
+    finally:
+        for hold in holds:
+            await hold.aclose()
+    while service.stats().running:  # the holds' aborts are applied
+        await asyncio.sleep(0.02)
+    assert (await speak(stream, TEXT)).size > 0
