@@ -8,76 +8,116 @@ turn (a Pipecat audio context) is one voxwire utterance, so the voice continues 
 - At the end of the turn Pipecat flushes the context, which ends the utterance (its last words are spoken).
 - On an interruption the service sends ``cancel``: the server stops within one engine step, and any audio
   of the cancelled utterance still in flight is dropped by its utterance number.
-- Each sentence's ``segment`` event becomes a word timestamp for the whole sentence, so Pipecat emits the
-  sentence as a ``TTSTextFrame`` when its audio starts playing.
+- Each sentence's ``segment`` event (or each word, when the server times words) becomes a word timestamp,
+  so Pipecat emits the text as a ``TTSTextFrame`` when its audio starts playing.
+- ``settings=VoxwireTTSService.Settings(...)`` holds the runtime-updatable fields (voice, persona,
+  instructions, seed...); a ``TTSUpdateSettingsFrame`` changes them for the next utterance.
+- A refusal that would repeat (unknown voice or persona, a refused API key) is reported once with a
+  permanent ``ErrorCategory``: Pipecat then stops giving the service work, until a settings update.
 
     from voxwire.integrations.pipecat import VoxwireTTSService
 
-    tts = VoxwireTTSService(server="ws://127.0.0.1:8000", voice="voice_0123456789abcdef")
-    pipeline = Pipeline([transport.input(), stt, user_aggregator, llm, tts, transport.output(), ...])
+    tts = VoxwireTTSService(
+        url="ws://127.0.0.1:8000", api_key="...", settings=VoxwireTTSService.Settings(voice="voice_0123456789abcdef")
+    )
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.frames.frames import Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.processors.frame_processor import FrameProcessorSetup
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
+from pipecat.utils.errors import ErrorCategory
+from pipecat.utils.types import NOT_GIVEN, NotGiven
 
-from voxwire.audio.pcm import to_s16le
-from voxwire.client.errors import ClientError
-from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
-from voxwire.protocol.wire import Done, Segment
+from voxwire.client.errors import AuthenticationError, ClientError, ServerError
+from voxwire.integrations.session import (
+    DEFAULT_URL,
+    Audio,
+    Refusal,
+    SpeechSession,
+    SpeechSettings,
+    refusal,
+    timings,
+)
+from voxwire.protocol.wire import Done, Error, Segment
+
+MODEL = "voxcpm"
+
+
+@dataclass
+class VoxwireTTSSettings(TTSSettings):
+    """``VoxwireTTSService.Settings``: Pipecat's ``voice`` plus voxwire's ``start`` fields, all runtime-updatable.
+
+    ``voice`` is a saved voice id, ``default`` or an OpenAI voice name; ``persona`` a LoRA persona loaded on
+    the server; ``instructions`` VoxCPM2's voice design, on servers that take it.
+    """
+
+    persona: str | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    instructions: str | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    seed: int | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    cfg_value: float | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    inference_timesteps: int | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    max_buffer_delay_ms: int | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
+    normalize: bool | NotGiven | None = field(default_factory=lambda: NOT_GIVEN)
 
 
 class VoxwireTTSService(WebsocketTTSService):
-    """voxwire as a Pipecat TTS; ``options`` fields (voice, seed, normalize...) may be given by name."""
+    """voxwire as a Pipecat TTS: ``url``, ``api_key`` (default ``$VOXWIRE_TOKEN``), ``settings``."""
+
+    Settings = VoxwireTTSSettings
+    _settings: VoxwireTTSSettings
 
     def __init__(
         self,
         *,
-        server: str = "ws://127.0.0.1:8000",
-        options: SessionOptions | None = None,
+        url: str = DEFAULT_URL,
+        api_key: str | None = None,
         sample_rate: int | None = None,
+        settings: VoxwireTTSSettings | None = None,
         # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one.
         text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,  # type: ignore[assignment]
-        voice: str | None = None,
-        seed: int | None = None,
-        normalize: bool | None = None,
         **kwargs: Any,  # WebsocketTTSService's own options, passed through
     ) -> None:
+        store = VoxwireTTSSettings(
+            model=MODEL, voice=None, language=None, persona=None, instructions=None, seed=None, cfg_value=None,
+            inference_timesteps=None, max_buffer_delay_ms=None, normalize=None,
+        )  # fmt: skip
+        if settings is not None:
+            store.apply_update(settings)
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
-            push_text_frames=False,  # sentences come back as word timestamps, in step with the audio
+            push_text_frames=False,  # the text comes back as word timestamps, in step with the audio
             push_start_frame=True,
             sample_rate=sample_rate,
-            settings=TTSSettings(model="voxcpm", voice=voice, language=None),
+            settings=store,
             **kwargs,
         )
-        base = options or SessionOptions()
-        self._options = replace(
-            base,
-            server=server,
-            voice=voice if voice is not None else base.voice,
-            seed=seed if seed is not None else base.seed,
-            normalize=normalize if normalize is not None else base.normalize,
-        )
+        self._url = url
+        self._api_key = api_key
         self._session: SpeechSession | None = None
         self._contexts: dict[int, str] = {}
         """Pipecat's context id of each live utterance, by utterance number."""
         self._receive_task: asyncio.Task[None] | None = None
+        self._failed_context: str | None = None
+        """The turn that failed to connect or configure: its later tokens are dropped, so it fails once, not per
+        token (a permanent refusal also stops Pipecat from giving the service more turns)."""
 
     def can_generate_metrics(self) -> bool:
         return True
 
+    def _speech_settings(self) -> SpeechSettings:
+        return SpeechSettings.of(self._settings.given_fields())
+
     # FrameProcessor.setup itself narrows BaseObject.setup's argument; this override keeps FrameProcessor's.
     async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
-        await super().setup(setup)  # sets the pipeline's output rate, which the session resamples to
+        await super().setup(setup)  # sets the pipeline's output rate, which the session asks for
         await self._connect()
 
     async def _connect(self) -> None:
@@ -97,9 +137,10 @@ class VoxwireTTSService(WebsocketTTSService):
         if self._session is not None:
             return
         try:
-            self._session = await SpeechSession.open(self._options, self.sample_rate)
+            settings = self._speech_settings()
+            self._session = await SpeechSession.open(self._url, self._api_key, settings, self.sample_rate)
         except ClientError as exc:
-            await self.push_error(error_msg=f"voxwire: {exc}", exception=exc)
+            await self._report(exc)
             await self._call_event_handler("on_connection_error", str(exc))
             return
         self._websocket = self._session.connection.ws
@@ -112,22 +153,38 @@ class VoxwireTTSService(WebsocketTTSService):
             await session.close()
             await self._call_event_handler("on_disconnected")
 
+    async def _report(self, exc: ClientError) -> None:
+        """One error frame; a permanent category when retrying would repeat it (Pipecat then stops sending work)."""
+        if refusal(exc) is Refusal.PERMANENT:
+            auth = isinstance(exc, AuthenticationError)
+            category = ErrorCategory.AUTHENTICATION if auth else ErrorCategory.INVALID_REQUEST
+        else:
+            category = ErrorCategory.SERVER if isinstance(exc, ServerError) else ErrorCategory.CONNECTIVITY
+        await self.push_error(error_msg=f"voxwire: {exc}", exception=exc, category=category)
+
+    # TTSService itself narrows AIService's ServiceSettings to TTSSettings; this override keeps TTSService's.
+    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]
+        """Store the delta; the next utterance opens with it (the one speaking keeps its voice to its end)."""
+        changed = await super()._update_settings(delta)
+        self._warn_unhandled_updated_settings(changed.keys() & {"model", "language"})
+        return changed
+
     async def _receive_messages(self) -> None:
-        assert self._session is not None
-        async for event in self._session.events():
-            context_id = self._contexts.get(event.utterance)
+        session = self._session
+        assert session is not None
+        async for event in session.events():
+            context_id = None if event.utterance is None else self._contexts.get(event.utterance)
             if context_id is None or not self.audio_context_available(context_id):
                 continue
             if isinstance(event, Audio):
                 await self.stop_ttfb_metrics()
-                audio = TTSAudioRawFrame(
-                    audio=to_s16le(event.samples), sample_rate=self.sample_rate, num_channels=1, context_id=context_id
-                )
+                audio = TTSAudioRawFrame(event.pcm, self.sample_rate, num_channels=1, context_id=context_id)
                 await self.append_to_audio_context(context_id, audio)
             elif isinstance(event, Segment):
-                # the whole sentence as one "word", timed from the start of the utterance's audio
-                start_s = event.start_sample / self._session.model_rate
-                await self.add_word_timestamps([(event.text, start_s)], context_id)
+                rate = session.connection.ready.sample_rate
+                await self.add_word_timestamps([(t.text, t.start_s) for t in timings(event, rate)], context_id)
+            elif isinstance(event, Error):  # the utterance failed; its done follows
+                await self._report(ServerError(event.code, event.message))
             elif isinstance(event, Done):
                 del self._contexts[event.utterance]
                 await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
@@ -135,21 +192,27 @@ class VoxwireTTSService(WebsocketTTSService):
 
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
         """Send the turn's text as it streams; the audio comes back on the receive task."""
+        if context_id == self._failed_context:
+            yield None
+            return
         if self._session is None:
             await self._connect()
         session = self._session
         if session is None:
-            yield ErrorFrame(error="voxwire: not connected")
+            self._failed_context = context_id  # _connect_websocket reported why, once
+            yield None
             return
         try:
             open_utterance = session.open_utterance
             if open_utterance is not None and self._contexts.get(open_utterance) != context_id:
                 await session.end()  # a new turn while the last one was still taking text
+            if session.open_utterance is None:
+                await session.configure(self._speech_settings())  # a settings update applies from here
             self._contexts[await session.text(text)] = context_id
             await self.start_tts_usage_metrics(text)
         except ClientError as exc:
-            yield ErrorFrame(error=f"voxwire: {exc}")
-            return
+            self._failed_context = context_id
+            await self._report(exc)
         yield None
 
     async def flush_audio(self, context_id: str | None = None) -> None:

@@ -3,13 +3,17 @@
 The framework pushes text as its language model streams it; this class keeps the protocol's bookkeeping
 that every such service needs:
 
+- settings: ``SpeechSettings`` are the ``start`` fields a framework may change between turns; ``configure``
+  sends a ``start`` only when they changed since the last one, so a connection reused turn after turn costs
+  no round trip before its text;
 - utterance numbers: the server numbers utterances 0, 1, 2... per connection in the order they open (the
   first ``text`` after an ``end`` or ``cancel`` opens the next one), so the client knows each number without
   a round trip;
 - barge-in: ``cancel`` stops every utterance that is not done, and the frames of those utterances that
   were already in flight are dropped here by their number, so no stale audio reaches the framework;
-- audio as float32 samples at the server's rate (``pcm_f32le`` frames), resampled to the rate the framework
-  declared when it differs.
+- audio as 16-bit PCM bytes at the rate the framework declared (``audio_request`` says what is asked of
+  the server; frames at another rate are resampled here);
+- timings: each sentence's start, and its words' when the server reports them (``timings``).
 
 Within one utterance the server continues the voice from sentence to sentence, which is why a framework turn
 maps to one utterance here and not to one request per sentence.
@@ -17,65 +21,131 @@ maps to one utterance here and not to one request per sentence.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from types import TracebackType
 
 import numpy as np
 
-from voxwire.audio.pcm import as_mono_float32
+from voxwire.audio.pcm import S16_SCALE, to_s16le
 from voxwire.audio.resample import StreamResampler
-from voxwire.client.connection import Connection
-from voxwire.client.errors import ServerError
-from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Error, Flush, Segment, Start, Text
+from voxwire.client.connection import OPEN_TIMEOUT_S, Connection, token_from_env
+from voxwire.client.errors import AuthenticationError, ClientError, ServerError
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Error, Flush, Ready, Segment, Start, Text
 
-WIRE_FORMAT = "pcm_f32le"
+DEFAULT_URL = "ws://127.0.0.1:8000"
+WIRE_FORMAT = "pcm_s16le"
+
+PERMANENT_CODES = frozenset(
+    code.value
+    for code in (
+        ErrorCode.UNKNOWN_VOICE, ErrorCode.UNKNOWN_PERSONA, ErrorCode.FORBIDDEN, ErrorCode.UNAUTHORIZED,
+        ErrorCode.UNSUPPORTED_INSTRUCTIONS, ErrorCode.UNKNOWN_FIELD, ErrorCode.INVALID_FIELD, ErrorCode.OUT_OF_RANGE,
+    )
+)  # fmt: skip
+"""Refusals that repeat until the settings or the key change: a framework reports them once and stops."""
+
+
+def audio_request(output_rate: int) -> dict[str, object]:
+    """The ``start`` fields that choose the audio the server sends: 16-bit PCM, at the model's rate.
+
+    The one place to switch to the server's own resampling: once ``start.sample_rate`` exists, adding
+    ``"sample_rate": output_rate`` here makes ``ready.sample_rate`` the output rate and ``_Decoder`` passes the
+    frames through untouched.
+    """
+    return {"format": WIRE_FORMAT}
+
+
+class Refusal(enum.Enum):
+    """How a framework should treat a failure: stop trying, or report it and go on."""
+
+    PERMANENT = "permanent"
+    """Unknown voice or persona, a refused key, settings out of range: retrying repeats it."""
+    TRANSIENT = "transient"
+
+
+def refusal(error: ClientError) -> Refusal:
+    permanent = isinstance(error, AuthenticationError) or (
+        isinstance(error, ServerError) and error.code in PERMANENT_CODES
+    )
+    return Refusal.PERMANENT if permanent else Refusal.TRANSIENT
 
 
 @dataclass(frozen=True)
-class SessionOptions:
-    """How to reach the server and the ``start`` settings every utterance of the session uses."""
+class SpeechSettings:
+    """The ``start`` settings of the utterances that follow; None leaves the server's default."""
 
-    server: str = "ws://127.0.0.1:8000"
-    """``host:port``, ``ws[s]://host:port`` or ``http[s]://...``; the stream path is added."""
-    token: str | None = None
     voice: str | None = None
+    persona: str | None = None
+    instructions: str | None = None
+    """VoxCPM2's voice design (a description of the voice), on servers that take ``start.instructions``."""
     seed: int | None = None
     cfg_value: float | None = None
     inference_timesteps: int | None = None
     max_buffer_delay_ms: int | None = None
     normalize: bool | None = None
 
-    def start(self) -> Start:
-        return Start(
-            voice=self.voice,
-            format=WIRE_FORMAT,
-            seed=self.seed,
-            cfg_value=self.cfg_value,
-            inference_timesteps=self.inference_timesteps,
-            max_buffer_delay_ms=self.max_buffer_delay_ms,
-            normalize=self.normalize,
-        )
+    def start(self, output_rate: int) -> Start:
+        given = {name: value for name, value in asdict(self).items() if value is not None}
+        unknown = given.keys() - {field.name for field in fields(Start)}
+        if unknown:
+            raise ServerError(
+                ErrorCode.UNKNOWN_FIELD.value, f"this voxwire protocol has no start.{', start.'.join(sorted(unknown))}"
+            )
+        return Start(**audio_request(output_rate), **given)  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, values: Mapping[str, object]) -> SpeechSettings:
+        """The settings among ``values`` (a framework's own settings object, as a dict); other keys are ignored."""
+        names = {field.name for field in fields(cls)}
+        return cls(**{name: value for name, value in values.items() if name in names})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class Audio:
-    """Samples of ``utterance`` (float32 mono at the session's output rate)."""
+    """16-bit little-endian mono PCM of ``utterance``, at the session's output rate."""
 
     utterance: int
-    samples: np.ndarray
+    pcm: bytes
 
 
-SessionEvent = Audio | Segment | Done
+@dataclass(frozen=True)
+class Timing:
+    """Text spoken from ``start_s`` (to ``end_s`` when known), in seconds from the start of its utterance."""
+
+    text: str
+    start_s: float
+    end_s: float | None = None
+
+
+def timings(segment: Segment, sample_rate: int) -> list[Timing]:
+    """The sentence's words with their times when the segment carries ``words`` (a server that estimates word
+    timings: ``{"text", "start", "end"}`` in seconds from the utterance's start), else the whole sentence from
+    its first sample."""
+    words = getattr(segment, "words", None)
+    if words:
+        return [Timing(word["text"], word["start"], word["end"]) for word in words]
+    return [Timing(segment.text, segment.start_sample / sample_rate)]
+
+
+SessionEvent = Audio | Segment | Done | Error
+"""``Error``: an utterance failed (its ``done`` follows); errors that end the connection raise instead."""
 
 
 class SpeechSession:
-    """One open connection; ``async with await SpeechSession.open(options, output_rate)``."""
+    """One open connection; ``async with await SpeechSession.open(url, api_key, settings, output_rate)``.
 
-    def __init__(self, connection: Connection, output_rate: int | None) -> None:
+    ``configure`` waits for its ``ready``, which ``events`` reads: consume ``events`` in another task meanwhile.
+    """
+
+    def __init__(self, connection: Connection, settings: SpeechSettings, output_rate: int | None) -> None:
         self.connection = connection
-        self.model_rate = connection.ready.sample_rate
-        self.output_rate = output_rate or self.model_rate
+        self.settings = settings
+        """What the next utterance speaks with (the last ``start`` the server accepted)."""
+        self.output_rate = output_rate or connection.ready.sample_rate
         self._next = 0
         """The number the next utterance gets."""
         self._open: int | None = None
@@ -83,18 +153,23 @@ class SpeechSession:
         self._live: set[int] = set()
         """Utterances opened and not yet done."""
         self._cancelled: set[int] = set()
-        self._resamplers: dict[int, StreamResampler] = {}
+        self._decoders: dict[int, _Decoder] = {}
+        self._ready: asyncio.Future[Ready] | None = None
+        """The reply to a ``start`` in flight."""
 
     @classmethod
-    async def open(cls, options: SessionOptions, output_rate: int | None = None) -> SpeechSession:
-        """Connect and apply the options. Raises a ``voxwire.client.errors.ClientError``."""
-        connection = await Connection.open(options.server, options.token)
+    async def open(
+        cls, url: str, api_key: str | None, settings: SpeechSettings, output_rate: int | None = None
+    ) -> SpeechSession:
+        """Connect and apply ``settings``. Raises a ``voxwire.client.errors.ClientError``."""
+        connection = await Connection.open(url, token_from_env(api_key))
         try:
-            await connection.configure(options.start())
+            rate = output_rate or connection.ready.sample_rate
+            await connection.configure(settings.start(rate))
         except BaseException:
             await connection.close()
             raise
-        return cls(connection, output_rate)
+        return cls(connection, settings, output_rate)
 
     async def __aenter__(self) -> SpeechSession:
         return self
@@ -108,14 +183,42 @@ class SpeechSession:
         await self.connection.close()
 
     @property
+    def closed(self) -> bool:
+        return self.connection.ws.close_code is not None
+
+    @property
     def open_utterance(self) -> int | None:
         """The utterance that takes text now (None: the next ``text`` opens one)."""
         return self._open
 
     @property
+    def next_utterance(self) -> int:
+        """The number the next ``text`` opens when no utterance is open."""
+        return self._next
+
+    @property
     def speaking(self) -> bool:
         """Whether an utterance has been opened and has not finished."""
         return bool(self._live)
+
+    async def configure(self, settings: SpeechSettings) -> None:
+        """Speak the next utterance with ``settings``: a ``start`` and its ``ready`` when they changed, else nothing.
+
+        Call between utterances. A refusal (``unknown_voice``...) raises ``ServerError`` and keeps the old settings.
+        """
+        if settings == self.settings:
+            return
+        if self._open is not None:
+            raise RuntimeError("settings change between utterances; end or cancel the open one first")
+        self._ready = asyncio.get_running_loop().create_future()
+        try:
+            await self.connection.send(settings.start(self.output_rate))
+            self.connection.ready = await asyncio.wait_for(asyncio.shield(self._ready), OPEN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ServerError("no_ready", f"no ready within {OPEN_TIMEOUT_S:g} s of a start") from None
+        finally:
+            self._ready = None
+        self.settings = settings
 
     async def text(self, text: str) -> int:
         """Append text to the open utterance, opening one if needed; its number."""
@@ -150,38 +253,67 @@ class SpeechSession:
         return cancelled
 
     async def events(self) -> AsyncIterator[SessionEvent]:
-        """Audio, sentence starts and ``done`` in the order the server sent them; cancelled audio is dropped.
+        """Audio, sentence starts, failures and ``done`` in the order the server sent them; cancelled ones dropped.
 
-        A server ``error`` (a refused message, or an utterance that failed) raises ``ServerError``, except
-        for an utterance already cancelled here.
+        The reply to a ``start`` goes to ``configure``. Any other ``error`` not about an utterance (a refused
+        message) raises ``ServerError``, and so does a closed connection.
         """
         while True:
             received = await self.connection.receive()
             if isinstance(received, AudioFrame):
-                if received.utterance in self._cancelled:
-                    continue
-                samples = self._resampler(received.utterance).process(_float_samples(received))
-                if samples.size:
-                    yield Audio(received.utterance, samples)
-            elif isinstance(received, Segment):
+                if received.utterance not in self._cancelled:
+                    pcm = self._decoder(received.utterance).decode(received)
+                    if pcm:
+                        yield Audio(received.utterance, pcm)
+            elif isinstance(received, Ready) or (isinstance(received, Error) and received.utterance is None):
+                self._answer_start(received)
+            elif isinstance(received, (Segment, Error)):
                 if received.utterance not in self._cancelled:
                     yield received
             elif isinstance(received, Done):
                 self._live.discard(received.utterance)
-                rest = self._resamplers.pop(received.utterance, None)
+                rest = self._decoders.pop(received.utterance, None)
                 if rest is not None and received.utterance not in self._cancelled:
                     tail = rest.flush()
-                    if tail.size:
+                    if tail:
                         yield Audio(received.utterance, tail)
                 yield received
-            elif isinstance(received, Error) and received.utterance not in self._cancelled:
-                raise ServerError(received.code, received.message)
 
-    def _resampler(self, utterance: int) -> StreamResampler:
-        if utterance not in self._resamplers:
-            self._resamplers[utterance] = StreamResampler(self.model_rate, self.output_rate)
-        return self._resamplers[utterance]
+    def _answer_start(self, reply: Ready | Error) -> None:
+        pending = self._ready
+        if isinstance(reply, Ready):
+            if pending is not None and not pending.done():
+                pending.set_result(reply)
+            return
+        error = ServerError(reply.code, reply.message)
+        if pending is None or pending.done():
+            raise error
+        pending.set_exception(error)
+
+    def _decoder(self, utterance: int) -> _Decoder:
+        if utterance not in self._decoders:
+            self._decoders[utterance] = _Decoder(self.connection.ready.sample_rate, self.output_rate)
+        return self._decoders[utterance]
 
 
-def _float_samples(frame: AudioFrame) -> np.ndarray:
-    return as_mono_float32(np.frombuffer(b"".join(frame.packets), dtype="<f4"))
+class _Decoder:
+    """One utterance's ``pcm_s16le`` frames as s16le bytes at the output rate (resampled when the rates differ)."""
+
+    def __init__(self, frame_rate: int, output_rate: int) -> None:
+        self._resampler = None if frame_rate == output_rate else StreamResampler(frame_rate, output_rate)
+
+    def decode(self, frame: AudioFrame) -> bytes:
+        if frame.format != WIRE_FORMAT:
+            raise ServerError("unexpected_format", f"asked for {WIRE_FORMAT} frames, got {frame.format}")
+        pcm = b"".join(frame.packets)
+        if self._resampler is None:
+            return pcm
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / S16_SCALE
+        return _s16(self._resampler.process(samples))
+
+    def flush(self) -> bytes:
+        return b"" if self._resampler is None else _s16(self._resampler.flush())
+
+
+def _s16(samples: np.ndarray) -> bytes:
+    return to_s16le(samples) if samples.size else b""

@@ -1,4 +1,6 @@
-"""``voxwire.integrations.livekit.VoxwireTTS`` in LiveKit Agents' own TTS machinery, with the server in process."""
+"""``voxwire.integrations.livekit.TTS`` in LiveKit Agents' own TTS machinery, with the server in process: streamed
+text, a whole text, an interruption, one pooled connection across turns, ``prewarm``, ``update_options``, timed
+transcripts, and a refused voice."""
 
 from __future__ import annotations
 
@@ -7,51 +9,46 @@ import time
 
 import numpy as np
 import pytest
+from livekit.agents import APIStatusError
 from livekit.agents.tts import SynthesizedAudio
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 
-from voxwire.integrations.livekit import VoxwireTTS
-from voxwire.serving.keys import SERVICE_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.integrations import livekit as voxwire
+from voxwire.integrations.session import SpeechSettings
+
+from .conftest import STEP_S, TIMEOUT_S, CountedServe, engine_busy, record_requests, record_steps, save_voice, solo_audio
 
 pytestmark = pytest.mark.asyncio
 
-STEP_S = 0.1
-TIMEOUT_S = 60.0
-
-
-def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """(text, continued from a previous sentence) of every request the server's engine is given."""
-    service = app[SERVICE_KEY]  # type: ignore[index]
-    requests: list[tuple[str, bool]] = []
-    speak = service.speak
-
-    def recording(job: SpeechJob) -> object:
-        requests.append((job.text, job.voice is not None))
-        return speak(job)
-
-    monkeypatch.setattr(service, "speak", recording)
-    return requests
-
-
-def engine_busy(app: object) -> bool:
-    stats = app[SERVICE_KEY].engine.stats()  # type: ignore[index]
-    return bool(stats.running or stats.waiting)
+RATE = 24000
 
 
 def samples_of(events: list[SynthesizedAudio]) -> np.ndarray:
     return np.concatenate([np.frombuffer(event.frame.data, dtype=np.int16) for event in events])
 
 
+async def turn(tts: voxwire.TTS, *tokens: str) -> list[SynthesizedAudio]:
+    """One agent turn as LiveKit's voice pipeline drives it: a stream, the tokens, the end of its input."""
+    stream = tts.stream()
+    for token in tokens:
+        stream.push_text(token)
+    stream.end_input()
+    try:
+        return [event async for event in stream]
+    finally:
+        await stream.aclose()
+
+
 async def test_stream_speaks_incremental_text_before_it_ends(serve, slow_down, monkeypatch) -> None:
     server = await serve()
     slow_down(server.app, 0.02)
     requests = record_requests(server.app, monkeypatch)
-    tts = VoxwireTTS(server=str(server.make_url("/")), seed=1)
+    tts = voxwire.TTS(base_url=str(server.make_url("/")), seed=1)
     stream = tts.stream()
     for token in ("The first ", "sentence is ", "here. ", "The second"):
         stream.push_text(token)
     first = await asyncio.wait_for(anext(stream), TIMEOUT_S)  # the second sentence is not complete yet
-    assert first.frame.sample_rate == 24000 and first.frame.num_channels == 1
+    assert first.frame.sample_rate == RATE and first.frame.num_channels == 1
     stream.push_text(" one ends now.")
     stream.end_input()
     rest = [event async for event in stream]
@@ -60,38 +57,67 @@ async def test_stream_speaks_incremental_text_before_it_ends(serve, slow_down, m
     assert requests == [("The first sentence is here.", False), ("The second one ends now.", True)]
     assert samples_of([first, *rest]).size > 0
     assert rest[-1].is_final
+    timed = [text for event in (first, *rest) for text in event.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert [str(text) for text in timed] == ["The first sentence is here. ", "The second one ends now. "]
+    assert timed[0].start_time == 0.0 and 0.0 < timed[1].start_time < samples_of([first, *rest]).size / RATE
 
 
 async def test_synthesize_speaks_a_whole_text(serve) -> None:
     server = await serve()
-    tts = VoxwireTTS(server=str(server.make_url("/")))
+    tts = voxwire.TTS(base_url=str(server.make_url("/")))
     async with tts.synthesize("Hello from LiveKit. It works.") as stream:
         events = [event async for event in stream]
     await tts.aclose()
     audio = samples_of(events)
     assert audio.size > 0 and np.abs(audio).max() > 0
-    assert {event.frame.sample_rate for event in events} == {24000}
+    assert {event.frame.sample_rate for event in events} == {RATE}
 
 
-def record_steps(app: object, step_s: float) -> list[tuple[float, tuple[str, ...]]]:
-    """Slow every engine step to ``step_s`` and log (start time, requests decoded) of each."""
-    runner = app[SERVICE_KEY].runner  # type: ignore[index]
-    execute = runner.execute
-    steps: list[tuple[float, tuple[str, ...]]] = []
+async def test_turns_share_one_prewarmed_connection_and_update_options_changes_the_next_turn(
+    counted_serve: CountedServe,
+) -> None:
+    server, upgrades = await counted_serve()
+    voice = await save_voice(server)
+    tts = voxwire.TTS(base_url=str(server.make_url("/")), seed=1, sample_rate=RATE)
+    tts.prewarm()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not upgrades and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert len(upgrades) == 1, "prewarm opened the connection before any turn"
 
-    def logged(plan: object) -> object:
-        steps.append((time.perf_counter(), tuple(plan.request_ids)))  # type: ignore[attr-defined]
-        time.sleep(step_s)
-        return execute(plan)
+    first = samples_of(await turn(tts, "Hello there."))
+    tts.update_options(voice=voice)
+    second = samples_of(await turn(tts, "Hello there."))
+    third = samples_of(await turn(tts, "Hello there."))
+    await tts.aclose()
+    assert len(upgrades) == 1, f"{len(upgrades)} connections for three turns"
 
-    runner.execute = logged
-    return steps
+    url_settings = SpeechSettings(seed=1)
+    assert first.tobytes() == await solo_audio(server, url_settings, "Hello there.", RATE)
+    expected = await solo_audio(server, SpeechSettings(voice=voice, seed=1), "Hello there.", RATE)
+    assert second.tobytes() == expected == third.tobytes(), "the new voice speaks from the next turn on"
+    assert second.tobytes() != first.tobytes()
 
 
-async def test_interruption_stops_the_server_within_one_step(serve) -> None:
-    server = await serve()
+async def test_an_unknown_voice_fails_the_turn_without_retrying(counted_serve: CountedServe) -> None:
+    server, upgrades = await counted_serve()
+    tts = voxwire.TTS(base_url=str(server.make_url("/")), voice="voice_does_not_exist")
+    errors: list[object] = []
+    tts.on("error", errors.append)
+    with pytest.raises(APIStatusError) as refused:
+        await turn(tts, "Hello there.")
+    await tts.aclose()
+    assert refused.value.status_code == 404 and not refused.value.retryable
+    assert "unknown_voice" in str(refused.value)
+    assert len(upgrades) == 1 and len(errors) == 1
+
+
+async def test_interruption_stops_the_server_within_one_step_and_the_connection_serves_the_next_turn(
+    counted_serve: CountedServe,
+) -> None:
+    server, upgrades = await counted_serve()
     steps = record_steps(server.app, STEP_S)
-    tts = VoxwireTTS(server=str(server.make_url("/")))
+    tts = voxwire.TTS(base_url=str(server.make_url("/")))
     stream = tts.stream()
     stream.push_text("This sentence is long enough to keep speaking for a while. And another one follows it. ")
     await asyncio.wait_for(anext(stream), TIMEOUT_S)
@@ -100,6 +126,10 @@ async def test_interruption_stops_the_server_within_one_step(serve) -> None:
     interrupted = time.perf_counter()
     while engine_busy(server.app):
         await asyncio.sleep(0.005)
-    await tts.aclose()
     decoding_after = [ids for started, ids in steps if started > interrupted and ids]
     assert len(decoding_after) <= 1, f"{len(decoding_after)} steps still decoded the utterance after the interruption"
+
+    events = await turn(tts, "Yes?")  # on the same connection; the interrupted turn's late frames are dropped
+    await tts.aclose()
+    assert samples_of(events).size > 0 and events[-1].is_final
+    assert len(upgrades) == 1

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from voxwire.integrations.session import Audio, SessionOptions, SpeechSession
+from voxwire.client.errors import ServerError
+from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import AudioFrame, Done, Segment
 from voxwire.serving.keys import SERVICE_KEY
 
@@ -38,12 +39,25 @@ def record_raw_frames(session: SpeechSession) -> list[int]:
     return numbers
 
 
+def record_sent(session: SpeechSession) -> list[object]:
+    """Every message the session sends from now on."""
+    sent: list[object] = []
+    send = session.connection.send
+
+    async def recording(message: object) -> None:
+        sent.append(message)
+        await send(message)  # type: ignore[arg-type]
+
+    session.connection.send = recording  # type: ignore[method-assign]
+    return sent
+
+
 async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
     server = await serve()
     slow_down(server.app, 0.05)
-    options = SessionOptions(server=str(server.make_url("/")), seed=3)
-    async with await SpeechSession.open(options, output_rate=24000) as session:
-        assert session.model_rate == server.app[SERVICE_KEY].info.sample_rate
+    url = str(server.make_url("/"))
+    async with await SpeechSession.open(url, None, SpeechSettings(seed=3), output_rate=24000) as session:
+        assert session.connection.ready.sample_rate == server.app[SERVICE_KEY].info.sample_rate
         events = session.events()
         assert await session.text("This sentence keeps speaking for a while. ") == 0
         assert await session.text("And another one follows it.") == 0  # same utterance until it ends
@@ -69,6 +83,24 @@ async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
                 heard.append(event)
         assert event.utterance == 1 and event.finish_reason in ("stop", "length")
         assert {a.utterance for a in heard} == {1}
-        audio = np.concatenate([a.samples for a in heard])
-        assert audio.dtype == np.float32 and audio.size > 0
+        audio = np.frombuffer(b"".join(a.pcm for a in heard), dtype="<i2")
+        assert audio.size > 0 and np.abs(audio).max() > 0
         assert await session.end() is None  # nothing open: nothing sent
+
+
+async def test_configure_sends_a_start_only_for_changed_settings_and_keeps_them_on_a_refusal(serve) -> None:
+    server = await serve()
+    url = str(server.make_url("/"))
+    async with await SpeechSession.open(url, None, SpeechSettings(seed=3), output_rate=24000) as session:
+        sent = record_sent(session)
+        reader = asyncio.ensure_future(anext(session.events()))  # configure's ready is read by events()
+        await session.configure(SpeechSettings(seed=3))
+        assert sent == []  # unchanged: no start, no round trip
+        await session.configure(SpeechSettings(seed=4))
+        assert [type(message).__name__ for message in sent] == ["Start"]
+        assert session.connection.ready.seed == 4 and session.settings == SpeechSettings(seed=4)
+        with pytest.raises(ServerError) as refused:
+            await session.configure(SpeechSettings(voice="voice_does_not_exist"))
+        assert refused.value.code == "unknown_voice"
+        assert session.settings == SpeechSettings(seed=4)
+        reader.cancel()
