@@ -36,7 +36,7 @@ from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSServic
 from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.types import NOT_GIVEN, NotGiven
 
-from voxwire.client.errors import AuthenticationError, ClientError, ServerError
+from voxwire.client.errors import AuthenticationError, ClientError, ServerError, ServerUnreachableError
 from voxwire.integrations.session import (
     DEFAULT_URL,
     Audio,
@@ -49,6 +49,7 @@ from voxwire.integrations.session import (
 from voxwire.protocol.wire import Done, Error, Segment
 
 MODEL = "voxcpm"
+_NOT_CONNECTED = ServerUnreachableError("not connected")
 
 
 @dataclass
@@ -106,8 +107,8 @@ class VoxwireTTSService(WebsocketTTSService):
         """Pipecat's context id of each live utterance, by utterance number."""
         self._receive_task: asyncio.Task[None] | None = None
         self._failed_context: str | None = None
-        """The turn that failed to connect or configure: its later tokens are dropped, so it fails once, not per
-        token (a permanent refusal also stops Pipecat from giving the service more turns)."""
+        """The turn that failed to connect or configure (a permanent refusal also stops Pipecat from giving the
+        service more turns, until a settings update)."""
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -187,8 +188,7 @@ class VoxwireTTSService(WebsocketTTSService):
                 await self._report(ServerError(event.code, event.message))
             elif isinstance(event, Done):
                 del self._contexts[event.utterance]
-                await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
-                await self.remove_audio_context(context_id)
+                await self._end_context(context_id)
 
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
         """Send the turn's text as it streams; the audio comes back on the receive task."""
@@ -197,12 +197,10 @@ class VoxwireTTSService(WebsocketTTSService):
             return
         if self._session is None:
             await self._connect()
-        session = self._session
-        if session is None:
-            self._failed_context = context_id  # _connect_websocket reported why, once
-            yield None
-            return
         try:
+            session = self._session
+            if session is None:
+                raise _NOT_CONNECTED  # _connect_websocket reported why
             open_utterance = session.open_utterance
             if open_utterance is not None and self._contexts.get(open_utterance) != context_id:
                 await session.end()  # a new turn while the last one was still taking text
@@ -211,9 +209,19 @@ class VoxwireTTSService(WebsocketTTSService):
             self._contexts[await session.text(text)] = context_id
             await self.start_tts_usage_metrics(text)
         except ClientError as exc:
-            self._failed_context = context_id
-            await self._report(exc)
+            if exc is not _NOT_CONNECTED:
+                await self._report(exc)
+            await self._fail_context(context_id)
         yield None
+
+    async def _fail_context(self, context_id: str) -> None:
+        """End a turn that cannot speak now: its later tokens are dropped, so it fails once, not per token."""
+        self._failed_context = context_id
+        await self._end_context(context_id)
+
+    async def _end_context(self, context_id: str) -> None:
+        await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
+        await self.remove_audio_context(context_id)
 
     async def flush_audio(self, context_id: str | None = None) -> None:
         """The turn is over: end its utterance, so the rest of its text is spoken and ``done`` follows."""

@@ -16,7 +16,16 @@ from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from voxwire.integrations import livekit as voxwire
 from voxwire.integrations.session import SpeechSettings
 
-from .conftest import STEP_S, TIMEOUT_S, CountedServe, engine_busy, record_requests, record_steps, save_voice, solo_audio
+from .conftest import (
+    STEP_S,
+    TIMEOUT_S,
+    CountedServe,
+    engine_busy,
+    record_requests,
+    record_steps,
+    save_voice,
+    solo_audio,
+)
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,5 +1,6 @@
 """``voxwire.integrations.pipecat.VoxwireTTSService`` in a real Pipecat pipeline (its own test processor and
-worker), against the server in process: tokens streamed as an LLM would, a turn end, an interruption."""
+worker), against the server in process: tokens streamed as an LLM would, a turn end, an interruption, a
+``TTSUpdateSettingsFrame`` between turns, and a refused voice."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 from pipecat.frames.frames import (
     EndFrame,
+    ErrorFrame,
     Frame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
@@ -19,29 +21,50 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSStoppedFrame,
     TTSTextFrame,
+    TTSUpdateSettingsFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.tests.utils import QueuedFrameProcessor
+from pipecat.utils.errors import ErrorCategory
 from pipecat.workers.runner import WorkerRunner
 
 from voxwire.integrations.pipecat import VoxwireTTSService
+from voxwire.integrations.session import SpeechSettings
 
-from .test_livekit_tts import STEP_S, engine_busy, record_requests, record_steps
+from .conftest import (
+    STEP_S,
+    TIMEOUT_S,
+    CountedServe,
+    engine_busy,
+    record_requests,
+    record_steps,
+    save_voice,
+    solo_audio,
+)
 
 pytestmark = pytest.mark.asyncio
 
-TIMEOUT_S = 60.0
 RATE = 24000
+
+
+def llm_tokens(text: str) -> list[LLMTextFrame]:
+    """``text`` word by word, as a language model streams it."""
+    return [LLMTextFrame(f"{word} ") for word in text.split(" ")]
 
 
 class Bot:
     """A pipeline [VoxwireTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
 
-    def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
+    def __init__(
+        self, worker: PipelineWorker, tts: VoxwireTTSService, received: asyncio.Queue[Frame], errors: list[Frame]
+    ) -> None:
         self.worker = worker
+        self.tts = tts
         self.received = received
+        self.errors = errors
+        """The frames that reached the pipeline's start going upstream (errors)."""
         self.seen: list[Frame] = []
 
     async def say(self, *frames: Frame) -> None:
@@ -55,19 +78,41 @@ class Bot:
             if isinstance(frame, kind):
                 return frame
 
+    async def speak(self, text: str) -> bytes:
+        """One turn (its text as LLM tokens); the 16-bit audio of its context."""
+        await self.say(LLMFullResponseStartFrame(), *llm_tokens(text), LLMFullResponseEndFrame())
+        start = len(self.seen)
+        first = await self.next_of(TTSAudioRawFrame)
+        while (await self.next_of(TTSStoppedFrame)).context_id != first.context_id:
+            pass
+        turn = self.seen[start:]
+        return b"".join(f.audio for f in turn if isinstance(f, TTSAudioRawFrame) and f.context_id == first.context_id)
+
     def drain(self) -> list[Frame]:
         while not self.received.empty():
             self.seen.append(self.received.get_nowait())
         return self.seen
 
 
+class ErrorSink(QueuedFrameProcessor):
+    def __init__(self, errors: list[Frame]) -> None:
+        super().__init__(queue=asyncio.Queue(), queue_direction=FrameDirection.UPSTREAM)
+        self.errors = errors
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if direction is FrameDirection.UPSTREAM and isinstance(frame, ErrorFrame):
+            self.errors.append(frame)
+        await super().process_frame(frame, direction)
+
+
 @asynccontextmanager
-async def running_bot(server_url: str) -> AsyncIterator[Bot]:
+async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | None = None) -> AsyncIterator[Bot]:
     received: asyncio.Queue[Frame] = asyncio.Queue()
+    errors: list[Frame] = []
     sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
-    tts = VoxwireTTSService(server=server_url, seed=1)
+    tts = VoxwireTTSService(url=server_url, settings=settings or VoxwireTTSService.Settings(seed=1))
     params = PipelineParams(audio_out_sample_rate=RATE)
-    worker = PipelineWorker(Pipeline([tts, sink]), params=params, cancel_on_idle_timeout=False)
+    worker = PipelineWorker(Pipeline([ErrorSink(errors), tts, sink]), params=params, cancel_on_idle_timeout=False)
     started = asyncio.Event()
 
     @worker.event_handler("on_pipeline_started")
@@ -79,7 +124,7 @@ async def running_bot(server_url: str) -> AsyncIterator[Bot]:
     running = asyncio.create_task(runner.run())
     await asyncio.wait_for(started.wait(), TIMEOUT_S)
     try:
-        yield Bot(worker, received)
+        yield Bot(worker, tts, received, errors)
     finally:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(running, TIMEOUT_S)
@@ -127,3 +172,52 @@ async def test_an_interruption_cancels_within_one_step_and_drops_the_late_audio(
         await bot.say(LLMFullResponseStartFrame(), LLMTextFrame("Yes?"), LLMFullResponseEndFrame())
         assert isinstance(await bot.next_of(TTSAudioRawFrame), TTSAudioRawFrame)
         await bot.next_of(TTSStoppedFrame)
+
+
+async def test_a_settings_update_changes_the_voice_of_the_next_utterance(counted_serve: CountedServe) -> None:
+    server, upgrades = await counted_serve()
+    voice = await save_voice(server)
+    async with running_bot(str(server.make_url("/"))) as bot:
+        first = await bot.speak("Hello there.")
+        await bot.say(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(voice=voice)))
+        second = await bot.speak("Hello there.")
+    assert not bot.errors
+    assert first == await solo_audio(server, SpeechSettings(seed=1), "Hello there.", RATE)
+    assert second == await solo_audio(server, SpeechSettings(voice=voice, seed=1), "Hello there.", RATE)
+    assert second != first
+    assert len(upgrades) == 1 + 2, "one connection for the pipeline (and one for each reference)"
+
+
+async def test_an_unknown_voice_is_one_permanent_error_and_no_reconnect_storm(counted_serve: CountedServe) -> None:
+    server, upgrades = await counted_serve()
+    settings = VoxwireTTSService.Settings(voice="voice_does_not_exist")
+    async with running_bot(str(server.make_url("/")), settings) as bot:
+        for _ in range(2):  # two turns of many tokens each
+            text = "Every token of this turn would have been a new connection and two errors."
+            await bot.say(LLMFullResponseStartFrame(), *llm_tokens(text), LLMFullResponseEndFrame())
+        await asyncio.sleep(1.0)  # time for any retry to show up
+        assert not bot.tts.is_usable  # Pipecat gives it no more work, and stops reconnecting
+    (error,) = bot.errors
+    assert "unknown_voice" in error.error and error.category is ErrorCategory.INVALID_REQUEST
+    assert error.category.is_permanent
+    assert len(upgrades) == 1
+    assert not [f for f in bot.drain() if isinstance(f, TTSAudioRawFrame) and f.context_id is not None]
+
+
+async def test_an_unknown_voice_set_mid_session_is_one_error_and_a_later_update_recovers(
+    counted_serve: CountedServe,
+) -> None:
+    server, upgrades = await counted_serve()
+    async with running_bot(str(server.make_url("/"))) as bot:
+        await bot.say(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(voice="voice_does_not_exist")))
+        text = "Each of these tokens is refused once at most."
+        await bot.say(LLMFullResponseStartFrame(), *llm_tokens(text), LLMFullResponseEndFrame())
+        while not bot.errors:
+            await asyncio.sleep(0.01)
+        assert not bot.tts.is_usable
+        await bot.say(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(voice="default")))
+        audio = await bot.speak("Hello there.")
+    (error,) = bot.errors
+    assert "unknown_voice" in error.error and error.category is ErrorCategory.INVALID_REQUEST
+    assert len(upgrades) == 1, "the refused start left the connection open"
+    assert audio == await solo_audio(server, SpeechSettings(voice="default", seed=1), "Hello there.", RATE)
