@@ -28,17 +28,24 @@ import weakref
 from collections.abc import AsyncIterable, Awaitable
 from dataclasses import replace
 
-from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, tts, utils
+from livekit.agents import (
+    APIConnectionError,
+    APIConnectOptions,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    tts,
+    utils,
+)
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr, TimedString
 
 from voxwire.client.errors import ClientError, ServerError
 from voxwire.integrations.session import (
     DEFAULT_URL,
     Audio,
-    Refusal,
     SpeechSession,
     SpeechSettings,
-    refusal,
+    is_permanent,
     timings,
 )
 from voxwire.protocol.error_codes import ErrorCode
@@ -144,6 +151,8 @@ class TTS(tts.TTS):
             )
         except ClientError as exc:
             raise _api_error(exc) from exc
+        except asyncio.TimeoutError:
+            raise APITimeoutError(f"no connection to {self._base_url} within {timeout:g} s") from None
 
     async def _speak(
         self, texts: AsyncIterable[str | object], emitter: tts.AudioEmitter, segment_id: str | None, timeout: float
@@ -210,7 +219,7 @@ async def _play(session: SpeechSession, utterance: int, emitter: tts.AudioEmitte
     """Push the utterance's audio (16-bit PCM) and timed transcript to LiveKit until its ``done``."""
     started = False
     async for event in session.events():
-        if getattr(event, "utterance", None) != utterance:
+        if event.utterance != utterance:
             continue  # another turn's late frames (one cancelled before this connection came back to the pool)
         if not started and segment_id is not None:
             emitter.start_segment(segment_id=segment_id)
@@ -237,7 +246,7 @@ async def _play(session: SpeechSession, utterance: int, emitter: tts.AudioEmitte
 
 def _api_error(exc: ClientError) -> APIError:
     """LiveKit's error for a failed turn: a refusal that would repeat is a non-retryable status error."""
-    if refusal(exc) is Refusal.TRANSIENT:
+    if not is_permanent(exc):
         return APIConnectionError(str(exc))
     code = exc.code if isinstance(exc, ServerError) else ErrorCode.UNAUTHORIZED.value
     try:

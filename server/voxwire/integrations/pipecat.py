@@ -36,20 +36,18 @@ from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSServic
 from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.types import NOT_GIVEN, NotGiven
 
-from voxwire.client.errors import AuthenticationError, ClientError, ServerError, ServerUnreachableError
+from voxwire.client.errors import AuthenticationError, ClientError, ServerError
 from voxwire.integrations.session import (
     DEFAULT_URL,
     Audio,
-    Refusal,
     SpeechSession,
     SpeechSettings,
-    refusal,
+    is_permanent,
     timings,
 )
 from voxwire.protocol.wire import Done, Error, Segment
 
 MODEL = "voxcpm"
-_NOT_CONNECTED = ServerUnreachableError("not connected")
 
 
 @dataclass
@@ -156,7 +154,7 @@ class VoxwireTTSService(WebsocketTTSService):
 
     async def _report(self, exc: ClientError) -> None:
         """One error frame; a permanent category when retrying would repeat it (Pipecat then stops sending work)."""
-        if refusal(exc) is Refusal.PERMANENT:
+        if is_permanent(exc):
             auth = isinstance(exc, AuthenticationError)
             category = ErrorCategory.AUTHENTICATION if auth else ErrorCategory.INVALID_REQUEST
         else:
@@ -197,10 +195,12 @@ class VoxwireTTSService(WebsocketTTSService):
             return
         if self._session is None:
             await self._connect()
+        session = self._session
+        if session is None:  # _connect_websocket reported why
+            await self._fail_context(context_id)
+            yield None
+            return
         try:
-            session = self._session
-            if session is None:
-                raise _NOT_CONNECTED  # _connect_websocket reported why
             open_utterance = session.open_utterance
             if open_utterance is not None and self._contexts.get(open_utterance) != context_id:
                 await session.end()  # a new turn while the last one was still taking text
@@ -209,8 +209,7 @@ class VoxwireTTSService(WebsocketTTSService):
             self._contexts[await session.text(text)] = context_id
             await self.start_tts_usage_metrics(text)
         except ClientError as exc:
-            if exc is not _NOT_CONNECTED:
-                await self._report(exc)
+            await self._report(exc)
             await self._fail_context(context_id)
         yield None
 

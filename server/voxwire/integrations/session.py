@@ -22,7 +22,6 @@ maps to one utterance here and not to one request per sentence.
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from types import TracebackType
@@ -59,19 +58,10 @@ def audio_request(output_rate: int) -> dict[str, object]:
     return {"format": WIRE_FORMAT}
 
 
-class Refusal(enum.Enum):
-    """How a framework should treat a failure: stop trying, or report it and go on."""
-
-    PERMANENT = "permanent"
-    """Unknown voice or persona, a refused key, settings out of range: retrying repeats it."""
-    TRANSIENT = "transient"
-
-
-def refusal(error: ClientError) -> Refusal:
-    permanent = isinstance(error, AuthenticationError) or (
-        isinstance(error, ServerError) and error.code in PERMANENT_CODES
-    )
-    return Refusal.PERMANENT if permanent else Refusal.TRANSIENT
+def is_permanent(error: ClientError) -> bool:
+    """Whether retrying would repeat ``error`` (a refused key, a refused setting): a framework reports it once and
+    stops trying, where a lost or busy server is worth another try."""
+    return isinstance(error, AuthenticationError) or (isinstance(error, ServerError) and error.code in PERMANENT_CODES)
 
 
 @dataclass(frozen=True)
