@@ -49,6 +49,7 @@ from voxwire.serving.metrics import BuildInfo, Metrics
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.service import Service, SpeechJob, SpeechService
 from voxwire.serving.voices import VoiceStore
+from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
 from voxwire.speech_model import SpeechModel
 
@@ -115,6 +116,7 @@ def build_app(
     add_lora_routes(app)
     add_probe_routes(app)
     add_ws_routes(app)
+    add_elevenlabs_routes(app)
     add_nanovllm_routes(app)
     add_demo_routes(app)
     app.on_response_prepare.append(_name_replica)

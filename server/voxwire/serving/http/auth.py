@@ -1,9 +1,11 @@
 """Access control: API keys on every endpoint but the probes, and the Origin rule with its CORS answers.
 
 One middleware covers every route, the WebSocket endpoint included, so handlers never check keys
-themselves. A key comes as ``Authorization: Bearer <key>`` or, for browsers (whose WebSocket API
-cannot set headers), as a ``token`` query parameter; it is compared with every configured key in
-constant time, and the request remembers a digest of it (``OWNER_KEY``: who made a voice).
+themselves. A key comes as ``Authorization: Bearer <key>``, as ElevenLabs' clients send it (``xi-api-key``),
+or, for browsers (whose WebSocket API cannot set headers), as a ``token`` query parameter; it is compared
+with every configured key in constant time, and the request remembers a digest of it (``OWNER_KEY``: who
+made a voice). A handler marked ``key_in_first_message`` (the ElevenLabs endpoints, whose clients may send
+the key in their first message instead) is let through without one, and checks it itself (``key_matches``).
 
 With ``allowed_origins`` configured, a request that carries an ``Origin`` header (a browser page)
 from another origin is refused with 403 on every endpoint but the probes and the demo files: the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import TypeVar
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
@@ -41,6 +44,21 @@ def is_public(request: web.Request) -> bool:
     return static and request.method in (hdrs.METH_GET, hdrs.METH_HEAD)
 
 
+XI_API_KEY_HEADER = "xi-api-key"
+"""The header ElevenLabs' clients carry their key in."""
+
+_KEY_IN_FIRST_MESSAGE = "_voxwire_key_in_first_message"
+
+_H = TypeVar("_H", bound=Handler)
+
+
+def key_in_first_message(handler: _H) -> _H:
+    """Mark a WebSocket handler whose clients may send their key in their first message: without a key in the
+    request, it is let through (with no owner) and must refuse every message until ``key_matches`` accepts one."""
+    setattr(handler, _KEY_IN_FIRST_MESSAGE, True)
+    return handler
+
+
 _CORS_ORIGIN: web.RequestKey[str] = web.RequestKey("voxwire.cors_origin", str)
 
 CORS_MAX_AGE_S = 600
@@ -60,10 +78,17 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if _is_preflight(request):
             return _preflight(origin)
         request[_CORS_ORIGIN] = origin
+    if config.transport.api_keys and _presented_key(request) is None and _checks_key_itself(request):
+        request[OWNER_KEY] = None
+        return await handler(request)
     request[OWNER_KEY] = (
         key_owner(check_api_key(request, config.transport.api_keys)) if config.transport.api_keys else None
     )
     return await handler(request)
+
+
+def _checks_key_itself(request: web.Request) -> bool:
+    return getattr(request.match_info.handler, _KEY_IN_FIRST_MESSAGE, False) is True
 
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -80,13 +105,18 @@ def check_api_key(request: web.Request, api_keys: tuple[str, ...]) -> str:
     presented = _presented_key(request)
     if presented is None:
         raise _unauthorized("an API key is required: send 'Authorization: Bearer <key>' or a 'token' query parameter")
+    if not key_matches(presented, api_keys):
+        raise _unauthorized("the API key is not valid")
+    return presented
+
+
+def key_matches(presented: str, api_keys: tuple[str, ...]) -> bool:
+    """Whether ``presented`` is one of ``api_keys``."""
     # Compare with every key, without stopping at a match, so timing says nothing about which one matched.
     matched = False
     for key in api_keys:
         matched |= hmac.compare_digest(presented.encode(), key.encode())
-    if not matched:
-        raise _unauthorized("the API key is not valid")
-    return presented
+    return matched
 
 
 def key_owner(key: str) -> str:
@@ -122,7 +152,7 @@ def _presented_key(request: web.Request) -> str | None:
     if header is not None:
         scheme, _, key = header.partition(" ")
         return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-    return request.query.get("token") or None
+    return request.headers.get(XI_API_KEY_HEADER) or request.query.get("token") or None
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -1,0 +1,180 @@
+"""ElevenLabs' text-to-speech WebSocket messages, as its API reference documents them: parsing and building.
+
+Two endpoints share them (``elevenlabs.py`` serves both): ``stream-input`` (one context per socket) and
+``multi-stream-input`` (contexts named by ``context_id``). A client message is one JSON object whose fields
+say what it does (``ElevenMessage``): text to append (``" "`` alone opens a context), ``flush``,
+``close_context``, ``close_socket``, an empty text (end of input on ``stream-input``, a keep-alive on
+``multi-stream-input``), and on a context's first message ``voice_settings``, ``generation_config`` and
+``xi_api_key``. Fields this server has no use for are read and ignored, as the reference allows.
+
+Server messages carry base64 ``audio`` in the ``output_format`` the query asked for (``OutputFormat``),
+character ``alignment``/``normalizedAlignment`` (start and duration in ms of each character, relative to the
+message, as the reference says), ``isFinal`` at the end of a context, and ``contextId`` on the multi-context
+endpoint. Sans I/O: nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from voxwire.audio.formats import AudioFormat, StreamEncoder, make_encoder
+from voxwire.audio.mp3 import Mp3Stream
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import ProtocolError
+from voxwire.serving.alignment import Alignment
+
+STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
+MULTI_STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+
+POLICY_VIOLATION = 1008
+"""The close code ElevenLabs uses for a refused key (RFC 6455: a message that violates the server's policy)."""
+
+DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
+"""ElevenLabs' default when the query names none."""
+
+DEFAULT_CONTEXT_ID = "default"
+"""The context a ``multi-stream-input`` message without ``context_id`` addresses."""
+
+PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+MP3_FORMATS = {
+    "mp3_22050_32": (22050, 32),
+    "mp3_24000_48": (24000, 48),
+    "mp3_44100": (44100, 128),
+    "mp3_44100_32": (44100, 32),
+    "mp3_44100_64": (44100, 64),
+    "mp3_44100_96": (44100, 96),
+    "mp3_44100_128": (44100, 128),
+    "mp3_44100_192": (44100, 192),
+}
+"""ElevenLabs' mp3 formats: (sample rate, kb/s)."""
+_G711 = {"ulaw_8000": AudioFormat.PCM_MULAW, "alaw_8000": AudioFormat.PCM_ALAW}
+_PCM = re.compile(r"pcm_(\d+)")
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """An ElevenLabs ``output_format``: how this server encodes it."""
+
+    name: str
+    codec: AudioFormat
+    sample_rate: int
+    kbps: int | None = None
+    """mp3 only: the constant bit rate."""
+
+    def encoder(self, model_rate: int) -> StreamEncoder:
+        """A fresh encoder for one context's audio (float32 at ``model_rate`` in)."""
+        if self.codec is AudioFormat.MP3:
+            assert self.kbps is not None
+            return Mp3Stream(model_rate, self.sample_rate, bitrate=self.kbps * 1000)
+        return make_encoder(self.codec, model_rate, output_rate=self.sample_rate)
+
+
+def supported_formats() -> list[str]:
+    return [*(f"pcm_{rate}" for rate in PCM_RATES), *_G711, *MP3_FORMATS]
+
+
+def parse_output_format(name: str) -> OutputFormat:
+    """The format an ``output_format`` names. Raises ``ValueError`` for one this server does not make
+    (ElevenLabs' ``opus_48000_*`` among them)."""
+    if (match := _PCM.fullmatch(name)) is not None and int(match.group(1)) in PCM_RATES:
+        return OutputFormat(name, AudioFormat.PCM_S16LE, int(match.group(1)))
+    if name in _G711:
+        return OutputFormat(name, _G711[name], 8000)
+    if name in MP3_FORMATS:
+        rate, kbps = MP3_FORMATS[name]
+        return OutputFormat(name, AudioFormat.MP3, rate, kbps)
+    raise ValueError(f"output_format {name!r} is not supported here; use one of {', '.join(supported_formats())}")
+
+
+@dataclass(frozen=True)
+class ElevenMessage:
+    """One client message; each field is None/False when absent."""
+
+    text: str | None = None
+    context_id: str | None = None
+    flush: bool = False
+    close_context: bool = False
+    close_socket: bool = False
+    api_key: str | None = None
+    """``xi_api_key``, or the key of an ``authorization: Bearer <key>`` field."""
+
+
+_BOOLEANS = ("flush", "close_context", "close_socket")
+_STRINGS = ("text", "context_id", "xi_api_key", "authorization")
+_OBJECTS = ("voice_settings", "generation_config")
+
+
+def parse_client(data: str) -> ElevenMessage:
+    """Parse a client's text frame. Raises ``ProtocolError`` (not JSON, not an object, a field of the wrong type)."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"not a JSON text: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "a message is a JSON object")
+    _check_types(obj, _BOOLEANS, bool, "a boolean")
+    _check_types(obj, _STRINGS, str, "a string")
+    _check_types(obj, _OBJECTS, dict, "an object")
+    key = obj.get("xi_api_key")
+    scheme, _, bearer = (obj.get("authorization") or "").partition(" ")
+    if key is None and scheme.lower() == "bearer" and bearer.strip():
+        key = bearer.strip()
+    return ElevenMessage(
+        text=obj.get("text"),
+        context_id=obj.get("context_id"),
+        flush=obj.get("flush") is True,
+        close_context=obj.get("close_context") is True,
+        close_socket=obj.get("close_socket") is True,
+        api_key=key or None,
+    )
+
+
+def _check_types(obj: dict[str, Any], names: tuple[str, ...], kind: type, described: str) -> None:
+    for name in names:
+        if obj.get(name) is not None and not isinstance(obj[name], kind):
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name} must be {described}")
+
+
+# ---- server messages --------------------------------------------------------------------------------------------
+
+
+def audio_message(audio: bytes, context_id: str | None) -> dict[str, Any]:
+    """A chunk of audio; its characters' timings come in an ``alignment_message`` once the sentence is spoken."""
+    return _in_context({"audio": base64.b64encode(audio).decode(), "alignment": None, "normalizedAlignment": None},
+                       context_id)  # fmt: skip
+
+
+def alignment_message(written: Alignment, spoken: Alignment, context_id: str | None) -> dict[str, Any]:
+    """The timings of one spoken sentence (``written``: its text; ``spoken``: its normalized text), with no audio.
+
+    The characters are the sentence and a trailing space that covers the silence after the speech, so that a
+    message's span (its last character's start plus duration) is the sentence's whole audio: a client that
+    keeps its clock by adding each message's span, as the reference's relative times imply, stays exact."""
+    return _in_context({"audio": "", "alignment": _timings(written), "normalizedAlignment": _timings(spoken)},
+                       context_id)  # fmt: skip
+
+
+def final_message(context_id: str | None) -> dict[str, Any]:
+    return _in_context({"isFinal": True}, context_id)
+
+
+def error_message(code: ErrorCode | str, message: str, context_id: str | None) -> dict[str, Any]:
+    return _in_context({"error": str(getattr(code, "value", code)), "message": message}, context_id)
+
+
+def _in_context(body: dict[str, Any], context_id: str | None) -> dict[str, Any]:
+    return body if context_id is None else {**body, "contextId": context_id}
+
+
+def _timings(alignment: Alignment) -> dict[str, list[Any]]:
+    bounds = [round(t * 1000) for t in (*alignment.starts_s, alignment.end_s, alignment.duration_s)]
+    return {
+        "chars": [*alignment.text, " "],
+        "charStartTimesMs": bounds[:-1],
+        "charDurationsMs": [end - start for start, end in itertools.pairwise(bounds)],
+    }
