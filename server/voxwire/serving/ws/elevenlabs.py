@@ -123,6 +123,9 @@ class Endpoint:
     voice: str
     output: OutputFormat
     seed: int | None
+    context_times: bool
+    """``sync_alignment=true``: alignment times count from the start of the context's audio, else from each
+    sentence's (see ``elevenlabs_protocol.alignment_message``)."""
     authenticated: bool
     """The request carried a valid key (or the server needs none); else the first message must."""
 
@@ -139,9 +142,9 @@ def _endpoint(request: web.Request, multi: bool) -> Endpoint:
     except ValueError:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"seed must be an integer, got {seed_text!r}") from None
     keys = request.app[CONFIG_KEY].transport.api_keys
-    endpoint = Endpoint(
-        multi, request.match_info["voice_id"], output, seed, authenticated=not keys or _key_sent(request)
-    )
+    context_times = request.query.get("sync_alignment", "false").lower() == "true"
+    authenticated = not keys or _key_sent(request)
+    endpoint = Endpoint(multi, request.match_info["voice_id"], output, seed, context_times, authenticated)
     if endpoint.authenticated:  # an unauthenticated client learns nothing about the voices
         _check_voice(request.app, endpoint.voice)
     return endpoint
@@ -411,6 +414,8 @@ class ElevenContext:
             connection.encoders,
         )  # fmt: skip
         self._sentence: _SentenceAudio | None = None
+        self._sentence_start_s = 0.0
+        """Where the sentence being spoken starts in the context's audio."""
 
     async def open(self) -> None:
         await self.session.__aenter__()
@@ -445,7 +450,10 @@ class ElevenContext:
 
     async def close_context(self, *, flush: bool = False) -> None:
         """No more text: flushed text is spoken to its end, text after the last flush is dropped (see ``Flushed``);
-        ``flush``: flush it first (everything is spoken)."""
+        ``flush``: flush it first (everything is spoken). A context closed again while it is still speaking was
+        abandoned (Pipecat closes a turn's context when its text ends, and again on a barge-in): it stops now."""
+        if self.state is ContextState.CLOSING and not flush:
+            self._tell(Cancel())
         if self.state is not ContextState.OPEN:
             return
         self.state = ContextState.CLOSING
@@ -497,7 +505,9 @@ class ElevenContext:
         audio = np.concatenate(sentence.chunks)
         written = estimate_alignment(sentence.text, audio, self.model_rate)
         normalized = estimate_alignment(sentence.spoken, audio, self.model_rate)
-        await self.connection.send(alignment_message(written, normalized, self.context_id))
+        offset = self._sentence_start_s if self.connection.endpoint.context_times else 0.0
+        self._sentence_start_s += written.duration_s
+        await self.connection.send(alignment_message(written, normalized, offset, self.context_id))
 
     async def _done(self, reason: FinishReason) -> None:
         await self._send_audio(await self.connection.encoders.finish(self.encoder))

@@ -8,8 +8,9 @@ say what it does (``ElevenMessage``): text to append (``" "`` alone opens a cont
 ``xi_api_key``. Fields this server has no use for are read and ignored, as the reference allows.
 
 Server messages carry base64 ``audio`` in the ``output_format`` the query asked for (``OutputFormat``),
-character ``alignment``/``normalizedAlignment`` (start and duration in ms of each character, relative to the
-message, as the reference says), ``isFinal`` at the end of a context, and ``contextId`` on the multi-context
+character ``alignment``/``normalizedAlignment`` (start and duration in ms of each character: relative to the
+message, as the reference says, or, with ``sync_alignment=true``, from the start of the context's audio, as
+LiveKit's plugin reads them), ``isFinal`` at the end of a context, and ``contextId`` on the multi-context
 endpoint. Sans I/O: nothing here touches a socket.
 """
 
@@ -149,14 +150,15 @@ def audio_message(audio: bytes, context_id: str | None) -> dict[str, Any]:
                        context_id)  # fmt: skip
 
 
-def alignment_message(written: Alignment, spoken: Alignment, context_id: str | None) -> dict[str, Any]:
-    """The timings of one spoken sentence (``written``: its text; ``spoken``: its normalized text), with no audio.
+def alignment_message(written: Alignment, spoken: Alignment, offset_s: float, context_id: str | None) -> dict[str, Any]:
+    """The timings of one spoken sentence (``written``: its text; ``spoken``: its normalized text), with no audio;
+    ``offset_s`` is added to every time (0: relative to the sentence, as the reference describes them).
 
     The characters are the sentence and a trailing space that covers the silence after the speech, so that a
     message's span (its last character's start plus duration) is the sentence's whole audio: a client that
     keeps its clock by adding each message's span, as the reference's relative times imply, stays exact."""
-    return _in_context({"audio": "", "alignment": _timings(written), "normalizedAlignment": _timings(spoken)},
-                       context_id)  # fmt: skip
+    body = {"audio": "", "alignment": _timings(written, offset_s), "normalizedAlignment": _timings(spoken, offset_s)}
+    return _in_context(body, context_id)
 
 
 def final_message(context_id: str | None) -> dict[str, Any]:
@@ -171,8 +173,8 @@ def _in_context(body: dict[str, Any], context_id: str | None) -> dict[str, Any]:
     return body if context_id is None else {**body, "contextId": context_id}
 
 
-def _timings(alignment: Alignment) -> dict[str, list[Any]]:
-    bounds = [round(t * 1000) for t in (*alignment.starts_s, alignment.end_s, alignment.duration_s)]
+def _timings(alignment: Alignment, offset_s: float) -> dict[str, list[Any]]:
+    bounds = [round((offset_s + t) * 1000) for t in (*alignment.starts_s, alignment.end_s, alignment.duration_s)]
     return {
         "chars": [*alignment.text, " "],
         "charStartTimesMs": bounds[:-1],

@@ -1,0 +1,238 @@
+"""Pipecat's ``ElevenLabsTTSService`` and LiveKit's ``elevenlabs.TTS``, as installed from PyPI, against our
+ElevenLabs-compatible endpoint with only their URL changed (and the voice named ``default``): a turn streamed
+as an LLM writes it, its audio decoded by the framework and checked against what the server generated, the
+words timed from the server's alignment, and a barge-in that stops the engine within a step or two."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import numpy as np
+import pytest
+from livekit.agents import APIConnectOptions
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+from livekit.agents.utils import http_context
+from livekit.plugins import elevenlabs as livekit_elevenlabs
+from pipecat.frames.frames import (
+    EndFrame,
+    Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TTSAudioRawFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+from pipecat.tests.utils import QueuedFrameProcessor
+from pipecat.workers.runner import WorkerRunner
+
+from voxwire.serving.keys import SESSIONS_KEY
+
+from .test_livekit_tts import STEP_S, engine_busy, record_steps
+
+pytestmark = pytest.mark.asyncio
+
+TIMEOUT_S = 60.0
+KEY = "sk-test"
+SPOKEN = "Hello there. This is a test."
+LONG_TEXT = "This sentence is long enough to keep speaking for a while. And another one follows it. "
+
+
+async def audio_seconds_of(server: object) -> float:
+    """The server's ``voxwire_audio_seconds_total``: the audio it generated so far."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.make_url("/metrics"), headers={"Authorization": f"Bearer {KEY}"}) as response,  # type: ignore[attr-defined]
+    ):
+        text = await response.text()
+    (line,) = [line for line in text.splitlines() if line.startswith("voxwire_audio_seconds_total ")]
+    return float(line.split()[1])
+
+
+def stopped_within_a_step(steps: list[tuple[float, tuple[str, ...]]], since: float) -> None:
+    decoding_after = [ids for started, ids in steps if started > since and ids]
+    assert len(decoding_after) <= 1, f"{len(decoding_after)} steps still decoded the turn after the interruption"
+
+
+# ---- Pipecat ---------------------------------------------------------------------------------------------------
+
+
+class Bot:
+    """A pipeline [ElevenLabsTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
+
+    def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
+        self.worker = worker
+        self.received = received
+        self.seen: list[Frame] = []
+
+    async def say(self, *frames: Frame) -> None:
+        for frame in frames:
+            await self.worker.queue_frame(frame, FrameDirection.DOWNSTREAM)
+
+    async def next_of(self, kind: type) -> Frame:
+        while True:
+            frame = await asyncio.wait_for(self.received.get(), TIMEOUT_S)
+            self.seen.append(frame)
+            if isinstance(frame, kind):
+                return frame
+
+    def drain(self) -> list[Frame]:
+        while not self.received.empty():
+            self.seen.append(self.received.get_nowait())
+        return self.seen
+
+
+@asynccontextmanager
+async def pipecat_bot(url: str, rate: int) -> AsyncIterator[Bot]:
+    received: asyncio.Queue[Frame] = asyncio.Queue()
+    sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
+    tts = ElevenLabsTTSService(api_key=KEY, url=url, settings=ElevenLabsTTSService.Settings(voice="default"))
+    worker = PipelineWorker(
+        Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=rate), cancel_on_idle_timeout=False
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def on_started(worker: PipelineWorker, frame: Frame) -> None:
+        started.set()
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    running = asyncio.create_task(runner.run())
+    await asyncio.wait_for(started.wait(), TIMEOUT_S)
+    try:
+        yield Bot(worker, received)
+    finally:
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(running, TIMEOUT_S)
+
+
+async def test_pipecat_speaks_a_streamed_turn_with_word_timestamps(serve, slow_down) -> None:
+    server = await serve(api_keys=(KEY,))
+    slow_down(server.app, 0.02)
+    url = str(server.make_url("/")).rstrip("/").replace("http://", "ws://")
+    before = await audio_seconds_of(server)
+    async with pipecat_bot(url, 16000) as bot:
+        tokens = ("The first ", "sentence is ", "here. ", "The", " second one ", "ends now.")
+        await bot.say(LLMFullResponseStartFrame(), *map(LLMTextFrame, tokens), LLMFullResponseEndFrame())
+        await bot.next_of(TTSStoppedFrame)
+        await asyncio.sleep(0.5)  # the word frames follow their audio
+    frames = bot.drain()
+    audio = [frame for frame in frames if isinstance(frame, TTSAudioRawFrame)]
+    assert {(frame.sample_rate, frame.num_channels) for frame in audio} == {(16000, 1)}
+    samples = np.concatenate([np.frombuffer(frame.audio, dtype="<i2") for frame in audio])
+    generated = await audio_seconds_of(server) - before
+    assert abs(samples.size / 16000 - generated) < 0.01, (samples.size / 16000, generated)
+    assert np.abs(samples).max() > 0
+    words = [frame for frame in frames if isinstance(frame, TTSTextFrame)]
+    assert " ".join(frame.text for frame in words) == "The first sentence is here. The second one ends now."
+    times = [frame.pts for frame in words]
+    assert times == sorted(times) and times[0] < times[len(times) // 2] < times[-1]  # spread over the turn
+
+
+async def test_pipecat_interruption_stops_the_engine_and_the_next_turn_speaks(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    steps = record_steps(server.app, STEP_S)
+    url = str(server.make_url("/")).rstrip("/").replace("http://", "ws://")
+    async with pipecat_bot(url, 24000) as bot:
+        await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(LONG_TEXT))
+        await bot.next_of(TTSAudioRawFrame)
+        assert engine_busy(server.app)
+        await bot.say(InterruptionFrame())
+        await bot.next_of(InterruptionFrame)
+        interrupted = time.perf_counter()
+        while engine_busy(server.app):
+            await asyncio.sleep(0.005)
+        stopped_within_a_step(steps, interrupted)
+        await asyncio.sleep(3 * STEP_S)  # time for any late frame to show up
+        after = bot.drain()[bot.seen.index(next(f for f in bot.seen if isinstance(f, InterruptionFrame))) + 1 :]
+        assert not [frame for frame in after if isinstance(frame, TTSAudioRawFrame)]
+
+        await bot.say(LLMFullResponseStartFrame(), LLMTextFrame("Yes?"), LLMFullResponseEndFrame())
+        frame = await bot.next_of(TTSAudioRawFrame)
+        assert isinstance(frame, TTSAudioRawFrame) and frame.sample_rate == 24000
+        await bot.next_of(TTSStoppedFrame)
+
+
+async def test_pipecat_interruption_after_the_turn_ended_stops_the_engine(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    steps = record_steps(server.app, STEP_S)
+    url = str(server.make_url("/")).rstrip("/").replace("http://", "ws://")
+    async with pipecat_bot(url, 24000) as bot:
+        # the LLM is done (Pipecat flushes and closes the context) while the speech has far to go
+        await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(LONG_TEXT), LLMFullResponseEndFrame())
+        await bot.next_of(TTSAudioRawFrame)
+        assert engine_busy(server.app)
+        await bot.say(InterruptionFrame())
+        await bot.next_of(InterruptionFrame)
+        interrupted = time.perf_counter()
+        while engine_busy(server.app):
+            await asyncio.sleep(0.005)
+        stopped_within_a_step(steps, interrupted)
+
+
+# ---- LiveKit ---------------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def livekit_tts(server: object, **options: object) -> AsyncIterator[livekit_elevenlabs.TTS]:
+    """The plugin as an agent job has it (outside a job, LiveKit's docs say to open the HTTP context)."""
+    base_url = str(server.make_url("/v1"))  # type: ignore[attr-defined]
+    async with http_context.open():
+        tts = livekit_elevenlabs.TTS(base_url=base_url, api_key=KEY, voice_id="default", **options)  # type: ignore[arg-type]
+        try:
+            yield tts
+        finally:
+            await tts.aclose()
+
+
+async def test_livekit_streams_its_default_mp3_with_a_timed_transcript(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    before = await audio_seconds_of(server)
+    async with livekit_tts(server) as tts:  # its default encoding: mp3_22050_32, decoded by LiveKit itself
+        stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
+        for word in SPOKEN.split(" "):
+            stream.push_text(word + " ")
+        stream.end_input()
+        events = [event async for event in stream]
+    assert {event.frame.sample_rate for event in events} == {22050}
+    samples = np.concatenate([np.frombuffer(event.frame.data, dtype=np.int16) for event in events])
+    generated = await audio_seconds_of(server) - before
+    # LiveKit's mp3 decoder: the codec's delay and last frame's padding, at most a few codec frames
+    assert abs(samples.size / 22050 - generated) < 0.15, (samples.size / 22050, generated)
+    assert np.abs(samples).max() > 0
+    timed = [text for event in events for text in event.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert "".join(str(text) for text in timed).split() == SPOKEN.split(" ")
+    # The plugin asks for sync_alignment: times from the context's start, so each word starts after the last.
+    assert all(text.end_time > text.start_time for text in timed if str(text).strip())
+    starts = [text.start_time for text in timed]
+    assert starts == sorted(starts) and timed[-1].end_time == pytest.approx(samples.size / 22050, abs=0.15)
+
+
+async def test_livekit_interruption_then_the_next_turn_on_the_same_connection(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    async with livekit_tts(server, encoding="pcm_24000") as tts:
+        stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
+        stream.push_text(LONG_TEXT)  # as an LLM writes it: the turn's text is not over when the user barges in
+        first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
+        assert first.frame.sample_rate == 24000
+        await stream.aclose()  # what LiveKit does when the user barges in: close_context
+        # LiveKit flushes each sentence as it sends it, and a flushed context is spoken to its end (ElevenLabs'
+        # rule), so the engine finishes what it was given; the plugin drops that audio.
+        stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
+        stream.push_text("Yes? ")
+        stream.end_input()
+        events = [event async for event in stream]
+        assert events and {event.frame.sample_rate for event in events} == {24000}
+        samples = np.concatenate([np.frombuffer(event.frame.data, dtype=np.int16) for event in events])
+        assert np.abs(samples).max() > 0
+        assert len(server.app[SESSIONS_KEY]) == 1  # both turns on the one pooled socket
