@@ -237,3 +237,13 @@ async def test_bad_messages_get_an_error_and_the_connection_goes_on(serve) -> No
         await ws.send_json({"text": "Still here. ", "context_id": "one", "flush": True})
         await ws.send_json({"context_id": "one", "close_context": True})
         assert audio_of(await receive_until_final(ws))
+
+
+async def test_a_context_whose_text_was_refused_still_ends(serve) -> None:
+    server = await serve(max_text_chars_per_message=20)
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
+        await ws.send_json({"text": "This text is longer than the limit. ", "context_id": "c", "flush": True})
+        await ws.send_json({"context_id": "c", "close_context": True})
+        messages = await receive_until_final(ws)
+    assert messages[0]["error"] == "text_too_long" and messages[0]["contextId"] == "c"
+    assert messages[-1] == {"isFinal": True, "contextId": "c"} and not audio_of(messages)

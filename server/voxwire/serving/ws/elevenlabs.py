@@ -92,6 +92,7 @@ from voxwire.serving.ws.frames import StreamSocket
 from voxwire.serving.ws.handler import CLOSE_TIMEOUT_S, HARD_SIZE_FACTOR
 from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import MAX_CLOSE_REASON_BYTES, sayable
+from voxwire.serving.ws.utterance import UtteranceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ class ConnectionPhase(enum.Enum):
     ENDING = "ending"
     """``close_socket`` (or end of input): the contexts finish, then the socket closes; nothing more is taken."""
     CLOSED = "closed"
+    """The socket is closing or gone: nothing is taken or sent."""
 
 
 class ElevenLabsConnection:
@@ -322,7 +324,7 @@ class ElevenLabsConnection:
         self._spawn(self._close(code, reason))
 
     async def _close(self, code: int, reason: str) -> None:
-        message = reason.encode()[:MAX_CLOSE_REASON_BYTES]
+        message = reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore").encode()  # whole characters
         try:
             await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_S)
         except (asyncio.TimeoutError, ConnectionError):
@@ -459,12 +461,13 @@ class ElevenContext:
         self.state = ContextState.CLOSING
         if flush and self.flushed is Flushed.PENDING:
             self.flushed = Flushed.FLUSHED
-        if not self.opened:
-            await self._final()  # the session has no utterance: nothing will send a ``done``
-        elif self.flushed is Flushed.FLUSHED:
+        if self.flushed is Flushed.FLUSHED:
             self._tell(End())
-        else:
-            self._tell(Cancel())
+        core = self.session.core
+        if any(utterance.status is UtteranceStatus.OPEN for utterance in core.utterances):
+            self._tell(Cancel())  # text after the last flush, or nothing sayable for ``end`` to speak
+        if not core.utterances:
+            await self._final()  # nothing was taken (or all of it refused): no ``done`` will come
 
     # ---- the session's transport -------------------------------------------------------------------------------
 
