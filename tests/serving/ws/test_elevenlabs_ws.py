@@ -50,7 +50,8 @@ def decode(output_format: str, data: bytes) -> tuple[np.ndarray, int]:
     """The audio as int16 samples and its rate, decoded as a client would (FFmpeg for G.711 and mp3)."""
     if output_format.startswith("pcm_"):
         return np.frombuffer(data, dtype="<i2"), int(output_format.split("_")[1])
-    demuxer, options = ("mulaw", {"sample_rate": "8000"}) if output_format == "ulaw_8000" else ("mp3", {})
+    demuxer = {"ulaw_8000": "mulaw", "alaw_8000": "alaw"}.get(output_format, "mp3")
+    options = {} if demuxer == "mp3" else {"sample_rate": "8000"}
     with av.open(io.BytesIO(data), format=demuxer, options=options) as container:
         rate = container.streams.audio[0].rate
         frames = [frame.to_ndarray() for frame in container.decode(audio=0)]
@@ -71,7 +72,7 @@ def alignments(messages: list[dict[str, Any]], key: str = "alignment") -> list[d
 @pytest.mark.parametrize(
     ("output_format", "tolerance_s"),
     [("pcm_8000", 0.002), ("pcm_16000", 0.002), ("pcm_22050", 0.002), ("pcm_44100", 0.002), ("pcm_48000", 0.002),
-     ("ulaw_8000", 0.002), ("mp3_22050_32", 0.12), ("mp3_44100_128", 0.06)],
+     ("ulaw_8000", 0.002), ("alaw_8000", 0.002), ("mp3_22050_32", 0.12), ("mp3_44100_128", 0.06)],
 )  # fmt: skip
 async def test_stream_input_speaks_in_each_format_with_timed_characters(
     serve, output_format: str, tolerance_s: float

@@ -507,7 +507,9 @@ class ElevenContext:
             return
         audio = np.concatenate(sentence.chunks)
         written = estimate_alignment(sentence.text, audio, self.model_rate)
-        normalized = estimate_alignment(sentence.spoken, audio, self.model_rate)
+        normalized = (
+            written if sentence.spoken == sentence.text else estimate_alignment(sentence.spoken, audio, self.model_rate)
+        )
         offset = self._sentence_start_s if self.connection.endpoint.context_times else 0.0
         self._sentence_start_s += written.duration_s
         await self.connection.send(alignment_message(written, normalized, offset, self.context_id))
