@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxwire.audio.formats import make_encoder
-from voxwire.audio.tempo import StreamTempo, TempoEncoder, atempo_factors
+from voxwire.audio.formats import TempoEncoder, make_encoder
+from voxwire.audio.tempo import StreamTempo, atempo_factors
 
 RATE = 16000
 CHUNK = 1280  # one 80 ms patch of a 16 kHz model

@@ -40,7 +40,7 @@ from voxwire.audio.ogg import OggOpusMuxer
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
 from voxwire.audio.pcm import to_f32le, to_s16le, wav_header
 from voxwire.audio.resample import StreamResampler
-from voxwire.audio.tempo import with_speed
+from voxwire.audio.tempo import StreamTempo
 
 
 class AudioFormat(str, Enum):
@@ -161,6 +161,29 @@ class WavStream:
             return blocks
         self._header_sent = True
         return [wav_header(self.sample_rate), *blocks]
+
+
+class TempoEncoder:
+    """``encoder`` fed through a ``StreamTempo``: the same format, rate and content type, spoken faster or slower."""
+
+    def __init__(self, encoder: StreamEncoder, tempo: StreamTempo) -> None:
+        self.encoder = encoder
+        self.tempo = tempo
+        self.sample_rate = encoder.sample_rate
+        self.content_type = encoder.content_type
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self.encoder.encode(self.tempo.process(chunk))
+
+    def finish(self) -> list[bytes]:
+        return [*self.encoder.encode(self.tempo.flush()), *self.encoder.finish()]
+
+
+def with_speed(encoder: StreamEncoder, input_rate: int, speed: float) -> StreamEncoder:
+    """``encoder`` speaking at ``speed`` (its input at ``input_rate``); at 1.0 ``encoder`` itself, untouched."""
+    if speed == 1.0:
+        return encoder
+    return TempoEncoder(encoder, StreamTempo(input_rate, speed))
 
 
 def make_encoder(

@@ -2,8 +2,7 @@
 
 ``StreamTempo`` changes the tempo of float32 mono chunks as they come: the output of any chunking is the
 output of the whole signal at once, and once ``flush``-ed it lasts exactly ``round(n / speed)`` samples
-for ``n`` samples in. ``TempoEncoder`` puts it in front of a ``StreamEncoder``; ``with_speed`` does so
-for any speed but 1.0 (at 1.0 the encoder is returned untouched, so the bytes are those of no tempo stage).
+for ``n`` samples in. ``audio/formats.py`` puts it in front of an encoder for any speed but 1.0.
 
 One ``atempo`` instance takes a factor in [0.5, 2.0]; a speed beyond that is a chain of instances whose
 factors multiply to it (0.25 is 0.5 x 0.5, 4.0 is 2.0 x 2.0).
@@ -11,20 +10,12 @@ factors multiply to it (0.25 is 0.5 x 0.5, 4.0 is 2.0 x 2.0).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import av
 import numpy as np
 from av.filter import Graph
 
 from voxwire.audio.pcm import as_mono_float32
-
-if TYPE_CHECKING:
-    from voxwire.audio.formats import StreamEncoder
-
-MIN_SPEED = 0.25
-MAX_SPEED = 4.0
-"""The speeds accepted (OpenAI's ``speed`` range)."""
+from voxwire.protocol.wire import MAX_SPEED, MIN_SPEED
 
 _ATEMPO_MIN, _ATEMPO_MAX = 0.5, 2.0
 """The factor one ``atempo`` instance takes."""
@@ -123,26 +114,3 @@ class StreamTempo:
         out = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
         self._samples_out += out.size
         return out
-
-
-class TempoEncoder:
-    """``encoder`` fed through a ``StreamTempo``: the same format, rate and content type, spoken faster or slower."""
-
-    def __init__(self, encoder: StreamEncoder, tempo: StreamTempo) -> None:
-        self.encoder = encoder
-        self.tempo = tempo
-        self.sample_rate = encoder.sample_rate
-        self.content_type = encoder.content_type
-
-    def encode(self, chunk: np.ndarray) -> list[bytes]:
-        return self.encoder.encode(self.tempo.process(chunk))
-
-    def finish(self) -> list[bytes]:
-        return [*self.encoder.encode(self.tempo.flush()), *self.encoder.finish()]
-
-
-def with_speed(encoder: StreamEncoder, input_rate: int, speed: float) -> StreamEncoder:
-    """``encoder`` speaking at ``speed`` (its input at ``input_rate``); at 1.0 ``encoder`` itself, untouched."""
-    if speed == 1.0:
-        return encoder
-    return TempoEncoder(encoder, StreamTempo(input_rate, speed))
