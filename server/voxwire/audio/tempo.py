@@ -10,6 +10,8 @@ factors multiply to it (0.25 is 0.5 x 0.5, 4.0 is 2.0 x 2.0).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import av
 import numpy as np
 from av.filter import Graph
@@ -50,7 +52,7 @@ class StreamTempo:
         self.speed = speed
         self._graph = Graph()
         node = self._graph.add_abuffer(
-            format="flt", sample_rate=sample_rate, layout="mono", time_base=f"1/{sample_rate}"
+            format="flt", sample_rate=sample_rate, layout="mono", time_base=Fraction(1, sample_rate)
         )
         for factor in atempo_factors(speed):
             stage = self._graph.add("atempo", repr(factor))

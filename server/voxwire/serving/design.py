@@ -56,9 +56,7 @@ def utterance_control(
     asked = clean_control(instructions)
     if not info.voice_design:
         if asked is not None:
-            raise DesignRefused(
-                f"'instructions' (voice design) needs a VoxCPM2 model; {info.name} has no voice design"
-            )
+            raise DesignRefused(f"'instructions' (voice design) needs a VoxCPM2 model; {info.name} has no voice design")
         return None
     if asked is not None and takes_continuation(prompt):
         raise DesignRefused(
