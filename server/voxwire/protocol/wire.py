@@ -128,7 +128,7 @@ class Start:
 
     type: ClassVar[str] = "start"
     voice: str | None = None
-    """A saved voice id, ``default`` or an OpenAI voice name (the model's default voice)."""
+    """A saved voice id, ``default`` or an OpenAI voice name (a designed voice on VoxCPM2, else the default one)."""
     format: str | None = None
     """One of ``FRAME_FORMATS``; the server default is ``opus``."""
     seed: int | None = None
