@@ -43,6 +43,8 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
  * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxwire[normalize]`)
  * @property {string} [persona] a LoRA persona loaded on the server (`GET /v1/loras`); default: the base model
+ * @property {string} [instructions] VoxCPM2's voice design: a description of the voice, for every sentence
+ * @property {number} [speed] speaking speed, 0.25 to 4.0, pitch kept (default 1.0)
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
  * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
@@ -241,6 +243,7 @@ export class VoxwireClient extends EventTarget {
     Object.assign(this.options, changes);
     const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds, persona } =
       this.options;
+    const { instructions, speed } = this.options;
     const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
     const ready = this.#nextReady();
     this.#write({
@@ -255,6 +258,8 @@ export class VoxwireClient extends EventTarget {
       // The server schedules this stream to stay ahead of the playback our lead implies.
       playback_lead_ms: leadSeconds == null ? undefined : Math.round(leadSeconds * 1000),
       persona,
+      instructions,
+      speed,
     });
     this.settings = await ready;
     await this.#ensurePlayer(this.settings);

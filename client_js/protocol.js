@@ -25,6 +25,8 @@ export const MAX_PACKET_BYTES = 0xffff;
 export const MAX_SEED = 2 ** 63;
 export const MAX_BUFFER_DELAY_MS = 60_000;
 export const MAX_PLAYBACK_LEAD_MS = 10_000;
+export const MIN_SPEED = 0.25;
+export const MAX_SPEED = 4.0;
 
 /** Stable `code` values of `error` messages and of `ProtocolError`. */
 export const ErrorCode = Object.freeze({
@@ -80,6 +82,8 @@ const CLIENT_MESSAGES = Object.freeze({
     normalize: optBool,
     playback_lead_ms: optInt,
     persona: optStr,
+    instructions: optStr,
+    speed: optFloat,
   },
   text: { text: str },
   flush: {},
@@ -302,6 +306,8 @@ function checkStartRanges(start) {
   checkRange(steps == null || steps >= 1, 'inference_timesteps', '>= 1');
   checkRange(delay == null || (delay >= 0 && delay <= MAX_BUFFER_DELAY_MS), 'max_buffer_delay_ms', 'in [0, 60000]');
   checkRange(lead == null || (lead >= 0 && lead <= MAX_PLAYBACK_LEAD_MS), 'playback_lead_ms', 'in [0, 10000]');
+  const speed = start.speed;
+  checkRange(speed == null || (speed >= MIN_SPEED && speed <= MAX_SPEED), 'speed', `in [${MIN_SPEED}, ${MAX_SPEED}]`);
 }
 
 /**

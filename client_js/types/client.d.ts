@@ -20,6 +20,8 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @property {number} [maxBufferDelayMs] how long an incomplete sentence waits for more text
  * @property {boolean} [normalize] read numbers, dates and money as words (the server needs `voxwire[normalize]`)
  * @property {string} [persona] a LoRA persona loaded on the server (`GET /v1/loras`); default: the base model
+ * @property {string} [instructions] VoxCPM2's voice design: a description of the voice, for every sentence
+ * @property {number} [speed] speaking speed, 0.25 to 4.0, pitch kept (default 1.0)
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
  * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
@@ -210,6 +212,14 @@ export type ClientOptions = {
      * a LoRA persona loaded on the server (`GET /v1/loras`); default: the base model
      */
     persona?: string | undefined;
+    /**
+     * VoxCPM2's voice design: a description of the voice, for every sentence
+     */
+    instructions?: string | undefined;
+    /**
+     * speaking speed, 0.25 to 4.0, pitch kept (default 1.0)
+     */
+    speed?: number | undefined;
     /**
      * audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
      */

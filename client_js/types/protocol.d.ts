@@ -116,6 +116,8 @@ export const MAX_PACKET_BYTES: 65535;
 export const MAX_SEED: number;
 export const MAX_BUFFER_DELAY_MS: 60000;
 export const MAX_PLAYBACK_LEAD_MS: 10000;
+export const MIN_SPEED: 0.25;
+export const MAX_SPEED: 4;
 /** Stable `code` values of `error` messages and of `ProtocolError`. */
 export const ErrorCode: Readonly<{
     INVALID_JSON: "invalid_json";
@@ -252,6 +254,14 @@ declare const CLIENT_MESSAGES: Readonly<{
         }>;
         persona: Readonly<{
             type: "string";
+            optional: true;
+        }>;
+        instructions: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+        speed: Readonly<{
+            type: "float";
             optional: true;
         }>;
     };

@@ -10,7 +10,8 @@ the reference code:
 * fp32 module outputs on fixed random inputs (base LM prefill and step, residual LM, LocEnc, LocDiT,
   the CFM sampler, FSQ, stop head);
 * fp32 ``VoxCPM.generate`` audio for several texts and seeds (zero-shot, continuation prompt, and on
-  voxcpm2 a reference clip alone and with a continuation prompt), ``retry_badcase=False``;
+  voxcpm2 a reference clip alone and with a continuation prompt, and a designed voice: the text its CLI's
+  ``build_final_text`` makes of a control, as ``voxcpm design`` does), ``retry_badcase=False``;
 * bf16 per-step traces of ``generate`` (lm_hidden, residual hidden, stop logits, noise, patch), for
   teacher-forced comparison.
 
@@ -32,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "server"))
 
+from voxcpm.cli import build_final_text  # noqa: E402
 from voxcpm.core import VoxCPM  # noqa: E402
 
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest  # noqa: E402
@@ -46,6 +48,8 @@ TEXTS = {
 }
 PROMPT_TEXT = "This is my voice."
 TARGET = "Nice to meet you."
+DESIGN = ("  A warm, gentle female voice, slightly husky  ", "Hello there, how are you today?")
+"""(control, words) of the designed case: the control with spaces around it, which the reference strips."""
 
 
 def main() -> None:
@@ -170,6 +174,7 @@ def generate_cases(clips: dict[str, Path], is_v2: bool) -> list[tuple[str, str, 
                 },
             )
         )
+        cases.append(("design", build_final_text(DESIGN[1], DESIGN[0]), 24, {}))
     return cases
 
 
@@ -181,9 +186,10 @@ def record_generate(
         torch.manual_seed(seed)
         wav = ref.generate(text, max_len=max_len, retry_badcase=False, **prompt)
         tensors[f"generate.{key}"] = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32))
-        cases.append(
-            {"key": key, "text": text, "seed": seed, "prompt": _prompt_meta(prompt), "samples": int(wav.shape[0])}
-        )
+        case = {"key": key, "text": text, "seed": seed, "prompt": _prompt_meta(prompt), "samples": int(wav.shape[0])}
+        if key == "design":
+            case |= {"control": DESIGN[0], "words": DESIGN[1]}
+        cases.append(case)
     return cases
 
 

@@ -249,6 +249,11 @@ class ModelConfig:
         return self.architecture == "voxcpm2"
 
     @property
+    def voice_design(self) -> bool:
+        """Whether a ``(description)`` before the text designs the voice (the reference's convention): voxcpm2."""
+        return self.architecture == "voxcpm2"
+
+    @property
     def vae_variant(self) -> AudioVAEVariant:
         """How this checkpoint's AudioVAE differs from voxcpm's."""
         v2 = self.architecture == "voxcpm2"

@@ -37,6 +37,8 @@ class ModelInfo:
     samples_per_patch: int
     reference_cloning: bool
     """Whether a voice can be made from a clip without its transcript (``ModelConfig.reference_cloning``)."""
+    voice_design: bool
+    """Whether ``instructions`` design the voice (``ModelConfig.voice_design``)."""
 
     @property
     def chunk_seconds(self) -> float:
@@ -105,7 +107,7 @@ class VoxCPMSpeech:
 
     def __init__(self, tts: VoxCPM) -> None:
         self.tts = tts
-        info = (tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning)
+        info = (tts.sample_rate, tts.samples_per_patch, tts.config.reference_cloning, tts.config.voice_design)
         self.info = ModelInfo(public_model_name(tts.name), *info)
         self.patch_shape = (tts.config.patch_size, tts.config.feat_dim)
         self.make_prompt = tts.make_prompt

@@ -1,4 +1,5 @@
-"""Parity with the reference implementation (PyPI voxcpm 2.0.3) on tiny checkpoints in the published layout.
+"""Parity with the reference implementation (PyPI voxcpm 2.0.3) on tiny checkpoints in the published layout,
+including a designed voice (VoxCPM2's ``(control)text``, case ``design``).
 
 Expected values were recorded by ``scripts/reference/model_fixtures.py`` running the reference code;
 nothing here derives them from voxwire. Each fixture records the digest of the checkpoint it was made
@@ -25,6 +26,7 @@ from voxwire.model.voxcpm import PrefillBatch
 from voxwire.params import SynthesisParams
 from voxwire.sampling import NoiseStream
 from voxwire.sequence import build_sequence
+from voxwire.text.design import clean_control, designed_text
 from voxwire.tiny.checkpoint import make_tiny_checkpoint, weights_digest
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
@@ -154,6 +156,14 @@ def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -
     assert audio.shape == expected.shape, f"{audio.size} samples, reference {expected.size}"
     assert audio.size % model.samples_per_patch == 0
     assert float(np.abs(audio - expected).max()) <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "case"), fixture_cases(("design",)))
+def test_designed_text_is_the_references(name: str, case: dict) -> None:
+    """The ``design`` case's text is what the reference's CLI (``build_final_text``) made of a control and the
+    words: the server builds the same from ``instructions`` (``test_generate_matches_reference_fp32`` then holds
+    the audio of that text to the reference's)."""
+    assert designed_text(clean_control(case["control"]), case["words"]) == case["text"]
 
 
 @pytest.fixture(scope="session")

@@ -157,3 +157,68 @@ def test_no_character_is_lost_or_duplicated_and_splitting_the_input_changes_noth
 @given(text=st.text(max_size=200))
 def test_conservation_on_arbitrary_unicode(text: str) -> None:
     assert conserved(text, segment(text, max_chars=50))
+
+
+def designed(pieces: list[str], max_chars: int = 250) -> tuple[str | None, list[str]]:
+    """(the control taken, the sentences) with the voice design prefix looked for."""
+    segmenter = SentenceSegmenter(max_chars=max_chars, design_prefix=True)
+    out = []
+    for piece in pieces:
+        out += segmenter.push(piece)
+    return segmenter.control, out + segmenter.flush()
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["(A warm, gentle female voice)Hello there. How are you today?"],
+        ["  (A warm", ", gentle  female voice)", "Hello there.", " How are you today?"],
+        list("(A warm, gentle female voice) Hello there. How are you today?"),
+    ],
+)
+def test_a_design_prefix_is_the_whole_streams_control_however_it_arrives(pieces: list[str]) -> None:
+    assert designed(pieces) == ("A warm, gentle female voice", ["Hello there.", "How are you today?"])
+
+
+def test_nothing_is_returned_while_the_prefix_may_still_close() -> None:
+    segmenter = SentenceSegmenter(design_prefix=True)
+    assert segmenter.push("(Calm. Slow. Deep") == []
+    assert segmenter.push(")Go. Now it ends. ") == ["Go."]
+    assert segmenter.control == "Calm. Slow. Deep"
+    assert segmenter.flush() == ["Now it ends."]
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        (["Hi (aside) there. Next"], ["Hi (aside) there.", "Next"]),  # not at the start: ordinary text
+        (["(never closed. Hello there."], ["(never closed.", "Hello there."]),  # closed by the end of input? no
+        (["(" + "x" * 30, ") tail."], ["(" + "x" * 19, "x" * 11 + ") tail."]),  # not closed within max_chars
+    ],
+)
+def test_an_unclosed_or_late_parenthesis_is_ordinary_text(pieces: list[str], expected: list[str]) -> None:
+    control, sentences = designed(pieces, max_chars=20)
+    assert control is None
+    assert sentences == expected
+
+
+def test_without_design_prefix_the_parenthesis_stays_on_the_first_sentence() -> None:
+    assert segment("(A calm voice)Hello there. Bye.") == ["(A calm voice)Hello there.", "Bye."]
+
+
+def test_only_the_streams_start_is_a_prefix_and_parentheses_inside_it_are_dropped() -> None:
+    assert designed(["(Deep (very) voice) Hi. (Not a prefix) Bye."]) == (
+        "Deep very voice",
+        ["Hi.", "(Not a prefix) Bye."],
+    )
+    assert designed(["(", "(Deep)", " voice) Hi."]) == ("Deep voice", ["Hi."])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXTS, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8), max_chars=st.integers(1, 40))
+def test_with_a_design_prefix_splitting_the_input_changes_nothing(text: str, cuts: list[int], max_chars: int) -> None:
+    control, whole = designed([text], max_chars=max_chars)
+    if control is None and not text.lstrip().startswith("("):
+        assert whole == segment(text, max_chars=max_chars)
+    bounds = sorted({0, len(text), *(cut % (len(text) + 1) for cut in cuts)})
+    assert designed([text[a:b] for a, b in itertools.pairwise(bounds)], max_chars=max_chars) == (control, whole)

@@ -41,7 +41,7 @@ PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_l
 def every_message(tts: VoxCPM) -> list[object]:
     """One of each message of the protocol, every field filled as the server fills it."""
     request = Request("r1", "hello", 5, SynthesisParams(seed=3), PROMPT, 0.3, 1.0, "A")
-    info = ModelInfo("model", 16000, 640, True)
+    info = ModelInfo("model", 16000, 640, True, True)
     patch = np.ones((4, 8), np.float32)
     messages = [
         ipc.Hello(1), ipc.Hello(1, (VOICE,), ("voice_fedcba9876543210",)), ipc.Add(request), ipc.Abort("r1"),

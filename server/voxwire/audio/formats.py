@@ -20,7 +20,8 @@ are never empty. Per format:
   codec frame.
 
 ``output_rate`` resamples PCM-family and PyAV-encoded output (OpenAI's ``pcm`` is 24 kHz s16le)
-and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz).
+and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz). ``speed`` changes the
+tempo before any of it (``audio/tempo.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from voxwire.audio.ogg import OggOpusMuxer
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
 from voxwire.audio.pcm import to_f32le, to_s16le, wav_header
 from voxwire.audio.resample import StreamResampler
+from voxwire.audio.tempo import StreamTempo
 
 
 class AudioFormat(str, Enum):
@@ -161,6 +163,29 @@ class WavStream:
         return [wav_header(self.sample_rate), *blocks]
 
 
+class TempoEncoder:
+    """``encoder`` fed through a ``StreamTempo``: the same format, rate and content type, spoken faster or slower."""
+
+    def __init__(self, encoder: StreamEncoder, tempo: StreamTempo) -> None:
+        self.encoder = encoder
+        self.tempo = tempo
+        self.sample_rate = encoder.sample_rate
+        self.content_type = encoder.content_type
+
+    def encode(self, chunk: np.ndarray) -> list[bytes]:
+        return self.encoder.encode(self.tempo.process(chunk))
+
+    def finish(self) -> list[bytes]:
+        return [*self.encoder.encode(self.tempo.flush()), *self.encoder.finish()]
+
+
+def with_speed(encoder: StreamEncoder, input_rate: int, speed: float) -> StreamEncoder:
+    """``encoder`` speaking at ``speed`` (its input at ``input_rate``); at 1.0 ``encoder`` itself, untouched."""
+    if speed == 1.0:
+        return encoder
+    return TempoEncoder(encoder, StreamTempo(input_rate, speed))
+
+
 def make_encoder(
     fmt: AudioFormat | str,
     input_rate: int,
@@ -169,9 +194,18 @@ def make_encoder(
     bitrate: int = DEFAULT_BITRATE,
     complexity: int = DEFAULT_COMPLEXITY,
     serial: int | None = None,
+    speed: float = 1.0,
 ) -> StreamEncoder:
-    """A fresh streaming encoder for one stream; ``bitrate``/``complexity`` only affect Opus, ``serial`` Ogg."""
-    fmt = AudioFormat(fmt)
+    """A fresh streaming encoder for one stream; ``bitrate``/``complexity`` only affect Opus, ``serial`` Ogg.
+    ``speed`` (in [0.25, 4.0]) speaks the audio faster or slower at the same pitch (``audio/tempo.py``)."""
+    return with_speed(
+        _format_encoder(AudioFormat(fmt), input_rate, output_rate, bitrate, complexity, serial), input_rate, speed
+    )
+
+
+def _format_encoder(
+    fmt: AudioFormat, input_rate: int, output_rate: int | None, bitrate: int, complexity: int, serial: int | None
+) -> StreamEncoder:
     if fmt in (AudioFormat.OPUS, AudioFormat.OGG_OPUS):
         opus = OpusEncoder(input_rate, opus_rate=output_rate, bitrate=bitrate, complexity=complexity)
         return OpusPacketStream(opus) if fmt is AudioFormat.OPUS else OggOpusStream(opus, serial=serial)

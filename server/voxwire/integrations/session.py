@@ -42,7 +42,7 @@ PERMANENT_CODES = frozenset(
     code.value
     for code in (
         ErrorCode.UNKNOWN_VOICE, ErrorCode.UNKNOWN_PERSONA, ErrorCode.FORBIDDEN, ErrorCode.UNAUTHORIZED,
-        ErrorCode.UNSUPPORTED_INSTRUCTIONS, ErrorCode.UNKNOWN_FIELD, ErrorCode.INVALID_FIELD, ErrorCode.OUT_OF_RANGE,
+        ErrorCode.UNSUPPORTED, ErrorCode.UNKNOWN_FIELD, ErrorCode.INVALID_FIELD, ErrorCode.OUT_OF_RANGE,
     )
 )  # fmt: skip
 """Refusals that repeat until the settings or the key change: a framework reports them once and stops."""

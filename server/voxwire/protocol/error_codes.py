@@ -41,6 +41,9 @@ class ErrorCode(str, enum.Enum):
     """The engine refused the text (e.g. longer than a slot)."""
     INTERNAL_ERROR = ("internal_error", 500)
     """A server bug; see the server's log."""
+    UNSUPPORTED = ("unsupported", 400)
+    """A feature this model or voice does not have: ``instructions`` (voice design) on VoxCPM 0.5B/1.5, or
+    with a voice saved with its transcript (a continuation prompt)."""
 
     # ---- WebSocket only ----
     INVALID_MESSAGE = "invalid_message"
@@ -77,11 +80,9 @@ class ErrorCode(str, enum.Enum):
     INVALID_NAME = ("invalid_name", 400)
     """A voice name with control or formatting characters."""
     UNSUPPORTED_FORMAT = ("unsupported_format", 400)
-    UNSUPPORTED_SPEED = ("unsupported_speed", 400)
-    UNSUPPORTED_INSTRUCTIONS = ("unsupported_instructions", 400)
     UNSUPPORTED_STREAM_FORMAT = ("unsupported_stream_format", 400)
     INVALID_PARAMETER = ("invalid_parameter", 400)
-    """``seed``, ``cfg_value`` or ``inference_timesteps`` out of range."""
+    """``seed``, ``cfg_value``, ``inference_timesteps`` or ``speed`` out of range."""
     NORMALIZE_UNAVAILABLE = ("normalize_unavailable", 400)
     INVALID_AUDIO = ("invalid_audio", 400)
     """A voice clip that is unreadable, or not finite once encoded."""

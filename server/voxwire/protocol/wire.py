@@ -78,6 +78,10 @@ MAX_BUFFER_DELAY_MS = 60_000
 """Longest wait for more text a client may ask for; a minute covers any language model's pause."""
 MAX_PLAYBACK_LEAD_MS = 10_000
 """Bound on ``start.playback_lead_ms``: a listener buffering more than this is not listening live."""
+MIN_SPEED = 0.25
+"""Slowest ``start.speed`` (and HTTP ``speed``): OpenAI's range, 0.25 to 4.0."""
+MAX_SPEED = 4.0
+"""Fastest ``start.speed`` (and HTTP ``speed``)."""
 
 
 class CloseCode(enum.IntEnum):
@@ -124,7 +128,7 @@ class Start:
 
     type: ClassVar[str] = "start"
     voice: str | None = None
-    """A saved voice id, ``default`` or an OpenAI voice name (the model's default voice)."""
+    """A saved voice id, ``default`` or an OpenAI voice name (a designed voice on VoxCPM2, else the default one)."""
     format: str | None = None
     """One of ``FRAME_FORMATS``; the server default is ``opus``."""
     seed: int | None = None
@@ -140,6 +144,11 @@ class Start:
     keeps each stream ahead of the playback this implies (default: the server's ``--playback-lead-ms``)."""
     persona: str | None = None
     """A LoRA persona loaded on the server (``GET /v1/loras``); omitted means the base model."""
+    instructions: str | None = None
+    """VoxCPM2's voice design: a description of the voice, applied to every sentence (``unsupported`` on
+    models without it, and with a voice saved with its transcript)."""
+    speed: float | None = None
+    """Speaking speed in [0.25, 4.0], pitch kept (default 1.0)."""
 
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
@@ -150,6 +159,8 @@ class Start:
         _check_range(delay is None or 0 <= delay <= MAX_BUFFER_DELAY_MS, "max_buffer_delay_ms", "in [0, 60000]")
         lead = self.playback_lead_ms
         _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
+        speed = self.speed
+        _check_range(speed is None or MIN_SPEED <= speed <= MAX_SPEED, "speed", f"in [{MIN_SPEED}, {MAX_SPEED}]")
 
 
 @dataclass(frozen=True)

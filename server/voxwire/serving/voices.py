@@ -48,7 +48,8 @@ VOICE_ID_PATTERN = re.compile(r"voice_[0-9a-f]{16}")
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
-"""OpenAI's built-in voice names; each means the model's default voice (no prompt)."""
+"""OpenAI's built-in voice names; none has a prompt: each is the model's default voice, designed by the name's
+description on a model with voice design (``serving/design.py``)."""
 
 DEFAULT_VOICE_NAMES = OPENAI_VOICES | {"default"}
 

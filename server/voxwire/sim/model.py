@@ -44,7 +44,9 @@ class SimSpeech:
 
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config if config is not None else SimConfig()
-        self.info = ModelInfo(SIM_MODEL, self.config.sample_rate, self.config.samples_per_patch, reference_cloning=True)
+        self.info = ModelInfo(
+            SIM_MODEL, self.config.sample_rate, self.config.samples_per_patch, reference_cloning=True, voice_design=True
+        )
         self.patch_shape = PATCH_SHAPE
         self.prompt_length = SimPromptLength()
 

@@ -35,11 +35,19 @@ Boundaries:
   last clause mark (``, ; :`` or CJK ``，、：``) in the second half of the window, else at the
   last space, else (unspaced CJK, long URLs) at exactly ``max_chars``. No sentence is longer
   than ``max_chars``.
+
+Voice design prefix (``design_prefix=True``, for VoxCPM2): a stream that starts (after spaces) with
+``(`` is held until its matching ``)`` arrives; that parenthesised description is VoxCPM2's voice design for the
+whole stream, so it is taken off (``control``, cleaned by ``text.design.clean_control``) rather than left
+on the first sentence alone, and the output rule above holds for the text after it. A ``(`` not closed
+within ``max_chars`` characters, or by the end of input, is ordinary text.
 """
 
 from __future__ import annotations
 
 import enum
+
+from voxwire.text.design import clean_control
 
 DEFAULT_MAX_CHARS = 250
 
@@ -78,14 +86,26 @@ class _Verdict(enum.Enum):
     UNDECIDED = enum.auto()
 
 
+class _Prefix(enum.Enum):
+    """Where the stream is in looking for a voice design prefix at its start."""
+
+    LOOKING = enum.auto()
+    """The start may still be a ``(description)``: nothing is returned yet."""
+    DONE = enum.auto()
+    """Taken, or the stream does not start with one (or none is looked for)."""
+
+
 class SentenceSegmenter:
     """Stateful: one instance per text stream."""
 
-    def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS, design_prefix: bool = False) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be positive, got {max_chars}")
         self.max_chars = max_chars
         self._buffer = ""
+        self._prefix = _Prefix.LOOKING if design_prefix else _Prefix.DONE
+        self.control: str | None = None
+        """The voice design the stream started with (``design_prefix``); None: none."""
 
     @property
     def pending(self) -> str:
@@ -95,13 +115,33 @@ class SentenceSegmenter:
     def push(self, text: str) -> list[str]:
         """Append ``text``; return the sentences it completed."""
         self._buffer += text
+        if not self._take_prefix(final=False):
+            return []
         return self._drain(final=False)
 
     def flush(self) -> list[str]:
         """Return everything still buffered, treating the end of input as a sentence end."""
+        self._take_prefix(final=True)
         sentences = self._drain(final=True)
         self._buffer = ""
         return sentences
+
+    def _take_prefix(self, *, final: bool) -> bool:
+        """Take a leading ``(description)`` off the buffer once it is whole; False while it may still come."""
+        if self._prefix is _Prefix.DONE:
+            return True
+        buf = self._buffer
+        start = len(buf) - len(buf.lstrip())
+        if start == len(buf):
+            return final  # only spaces so far
+        close = _matching_close(buf, start, start + self.max_chars + 1) if buf[start] == "(" else -1
+        if buf[start] == "(" and close == -1 and not final and len(buf) - start <= self.max_chars:
+            return False
+        self._prefix = _Prefix.DONE
+        if close != -1:
+            self.control = clean_control(buf[start + 1 : close])
+            self._buffer = buf[close + 1 :]
+        return True
 
     def _drain(self, *, final: bool) -> list[str]:
         sentences = []
@@ -184,6 +224,17 @@ def _dot_is_not_final(buf: str, start: int, dot: int, nxt: str) -> bool:
     if lowered in NUMBER_ABBREVIATIONS and nxt.isdigit():
         return True
     return word_start == start and word.isdigit() and len(word) <= _MAX_LIST_NUMBER_DIGITS
+
+
+def _matching_close(buf: str, start: int, limit: int) -> int:
+    """Index of the ``)`` that closes the ``(`` at ``start`` (nested pairs inside it skipped) before ``limit``, or
+    -1."""
+    depth = 0
+    for k in range(start, min(len(buf), limit)):
+        depth += {"(": 1, ")": -1}.get(buf[k], 0)
+        if depth == 0:
+            return k
+    return -1
 
 
 def _forced_cut(buf: str, start: int, limit: int) -> int:

@@ -196,7 +196,7 @@ class ClipService:
 
     def __init__(self, clip: np.ndarray, rate: int, patch: int, step_s: float = 0.0) -> None:
         self.clip = clip.astype(np.float32)
-        self.info = ModelInfo("clip", rate, patch, reference_cloning=True)
+        self.info = ModelInfo("clip", rate, patch, reference_cloning=True, voice_design=True)
         self.step_s = step_s
         self.requests: list[tuple[str, SynthesisParams, VoicePrompt | None]] = []
         self.timings: list[tuple[float | None, float | None]] = []

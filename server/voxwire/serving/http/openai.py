@@ -1,5 +1,9 @@
 """OpenAI's ``POST /v1/audio/speech``: parse, admit, speak, and stream the audio as a body or as SSE events.
 
+``instructions`` and the voice name design the voice on VoxCPM2 (``serving/design.py``; the whole input is one
+request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
+audio, pitch kept (``audio/tempo.py``).
+
 Handlers are thin: they parse (``parse_speech``), hand the work to the ``Service``, and stream the result
 (``stream.stream_audio``); nothing here touches the model. A speech request refused before it starts
 (``not_ready``, ``shutting_down``, ``busy``) has ``Retry-After`` (a balancer may retry it elsewhere, see
@@ -19,7 +23,9 @@ from aiohttp import hdrs, web
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.engine import Chunk, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
+from voxwire.protocol.wire import MAX_SPEED, MIN_SPEED, is_finite_number
 from voxwire.serving.config import ServerConfig
+from voxwire.serving.design import DesignRefused, utterance_control
 from voxwire.serving.http.admission import require_admission
 from voxwire.serving.http.body import json_field, read_json
 from voxwire.serving.http.errors import ApiError
@@ -33,6 +39,7 @@ from voxwire.serving.keys import (
 )
 from voxwire.serving.personas import client_owner
 from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.text.design import designed_text
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
 
@@ -50,6 +57,10 @@ class SpeechRequest:
     """Read numbers, dates and money as words before speaking (``voxwire[normalize]``)."""
     persona: str | None = None
     """A LoRA persona loaded on the server; None is the base model."""
+    instructions: str | None = None
+    """OpenAI's voice direction: VoxCPM2's voice design (``serving/design.py``)."""
+    speed: float = 1.0
+    """Speaking speed in [0.25, 4.0], pitch kept."""
 
 
 _SPEECH_FIELDS = frozenset(
@@ -79,12 +90,10 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
             ErrorCode.UNSUPPORTED_FORMAT, f"response_format {response_format!r} is not served; use {supported}"
         )
     speed = json_field(body, "speed", (int, float))
-    if speed is not None and speed != 1.0:
-        raise ApiError(
-            ErrorCode.UNSUPPORTED_SPEED, f"speed={speed} is not supported; VoxCPM speaks at its own pace (1.0)"
-        )
-    if json_field(body, "instructions", str):
-        raise ApiError(ErrorCode.UNSUPPORTED_INSTRUCTIONS, "'instructions' (voice direction prompts) are not supported")
+    speed = 1.0 if speed is None else speed
+    if not (is_finite_number(speed) and MIN_SPEED <= speed <= MAX_SPEED):  # 10**400 is an int no float holds
+        raise ApiError(ErrorCode.INVALID_PARAMETER, f"'speed' must be a number in [{MIN_SPEED}, {MAX_SPEED}]")
+    instructions = json_field(body, "instructions", str)
     stream_format = json_field(body, "stream_format", str) or "audio"
     if stream_format not in ("audio", "sse"):
         raise ApiError(ErrorCode.UNSUPPORTED_STREAM_FORMAT, "stream_format is 'audio' (a raw body) or 'sse' (events)")
@@ -104,7 +113,10 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     voice = json_field(body, "voice", str)
     persona = json_field(body, "persona", str)
     sse = stream_format == "sse"
-    return SpeechRequest(text, voice, response_format, params, sse=sse, normalize=normalize, persona=persona)
+    return SpeechRequest(
+        text, voice, response_format, params, sse=sse, normalize=normalize, persona=persona,
+        instructions=instructions, speed=float(speed),
+    )  # fmt: skip
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
@@ -115,8 +127,13 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SERVICE_KEY]
+    try:
+        control = utterance_control(service.info, speech.voice, voice, speech.instructions)
+    except DesignRefused as exc:
+        raise ApiError(ErrorCode.UNSUPPORTED, str(exc)) from None
     service.check_persona(speech.persona)  # the persona rule's first check (``personas.check_persona``)
-    text = await normalize_in_worker(speech.text) if speech.normalize else speech.text
+    words = await normalize_in_worker(speech.text) if speech.normalize else speech.text
+    text = designed_text(control, words)
     with app[STATE_KEY].utterance():
         options = UtteranceOptions(speech.persona, owner=client_owner(request.get(OWNER_KEY), request.protocol))
         job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
@@ -149,7 +166,12 @@ async def _stream_speech(
     fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
     opus = config.audio.opus_settings()
     encoder = make_encoder(
-        fmt, service.info.sample_rate, output_rate=rate, bitrate=opus.bitrate, complexity=opus.complexity
+        fmt,
+        service.info.sample_rate,
+        output_rate=rate,
+        bitrate=opus.bitrate,
+        complexity=opus.complexity,
+        speed=speech.speed,
     )
     content_type = "text/event-stream" if speech.sse else encoder.content_type
     frame = _sse_delta if speech.sse else bytes

@@ -6,7 +6,8 @@ owns what needs an event loop: the tasks (the outbox's sender, one per segment b
 utterance being finished), the one timer that wakes the core at its ``deadline``, the engine
 streams, the encoders and the socket (its ``Outbox``, and ``SessionTransport.close``).
 
-Each segment is an engine request whose prompt continues the previous segment's voice
+Each segment is an engine request whose prompt continues the previous segment's voice, or for a designed
+utterance (its control before each sentence, ``text/design.py``) has its first segment's audio as reference
 (``UtteranceAudio.carry``). Cancellation flows one way: cancelling a task closes its engine stream,
 which aborts the request between two engine steps and frees its slot.
 """
@@ -55,6 +56,7 @@ from voxwire.serving.ws.session_core import (
     sayable,
 )
 from voxwire.serving.ws.utterance import Settings, UtteranceAudio, ready_message, resolve_settings
+from voxwire.text.design import designed_text
 from voxwire.text.normalize import normalize_in_worker, preload_in_worker
 
 logger = logging.getLogger(__name__)
@@ -244,7 +246,7 @@ class Session:
         finish: FinishReason | None = None
         try:
             if sayable(spoken):  # normalization may leave nothing to say (e.g. only a code span)
-                finish = await self._speak_segment(audio, turn.index, turn.text, spoken)
+                finish = await self._speak_segment(audio, turn, spoken)
         except SpeechFailure as exc:
             self._apply(self.core.segment_failed(turn.utterance, exc.code, str(exc), time.monotonic()))
         except SlowConsumerError as exc:
@@ -262,8 +264,10 @@ class Session:
             logger.exception("normalization failed; speaking the sentence as written")
             return text
 
-    async def _speak_segment(self, audio: UtteranceAudio, index: int, text: str, spoken: str) -> FinishReason:
-        """One sentence through the engine (``spoken``); its audio goes to the outbox as it comes."""
+    async def _speak_segment(self, audio: UtteranceAudio, turn: SpeakSegment, spoken: str) -> FinishReason:
+        """One sentence through the engine (``spoken``, designed by ``turn.control``); its audio goes to the
+        outbox as it comes."""
+        index, text = turn.index, turn.text
         params = audio.settings.segment_params(index)
         request_id = self.service.new_request_id("ws")
         if audio.first_request_at is None:
@@ -275,7 +279,8 @@ class Session:
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = audio.playback_lead_s, audio.playback_due()
         options = UtteranceOptions(audio.settings.persona, playback_lead_s=lead, playback_due=due, owner=self.owner)
-        speech = self.service.speak(SpeechJob(request_id, spoken, params, audio.prompt, options))
+        job = SpeechJob(request_id, designed_text(turn.control, spoken), params, audio.prompt, options)
+        speech = self.service.speak(job)
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.audio.size:
@@ -287,7 +292,7 @@ class Session:
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
         try:
-            audio.carry(spoken, final.finish_reason, patches)
+            audio.carry(spoken, final.finish_reason, patches, designed=turn.control is not None)
         except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
         return final.finish_reason
@@ -302,7 +307,7 @@ class Session:
         if audio.first_chunk_at is None:
             audio.first_chunk_at = now
         audio.samples += chunk.size
-        seconds = chunk.size / audio.model_rate
+        seconds = chunk.size / audio.model_rate / audio.speed
         self.outbox.put_audio(audio.delivery, await self.encoders.encode(audio.encoder, chunk), seconds)
 
     async def _finish_audio(self, number: int) -> None:

@@ -9,9 +9,10 @@ and carries out the typed actions each event returns, in order. The core owns:
   undecodable one, and a message the state does not allow are refused with an ``error`` that
   changes nothing else.
 * **Text buffering** on an explicit clock: complete sentences (``SentenceSegmenter``) are queued at
-  once; an incomplete rest is spoken on ``flush``, ``end``, or ``max_buffer_delay_ms`` after the
-  first of its characters arrived. That delay is a deadline (``deadline``), reached through
-  ``tick``; sentences without a letter or digit are not spoken (``sayable``).
+  once, and a ``(description)`` typed at an utterance's start becomes its voice design for every
+  sentence (``Settings.design_prefix``); an incomplete rest is spoken on ``flush``, ``end``, or
+  ``max_buffer_delay_ms`` after the first of its characters arrived. That delay is a deadline
+  (``deadline``), reached through ``tick``; sentences without a letter or digit are not spoken (``sayable``).
 * **The utterance lifecycle** (``UtteranceStatus``, ``SpeakingStep``): utterances speak one after
   another, each one segment at a time, in order; ``cancel`` stops every live one; each ends with
   one ``done`` and is released once that is sent.
@@ -127,12 +128,13 @@ class OpenUtterance:
 
 @dataclass(frozen=True, slots=True)
 class SpeakSegment:
-    """Speak ``text`` as segment ``index`` of ``utterance`` on the service; report ``segment_spoken`` or
-    ``segment_failed``."""
+    """Speak ``text`` as segment ``index`` of ``utterance`` on the service, designed by ``control`` (None: not
+    designed); report ``segment_spoken`` or ``segment_failed``."""
 
     utterance: int
     index: int
     text: str
+    control: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +383,7 @@ class SessionCore:
                 ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
             )
         utterance = Utterance(next(self._numbers), self.settings)
+        self._segmenter = SentenceSegmenter(design_prefix=utterance.settings.design_prefix)
         utterance.live.enter_context(self._gate.utterance())
         self.utterances.append(utterance)
         self._emit(OpenUtterance(utterance.number, utterance.settings))
@@ -394,6 +397,8 @@ class SessionCore:
             utterance.move(UtteranceStatus.ENDED)
 
     def _queue(self, utterance: Utterance, sentences: list[str]) -> None:
+        if self._segmenter.control is not None:  # typed at the utterance's start: it replaces start's
+            utterance.control = self._segmenter.control
         for sentence in filter(sayable, sentences):
             utterance.pending.append(sentence)
             utterance.queued += 1
@@ -408,7 +413,8 @@ class SessionCore:
             return
         if utterance.pending:
             utterance.step = SpeakingStep.SEGMENT
-            self._emit(SpeakSegment(utterance.number, utterance.spoken, utterance.pending.popleft()))
+            sentence = utterance.pending.popleft()
+            self._emit(SpeakSegment(utterance.number, utterance.spoken, sentence, utterance.control))
         elif utterance.status is UtteranceStatus.ENDED:
             utterance.step = SpeakingStep.TAIL
             self._emit(FinishAudio(utterance.number))

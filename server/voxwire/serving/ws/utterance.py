@@ -3,8 +3,10 @@
 An ``Utterance`` is its lifecycle (status, text taken, sentences waiting), which ``SessionCore`` moves;
 ``UtteranceAudio`` is what the asyncio driver keeps while it speaks it (encoder, delivery, voice, timings).
 ``Settings`` are the validated values of a ``start`` message (``resolve_settings``), announced by
-``ready_message``. ``continuation`` is the rule that makes consecutive segments one voice. Nothing here
-talks to the engine or the socket.
+``ready_message``. ``continuation`` is the rule that makes consecutive segments one voice; a designed
+utterance (a control: ``instructions``, a voice name's design, or a typed ``(description)``) keeps its voice
+through reference audio instead (``UtteranceAudio.carry``), as the reference allows a control with a reference
+clip and never with a continuation prompt. Nothing here talks to the engine or the socket.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from voxwire.protocol.wire import (
     Ready,
     Start,
 )
+from voxwire.serving.design import DesignRefused, design_allowed, utterance_control
 from voxwire.serving.personas import UnknownPersonaError
 from voxwire.serving.service import ModelInfo, Service
 from voxwire.serving.voices import UnknownVoiceError, VoiceStore
@@ -60,6 +63,13 @@ class Settings:
     """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
     persona: str | None = None
     """The LoRA persona every segment speaks with; None is the base model."""
+    control: str | None = None
+    """The voice design every sentence is spoken with (``serving/design.py``); None: none."""
+    design_prefix: bool = False
+    """Whether a ``(description)`` typed at an utterance's start is taken as its control (VoxCPM2, a voice
+    without a continuation prompt)."""
+    speed: float = 1.0
+    """Speaking speed, pitch kept (``audio/tempo.py``)."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
@@ -99,12 +109,22 @@ def resolve_settings(
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
     lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
     fmt = start.format or DEFAULT_FORMAT
-    return Settings(start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona)
+    try:
+        control = utterance_control(service.info, start.voice, prompt, start.instructions)
+    except DesignRefused as exc:
+        raise ProtocolError(ErrorCode.UNSUPPORTED, f"start.instructions: {exc}") from None
+    speed = 1.0 if start.speed is None else start.speed
+    return Settings(
+        start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona,
+        control, design_allowed(service.info, prompt), speed,
+    )  # fmt: skip
 
 
 def new_encoder(settings: Settings, model_rate: int, opus: OpusSettings) -> StreamEncoder:
     """One utterance's encoder: each utterance is an independent stream (Opus: its own pre-skip)."""
-    return make_encoder(settings.format, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
+    return make_encoder(
+        settings.format, model_rate, bitrate=opus.bitrate, complexity=opus.complexity, speed=settings.speed
+    )
 
 
 def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings) -> Ready:
@@ -171,6 +191,8 @@ class Utterance:
         """Sentences accepted for speaking so far."""
         self.pending: collections.deque[str] = collections.deque()
         """Accepted sentences not handed to the service yet, in order."""
+        self.control = settings.control
+        """The voice design of its every sentence: ``start``'s, or a ``(description)`` typed at its start."""
         self.spoken = 0
         """Segments the service has spoken: the next one's index (a sentence normalized to nothing takes none)."""
         self.reason = FinishReason.STOP
@@ -198,7 +220,7 @@ class UtteranceAudio:
         self.encoder = new_encoder(settings, model_rate, opus)
         self.delivery = Delivery(number, settings.format)
         self.prompt = settings.prompt
-        """The voice the next segment continues (``carry``)."""
+        """The voice the next segment continues, or for a designed utterance its reference (``carry``)."""
         self.started = 0
         """Segments that produced audio."""
         self.samples = 0
@@ -207,12 +229,20 @@ class UtteranceAudio:
         self.first_request_at: float | None = None
         self.first_chunk_at: float | None = None
 
-    def carry(self, spoken: str, finish: FinishReason, patches: list[Patch]) -> None:
+    def carry(self, spoken: str, finish: FinishReason, patches: list[Patch], designed: bool) -> None:
         """After a segment: the next one continues it, unless it was cut at its length cap (then its audio does
         not match its text) or made no audio; then the next one starts from the voice alone.
 
+        A designed segment (``designed``) is never continued (no continuation prompt with a control): its voice
+        is the session's reference clip, or, with none, the first designed segment's audio as the reference of
+        every later one (one fixed clip, so the voice does not drift and prompts do not grow).
+
         Raises ``InvalidInputError`` when the model produced non-finite latents (never fed back)."""
         base = self.settings.prompt
+        if designed:
+            if self.prompt is None and patches:
+                self.prompt = VoicePrompt(reference_patches=np.stack(patches))
+            return
         self.prompt = continuation(base, spoken, patches) if finish is FinishReason.STOP and patches else base
 
     def done(self, reason: FinishReason) -> Done:
@@ -232,6 +262,10 @@ class UtteranceAudio:
     def playback_lead_s(self) -> float:
         return self.settings.playback_lead_ms / 1000
 
+    @property
+    def speed(self) -> float:
+        return self.settings.speed
+
     def playback_due(self) -> float | None:
         """When the next sentence's first chunk is due (``time.monotonic``): the listener started playing one
         lead after the utterance's first chunk and has been playing every sample produced since. None
@@ -239,12 +273,13 @@ class UtteranceAudio:
         resumed later than this, so this errs early: the sentence is treated as more urgent, never less.)"""
         if self.first_chunk_at is None:
             return None
-        return self.first_chunk_at + self.playback_lead_s + self.samples / self.model_rate
+        return self.first_chunk_at + self.playback_lead_s + self.samples / self.model_rate / self.speed
 
     @property
     def start_sample(self) -> int:
-        """Where the next segment starts, at the encoder's rate (what ``ready.sample_rate`` announced)."""
-        return self.samples * self.encoder.sample_rate // self.model_rate
+        """Where the next segment starts, at the encoder's rate (what ``ready.sample_rate`` announced), after the
+        tempo change (``start.speed``; the tempo filter's window makes this exact within a few ms)."""
+        return int(self.samples * self.encoder.sample_rate / (self.model_rate * self.speed))
 
 
 def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> VoicePrompt:
