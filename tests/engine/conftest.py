@@ -153,10 +153,14 @@ def new_request(
     *,
     playback_lead_s: float | None = None,
     playback_due: float | None = None,
+    playback_speed: float = 1.0,
     **params: object,
 ) -> Request:
     synthesis = SynthesisParams(**params)  # type: ignore[arg-type]
-    return Request(rid, text, prefill_tokens, synthesis, playback_lead_s=playback_lead_s, playback_due=playback_due)
+    return Request(
+        rid, text, prefill_tokens, synthesis,
+        playback_lead_s=playback_lead_s, playback_due=playback_due, playback_speed=playback_speed,
+    )  # fmt: skip
 
 
 def build_engine(config: dict[str, object] | None = None, **runner_kwargs: object) -> tuple[Engine, FakeRunner]:

@@ -231,6 +231,20 @@ def test_sessions_ahead_wait_and_the_engine_says_until_when(make_realtime_engine
     assert clock.now > sent_at + 1.16
 
 
+def test_a_faster_listener_makes_its_chunks_due_sooner(make_realtime_engine, make_request):
+    """At speed 2 (a tempo change after decoding) the listener plays each 0.16 s chunk in 0.08 s: its stream is
+    due twice as often, and ahead of its listener half as long as a stream at 1.0 with the same lead."""
+    engine, _ = make_realtime_engine(config={"max_ahead_s": 1.0})
+    engine.add(make_request("slow", "x" * 20, playback_lead_s=2.0))
+    engine.add(make_request("fast", "x" * 20, playback_lead_s=2.0, playback_speed=2.0))
+    clock = Clock(engine)
+    clock.step()
+    sent_at = clock.now
+    # Chunk 1 plays at sent_at + 2 + 0.16 / speed: "fast" first, and it wakes the engine 1 s before then.
+    assert engine.next_step_at(clock.now) == pytest.approx(sent_at + 2.08 - 1.0)
+    assert [o.request_id for o in clock.step()] == ["fast"]
+
+
 def test_a_first_chunk_not_marked_sent_counts_as_due(make_realtime_engine, make_request):
     engine, runner = make_realtime_engine()
     engine.add(make_request("a", "x" * 20, playback_lead_s=5.0))

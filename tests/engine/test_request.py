@@ -30,6 +30,21 @@ def test_invalid_params_name_the_field(kwargs, field):
         SynthesisParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        pytest.param({"playback_lead_s": -0.1}, "playback_lead_s", id="lead negative"),
+        pytest.param({"playback_due": math.inf}, "playback_due", id="due inf"),
+        pytest.param({"playback_speed": 0.0}, "playback_speed", id="speed 0"),
+        pytest.param({"playback_speed": math.nan}, "playback_speed", id="speed nan"),
+        pytest.param({"playback_speed": "2"}, "playback_speed", id="speed str"),
+    ],
+)
+def test_invalid_playback_inputs_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        Request("r", "hello", 4, **kwargs)
+
+
 def test_the_seed_bound_is_the_wire_protocols():
     """One bound for a seed, whatever the transport: a request and a WebSocket ``start`` refuse the same seeds."""
     SynthesisParams(seed=MAX_SEED - 1)

@@ -13,7 +13,8 @@ free, and nothing overtakes a request that does not fit.
 1. *Playback deadline.* A session's listener starts playing at ``start`` = the time its first chunk
    left plus its lead (the lead the client announced, else the server's default), or, for a sentence
    continuing a stream that is already playing, the request's ``playback_due``. Chunk ``k`` is due at
-   ``start + k * chunk_s``. A session's *slack* is its next chunk's deadline minus ``now``: how much
+   ``start + k * chunk_s / playback_speed`` (a listener playing faster, ``Request.playback_speed``, drains
+   its buffer sooner). A session's *slack* is its next chunk's deadline minus ``now``: how much
    audio its listener still has buffered. A first chunk produced but not yet marked sent has no start
    yet and counts as due now (slack -inf).
 2. *Real-time budget.* A step should take at most one chunk duration ``chunk_s``, as estimated by the

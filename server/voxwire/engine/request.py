@@ -104,6 +104,9 @@ class Request:
     """For a sentence continuing a stream that is already playing: when its first chunk must have left
     (the listener's buffer runs dry), on the clock ``Engine.step`` is given. None: a new stream, whose
     listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
+    playback_speed: float = 1.0
+    """How fast the listener plays the model's audio: at 2.0 (a tempo change after decoding, ``audio/tempo.py``)
+    a chunk plays in half its duration, so its deadlines come twice as often. Only the real-time policy reads it."""
     persona: str | None = None
     """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
     owner: str | None = None
@@ -122,6 +125,9 @@ class Request:
         due = self.playback_due
         due_ok = due is None or (_is_number(due) and math.isfinite(due))
         require(due_ok, "playback_due", due, "must be None or a finite number")
+        speed = self.playback_speed
+        speed_ok = _is_number(speed) and 0 < speed < math.inf
+        require(speed_ok, "playback_speed", speed, "must be a finite number > 0")
         persona = self.persona
         require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
         owner = self.owner

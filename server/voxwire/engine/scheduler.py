@@ -188,7 +188,7 @@ class Scheduler:
 
     def _deadline(self, session: Session, policy: RealtimePolicy) -> float:
         start = session.playback_start(self.config.playback_lead_s)
-        return playback_deadline(start, session.step_index, policy.chunk_s)
+        return playback_deadline(start, session.step_index, policy.chunk_s / session.request.playback_speed)
 
     def finish(self, results: Iterable[tuple[Session, RequestStatus]]) -> None:
         """Record the final status of running sessions and free their slots."""

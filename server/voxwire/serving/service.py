@@ -91,6 +91,8 @@ class UtteranceOptions:
     and, for a sentence continuing a stream that plays already, when its first chunk is due (on
     ``time.monotonic``, one clock for every process of the machine; None: a new stream)."""
     playback_due: float | None = None
+    playback_speed: float = 1.0
+    """The listener's playback rate of the model's audio (``start.speed``): its chunks are due that much sooner."""
     owner: str | None = None
     """Who asks (``personas.client_owner``: an API key's digest, else the connection): one owner's requests hold
     at most ``--persona-slots-per-client`` persona slots at once. None: no cap (the warm-up)."""
@@ -116,8 +118,8 @@ class SpeechJob:
         options = self.options
         return Request(
             self.request_id, self.text, prefill_tokens, self.params, self.voice,
-            playback_lead_s=options.playback_lead_s, playback_due=options.playback_due, persona=options.persona,
-            owner=options.owner,
+            playback_lead_s=options.playback_lead_s, playback_due=options.playback_due,
+            playback_speed=options.playback_speed, persona=options.persona, owner=options.owner,
         )  # fmt: skip
 
 

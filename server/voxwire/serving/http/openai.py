@@ -135,7 +135,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     words = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     text = designed_text(control, words)
     with app[STATE_KEY].utterance():
-        options = UtteranceOptions(speech.persona, owner=client_owner(request.get(OWNER_KEY), request.protocol))
+        owner = client_owner(request.get(OWNER_KEY), request.protocol)
+        options = UtteranceOptions(speech.persona, playback_speed=speech.speed, owner=owner)
         job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
         outputs = service.speak(job)
         async with contextlib.aclosing(outputs):

@@ -278,7 +278,9 @@ class Session:
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = audio.playback_lead_s, audio.playback_due()
-        options = UtteranceOptions(audio.settings.persona, playback_lead_s=lead, playback_due=due, owner=self.owner)
+        options = UtteranceOptions(
+            audio.settings.persona, playback_lead_s=lead, playback_due=due, playback_speed=audio.speed, owner=self.owner
+        )
         job = SpeechJob(request_id, designed_text(turn.control, spoken), params, audio.prompt, options)
         speech = self.service.speak(job)
         async with contextlib.aclosing(speech) as stream:
