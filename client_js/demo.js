@@ -166,7 +166,9 @@ async function loadVoices() {
   const { data } = await response.json();
   const chosen = ui.voice.value;
   ui.voice.replaceChildren(new Option('default', 'default'));
-  for (const voice of data) ui.voice.append(new Option(`${voice.name} (${voice.duration_s.toFixed(1)} s)`, voice.id));
+  // The built-in voices (`default` and OpenAI's names) are all the model's own voice: `default` stands for them.
+  const saved = data.filter((voice) => !voice.builtin);
+  for (const voice of saved) ui.voice.append(new Option(`${voice.name} (${voice.duration_s.toFixed(1)} s)`, voice.id));
   ui.voice.value = [...ui.voice.options].some((option) => option.value === chosen) ? chosen : 'default';
 }
 

@@ -146,7 +146,7 @@ async def test_cross_origin_pages_cannot_call_the_api(serve, aiohttp_client) -> 
     async with client.post("/v1/voices", data=form, headers={"Origin": EVIL}) as response:
         assert (response.status, (await response.json())["error"]["code"]) == (403, "forbidden_origin")
     async with client.get("/v1/voices") as response:
-        assert (await response.json())["data"] == []
+        assert [voice for voice in (await response.json())["data"] if not voice["builtin"]] == []
     preflight = {"Origin": EVIL, "Access-Control-Request-Method": "POST"}
     async with client.options("/v1/audio/speech", headers=preflight) as response:
         assert response.status == 403

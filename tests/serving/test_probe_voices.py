@@ -55,7 +55,7 @@ async def test_a_clip_of_huge_samples_is_refused_and_changes_no_one_elses_audio(
         status, body = await upload(client, constant_wav(3e38), **transcript)
         assert (status, body["error"]["code"]) == (400, "invalid_audio"), body
     async with client.get("/v1/voices") as response:
-        assert (await response.json())["data"] == []
+        assert [voice for voice in (await response.json())["data"] if not voice["builtin"]] == []
     assert await speech_bytes(client) == before
 
 
@@ -250,7 +250,7 @@ async def test_voices_with_a_bad_field_are_skipped_and_the_listing_works(
     second = await aiohttp_client(await serve(voices_dir=voices_dir))
     async with second.get("/v1/voices") as response:
         assert response.status == 200
-        assert [voice["id"] for voice in (await response.json())["data"]] == [good["id"]]
+        assert [voice["id"] for voice in (await response.json())["data"] if not voice["builtin"]] == [good["id"]]
 
 
 @pytest.mark.asyncio

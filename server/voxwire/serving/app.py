@@ -29,10 +29,13 @@ from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
 from voxwire.serving.http.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxwire.serving.http.errors import error_middleware
 from voxwire.serving.http.loras import add_lora_routes
+from voxwire.serving.http.models import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
 from voxwire.serving.http.probes import add_probe_routes
 from voxwire.serving.http.request_metrics import request_metrics_middleware
+from voxwire.serving.http.request_id import add_request_id_header
+from voxwire.serving.http.trace_middleware import add_tracing, trace_middleware
 from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
     CONFIG_KEY,
@@ -48,6 +51,7 @@ from voxwire.serving.keys import (
 from voxwire.serving.metrics import BuildInfo, Metrics
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.service import Service, SpeechJob, SpeechService
+from voxwire.serving.tracing import tracing_from_environment
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
@@ -95,7 +99,7 @@ def build_app(
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.limits.max_text_chars_per_utterance + _JSON_OVERHEAD
-    middlewares = [request_metrics_middleware, error_middleware, auth_middleware]
+    middlewares = [trace_middleware, request_metrics_middleware, error_middleware, auth_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service
@@ -111,7 +115,9 @@ def build_app(
         build_info(config, service),
         multiprocess_dir=metrics_dir,
     )
+    add_tracing(app, tracing_from_environment())
     add_openai_routes(app)
+    add_model_routes(app)
     add_voice_routes(app)
     add_lora_routes(app)
     add_probe_routes(app)
@@ -120,6 +126,7 @@ def build_app(
     add_nanovllm_routes(app)
     add_demo_routes(app)
     app.on_response_prepare.append(_name_replica)
+    app.on_response_prepare.append(add_request_id_header)
     app.on_response_prepare.append(add_cors_headers)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(drain)

@@ -64,7 +64,8 @@ _CORS_ORIGIN: web.RequestKey[str] = web.RequestKey("voxwire.cors_origin", str)
 CORS_MAX_AGE_S = 600
 """How long a browser may cache a preflight answer."""
 _CORS_METHODS = "GET, POST, DELETE"
-_CORS_HEADERS = "Authorization, Content-Type"
+_CORS_HEADERS = "Authorization, Content-Type, X-Request-Id, traceparent, tracestate"
+_CORS_EXPOSED = "Retry-After, X-Request-Id"
 
 
 @web.middleware
@@ -96,7 +97,7 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
     origin = request.get(_CORS_ORIGIN)
     if origin is not None:
         response.headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
-        response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = hdrs.RETRY_AFTER
+        response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = _CORS_EXPOSED
         response.headers.add(hdrs.VARY, hdrs.ORIGIN)
 
 

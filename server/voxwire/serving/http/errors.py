@@ -1,9 +1,10 @@
 """The HTTP error envelope: ``ApiError`` and ``error_middleware``, the one place errors leave the server.
 
-Every error leaves as ``{"error": {"code": ..., "message": ...}}``, produced here from an ``ApiError`` or a
-known library exception. The codes are stable and shared with the WebSocket protocol:
-``protocol.error_codes.ErrorCode`` lists them with each one's HTTP status. A client that leaves (mid-body
-or mid-stream) is counted as a dropped session and logged at INFO: it is not a server error.
+Every error leaves as ``{"error": {"code": ..., "message": ..., "request_id": ...}}``, produced here from an
+``ApiError`` or a known library exception; ``request_id`` is the response's ``X-Request-Id`` (``request_id``). The
+codes are stable and shared with the WebSocket protocol: ``protocol.error_codes.ErrorCode`` lists them with each
+one's HTTP status. A client that leaves (mid-body or mid-stream) is counted as a dropped session and logged at INFO:
+it is not a server error.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp.typedefs import Handler
 from voxwire.engine import EngineDeadError, QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.request_id import request_id
 from voxwire.serving.keys import (
     METRICS_KEY,
 )
@@ -59,8 +61,9 @@ class ApiError(Exception):
         self.close_connection = close_connection
         """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
-    def response(self) -> web.Response:
-        body = {"error": {"code": self.code.value, "message": self.message}}
+    def response(self, request_id: str) -> web.Response:
+        """The JSON error response; ``request_id`` names the request (its ``X-Request-Id``)."""
+        body = {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
         response = web.json_response(body, status=self.status, headers=self.headers)
         if self.close_connection:
             response.force_close()
@@ -142,7 +145,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             error = ApiError(ErrorCode.INTERNAL_ERROR, "the server failed to handle this request; see its log")
         if error.code is not ErrorCode.NOT_FOUND:  # a path that does not exist (a scanner's probe) is no error
             request.app[METRICS_KEY].count_error(error.code.value)
-        return error.response()
+        return error.response(request_id(request))
 
 
 def _count_departure(request: web.Request, cause: object) -> None:

@@ -16,11 +16,11 @@
 ``DELETE /loras/{name}``
 =================================  ============================================================================
 
-Errors have that API's shape, ``{"detail": "..."}``: 400 for invalid input (an unregistered ``lora_name``
-included), 422 for a body that does not match the schema (``detail`` is a list of ``{loc, msg, type}``),
-503 while the server is not ready. Unknown fields are ignored, as its schemas do. The work itself is
-voxwire's: the same engine, personas (``/loras`` is ``/v1/loras`` under another shape), voice encoding
-and the mp3 encoder of ``/v1/audio/speech``. ``temperature`` scales the diffusion noise in Nano-vLLM;
+Errors have that API's shape, ``{"detail": "..."}``, plus the ``request_id`` every error body carries: 400 for
+invalid input (an unregistered ``lora_name`` included), 422 for a body that does not match the schema (``detail`` is
+a list of ``{loc, msg, type}``), 503 while the server is not ready. Unknown fields are ignored, as its schemas do.
+The work itself is voxwire's: the same engine, personas (``/loras`` is ``/v1/loras`` under another shape), voice
+encoding and the mp3 encoder of ``/v1/audio/speech``. ``temperature`` scales the diffusion noise in Nano-vLLM;
 voxwire's sampler has no such knob, so only 1.0 (the default) is accepted.
 """
 
@@ -52,6 +52,7 @@ from voxwire.serving.http.admission import require_accepting, require_admission
 from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
+from voxwire.serving.http.request_id import request_id
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
@@ -86,14 +87,15 @@ def _detail_errors(handler: Handler) -> Handler:
             error = ApiError(ErrorCode(getattr(exc, "code", ErrorCode.UNKNOWN_PERSONA)), str(exc), status=400)
         except SchemaError as exc:
             request.app[METRICS_KEY].count_error("invalid_request")
-            return web.json_response({"detail": exc.detail}, status=422)
+            return web.json_response({"detail": exc.detail, "request_id": request_id(request)}, status=422)
         except Exception as exc:
             found = as_api_error(exc)
             if found is None or (request.writer is not None and request.writer.output_size > 0):
                 raise  # a server bug (the error middleware logs it), or a stream already under way
             error = found
         request.app[METRICS_KEY].count_error(error.code.value)
-        return web.json_response({"detail": error.message}, status=error.status, headers=error.headers)
+        body = {"detail": error.message, "request_id": request_id(request)}
+        return web.json_response(body, status=error.status, headers=error.headers)
 
     return wrapped
 

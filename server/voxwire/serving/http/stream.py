@@ -16,12 +16,14 @@ from aiohttp import web
 
 from voxwire.audio.formats import StreamEncoder
 from voxwire.engine import Chunk, FinishReason
+from voxwire.serving.http.trace_middleware import utterance_trace
 from voxwire.serving.keys import (
     ENCODERS_KEY,
     METRICS_KEY,
     SERVICE_KEY,
 )
 from voxwire.serving.service import SpeechFailure
+from voxwire.serving.tracing import UtteranceTrace
 
 
 async def stream_audio(
@@ -33,6 +35,18 @@ async def stream_audio(
 ) -> tuple[web.StreamResponse, int]:
     """Stream an utterance's encoded audio as a chunked body, each encoded block through ``frame``; the response
     (not ended yet: the caller may add a trailer, then ``write_eof``) and the patches generated."""
+    with utterance_trace(request) as trace:
+        return await _stream_audio(request, outputs, encoder, headers, frame, trace)
+
+
+async def _stream_audio(
+    request: web.Request,
+    outputs: AsyncGenerator[Chunk, None],
+    encoder: StreamEncoder,
+    headers: Mapping[str, str],
+    frame: Callable[[bytes], bytes],
+    trace: UtteranceTrace,
+) -> tuple[web.StreamResponse, int]:
     app = request.app
     metrics, encoders = app[METRICS_KEY], app[ENCODERS_KEY]
     rate = app[SERVICE_KEY].info.sample_rate
@@ -40,6 +54,7 @@ async def stream_audio(
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.
     output = await anext(outputs)  # a SpeechFailure here becomes its error response
+    trace.output(output)
     metrics.observe_first_audio(time.perf_counter() - started)
     response = web.StreamResponse(headers=headers)
     response.enable_chunked_encoding()
@@ -54,6 +69,7 @@ async def stream_audio(
             if output.finished:
                 break
             output = await anext(outputs)
+            trace.output(output)
     except (ConnectionResetError, asyncio.CancelledError):
         # aiohttp cancels the handler of a request whose client went away, or a write fails first.
         metrics.count_dropped("client_disconnected")

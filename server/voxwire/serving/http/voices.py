@@ -1,4 +1,10 @@
-"""Saved voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete.
+"""Voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete; ``GET /v1/audio/voices``.
+
+Both listings start with the built-in voices, which every request may name without an upload: ``default`` and
+OpenAI's voice names, each the model's own voice (``VoiceStore.resolve``), marked ``"builtin": true``. In
+``GET /v1/voices`` they have the fields of a saved voice (no clip: ``transcript`` null, ``duration_s`` and
+``created_at`` 0), so its clients read both alike; ``GET /v1/audio/voices`` is the shape voice pickers of
+OpenAI-compatible servers read (Open WebUI: ``{"voices": [{"id", "name"}]}``).
 
 Cheap checks come first: sizes while the body is read, the text fields, then the clip's header (its
 duration) before it is decoded; the ``VoiceStore`` keeps the result.
@@ -25,6 +31,7 @@ from voxwire.serving.keys import (
     STATE_KEY,
     VOICES_KEY,
 )
+from voxwire.serving.voices import OPENAI_VOICES, VoiceInfo
 from voxwire.voice_clip import VoiceClip
 
 
@@ -97,9 +104,24 @@ def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
     return text
 
 
+BUILTIN_VOICES = ("default", *sorted(OPENAI_VOICES))
+"""The voices a request may name without an upload, in listing order: each is the model's own voice."""
+
+
 async def list_voices(request: web.Request) -> web.Response:
-    infos = request.app[VOICES_KEY].infos()
-    return web.json_response({"object": "list", "data": [info.to_json() for info in infos]})
+    """``GET /v1/voices``: the built-in voices, then the saved ones (oldest first)."""
+    store = request.app[VOICES_KEY]
+    builtin = [VoiceInfo(name, name, None, store.model, duration_s=0.0, created_at=0) for name in BUILTIN_VOICES]
+    listed = [{**info.to_json(), "builtin": True} for info in builtin]
+    listed += [{**info.to_json(), "builtin": False} for info in store.infos()]
+    return web.json_response({"object": "list", "data": listed})
+
+
+async def list_audio_voices(request: web.Request) -> web.Response:
+    """``GET /v1/audio/voices``: every voice a request may name, as ``{"voices": [{id, name, builtin}]}``."""
+    builtin = [{"id": name, "name": name, "builtin": True} for name in BUILTIN_VOICES]
+    saved = [{"id": info.id, "name": info.name, "builtin": False} for info in request.app[VOICES_KEY].infos()]
+    return web.json_response({"voices": builtin + saved})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
@@ -160,4 +182,5 @@ def _too_large(limit: int) -> ApiError:
 def add_voice_routes(app: web.Application) -> None:
     app.router.add_post("/v1/voices", create_voice)
     app.router.add_get("/v1/voices", list_voices)
+    app.router.add_get("/v1/audio/voices", list_audio_voices)
     app.router.add_delete("/v1/voices/{voice_id}", delete_voice)

@@ -1,0 +1,59 @@
+"""HTTP side of tracing: ``trace_middleware`` makes each request's span, ``utterance_trace`` a speech request's spans.
+
+Both read the app's ``TRACING_KEY`` (``tracing_from_environment``; None when traces are off, and then the middleware
+only passes the request on). The request span is named ``METHOD route`` (the route's template, e.g.
+``DELETE /v1/voices/{voice_id}``, so names stay few) and carries the OpenTelemetry HTTP attributes, never the query
+string (a browser's API key travels there), and ``voxwire.request_id`` (the response's ``X-Request-Id``).
+"""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+
+from voxwire.serving.http.request_id import request_id
+from voxwire.serving.tracing import UNTRACED, Tracing, UtteranceTrace
+
+TRACING_KEY: web.AppKey[Tracing | None] = web.AppKey("voxwire.tracing")
+
+
+def add_tracing(app: web.Application, tracing: Tracing | None) -> None:
+    """Trace the app's requests with ``tracing`` (None: not at all); its exporters are flushed when the app closes."""
+    app[TRACING_KEY] = tracing
+    app.on_cleanup.append(_flush)
+
+
+async def _flush(app: web.Application) -> None:
+    tracing = app[TRACING_KEY]
+    if tracing is not None:
+        tracing.shutdown()
+
+
+@web.middleware
+async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The request's ``SERVER`` span, around everything else (errors included: its status is the client's)."""
+    tracing = request.app.get(TRACING_KEY)
+    if tracing is None:
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    attributes = {
+        "http.request.method": request.method,
+        "url.path": request.path,
+        "url.scheme": request.scheme,
+        "user_agent.original": request.headers.get(hdrs.USER_AGENT, ""),
+        "voxwire.request_id": request_id(request),
+    }
+    if route is not None:
+        attributes["http.route"] = route
+    name = f"{request.method} {route}" if route is not None else request.method
+    with tracing.server_span(name, request.headers, attributes) as span:
+        response = await handler(request)
+        span.set_status_code(response.status)
+        return response
+
+
+def utterance_trace(request: web.Request) -> UtteranceTrace:
+    """The spans of the utterance a request speaks (``UNTRACED``, which makes none, when traces are off)."""
+    tracing = request.app.get(TRACING_KEY)
+    return UNTRACED if tracing is None else tracing.utterance()
