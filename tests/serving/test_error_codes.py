@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -39,7 +40,10 @@ def test_protocol_documents_every_websocket_code(code: ErrorCode) -> None:
 def test_an_http_error_takes_its_codes_status() -> None:
     error = ApiError(ErrorCode.VOICE_LIMIT, "too many")
     assert error.status == 409
-    assert error.response().status == 409
+    response = error.response("req_1")
+    assert response.status == 409
+    assert response.text is not None
+    assert json.loads(response.text) == {"error": {"code": "voice_limit", "message": "too many", "request_id": "req_1"}}
 
 
 def test_a_websocket_only_code_cannot_be_an_http_error() -> None:

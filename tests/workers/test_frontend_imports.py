@@ -37,6 +37,7 @@ from voxwire.audio.clip import load_clip
 from voxwire.client.connection import Connection
 from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import Done
+from voxwire.speech_model import public_model_name
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
@@ -105,6 +106,7 @@ def test_a_frontend_serves_voices_and_speech_without_torch(
 ) -> None:
     wav = clip_wav()
     voice = asyncio.run(upload_and_list(server.url, wav))
+    assert asyncio.run(listings(server.url)) == (public_model_name(tiny_tts.name), ["default", "alloy", voice])
     speech = asyncio.run(speak_over_http(server.url, voice))
     assert len(speech) > 0
     pcm, done = asyncio.run(utterance_with_voice(server.ws_url, voice, TEXT, seed=5))
@@ -125,6 +127,8 @@ def test_a_frontend_serves_voices_and_speech_without_torch(
     assert "voxwire.serving.workers.frontend" in frontend and "voxwire.serving.http.voices" in frontend
     model_side = sorted(module for module in frontend if is_model_side(module))
     assert not model_side, f"the frontend loaded {len(model_side)} module(s) of the model's side: {model_side[:10]}"
+    # Without OTEL_* in its environment, no process loads opentelemetry (tracing costs nothing when off).
+    assert not [module for module in frontend | engine if module.partition(".")[0] == "opentelemetry"]
 
 
 def clip_wav() -> bytes:
@@ -147,6 +151,21 @@ async def upload_and_list(url: str, wav: bytes) -> str:
             assert response.status == 200
             assert voice in {listed["id"] for listed in (await response.json())["data"]}
     return voice
+
+
+async def listings(url: str) -> tuple[str, list[str]]:
+    """What a frontend lists (``GET /v1/models``, ``GET /v1/audio/voices``: built-in voices and the saved one), each
+    response naming its request; the model's id and a sample of the voice ids: ``default``, ``alloy``, the saved."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/v1/models") as response:
+            assert response.status == 200 and response.headers["X-Request-Id"].startswith("req_")
+            (model,) = [listed["id"] for listed in (await response.json())["data"]]
+        async with session.get(f"{url}/v1/audio/voices", headers={"X-Request-Id": "frontend-1"}) as response:
+            assert response.status == 200 and response.headers["X-Request-Id"] == "frontend-1"
+            voices = (await response.json())["voices"]
+    builtin = [listed["id"] for listed in voices if listed["builtin"]]
+    saved = [listed["id"] for listed in voices if not listed["builtin"]]
+    return model, [builtin[0], builtin[1], *saved]
 
 
 async def speak_over_http(url: str, voice: str) -> bytes:

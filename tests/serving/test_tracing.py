@@ -1,0 +1,217 @@
+"""OpenTelemetry traces (``voxwire[otel]``): the spans a collector receives, parented on the caller's W3C
+``traceparent`` (its ``tracestate`` kept), through the SDK's in-memory exporter; configured by the standard OTEL_*
+environment alone (a served process prints its spans with ``OTEL_TRACES_EXPORTER=console``); and without that
+environment, no opentelemetry module is ever imported."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from voxwire.serving.http.trace_middleware import TRACING_KEY
+from voxwire.serving.keys import STATE_KEY, Phase
+from voxwire.serving.tracing import Tracing, tracing_requested
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+SPEECH = {"model": "tts-1", "input": "Trace this utterance.", "response_format": "pcm", "seed": 2}
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest_asyncio.fixture
+async def traced(serve, aiohttp_client, app_factory: Callable[..., web.Application], exporter) -> TestClient:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = app_factory()
+    app[TRACING_KEY] = Tracing(provider)
+    client = await aiohttp_client(await serve(app=app))
+    exporter.clear()  # the warm-up's requests are the engine's own, but start from nothing all the same
+    return client
+
+
+async def finished(exporter: InMemorySpanExporter, name: str, count: int = 1) -> list[ReadableSpan]:
+    """The finished spans named ``name``, once ``count`` are there (a request's span ends after its last byte)."""
+    for _ in range(200):
+        spans = [span for span in exporter.get_finished_spans() if span.name == name]
+        if len(spans) >= count:
+            return spans
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no span {name!r} among {[span.name for span in exporter.get_finished_spans()]}")
+
+
+@pytest.mark.asyncio
+async def test_a_speech_request_continues_the_callers_trace(traced: TestClient, exporter) -> None:
+    headers = {"traceparent": TRACEPARENT, "tracestate": "agent=turn-3", "X-Request-Id": "turn-3"}
+    async with traced.post("/v1/audio/speech", json=SPEECH, headers=headers) as response:
+        assert response.status == 200
+        assert len(await response.read()) > 0
+    (request,) = await finished(exporter, "POST /v1/audio/speech")
+    (utterance,) = await finished(exporter, "voxwire.utterance")
+    (first_audio,) = await finished(exporter, "voxwire.first_audio")
+
+    assert request.kind is SpanKind.SERVER
+    assert format(request.context.trace_id, "032x") == TRACE_ID
+    assert request.parent is not None and format(request.parent.span_id, "016x") == PARENT_ID
+    assert request.context.trace_state.get("agent") == "turn-3"
+    assert request.attributes is not None
+    assert request.attributes["http.route"] == "/v1/audio/speech"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["voxwire.request_id"] == "turn-3"
+    assert request.status.status_code is StatusCode.UNSET
+
+    assert utterance.parent is not None and utterance.parent.span_id == request.context.span_id
+    assert first_audio.parent is not None and first_audio.parent.span_id == utterance.context.span_id
+    assert utterance.context.trace_id == first_audio.context.trace_id == request.context.trace_id
+    assert request.start_time <= utterance.start_time <= first_audio.end_time <= utterance.end_time <= request.end_time
+    assert utterance.attributes is not None
+    outputs = [event for event in utterance.events if event.name == "voxwire.output"]
+    assert len(outputs) == utterance.attributes["voxwire.outputs"] > 1
+    assert [event.attributes["voxwire.output.index"] for event in outputs if event.attributes] == list(
+        range(len(outputs))
+    )
+    assert utterance.attributes["voxwire.finish_reason"] in ("stop", "length")
+    samples = sum(int(event.attributes["voxwire.output.samples"]) for event in outputs if event.attributes)
+    assert utterance.attributes["voxwire.audio_samples"] == samples > 0
+
+
+@pytest.mark.asyncio
+async def test_without_a_traceparent_the_request_starts_a_trace(traced: TestClient, exporter) -> None:
+    async with traced.get("/v1/models") as response:
+        assert response.status == 200
+    (span,) = await finished(exporter, "GET /v1/models")
+    assert span.parent is None and span.kind is SpanKind.SERVER
+
+
+@pytest.mark.asyncio
+async def test_error_spans_name_the_route_template_and_fail_only_on_server_errors(traced: TestClient, exporter) -> None:
+    async with traced.delete("/v1/voices/voice_0123456789abcdef") as response:
+        assert response.status == 404
+    async with traced.get("/no/such/route?token=secret") as response:
+        assert response.status == 404
+    (unknown_voice,) = await finished(exporter, "DELETE /v1/voices/{voice_id}")
+    (no_route,) = await finished(exporter, "GET")
+    for span in (unknown_voice, no_route):
+        assert span.attributes is not None and span.attributes["http.response.status_code"] == 404
+        assert span.status.status_code is StatusCode.UNSET  # a client's error is not the server's
+    assert no_route.attributes is not None and "http.route" not in no_route.attributes
+    assert all("secret" not in str(value) for value in no_route.attributes.values())  # never the query string
+
+
+@pytest.mark.asyncio
+async def test_a_server_error_fails_the_request_span(traced: TestClient, exporter) -> None:
+    state = traced.server.app[STATE_KEY]
+    state.phase = Phase.DRAINING  # what SIGTERM does first: new work gets 503
+    async with traced.post("/v1/audio/speech", json=SPEECH) as response:
+        assert response.status == 503
+    state.phase = Phase.READY
+    (span,) = await finished(exporter, "POST /v1/audio/speech")
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None and span.attributes["http.response.status_code"] == 503
+
+
+@pytest.mark.parametrize(
+    ("environment", "requested"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "tts"}, False),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "TRUE"}, False),
+    ],
+)
+def test_the_standard_environment_turns_traces_on(environment: dict[str, str], requested: bool) -> None:
+    assert tracing_requested(environment) is requested
+
+
+SERVED = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from aiohttp.test_utils import TestClient, TestServer
+    from voxwire.serving.app import make_app, runner_options
+    from voxwire.serving.config import ServerConfig
+
+    async def main():
+        config = ServerConfig.of(model="sim", port=0, realtime=False)
+        async with TestClient(TestServer(make_app(config), **runner_options(config))) as client:
+            while (await client.get("/ready")).status != 200:
+                await asyncio.sleep(0.05)
+            async with client.get("/v1/models") as response:
+                assert response.status == 200
+            speech = {"model": "m", "input": "Hello there.", "response_format": "pcm"}
+            async with client.post("/v1/audio/speech", json=speech, headers={"traceparent": sys.argv[1]}) as response:
+                assert response.status == 200 and len(await response.read()) > 0
+        loaded = sorted(name for name in sys.modules if name.partition(".")[0] == "opentelemetry")
+        print("LOADED " + json.dumps(loaded))
+
+    asyncio.run(main())
+    """
+)
+
+
+def serve_in_a_process(environment: dict[str, str]) -> tuple[list[str], str]:
+    """Serve two requests in a fresh process under ``environment`` (no other OTEL_*): the opentelemetry modules
+    it loaded, and what it printed."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("OTEL_")}
+    python_path = os.pathsep.join(filter(None, [str(Path(__file__).parents[2] / "server"), clean.get("PYTHONPATH")]))
+    env = {**clean, "PYTHONPATH": python_path, **environment}
+    run = subprocess.run(
+        [sys.executable, "-c", SERVED, TRACEPARENT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    marker = next(line for line in run.stdout.splitlines() if line.startswith("LOADED "))
+    return json.loads(marker.removeprefix("LOADED ")), run.stdout
+
+
+@pytest.mark.slow
+def test_without_the_otel_environment_opentelemetry_is_never_imported() -> None:
+    loaded, printed = serve_in_a_process({})
+    assert loaded == []
+    assert TRACE_ID not in printed
+
+
+@pytest.mark.slow
+def test_the_otel_environment_alone_exports_the_spans() -> None:
+    loaded, printed = serve_in_a_process({"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "tts-replica-2"})
+    assert "opentelemetry.sdk.trace" in loaded
+    spans = [json.loads(block) for block in split_json_objects(printed)]
+    by_name = {span["name"]: span for span in spans}
+    assert {"GET /v1/models", "POST /v1/audio/speech", "voxwire.utterance", "voxwire.first_audio"} <= set(by_name)
+    speech = by_name["POST /v1/audio/speech"]
+    assert speech["context"]["trace_id"] == f"0x{TRACE_ID}" and speech["parent_id"] == f"0x{PARENT_ID}"
+    assert speech["resource"]["attributes"]["service.name"] == "tts-replica-2"
+
+
+def split_json_objects(printed: str) -> list[str]:
+    """The console exporter's spans: indented JSON objects, one after another, among the other lines."""
+    blocks, current = [], []
+    for line in printed.splitlines():
+        if line == "{":
+            current = [line]
+        elif current:
+            current.append(line)
+            if line == "}":
+                blocks.append("\n".join(current))
+                current = []
+    return blocks
