@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from voxwire.serving.app import drain
 from voxwire.serving.http.trace_middleware import TRACING_KEY
 from voxwire.serving.keys import STATE_KEY, Phase
 from voxwire.serving.tracing import Tracing, tracing_requested
@@ -38,14 +40,21 @@ def exporter() -> InMemorySpanExporter:
     return InMemorySpanExporter()
 
 
-@pytest_asyncio.fixture
-async def traced(serve, aiohttp_client, app_factory: Callable[..., web.Application], exporter) -> TestClient:
+def traced_app(
+    app_factory: Callable[..., web.Application], exporter: InMemorySpanExporter, **overrides
+) -> web.Application:
+    """An app whose spans go to ``exporter`` (as ``OTEL_*`` would configure the SDK, with another exporter)."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    app = app_factory()
+    app = app_factory(**overrides)
     app[TRACING_KEY] = Tracing(provider)
-    client = await aiohttp_client(await serve(app=app))
-    exporter.clear()  # the warm-up's requests are the engine's own, but start from nothing all the same
+    return app
+
+
+@pytest_asyncio.fixture
+async def traced(serve, aiohttp_client, app_factory: Callable[..., web.Application], exporter) -> TestClient:
+    client = await aiohttp_client(await serve(app=traced_app(app_factory, exporter)))
+    exporter.clear()  # the warm-up is no request, but start from nothing all the same
     return client
 
 
@@ -127,6 +136,24 @@ async def test_a_server_error_fails_the_request_span(traced: TestClient, exporte
     (span,) = await finished(exporter, "POST /v1/audio/speech")
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes is not None and span.attributes["http.response.status_code"] == 503
+
+
+@pytest.mark.asyncio
+async def test_a_stream_cut_short_fails_both_spans(serve, aiohttp_client, app_factory, exporter, slow_down) -> None:
+    client = await aiohttp_client(await serve(app=traced_app(app_factory, exporter, drain_timeout_s=0.2)))
+    app = client.server.app
+    slow_down(app, 0.3)
+    async with client.post("/v1/audio/speech", json=SPEECH) as response:
+        await response.content.readany()
+        draining = asyncio.create_task(drain(app))  # shutdown past its timeout ends the utterance early
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+    await asyncio.wait_for(draining, 10)
+    (request,) = await finished(exporter, "POST /v1/audio/speech")
+    (utterance,) = await finished(exporter, "voxwire.utterance")
+    assert request.status.status_code is StatusCode.ERROR and utterance.status.status_code is StatusCode.ERROR
+    assert "exception" in [event.name for event in utterance.events]
+    assert utterance.attributes is not None and "voxwire.finish_reason" not in utterance.attributes
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,8 @@ _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_END
 _OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _EXPORTER_ENTRY_POINTS = "opentelemetry_traces_exporter"
 _EXTRA_HINT = "pip install 'voxwire[otel]'"
+CLIENT_LEFT = (asyncio.CancelledError, ConnectionResetError)
+"""How a request ends when its client leaves (aiohttp cancels the handler, or a write fails): not a server error."""
 
 
 def tracing_requested(environ: Mapping[str, str]) -> bool:
@@ -114,12 +116,21 @@ class Tracing:
     @contextmanager
     def server_span(self, name: str, headers: Mapping[str, str], attributes: Mapping[str, str]) -> Iterator[ServerSpan]:
         """A ``SERVER`` span, current while the block runs, continuing the trace the headers name (``traceparent``)."""
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import SpanKind, StatusCode
 
         parent = self._propagator.extract(headers)
-        span = self._tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
-        with span as current:
-            yield ServerSpan(current)
+        # The status is set here: a client that leaves mid-stream is not a server failure.
+        started = self._tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attributes, set_status_on_exception=False
+        )
+        with started as span:
+            try:
+                yield ServerSpan(span)
+            except CLIENT_LEFT:
+                raise
+            except Exception as exc:  # a stream cut short (the response had begun); recorded by the span
+                span.set_status(StatusCode.ERROR, str(exc) or type(exc).__name__)
+                raise
 
     def utterance(self) -> UtteranceTrace:
         """The spans of one utterance, children of the current span (the request's)."""
@@ -188,7 +199,7 @@ class _TracedUtterance(UtteranceTrace):
         self._span.set_attributes({"voxwire.outputs": self._outputs, "voxwire.audio_samples": self._samples})
         if exc is not None:
             self._span.record_exception(exc)
-            if not isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):  # not when the client left
+            if not isinstance(exc, CLIENT_LEFT):
                 self._span.set_status(StatusCode.ERROR, str(exc) or type(exc).__name__)
         if self._first_audio is not None:
             self._first_audio.end()

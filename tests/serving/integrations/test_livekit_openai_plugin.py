@@ -6,6 +6,8 @@ plugin decodes the mp3 with its own decoder into 24 kHz frames.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
@@ -21,9 +23,13 @@ async def test_default_plugin_synthesizes(client: TestClient) -> None:
     tts = livekit_openai.TTS(base_url=str(client.make_url("/v1")), api_key="unused")
     try:
         async with tts.synthesize(TEXT) as stream:
-            frames = [event.frame async for event in stream]
+            events = [event async for event in stream]
     finally:
         await tts.aclose()
+    frames = [event.frame for event in events]
+    # The plugin reads the response's X-Request-Id (without one it logs "no request_id provided" and says "unknown").
+    (request_id,) = {event.request_id for event in events}
+    assert re.fullmatch(r"req_[0-9a-f]{24}", request_id), request_id
     samples = np.concatenate([np.frombuffer(frame.data, dtype=np.int16) for frame in frames])
     assert {frame.sample_rate for frame in frames} == {24000}
     generated_s = await audio_seconds(client) - before
