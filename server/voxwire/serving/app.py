@@ -33,8 +33,8 @@ from voxwire.serving.http.models import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
 from voxwire.serving.http.probes import add_probe_routes
-from voxwire.serving.http.request_metrics import request_metrics_middleware
 from voxwire.serving.http.request_id import add_request_id_header
+from voxwire.serving.http.request_metrics import request_metrics_middleware
 from voxwire.serving.http.trace_middleware import add_tracing, trace_middleware
 from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
@@ -99,7 +99,7 @@ def build_app(
     sessions: set[web.WebSocketResponse] = set()
     # UTF-8 text is at most 4 bytes a character; voice uploads are multipart and bounded separately.
     body_limit = 4 * config.limits.max_text_chars_per_utterance + _JSON_OVERHEAD
-    middlewares = [trace_middleware, request_metrics_middleware, error_middleware, auth_middleware]
+    middlewares = [request_metrics_middleware, trace_middleware, error_middleware, auth_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG_KEY] = config
     app[SERVICE_KEY] = service

@@ -12,6 +12,7 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from voxwire.serving.http.request_id import request_id
+from voxwire.serving.http.request_metrics import UNMATCHED_ROUTE, route_template
 from voxwire.serving.tracing import UNTRACED, Tracing, UtteranceTrace
 
 TRACING_KEY: web.AppKey[Tracing | None] = web.AppKey("voxwire.tracing")
@@ -31,12 +32,12 @@ async def _flush(app: web.Application) -> None:
 
 @web.middleware
 async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The request's ``SERVER`` span, around everything else (errors included: its status is the client's)."""
+    """The request's ``SERVER`` span, around the error envelope (its status is the one the client gets)."""
     tracing = request.app.get(TRACING_KEY)
     if tracing is None:
         return await handler(request)
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else None
+    route = route_template(request)
+    matched = route != UNMATCHED_ROUTE
     attributes = {
         "http.request.method": request.method,
         "url.path": request.path,
@@ -44,9 +45,9 @@ async def trace_middleware(request: web.Request, handler: Handler) -> web.Stream
         "user_agent.original": request.headers.get(hdrs.USER_AGENT, ""),
         "voxwire.request_id": request_id(request),
     }
-    if route is not None:
+    if matched:
         attributes["http.route"] = route
-    name = f"{request.method} {route}" if route is not None else request.method
+    name = f"{request.method} {route}" if matched else request.method
     with tracing.server_span(name, request.headers, attributes) as span:
         response = await handler(request)
         span.set_status_code(response.status)
