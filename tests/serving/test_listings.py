@@ -1,6 +1,7 @@
 """What a client discovers: ``GET /v1/models`` (OpenAI's shape, read by the OpenAI SDK), ``GET /v1/audio/voices``
 (a voice picker's list) and ``GET /v1/voices`` (built-in voices first, marked, then the saved ones); every voice
-listed can be spoken in, and a built-in one is the model's own voice."""
+listed can be spoken in; ``default`` is the model's own voice, and an OpenAI name on VoxCPM2 (the tiny model) is the
+voice its listed description designs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient
 
+from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.keys import SERVICE_KEY
 
 from .test_voices import clip, upload
@@ -43,24 +45,35 @@ async def test_the_openai_sdk_lists_and_retrieves_the_served_model(client: TestC
     await sdk.close()
 
 
+def builtin_picker() -> list[dict]:
+    """``GET /v1/audio/voices``'s built-in voices on a VoxCPM2 model: ``default`` and the designed OpenAI names."""
+    return [{"id": "default", "name": "default", "builtin": True, "description": None}] + [
+        {"id": name, "name": name, "builtin": True, "description": OPENAI_VOICE_DESIGNS[name]} for name in OPENAI_NAMES
+    ]
+
+
 async def test_a_fresh_server_lists_the_builtin_voices(client: TestClient) -> None:
     async with client.get("/v1/audio/voices") as response:
         assert response.status == 200
         picker = (await response.json())["voices"]
-    assert picker == [{"id": name, "name": name, "builtin": True} for name in BUILTIN]
+    assert picker == builtin_picker()
     async with client.get("/v1/voices") as response:
         listed = (await response.json())["data"]
     served = client.server.app[SERVICE_KEY].info.name
-    assert [voice["id"] for voice in listed] == BUILTIN
+    assert [(voice["id"], voice["description"]) for voice in listed] == [(v["id"], v["description"]) for v in picker]
     assert all(voice["builtin"] is True and voice["object"] == "voice" and voice["model"] == served for voice in listed)
     # A saved voice's fields, of the same types (a client formatting durations reads both alike).
     assert all((voice["duration_s"], voice["created_at"], voice["transcript"]) == (0.0, 0, None) for voice in listed)
 
 
-async def test_every_builtin_voice_is_the_models_own_voice(client: TestClient) -> None:
-    own = await speech(client)
-    for name in ("default", "alloy", "verse"):
-        assert await speech(client, voice=name) == own
+async def test_each_builtin_voice_speaks_as_listed(client: TestClient) -> None:
+    """``default`` is the model's own voice; a designed name is its listed description, as ``instructions``."""
+    async with client.get("/v1/audio/voices") as response:
+        described = {voice["id"]: voice["description"] for voice in (await response.json())["voices"]}
+    assert await speech(client, voice="default") == await speech(client)
+    for name in ("alloy", "verse"):
+        as_instructions = await speech(client, voice="default", instructions=described[name])
+        assert await speech(client, voice=name) == as_instructions != await speech(client)
 
 
 async def test_saved_voices_follow_the_builtin_ones_and_are_spoken_in(client: TestClient) -> None:
@@ -68,11 +81,11 @@ async def test_saved_voices_follow_the_builtin_ones_and_are_spoken_in(client: Te
     assert status == 201
     async with client.get("/v1/audio/voices") as response:
         picker = (await response.json())["voices"]
-    assert picker[: len(BUILTIN)] == [{"id": name, "name": name, "builtin": True} for name in BUILTIN]
-    assert picker[len(BUILTIN) :] == [{"id": saved["id"], "name": "Mine", "builtin": False}]
+    assert picker[: len(BUILTIN)] == builtin_picker()
+    assert picker[len(BUILTIN) :] == [{"id": saved["id"], "name": "Mine", "builtin": False, "description": None}]
     async with client.get("/v1/voices") as response:
         listed = (await response.json())["data"]
-    assert listed[-1] == {**saved, "builtin": False}
+    assert listed[-1] == {**saved, "builtin": False, "description": None}
     for voice in picker:
         assert len(await speech(client, voice=voice["id"])) > 0
     async with client.delete(f"/v1/voices/{saved['id']}") as response:

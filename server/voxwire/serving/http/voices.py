@@ -1,10 +1,12 @@
 """Voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete; ``GET /v1/audio/voices``.
 
-Both listings start with the built-in voices, which every request may name without an upload: ``default`` and
-OpenAI's voice names, each the model's own voice (``VoiceStore.resolve``), marked ``"builtin": true``. In
-``GET /v1/voices`` they have the fields of a saved voice (no clip: ``transcript`` null, ``duration_s`` and
-``created_at`` 0), so its clients read both alike; ``GET /v1/audio/voices`` is the shape voice pickers of
-OpenAI-compatible servers read (Open WebUI: ``{"voices": [{"id", "name"}]}``).
+Both listings start with the built-in voices, which every request may name without an upload, marked
+``"builtin": true``: ``default`` (the model's own voice) and OpenAI's voice names, each a designed voice on a model
+with voice design (its ``description``, ``serving/design.py``) and the model's own voice elsewhere. Every entry has
+a ``description`` (null but for a designed voice). In ``GET /v1/voices`` the built-in voices have the fields of a
+saved voice (no clip: ``transcript`` null, ``duration_s`` and ``created_at`` 0), so its clients read both alike;
+``GET /v1/audio/voices`` is the shape voice pickers of OpenAI-compatible servers read (Open WebUI:
+``{"voices": [{"id", "name"}]}``).
 
 Cheap checks come first: sizes while the body is read, the text fields, then the clip's header (its
 duration) before it is decoded; the ``VoiceStore`` keeps the result.
@@ -21,6 +23,7 @@ from voxwire.audio.clip import ClipTooLongError, load_clip
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
+from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import read_within
 from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
@@ -32,6 +35,7 @@ from voxwire.serving.keys import (
     VOICES_KEY,
 )
 from voxwire.serving.voices import OPENAI_VOICES, VoiceInfo
+from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip
 
 
@@ -105,23 +109,38 @@ def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
 
 
 BUILTIN_VOICES = ("default", *sorted(OPENAI_VOICES))
-"""The voices a request may name without an upload, in listing order: each is the model's own voice."""
+"""The voices a request may name without an upload, in listing order."""
+
+
+def builtin_description(info: ModelInfo, name: str) -> str | None:
+    """What a built-in voice designs on this model (``OPENAI_VOICE_DESIGNS``); None: the model's own voice."""
+    return OPENAI_VOICE_DESIGNS.get(name) if info.voice_design else None
 
 
 async def list_voices(request: web.Request) -> web.Response:
     """``GET /v1/voices``: the built-in voices, then the saved ones (oldest first)."""
-    store = request.app[VOICES_KEY]
-    builtin = [VoiceInfo(name, name, None, store.model, duration_s=0.0, created_at=0) for name in BUILTIN_VOICES]
-    listed = [{**info.to_json(), "builtin": True} for info in builtin]
-    listed += [{**info.to_json(), "builtin": False} for info in store.infos()]
+    store, info = request.app[VOICES_KEY], request.app[SERVICE_KEY].info
+    listed = [
+        {**VoiceInfo(name, name, None, store.model, 0.0, 0).to_json(), "builtin": True,
+         "description": builtin_description(info, name)}
+        for name in BUILTIN_VOICES
+    ]  # fmt: skip
+    listed += [{**saved.to_json(), "builtin": False, "description": None} for saved in store.infos()]
     return web.json_response({"object": "list", "data": listed})
 
 
 async def list_audio_voices(request: web.Request) -> web.Response:
-    """``GET /v1/audio/voices``: every voice a request may name, as ``{"voices": [{id, name, builtin}]}``."""
-    builtin = [{"id": name, "name": name, "builtin": True} for name in BUILTIN_VOICES]
-    saved = [{"id": info.id, "name": info.name, "builtin": False} for info in request.app[VOICES_KEY].infos()]
-    return web.json_response({"voices": builtin + saved})
+    """``GET /v1/audio/voices``: every voice a request may name, ``{"voices": [{id, name, builtin, description}]}``."""
+    info = request.app[SERVICE_KEY].info
+    voices = [
+        {"id": name, "name": name, "builtin": True, "description": builtin_description(info, name)}
+        for name in BUILTIN_VOICES
+    ]
+    voices += [
+        {"id": saved.id, "name": saved.name, "builtin": False, "description": None}
+        for saved in request.app[VOICES_KEY].infos()
+    ]
+    return web.json_response({"voices": voices})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
