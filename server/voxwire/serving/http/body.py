@@ -68,12 +68,3 @@ async def read_within(timeout_s: float, read: Awaitable[T]) -> T:
     except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise ApiError(ErrorCode.BODY_TIMEOUT, message, close_connection=True) from exc
-
-
-def json_field(body: dict[str, object], name: str, kind: type[T] | tuple[type[T], ...]) -> T | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'{name}' has the wrong type ({type(value).__name__})")
-    return value

@@ -7,8 +7,9 @@ from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.admission import require_accepting
-from voxwire.serving.http.body import json_field, read_json
+from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError
+from voxwire.serving.http.request_models import LORA
 from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SERVICE_KEY
 from voxwire.serving.personas import Personas
 
@@ -19,15 +20,8 @@ async def create_lora(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)  # loading shares the model with the engine: not during warm-up or shutdown
     body = await read_json(request, app[CONFIG_KEY].limits.body_timeout_s)
-    if not isinstance(body, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
-    unknown = sorted(set(body) - {"name", "path"})
-    if unknown:
-        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are ['name', 'path']")
-    name, path = json_field(body, "name", str), json_field(body, "path", str)
-    if name is None or path is None:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "the body needs 'name' and 'path' (a LoRA folder on the server)")
-    info = await persona_registry(app).add(name, path, owner=request.get(OWNER_KEY))
+    fields = LORA.parse(body, app[CONFIG_KEY])
+    info = await persona_registry(app).add(fields["name"], fields["path"], owner=request.get(OWNER_KEY))
     return web.json_response(info.to_json(), status=201)
 
 

@@ -33,7 +33,6 @@ import contextlib
 import functools
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,13 +45,13 @@ from voxwire.engine import SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import Patches, VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import is_finite_number
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.admission import require_accepting, require_admission
 from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.request_id import request_id
+from voxwire.serving.http.request_models import ENCODE_LATENTS, GENERATE, NANO_LORA, Problem, RequestModel, Rule
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
@@ -61,8 +60,6 @@ from voxwire.voice_clip import VoiceClip
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_DEFAULTS = {"max_generate_length": 2000, "temperature": 1.0, "cfg_value": 1.5}
-"""Nano-vLLM-VoxCPM's defaults, which differ from ``/v1/audio/speech``'s."""
 _MP3_QUALITY = 2
 """What ``/info`` reports as the mp3 quality preset (LAME's scale; the encoder runs libmp3lame's default)."""
 
@@ -108,61 +105,43 @@ class SchemaError(Exception):
         self.detail = detail
 
 
-@dataclass(frozen=True)
-class _Field:
-    kind: type | tuple[type, ...]
-    required: bool = False
-    minimum: float | None = None
-    choices: tuple[str, ...] = ()
-
-
-_GENERATE_FIELDS = {
-    "target_text": _Field(str, required=True),
-    "prompt_wav_base64": _Field(str),
-    "prompt_wav_format": _Field(str),
-    "prompt_latents_base64": _Field(str),
-    "prompt_text": _Field(str),
-    "ref_audio_wav_base64": _Field(str),
-    "ref_audio_wav_format": _Field(str),
-    "ref_audio_latents_base64": _Field(str),
-    "lora_name": _Field(str),
-    "max_generate_length": _Field(int, minimum=1),
-    "temperature": _Field((int, float), minimum=0.0),
-    "cfg_value": _Field((int, float), minimum=0.0),
-    "seed": _Field(int),
-    "response_format": _Field(str, choices=("mp3", "pcm")),
+_FASTAPI_TYPES = {
+    Rule.NOT_OBJECT: "dict_type",
+    Rule.MISSING: "missing",
+    Rule.TYPE: "type",
+    Rule.NOT_FINITE: "finite_number",
+    Rule.MINIMUM: "greater_than_equal",
+    Rule.CHOICE: "literal_error",
 }
-_ENCODE_FIELDS = {"wav_base64": _Field(str, required=True), "wav_format": _Field(str, required=True)}
-_LORA_FIELDS = {"name": _Field(str, required=True), "path": _Field(str, required=True)}
+"""The rules its FastAPI schemas hold (422, with pydantic's error types); the others are that API's 400s."""
 
 
-def _parse(body: object, schema: dict[str, _Field]) -> dict[str, Any]:
-    """The schema's fields of ``body`` (others ignored), or a ``SchemaError`` listing every problem."""
-    if not isinstance(body, dict):
-        raise SchemaError([{"loc": ["body"], "msg": "Input should be a valid dictionary", "type": "dict_type"}])
-    problems, values = [], {}
-    for name, spec in schema.items():
-        value = body.get(name)
-        loc = ["body", name]
-        if value is None:
-            if spec.required:
-                problems.append({"loc": loc, "msg": "Field required", "type": "missing"})
-            continue
-        if not isinstance(value, spec.kind) or isinstance(value, bool):
-            problems.append({"loc": loc, "msg": f"Input has the wrong type ({type(value).__name__})", "type": "type"})
-        elif spec.kind == (int, float) and not is_finite_number(value):  # 10**400 parses, but is no float
-            problems.append({"loc": loc, "msg": "Input should be a finite number", "type": "finite_number"})
-        elif spec.minimum is not None and isinstance(value, (int, float)) and value < spec.minimum:
-            problems.append({"loc": loc, "msg": f"Input should be >= {spec.minimum:g}", "type": "greater_than_equal"})
-        elif spec.choices and value not in spec.choices:
-            problems.append(
-                {"loc": loc, "msg": f"Input should be one of {list(spec.choices)}", "type": "literal_error"}
-            )
-        else:
-            values[name] = value
-    if problems:
-        raise SchemaError(problems)
-    return values
+def _parse(body: object, model: RequestModel, config: ServerConfig) -> dict[str, Any]:
+    """The model's fields of ``body`` (others ignored); a ``SchemaError`` listing every schema problem, else a
+    400 for the first other one (a blank or overlong text)."""
+    checked = model.check(body, config)
+    schema = [problem for problem in checked.problems if problem.rule in _FASTAPI_TYPES]
+    if schema:
+        raise SchemaError([_detail(problem) for problem in schema])
+    if checked.problems:
+        raise _bad(checked.problems[0].message)
+    return checked.values
+
+
+def _detail(problem: Problem) -> dict[str, Any]:
+    """One problem as a pydantic error: ``loc``, ``msg`` and ``type``."""
+    if problem.rule is Rule.NOT_OBJECT:
+        message = "Input should be a valid dictionary"
+    elif problem.rule is Rule.MISSING:
+        message = "Field required"
+    elif problem.rule is Rule.MINIMUM:
+        message = f"Input should be >= {problem.bound}"
+    elif problem.rule is Rule.CHOICE:
+        message = f"Input should be one of {problem.bound}"
+    else:
+        message = problem.message
+    loc = ["body"] if problem.field is None else ["body", problem.field]
+    return {"loc": loc, "msg": message, "type": _FASTAPI_TYPES[problem.rule]}
 
 
 def _bad(message: str) -> ApiError:
@@ -177,7 +156,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     require_admission(app, connection=False)
     config, service = app[CONFIG_KEY], app[SERVICE_KEY]
     body = await read_json(request, config.limits.body_timeout_s, _body_limit(config))
-    fields = {**_DEFAULTS, **_parse(body, _GENERATE_FIELDS)}
+    fields = {**GENERATE.defaults(), **_parse(body, GENERATE, config)}  # its defaults differ from /v1/audio/speech's
     _check_prompt_fields(fields)
     if fields["temperature"] != 1.0:
         raise _bad("temperature other than 1.0 is not supported by this server's sampler")
@@ -185,10 +164,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if lora is not None and (service.personas is None or lora not in service.personas.names()):
         raise _bad(f"LoRA '{lora}' is not registered")
     text = fields["target_text"]
-    if not text.strip():
-        raise _bad("target_text must not be empty")
-    if len(text) > config.limits.max_text_chars_per_utterance:
-        raise _bad(f"target_text has {len(text)} characters; the limit is {config.limits.max_text_chars_per_utterance}")
     try:
         params = SynthesisParams(
             cfg_value=float(fields["cfg_value"]), max_len=fields["max_generate_length"], seed=fields.get("seed")
@@ -197,7 +172,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         raise _bad(str(exc)) from exc
     voice = await _voice(app, fields)
-    pcm = fields.get("response_format", "mp3") == "pcm"
+    pcm = fields["response_format"] == "pcm"
     rate = service.info.sample_rate
     encoder = make_encoder(AudioFormat.PCM_S16LE if pcm else AudioFormat.MP3, rate)
     headers = {
@@ -315,7 +290,7 @@ async def encode_latents(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
     config = app[CONFIG_KEY]
-    fields = _parse(await read_json(request, config.limits.body_timeout_s, _body_limit(config)), _ENCODE_FIELDS)
+    fields = _parse(await read_json(request, config.limits.body_timeout_s, _body_limit(config)), ENCODE_LATENTS, config)
     patches = await _encode(app, _b64(fields["wav_base64"], "wav_base64"), reference=False)
     data = patches.reshape(-1, patches.shape[-1]).astype("<f4").tobytes()
     return web.json_response(
@@ -364,7 +339,7 @@ async def list_loras(request: web.Request) -> web.Response:
 async def register_lora(request: web.Request) -> web.Response:
     app = request.app
     require_accepting(app)
-    fields = _parse(await read_json(request, app[CONFIG_KEY].limits.body_timeout_s), _LORA_FIELDS)
+    fields = _parse(await read_json(request, app[CONFIG_KEY].limits.body_timeout_s), NANO_LORA, app[CONFIG_KEY])
     added = await persona_registry(app).add(fields["name"], fields["path"], owner=request.get(OWNER_KEY))
     return web.json_response({"name": added.name})
 

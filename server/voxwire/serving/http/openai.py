@@ -23,12 +23,12 @@ from aiohttp import hdrs, web
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.engine import Chunk, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import MAX_SPEED, MIN_SPEED, is_finite_number
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.design import DesignRefused, utterance_control
 from voxwire.serving.http.admission import require_admission
-from voxwire.serving.http.body import json_field, read_json
+from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError
+from voxwire.serving.http.request_models import SPEECH
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import (
     CONFIG_KEY,
@@ -63,59 +63,22 @@ class SpeechRequest:
     """Speaking speed in [0.25, 4.0], pitch kept."""
 
 
-_SPEECH_FIELDS = frozenset(
-    {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
-    | {"seed", "cfg_value", "inference_timesteps", "normalize", "persona"}  # voxwire extras
-)
-
-
 def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
-    """Validate an OpenAI speech request; every refusal names the field and has its own code."""
-    if not isinstance(body, dict):
-        raise ApiError(ErrorCode.INVALID_REQUEST, "the body must be a JSON object")
-    unknown = sorted(set(body) - _SPEECH_FIELDS)
-    if unknown:
-        raise ApiError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s) {unknown}; the fields are {sorted(_SPEECH_FIELDS)}")
-    json_field(body, "model", str)  # one model is served, whatever its name in the request
-    text = json_field(body, "input", str)
-    if text is None or not text.strip():
-        raise ApiError(ErrorCode.EMPTY_INPUT, "'input' must be a non-empty string")
-    if len(text) > config.limits.max_text_chars_per_utterance:
-        limit = config.limits.max_text_chars_per_utterance
-        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'input' has {len(text)} characters; the limit is {limit}")
-    response_format = json_field(body, "response_format", str) or "mp3"  # OpenAI's default, which its SDKs rely on
-    if response_format not in OPENAI_RESPONSE_FORMATS:
-        supported = ", ".join(OPENAI_RESPONSE_FORMATS)
-        raise ApiError(
-            ErrorCode.UNSUPPORTED_FORMAT, f"response_format {response_format!r} is not served; use {supported}"
-        )
-    speed = json_field(body, "speed", (int, float))
-    speed = 1.0 if speed is None else speed
-    if not (is_finite_number(speed) and MIN_SPEED <= speed <= MAX_SPEED):  # 10**400 is an int no float holds
-        raise ApiError(ErrorCode.INVALID_PARAMETER, f"'speed' must be a number in [{MIN_SPEED}, {MAX_SPEED}]")
-    instructions = json_field(body, "instructions", str)
-    stream_format = json_field(body, "stream_format", str) or "audio"
-    if stream_format not in ("audio", "sse"):
-        raise ApiError(ErrorCode.UNSUPPORTED_STREAM_FORMAT, "stream_format is 'audio' (a raw body) or 'sse' (events)")
-    normalize = body.get("normalize") or False
-    if not isinstance(normalize, bool):
-        raise ApiError(ErrorCode.INVALID_REQUEST, f"'normalize' has the wrong type ({type(normalize).__name__})")
+    """Validate an OpenAI speech request against ``request_models.SPEECH`` (the schema ``/openapi.json``
+    publishes); every refusal names the field and has its own code."""
+    given = SPEECH.parse(body, config)
+    fields = {**SPEECH.defaults(), **given}
+    normalize = fields["normalize"]
     if normalize and not normalizer_available():
         raise ApiError(ErrorCode.NORMALIZE_UNAVAILABLE, f"'normalize' is not available on this server: {EXTRA_HINT}")
-    extras = {name: body[name] for name in ("seed", "cfg_value", "inference_timesteps") if body.get(name) is not None}
-    try:
-        params = SynthesisParams(**extras)
-        config.engine.engine_config().limits.check(
-            params
-        )  # this server's limits, before any work (as a WebSocket start)
-    except ValueError as exc:
-        raise ApiError(ErrorCode.INVALID_PARAMETER, str(exc)) from exc
-    voice = json_field(body, "voice", str)
-    persona = json_field(body, "persona", str)
-    sse = stream_format == "sse"
+    # Within this server's limits (the model checks them, as a WebSocket start's are checked).
+    params = SynthesisParams(
+        **{name: given[name] for name in ("seed", "cfg_value", "inference_timesteps") if name in given}
+    )
     return SpeechRequest(
-        text, voice, response_format, params, sse=sse, normalize=normalize, persona=persona,
-        instructions=instructions, speed=float(speed),
+        fields["input"], fields.get("voice"), fields["response_format"], params, sse=fields["stream_format"] == "sse",
+        normalize=normalize, persona=fields.get("persona"), instructions=fields.get("instructions"),
+        speed=float(fields["speed"]),
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import read_within
 from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, resolve
 from voxwire.serving.keys import (
     CONFIG_KEY,
     OWNER_KEY,
@@ -55,8 +56,8 @@ async def create_voice(request: web.Request) -> web.Response:
     if clip is None:
         raise ApiError(ErrorCode.INVALID_REQUEST, "the upload needs a 'file' part holding the voice clip")
     # An empty transcript field is the same as none (forms send empty fields).
-    text = _text_part(fields, "transcript", config.voices.max_transcript_chars) or None
-    name = _text_part(fields, "name", config.voices.max_voice_name_chars)
+    text = _text_part(fields, "transcript", config) or None
+    name = _text_part(fields, "name", config)
     check_voice_name(name)
     if text is None and not service.info.reference_cloning:
         raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
@@ -94,8 +95,8 @@ def check_voice_name(name: str | None) -> None:
 _CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
-def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
-    """A text form part, stripped ("" when absent); UTF-8, at most ``limit`` characters."""
+def _text_part(fields: dict[str, bytes], part: str, config: ServerConfig) -> str:
+    """A text form part, stripped ("" when absent); UTF-8, within ``VOICE_UPLOAD``'s rules for it."""
     data = fields.get(part)
     if data is None:
         return ""
@@ -103,9 +104,7 @@ def _text_part(fields: dict[str, bytes], part: str, limit: int) -> str:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{part}' is not UTF-8 text") from exc
-    if len(text) > limit:
-        raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part}' has {len(text)} characters; the limit is {limit}")
-    return text
+    return VOICE_UPLOAD.parse_field(part, text, config) if text else text
 
 
 BUILTIN_VOICES = ("default", *sorted(OPENAI_VOICES))
@@ -149,9 +148,6 @@ async def delete_voice(request: web.Request) -> web.Response:
     return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
 
 
-_UPLOAD_PARTS = ("file", "transcript", "name")
-
-
 _UTF8_BYTES_PER_CHAR = 4
 
 
@@ -162,31 +158,31 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
         raise ApiError(ErrorCode.INVALID_REQUEST, "send the voice as multipart/form-data") from exc
-    part_limits = {
-        "file": config.voices.max_upload_bytes,
-        "transcript": _UTF8_BYTES_PER_CHAR * config.voices.max_transcript_chars + _PART_SLACK,
-        "name": _UTF8_BYTES_PER_CHAR * config.voices.max_voice_name_chars + _PART_SLACK,
+    # A text part is refused while it is read once it holds more bytes than its characters' UTF-8 (and some
+    # whitespace) can take; the file part is bounded by the upload's total.
+    text_limits = {
+        name: _UTF8_BYTES_PER_CHAR * int(resolve(spec.max_length, config)) + _PART_SLACK
+        for name, spec in VOICE_UPLOAD.fields.items()
+        if spec.type is JsonType.STRING and spec.max_length is not None
     }
     fields: dict[str, bytes] = {}
     total = 0
     # reader.next(), not ``async for``: aiohttp types MultipartReader's __aiter__ for its body parts only.
     while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader) or part.name not in _UPLOAD_PARTS or part.name in fields:
-            raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {', '.join(_UPLOAD_PARTS)}")
+        name = part.name if isinstance(part, BodyPartReader) else None
+        if not isinstance(part, BodyPartReader) or name is None or name not in VOICE_UPLOAD.fields or name in fields:
+            parts = ", ".join(VOICE_UPLOAD.fields)
+            raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {parts}")
         data = bytearray()
         while chunk := await part.read_chunk():
             total += len(chunk)
             if total > config.voices.max_upload_bytes:
                 raise _too_large(config.voices.max_upload_bytes)
             data += chunk
-            if len(data) > part_limits[part.name]:
-                limit = (
-                    config.voices.max_transcript_chars
-                    if part.name == "transcript"
-                    else config.voices.max_voice_name_chars
-                )
-                raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{part.name}' is longer than the limit of {limit} characters")
-        fields[part.name] = bytes(data)
+            if len(data) > text_limits.get(name, len(data)):
+                limit = resolve(VOICE_UPLOAD.fields[name].max_length or 0, config)
+                raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{name}' is longer than the limit of {limit} characters")
+        fields[name] = bytes(data)
     return fields
 
 
