@@ -26,12 +26,13 @@ from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import EncoderPool
 from voxwire.serving.heap import freeze_startup_heap
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
-from voxwire.serving.http.auth import DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
+from voxwire.serving.http.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxwire.serving.http.errors import error_middleware
 from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.models import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
+from voxwire.serving.http.openapi import add_openapi_routes
 from voxwire.serving.http.probes import add_probe_routes
 from voxwire.serving.http.request_id import add_request_id_header
 from voxwire.serving.http.request_metrics import request_metrics_middleware
@@ -73,7 +74,6 @@ CLIENT_DIR = (
 )
 """The browser library and demo page: ``voxwire/web/`` in a wheel (copied from ``client_js/`` by setup.py's
 build step), else the repository's ``client_js/`` (an editable install)."""
-_CLIENT_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 
 
 def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.Application:
@@ -125,6 +125,7 @@ def build_app(
     add_elevenlabs_routes(app)
     add_nanovllm_routes(app)
     add_demo_routes(app)
+    add_openapi_routes(app)
     app.on_response_prepare.append(_name_replica)
     app.on_response_prepare.append(add_request_id_header)
     app.on_response_prepare.append(add_cors_headers)
@@ -158,7 +159,7 @@ def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None
     files = {
         path.name: path
         for path in client_dir.iterdir()
-        if path.is_file() and path.suffix in _CLIENT_SUFFIXES and not path.name.endswith(".test.js")
+        if path.is_file() and path.suffix in DEMO_FILE_SUFFIXES and not path.name.endswith(".test.js")
     }
 
     async def index(request: web.Request) -> web.FileResponse:

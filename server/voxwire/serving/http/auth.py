@@ -34,13 +34,18 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 """Probes that load balancers and orchestrators call without credentials."""
 DEMO_PAGE = "/"
 DEMO_FILES_PREFIX = "/client/"
+DEMO_FILE_SUFFIXES = frozenset({".js", ".css", ".html", ".png"})
 """The demo page and its static modules: public (they hold no secrets); the API they call needs the key."""
+OPENAPI_PATH = "/openapi.json"
+DOCS_PATH = "/docs"
+"""The API's description and the page that shows it: public, as the demo files (no secrets: the routes and the
+limits its error messages state anyway)."""
 
 
 def is_public(request: web.Request) -> bool:
     if request.path in OPEN_PATHS:
         return True
-    static = request.path == DEMO_PAGE or request.path.startswith(DEMO_FILES_PREFIX)
+    static = request.path in (DEMO_PAGE, OPENAPI_PATH, DOCS_PATH) or request.path.startswith(DEMO_FILES_PREFIX)
     return static and request.method in (hdrs.METH_GET, hdrs.METH_HEAD)
 
 
