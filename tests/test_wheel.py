@@ -1,5 +1,5 @@
 """A built wheel works on its own: installed in a fresh virtual environment, ``voxwire serve`` serves the demo
-page and its modules (copied from client_js/ by setup.py's build step)."""
+page and its modules (copied from client_js/ by setup.py's build step) and the API page ``/docs``."""
 
 from __future__ import annotations
 
@@ -78,6 +78,11 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
             pending += re.findall(r"'\./([\w.]+\.js)'", body.decode())
         assert {"demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js"} <= served
         assert get(base + "/client/protocol.test.js")[0] == 404
+        # the API page is package data (voxwire/serving/http/docs.html), and the document it renders is served
+        status, page = get(base + "/docs")
+        assert status == 200 and page == (ROOT / "server" / "voxwire" / "serving" / "http" / "docs.html").read_bytes()
+        status, document = get(base + "/openapi.json")
+        assert status == 200 and b'"/v1/audio/speech"' in document
     finally:
         server.terminate()
         server.wait(timeout=30)

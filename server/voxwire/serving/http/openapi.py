@@ -147,6 +147,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             }
         }
     ),
+    "SpeechEvent": {
+        **_object({"data": _STRING}, {"event": _STRING}),
+        "description": "One server-sent event (stream_format sse): its data is JSON, "
+        '{"type": "speech.audio.delta", "audio": <base64>} for each block of audio, then '
+        '{"type": "speech.audio.done", "usage": {"input_tokens", "output_tokens", "total_tokens"}}.',
+    },
     "Voice": _object(
         {
             "object": {"const": "voice"},
@@ -207,7 +213,7 @@ def _speech_media(app: web.Application) -> dict[str, Any]:
         make_encoder(fmt, sample_rate, output_rate=rate).content_type.partition(";")[0].strip()
         for fmt, rate in OPENAI_RESPONSE_FORMATS.values()
     }
-    return {**{media: _BYTES for media in sorted(types)}, "text/event-stream": _STRING}
+    return {**{media: _BYTES for media in sorted(types)}, "text/event-stream": _ref("SpeechEvent")}
 
 
 def _demo_media(app: web.Application) -> dict[str, Any]:
