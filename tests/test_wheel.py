@@ -78,9 +78,9 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
             pending += re.findall(r"'\./([\w.]+\.js)'", body.decode())
         assert {"demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js"} <= served
         assert get(base + "/client/protocol.test.js")[0] == 404
-        # the API page is package data (voxwire/serving/http/docs.html), and the document it renders is served
+        # the API page is package data (voxwire/serving/docs.html), and the document it renders is served
         status, page = get(base + "/docs")
-        assert status == 200 and page == (ROOT / "server" / "voxwire" / "serving" / "http" / "docs.html").read_bytes()
+        assert status == 200 and page == (ROOT / "server" / "voxwire" / "serving" / "docs.html").read_bytes()
         status, document = get(base + "/openapi.json")
         assert status == 200 and b'"/v1/audio/speech"' in document
     finally:

@@ -14,7 +14,7 @@ from aiohttp import hdrs
 from aiohttp.test_utils import TestClient
 from openapi_spec_validator import validate
 
-from voxwire.serving.http.openapi import OPERATIONS
+from voxwire.serving.openapi import OPERATIONS
 
 pytestmark = pytest.mark.asyncio
 

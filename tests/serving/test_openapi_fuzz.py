@@ -17,7 +17,7 @@ import pytest
 from tests.server_process import ServerProcess
 
 from voxwire.serving.http.auth import OPENAPI_PATH
-from voxwire.serving.http.openapi import OPERATIONS
+from voxwire.serving.openapi import OPERATIONS
 
 pytestmark = pytest.mark.slow
 

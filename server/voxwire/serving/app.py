@@ -32,7 +32,6 @@ from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.models import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
-from voxwire.serving.http.openapi import add_openapi_routes
 from voxwire.serving.http.probes import add_probe_routes
 from voxwire.serving.http.request_id import add_request_id_header
 from voxwire.serving.http.request_metrics import request_metrics_middleware
@@ -51,6 +50,7 @@ from voxwire.serving.keys import (
 )
 from voxwire.serving.metrics import BuildInfo, Metrics
 from voxwire.serving.models import load_speech_model
+from voxwire.serving.openapi import add_openapi_routes
 from voxwire.serving.service import Service, SpeechJob, SpeechService
 from voxwire.serving.tracing import tracing_from_environment
 from voxwire.serving.voices import VoiceStore

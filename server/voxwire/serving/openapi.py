@@ -34,6 +34,7 @@ from voxwire.serving.http.request_models import (
     RequestModel,
 )
 from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY
+from voxwire.serving.ws.elevenlabs_protocol import DEFAULT_OUTPUT_FORMAT, MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
 
 DOCS_PAGE = Path(__file__).resolve().with_name("docs.html")
 """The ``/docs`` page: HTML and a small script that renders ``/openapi.json`` (package data)."""
@@ -77,6 +78,27 @@ def _path_parameter(name: str, description: str) -> dict[str, Any]:
     # aiohttp's {name} matches one non-empty path segment
     schema = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
     return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
+
+
+def _query_parameter(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+_ELEVENLABS_PARAMETERS = (
+    _path_parameter("voice_id", "A saved voice's id, or an OpenAI voice name for the model's default voice."),
+    _query_parameter(
+        "output_format",
+        {"type": "string", "default": DEFAULT_OUTPUT_FORMAT},
+        "ElevenLabs' output format: pcm_<rate>, ulaw_8000, alaw_8000 or mp3_<rate>_<kbps> "
+        "(400 unsupported_format for one this server does not make).",
+    ),
+    _query_parameter("seed", {"type": "integer"}, "Noise seed, for reproducible audio."),
+    _query_parameter(
+        "sync_alignment",
+        {"type": "string", "enum": ["true", "false"], "default": "false"},
+        "true: alignment times count from the start of the context's audio, else from each sentence's.",
+    ),
+)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -281,6 +303,20 @@ OPERATIONS: tuple[Operation, ...] = (
         {101: {}},
         (400, 503),
         description="A GET without the WebSocket upgrade is a 400. 503 (not ready, draining, full) has Retry-After.",
+    ),
+    *(
+        Operation(
+            "GET",
+            path,
+            "WebSocket",
+            f"ElevenLabs' {path.rsplit('/', 1)[1]} WebSocket (an upgrade)",
+            {101: {}},
+            (400, 404, 503),
+            description="ElevenLabs' clients work with only the URL changed (docs/clients.md). A GET without the "
+            "WebSocket upgrade is a 400; an unknown voice a 404 before the upgrade.",
+            parameters=_ELEVENLABS_PARAMETERS,
+        )
+        for path in (STREAM_INPUT_PATH, MULTI_STREAM_INPUT_PATH)
     ),
     Operation(
         "POST",
