@@ -74,9 +74,9 @@ class Operation:
     parameters: tuple[dict[str, Any], ...] = field(default=())
 
 
-def _path_parameter(name: str, description: str) -> dict[str, Any]:
-    # aiohttp's {name} matches one non-empty path segment
-    schema = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
+def _path_parameter(name: str, description: str, *, segments: bool = False) -> dict[str, Any]:
+    # aiohttp's {name} matches one non-empty path segment; {name:.+} (``segments``) one or more
+    schema = {"type": "string", "minLength": 1, **({} if segments else {"pattern": "^[^/]+$"})}
     return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
 
 
@@ -126,6 +126,10 @@ def _deleted(key: str, kind: str) -> dict[str, Any]:
 
 
 _NAME_ONLY = _object({"name": _STRING})
+_AUDIO_VOICE = _object(
+    {"id": _STRING, "name": _STRING, "builtin": _BOOLEAN, "description": {"type": ["string", "null"]}}
+)
+_REQUEST_ID = {"type": "string", "description": "The response's X-Request-Id."}
 _LATENTS = _object(
     {
         "prompt_latents_base64": _STRING,
@@ -146,12 +150,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "enum": [code.value for code in ErrorCode if code.http_status is not None],
                     },
                     "message": _STRING,
+                    "request_id": _REQUEST_ID,
                 }
             )
         }
     ),
     "NanoError": _object(
         {
+            "request_id": _REQUEST_ID,
             "detail": {
                 "oneOf": [
                     _STRING,
@@ -166,7 +172,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         ),
                     },
                 ]
-            }
+            },
         }
     ),
     "SpeechEvent": {
@@ -184,8 +190,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "model": _STRING,
             "duration_s": _NUMBER,
             "created_at": _INTEGER,
-        }
+        },
+        {"builtin": _BOOLEAN, "description": {"type": ["string", "null"]}},  # in the listings
     ),
+    "Model": _object({"id": _STRING, "object": {"const": "model"}, "created": _INTEGER, "owned_by": _STRING}),
     "Lora": _object(
         {
             "name": _STRING,
@@ -256,6 +264,23 @@ OPERATIONS: tuple[Operation, ...] = (
         description="OpenAI's speech endpoint. 503 (not_ready, shutting_down, busy) has Retry-After.",
     ),
     Operation("GET", "/v1/voices", "Voices", "List the saved voices", {200: _json(_list_of(_ref("Voice")))}),
+    Operation(
+        "GET",
+        "/v1/audio/voices",
+        "Voices",
+        "Every voice a request may name, for voice pickers",
+        {200: _json(_object({"voices": {"type": "array", "items": _AUDIO_VOICE}}))},
+    ),
+    Operation("GET", "/v1/models", "OpenAI", "The model this server serves", {200: _json(_list_of(_ref("Model")))}),
+    Operation(
+        "GET",
+        "/v1/models/{model}",
+        "OpenAI",
+        "The model, by its id (404 for another)",
+        {200: _json(_ref("Model"))},
+        (404,),
+        parameters=(_path_parameter("model", "The model's id (a hub id has a slash).", segments=True),),
+    ),
     Operation(
         "POST",
         "/v1/voices",
