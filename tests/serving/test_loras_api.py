@@ -274,4 +274,6 @@ async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: C
     status, body = await speech(http, persona="A")
     assert status == 404 and await error_code(body) == "unknown_persona"
     async with http.post("/generate", json={"target_text": "Hi.", "lora_name": "A"}) as response:
-        assert (response.status, await response.json()) == (400, {"detail": "LoRA 'A' is not registered"})
+        refusal = await response.json()
+        assert response.status == 400 and refusal["detail"] == "LoRA 'A' is not registered"
+        assert refusal == {"detail": refusal["detail"], "request_id": response.headers["X-Request-Id"]}
