@@ -43,6 +43,9 @@ def test_a_bad_value_is_refused_by_its_group_naming_the_setting() -> None:
         ServerConfig.of(max_connections=0)
     with pytest.raises(ValueError, match="devices="):  # a rule across groups: --device excludes --devices
         ServerConfig.of(device="cpu", devices=("cpu",))
+    # Under the default timesteps every request naming none (and the warm-up: the server never got ready) failed.
+    with pytest.raises(ValueError, match=r"max_inference_timesteps=9 is invalid: must be >= 10, the default"):
+        ServerConfig.of(max_inference_timesteps=9)
 
 
 def test_workers_is_topology_not_a_limit() -> None:

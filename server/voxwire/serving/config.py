@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
 from voxwire.engine import EngineConfig, ParamLimits, RunnerOptions
 from voxwire.engine.cost_model import StepCost
+from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import MAX_PLAYBACK_LEAD_MS
 from voxwire.serving.settings import flag
 from voxwire.sim.runner import DEFAULT_SIM_COST
@@ -105,7 +106,8 @@ class EngineSettings:
     max_length: int | None = field(default=None, metadata=flag(shown_default="model's"))
     """LM positions per slot (prompt + generated patches)."""
     max_inference_timesteps: int = 50
-    """Largest ``inference_timesteps`` a client may ask for (each one is a diffusion pass per patch)."""
+    """Largest ``inference_timesteps`` a client may ask for (each one is a diffusion pass per patch); at least
+    the default a request gets without asking, 10."""
     kv_cache_gb: float | None = field(default=None, metadata=flag(shown_default="by memory"))
     """Device memory of the KV block pool, in GiB: sessions share it by the positions they reach, and a request
     waits for its blocks. By default, on CUDA, what is free after the weights and activations, times
@@ -123,6 +125,10 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         _positive_ints(self, "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps")
+        # Below the default, every request that names no timesteps (and the warm-up) would be refused.
+        default_steps = SynthesisParams().inference_timesteps
+        ok = self.max_inference_timesteps >= default_steps
+        _check(self, "max_inference_timesteps", self.max_inference_timesteps, ok, f">= {default_steps}, the default")
         length = self.max_length
         _check(self, "max_length", length, length is None or (_is_int(length) and length > 0), "None or an int > 0")
         gb = self.kv_cache_gb
