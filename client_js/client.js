@@ -9,6 +9,11 @@
  * tts.text('Hello there. ');        // as a language model streams it, word by word
  * tts.end();                        // the rest is spoken, then `done`
  * tts.cancel();                     // barge-in: silence now, late audio is dropped
+ *
+ * const next = tts.context('turn-2'); // another context on the same connection: its own settings and cancel
+ * await next.configure({ voice: 'voice_0123456789abcdef' });
+ * next.text('Prepared while the first turn plays. ');
+ * next.end();                       // its audio plays after the utterances opened before it
  * ```
  *
  * Events are `CustomEvent`s with their payload in `detail`; `ClientEvents` below lists them.
@@ -18,10 +23,16 @@
  * turns it off); `text()` and the rest wait for the new connection, and the next utterance is
  * spoken there. Utterance numbers are the client's: they keep counting across connections.
  *
+ * Contexts: `context(id)` names one of the connection's contexts (the server speaks them side by side);
+ * every method of the client also takes a context id (omitted: the default context). A context shares the
+ * client's format and player; utterances play in the order they were opened, whatever their context, so a
+ * context's audio that comes early waits for the utterances before it (an agent's next turn is prefetched).
+ * `cancel(id)` stops that context only; `closeContext(id)` also forgets it on the server.
+ *
  * @module client
  */
 
-import { ProtocolError, decodeFrame, decodeServer, encodeClient } from './protocol.js';
+import { ProtocolError, audioFrameOf, decodeFrame, decodeServer, encodeClient } from './protocol.js';
 import { Player, supportsOpus } from './player.js';
 import { DEFAULT_RETRY, RefusedError, isLoss, isRefusal, withRetry } from './reconnect.js';
 
@@ -92,6 +103,17 @@ export const STREAM_PATH = '/v1/tts/stream';
  */
 
 /**
+ * The settings a context may choose for itself; the format, lead and connection are the client's.
+ * @typedef {Pick<ClientOptions, 'voice' | 'seed' | 'cfgValue' | 'inferenceTimesteps' | 'maxBufferDelayMs' |
+ *   'normalize' | 'persona' | 'instructions' | 'speed'>} ContextOptions
+ */
+
+/**
+ * Audio of an utterance that must wait for the utterances opened before it, and whether its `done` came.
+ * @typedef {{frames: {frame: AudioFrame, segmentStart: boolean}[], done: boolean}} Held
+ */
+
+/**
  * A listener of one of the client's events.
  * @template {keyof ClientEvents} Name
  * @typedef {(this: VoxwireClient, event: CustomEvent<ClientEvents[Name]>) => void} ClientListener
@@ -99,6 +121,7 @@ export const STREAM_PATH = '/v1/tts/stream';
 
 /**
  * @typedef {import('./protocol.js').ClientMessage} ClientMessage
+ * @typedef {import('./protocol.js').AudioFrame} AudioFrame
  * @typedef {import('./protocol.js').ReadyMessage} ReadyMessage
  * @typedef {import('./protocol.js').SegmentMessage} SegmentMessage
  * @typedef {import('./protocol.js').DoneMessage} DoneMessage
@@ -131,10 +154,18 @@ export class VoxwireClient extends EventTarget {
     this.player = null;
     /** Number the server will give the next utterance (it counts them per connection, from 0). */
     this.nextUtterance = 0;
-    /** @private @type {number | null} the utterance taking text, if any */
-    this.openUtterance = null;
-    /** @private Frames of utterances below this number were cancelled: they are dropped on arrival. */
-    this.dropBelow = 0;
+    /** @private @type {Map<string | null, number>} each context's utterance taking text (null: the default context) */
+    this.openUtterances = new Map();
+    /** @private @type {Map<number, string | null>} the context of each utterance not done yet */
+    this.utteranceContexts = new Map();
+    /** @private @type {Set<number>} utterances cancelled and not done yet: their frames are dropped on arrival */
+    this.cancelled = new Set();
+    /** @private The utterance whose audio goes to the player now; later ones wait in `held`. */
+    this.head = 0;
+    /** @private @type {Map<number, Held>} audio of utterances after `head`, in arrival order */
+    this.held = new Map();
+    /** @type {Map<string, ContextOptions>} the named contexts this client opened, with their settings */
+    this.contexts = new Map();
     /** @private @type {Map<number, Timing>} utterances whose first audio has not played yet */
     this.timings = new Map();
     /** @private @type {Set<number>} utterances whose next frame starts a sentence (a `segment` came) */
@@ -209,6 +240,14 @@ export class VoxwireClient extends EventTarget {
     return this.stats.utterancesDone < this.nextUtterance || this.stats.bufferedSamples > 0;
   }
 
+  /**
+   * Whether the context has an utterance taking text (an `end()` would close it).
+   * @param {string} [contextId] omitted: the default context
+   */
+  isOpen(contextId) {
+    return this.openUtterances.has(contextId ?? null);
+  }
+
   /** The analyser after the player, for level meters and waveforms (null before `connect`). */
   get analyser() {
     return this.player?.analyser ?? null;
@@ -228,25 +267,53 @@ export class VoxwireClient extends EventTarget {
   }
 
   /**
-   * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`.
+   * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`. With a
+   * `contextId`, the settings of that context only (made if new; format and lead stay the client's).
    * @param {ClientOptions} changes
+   * @param {string} [contextId]
    * @returns {Promise<ReadyMessage>}
-   * @throws {ProtocolError} when the server refuses the settings
+   * @throws {ProtocolError} when the server refuses the settings (or has `max_contexts` open: `too_many_contexts`)
    */
-  async configure(changes) {
+  async configure(changes, contextId) {
     await this.reconnecting;
-    return this.#apply(changes);
+    if (contextId === undefined) return this.#apply(changes);
+    const options = { ...this.contexts.get(contextId), ...changes };
+    const ready = await this.#startContext(contextId, options);
+    this.contexts.set(contextId, options);
+    return ready;
   }
 
-  /** @param {ClientOptions} changes */
-  async #apply(changes) {
-    Object.assign(this.options, changes);
-    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds, persona } =
-      this.options;
-    const { instructions, speed } = this.options;
-    const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
+  /**
+   * A handle on one context of this connection: the client's methods with `contextId` filled in.
+   * @param {string} contextId 1 to 64 UTF-8 bytes
+   */
+  context(contextId) {
+    return new VoxwireContext(this, contextId);
+  }
+
+  /**
+   * Start a named context with its own settings over the client's format and lead.
+   * @param {string} contextId
+   * @param {ContextOptions} options
+   */
+  async #startContext(contextId, options) {
     const ready = this.#nextReady();
-    this.#write({
+    this.#write({ ...this.#startMessage({ ...this.options, ...options }, this.settings?.format), context_id: contextId });
+    const settings = await ready;
+    this.dispatchEvent(new CustomEvent('ready', { detail: settings }));
+    return settings;
+  }
+
+  /**
+   * The `start` message of `options`.
+   * @param {ClientOptions} options
+   * @param {string | undefined} format
+   * @returns {import('./protocol.js').StartMessage}
+   */
+  #startMessage(options, format) {
+    const { voice, seed, cfgValue, inferenceTimesteps, maxBufferDelayMs, normalize, leadSeconds, persona } = options;
+    const { instructions, speed } = options;
+    return {
       type: 'start',
       voice,
       format,
@@ -260,7 +327,15 @@ export class VoxwireClient extends EventTarget {
       persona,
       instructions,
       speed,
-    });
+    };
+  }
+
+  /** @param {ClientOptions} changes */
+  async #apply(changes) {
+    Object.assign(this.options, changes);
+    const format = this.options.format === 'opus' && !(await supportsOpus()) ? 'pcm_f32le' : this.options.format;
+    const ready = this.#nextReady();
+    this.#write(this.#startMessage(this.options, format));
     this.settings = await ready;
     await this.#ensurePlayer(this.settings);
     this.dispatchEvent(new CustomEvent('ready', { detail: this.settings }));
@@ -270,36 +345,72 @@ export class VoxwireClient extends EventTarget {
   /**
    * Append text to the utterance (opening one if none is); send the spaces between words.
    * @param {string} text
+   * @param {string} [contextId] the context (omitted: the default context)
    */
-  text(text) {
+  text(text, contextId) {
     if (!text) return; // the server ignores empty text: it opens no utterance
     this.player?.resume();
-    if (this.openUtterance === null) {
-      this.openUtterance = this.nextUtterance++;
-      this.timings.set(this.openUtterance, { textAt: performance.now(), receivedAt: null, decodedAt: null });
+    const context = contextId ?? null;
+    if (!this.openUtterances.has(context)) {
+      const utterance = this.nextUtterance++;
+      this.openUtterances.set(context, utterance);
+      this.utteranceContexts.set(utterance, context);
+      this.timings.set(utterance, { textAt: performance.now(), receivedAt: null, decodedAt: null });
     }
-    this.#send({ type: 'text', text });
+    this.#send({ type: 'text', text, context_id: contextId });
   }
 
-  /** Speak what is buffered now, even an incomplete sentence; the utterance stays open. */
-  flush() {
-    this.#send({ type: 'flush' });
+  /**
+   * Speak what is buffered now, even an incomplete sentence; the utterance stays open.
+   * @param {string} [contextId]
+   */
+  flush(contextId) {
+    this.#send({ type: 'flush', context_id: contextId });
   }
 
-  /** Close the utterance: the rest of its text is spoken, then `done`. */
-  end() {
-    this.#send({ type: 'end' });
-    this.openUtterance = null;
+  /**
+   * Close the utterance: the rest of its text is spoken, then `done`.
+   * @param {string} [contextId]
+   */
+  end(contextId) {
+    this.#send({ type: 'end', context_id: contextId });
+    this.openUtterances.delete(contextId ?? null);
   }
 
-  /** Barge-in: stop every utterance, silence playback at once, and drop their frames still on the way. */
-  cancel() {
-    this.#send({ type: 'cancel' });
-    this.openUtterance = null;
-    this.dropBelow = this.nextUtterance;
-    this.timings.clear();
-    this.segmentStarts.clear();
-    this.player?.clear();
+  /**
+   * Barge-in: stop every utterance of the context, silence its playback at once, and drop its frames still on the
+   * way; other contexts go on.
+   * @param {string} [contextId]
+   */
+  cancel(contextId) {
+    this.#send({ type: 'cancel', context_id: contextId });
+    this.#drop(contextId ?? null);
+  }
+
+  /**
+   * Cancel a named context and forget it on the server, freeing its slot (`max_contexts`).
+   * @param {string} contextId
+   */
+  closeContext(contextId) {
+    this.#send({ type: 'close_context', context_id: contextId });
+    this.contexts.delete(contextId);
+    this.#drop(contextId);
+  }
+
+  /**
+   * The context's utterances are cancelled: their audio is dropped, from the player too if one is playing.
+   * @param {string | null} context
+   */
+  #drop(context) {
+    this.openUtterances.delete(context);
+    for (const [utterance, owner] of this.utteranceContexts) {
+      if (owner !== context) continue;
+      this.cancelled.add(utterance);
+      this.timings.delete(utterance);
+      this.segmentStarts.delete(utterance);
+      this.held.get(utterance)?.frames.splice(0);
+      if (utterance === this.head) this.player?.clear();
+    }
   }
 
   /** Close the connection and the audio context. */
@@ -374,15 +485,21 @@ export class VoxwireClient extends EventTarget {
    * @param {CloseEvent} event
    */
   #interrupted(event) {
-    const cut = [];
-    for (let utterance = this.stats.utterancesDone; utterance < this.nextUtterance; utterance += 1) cut.push(utterance);
-    this.openUtterance = null;
+    const cut = [...this.utteranceContexts.keys()];
+    this.openUtterances.clear();
+    this.utteranceContexts.clear();
+    this.cancelled.clear();
     this.stats.utterancesDone = this.nextUtterance;
     this.segmentStarts.clear();
     for (const utterance of cut) {
       this.timings.delete(utterance);
+      for (const { frame, segmentStart } of this.held.get(utterance)?.frames ?? []) {
+        this.player?.play(frame, { segmentStart });
+      }
       this.player?.finish(utterance, utterance === this.nextUtterance - 1);
     }
+    this.held.clear();
+    this.head = this.nextUtterance;
     if (cut.length > 0) {
       const detail = { utterances: cut, code: event.code, reason: event.reason };
       this.dispatchEvent(new CustomEvent('interrupted', { detail }));
@@ -396,6 +513,7 @@ export class VoxwireClient extends EventTarget {
       try {
         await this.#openWithRetry();
         await this.#apply({});
+        for (const [contextId, options] of this.contexts) await this.#startContext(contextId, options);
         for (const message of this.queued.splice(0)) this.#write(message);
         this.dispatchEvent(new CustomEvent('reconnect', { detail: {} }));
       } catch (error) {
@@ -438,13 +556,17 @@ export class VoxwireClient extends EventTarget {
 
   /** @param {string | ArrayBuffer} data */
   #receive(data) {
-    if (typeof data !== 'string') {
-      this.#audio(data);
-      return;
-    }
     let message;
     try {
+      if (typeof data !== 'string') {
+        this.#audio(decodeFrame(data));
+        return;
+      }
       message = decodeServer(data);
+      if (message.type === 'audio') {
+        this.#audio(audioFrameOf(message)); // `audio_transport: json`: the same frame, as text
+        return;
+      }
     } catch (error) {
       this.#fail(error.code, error.message);
       return;
@@ -460,7 +582,7 @@ export class VoxwireClient extends EventTarget {
         break;
       case 'done':
         this.stats.utterancesDone += 1;
-        this.player?.finish(message.utterance, this.openUtterance === null && message.utterance === this.nextUtterance - 1);
+        this.#finish(message.utterance);
         if (message.audio_s === 0) this.timings.delete(message.utterance); // no first audio will come
         this.dispatchEvent(new CustomEvent('done', { detail: message }));
         break;
@@ -474,25 +596,49 @@ export class VoxwireClient extends EventTarget {
     }
   }
 
-  /** @param {ArrayBuffer} data */
-  #audio(data) {
-    let frame;
-    try {
-      frame = decodeFrame(data);
-    } catch (error) {
-      this.#fail(error.code, error.message);
-      return;
-    }
+  /** @param {AudioFrame} frame */
+  #audio(frame) {
     this.stats.framesReceived += 1;
     const utterance = this.base + frame.utterance;
-    if (utterance < this.dropBelow || this.player === null) {
+    if (this.cancelled.has(utterance) || this.player === null) {
       this.stats.framesDropped += 1;
       return;
     }
     const timing = this.timings.get(utterance);
     if (timing) timing.receivedAt ??= performance.now();
     const segmentStart = this.segmentStarts.delete(utterance);
-    this.player.play({ ...frame, utterance }, { segmentStart });
+    if (utterance === this.head) this.player.play({ ...frame, utterance }, { segmentStart });
+    else this.#held(utterance).frames.push({ frame: { ...frame, utterance }, segmentStart });
+  }
+
+  /**
+   * An utterance is done: the player finishes it if it is playing, and the next ones' held audio follows.
+   * @param {number} utterance
+   */
+  #finish(utterance) {
+    this.utteranceContexts.delete(utterance);
+    this.cancelled.delete(utterance);
+    if (utterance !== this.head) {
+      this.#held(utterance).done = true;
+      return;
+    }
+    for (;;) {
+      const idle = this.openUtterances.size === 0 && this.head === this.nextUtterance - 1;
+      this.player?.finish(this.head, idle);
+      this.head += 1;
+      const next = this.held.get(this.head);
+      if (next === undefined) return;
+      this.held.delete(this.head);
+      for (const { frame, segmentStart } of next.frames) this.player?.play(frame, { segmentStart });
+      if (!next.done) return;
+    }
+  }
+
+  /** @param {number} utterance */
+  #held(utterance) {
+    let held = this.held.get(utterance);
+    if (held === undefined) this.held.set(utterance, (held = { frames: [], done: false }));
+    return held;
   }
 
   /**
@@ -526,6 +672,47 @@ export class VoxwireClient extends EventTarget {
    */
   #fail(code, message) {
     this.dispatchEvent(new CustomEvent('error', { detail: { code, message, utterance: null } }));
+  }
+}
+
+/** One context of a client's connection: the client's methods, with the context id filled in. */
+export class VoxwireContext {
+  /**
+   * @param {VoxwireClient} client
+   * @param {string} id
+   */
+  constructor(client, id) {
+    this.client = client;
+    this.id = id;
+  }
+
+  /**
+   * This context's settings; resolves with its `ready`.
+   * @param {ContextOptions} [changes]
+   */
+  configure(changes = {}) {
+    return this.client.configure(changes, this.id);
+  }
+
+  /** @param {string} text */
+  text(text) {
+    this.client.text(text, this.id);
+  }
+
+  flush() {
+    this.client.flush(this.id);
+  }
+
+  end() {
+    this.client.end(this.id);
+  }
+
+  cancel() {
+    this.client.cancel(this.id);
+  }
+
+  close() {
+    this.client.closeContext(this.id);
   }
 }
 

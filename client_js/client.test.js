@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { Player } from './player.js';
-import { encodeFrame, encodeServer } from './protocol.js';
+import { audioMessageOf, encodeFrame, encodeServer } from './protocol.js';
 import { DEFAULT_RETRY, RefusedError, backoffMs, isLoss, isRefusal, withRetry } from './reconnect.js';
 
 const READY = {
@@ -43,8 +43,9 @@ class FakeSocket {
     this.onmessage?.({ data: encodeServer(message) });
   }
 
-  frame(utterance, sequence) {
-    const bytes = encodeFrame({ format: 'pcm_s16le', utterance, sequence, packets: [new Uint8Array([sequence, 0])] });
+  frame(utterance, sequence, contextId = null) {
+    const packets = [new Uint8Array([sequence, 0])];
+    const bytes = encodeFrame({ format: 'pcm_s16le', utterance, sequence, packets, context_id: contextId });
     this.onmessage?.({ data: bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength) });
   }
 
@@ -56,7 +57,7 @@ class FakeSocket {
   send(data) {
     const message = JSON.parse(data);
     this.sent.push(message);
-    if (message.type === 'start') this.message(READY);
+    if (message.type === 'start') this.message({ ...READY, context_id: message.context_id });
   }
 
   close(code = 1000) {
@@ -218,4 +219,68 @@ test('the client announces its playback lead in start, so the server schedules b
   const plain = fresh([accept]).client;
   await plain.connect();
   assert.ok(!('playback_lead_ms' in FakeSocket.all[0].sent.find((message) => message.type === 'start')));
+});
+
+test('a context has its own settings, and its audio waits for the utterances opened before it', async () => {
+  const { client } = fresh([accept]);
+  await client.connect();
+  const socket = FakeSocket.all[0];
+  const next = client.context('turn-2');
+  const ready = await next.configure({ voice: 'voice_b', seed: 3 });
+  assert.equal(ready.context_id, 'turn-2');
+  const start = socket.sent.at(-1);
+  assert.deepEqual([start.context_id, start.voice, start.seed, start.format], ['turn-2', 'voice_b', 3, 'pcm_s16le']);
+  client.text('This turn. ');
+  client.end();
+  next.text('The next turn, prefetched. ');
+  next.end();
+  assert.deepEqual(socket.sent.slice(-4).map((m) => [m.type, m.context_id]), [
+    ['text', undefined], ['end', undefined], ['text', 'turn-2'], ['end', 'turn-2'],
+  ]);
+  socket.frame(1, 0, 'turn-2'); // the prefetched turn is ready first: it waits
+  socket.frame(0, 0);
+  const player = /** @type {FakePlayer} */ (/** @type {unknown} */ (client.player));
+  assert.deepEqual(player.played, [{ utterance: 0, sequence: 0 }]);
+  socket.message({ type: 'done', utterance: 0, finish_reason: 'stop', audio_s: 0.16, segments: 1 });
+  socket.frame(1, 1, 'turn-2');
+  socket.message({ type: 'done', utterance: 1, finish_reason: 'stop', audio_s: 0.32, segments: 1, context_id: 'turn-2' });
+  assert.deepEqual(player.played, [
+    { utterance: 0, sequence: 0 },
+    { utterance: 1, sequence: 0 },
+    { utterance: 1, sequence: 1 },
+  ]);
+  assert.deepEqual(player.finished, [0, 1]);
+});
+
+test('cancelling a context drops its audio only, and close_context forgets it', async () => {
+  const { client } = fresh([accept]);
+  await client.connect();
+  const socket = FakeSocket.all[0];
+  const other = client.context('b');
+  client.text('Kept. ');
+  other.text('Dropped. ');
+  other.cancel();
+  assert.deepEqual(socket.sent.at(-1), { type: 'cancel', context_id: 'b' });
+  socket.frame(1, 0, 'b'); // already on the way when the cancel arrived
+  socket.message({ type: 'done', utterance: 1, finish_reason: 'cancelled', audio_s: 0, segments: 0, context_id: 'b' });
+  socket.frame(0, 0);
+  client.end();
+  socket.message({ type: 'done', utterance: 0, finish_reason: 'stop', audio_s: 0.16, segments: 1 });
+  const player = /** @type {FakePlayer} */ (/** @type {unknown} */ (client.player));
+  assert.deepEqual(player.played, [{ utterance: 0, sequence: 0 }]);
+  assert.equal(client.stats.framesDropped, 1);
+  other.close();
+  assert.deepEqual(socket.sent.at(-1), { type: 'close_context', context_id: 'b' });
+  assert.equal(client.contexts.has('b'), false);
+});
+
+test('audio sent as JSON messages (audio_transport json) plays like binary frames', async () => {
+  const { client } = fresh([accept]);
+  await client.connect();
+  const socket = FakeSocket.all[0];
+  client.text('Hello. ');
+  const packets = [new Uint8Array([1, 0, 2, 0])];
+  socket.message(audioMessageOf({ format: 'pcm_s16le', utterance: 0, sequence: 0, packets }));
+  const player = /** @type {FakePlayer} */ (/** @type {unknown} */ (client.player));
+  assert.deepEqual(player.played, [{ utterance: 0, sequence: 0 }]);
 });

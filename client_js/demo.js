@@ -149,7 +149,7 @@ async function endTyped() {
   sent = ui.text.value.length;
   const tts = await session();
   if (rest) tts.text(rest);
-  if (tts.openUtterance !== null) tts.end();
+  if (tts.isOpen()) tts.end();
 }
 
 /** The API key as an `Authorization` header (the page itself needs none). */

@@ -6,8 +6,11 @@
  *
  * Control messages are JSON objects in text frames, discriminated by `type`. Audio travels in
  * binary frames (server to client): a 12-byte little-endian header (version, format, header size,
- * utterance, sequence) then the payload; for `opus` the payload is u16-length-prefixed raw Opus
- * packets. Decoders refuse what the server would refuse, with the same stable error codes.
+ * utterance, sequence), header extensions (the frame's `context_id`, when it has one), then the
+ * payload; for `opus` the payload is u16-length-prefixed raw Opus packets. With
+ * `start.audio_transport` `json` the same frames come as `audio` messages (the payload in base64).
+ * Every message may name a `context_id`; server messages leave it out for the default context.
+ * Decoders refuse what the server would refuse, with the same stable error codes.
  *
  * One deliberate difference: JavaScript numbers cannot tell `2.0` from `2`, so an integer field
  * given as `2.0` is accepted here where Python refuses it.
@@ -18,8 +21,18 @@
 export const PROTOCOL_VERSION = 1;
 export const FRAME_VERSION = 1;
 /** The audio formats a session can stream; a frame's format byte is the index here. */
-export const FRAME_FORMATS = Object.freeze(/** @type {const} */ (['opus', 'ogg_opus', 'pcm_s16le', 'pcm_f32le']));
+export const FRAME_FORMATS = Object.freeze(
+  /** @type {const} */ (['opus', 'ogg_opus', 'pcm_s16le', 'pcm_f32le', 'pcm_mulaw', 'pcm_alaw']),
+);
 /** @typedef {typeof FRAME_FORMATS[number]} AudioFormat */
+/** The formats whose rate a client chooses with `start.sample_rate`. */
+export const PCM_FORMATS = Object.freeze(/** @type {const} */ (['pcm_s16le', 'pcm_f32le', 'pcm_mulaw', 'pcm_alaw']));
+/** The rates `start.sample_rate` may ask for. */
+export const SAMPLE_RATES = Object.freeze(/** @type {const} */ ([8000, 16000, 22050, 24000, 44100, 48000]));
+/** How audio reaches the client: binary frames, or `audio` JSON messages (base64). */
+export const AUDIO_TRANSPORTS = Object.freeze(/** @type {const} */ (['binary', 'json']));
+/** Longest `context_id`, in UTF-8 bytes. */
+export const MAX_CONTEXT_ID_BYTES = 64;
 export const FRAME_HEADER_SIZE = 12;
 export const MAX_PACKET_BYTES = 0xffff;
 export const MAX_SEED = 2 ** 63;
@@ -54,7 +67,7 @@ export class ProtocolError extends Error {
 
 /**
  * @typedef {'string' | 'int' | 'float' | 'boolean'} FieldType
- * @typedef {{type: FieldType, optional: boolean}} FieldSpec
+ * @typedef {{type: FieldType, optional: boolean, omitted?: boolean}} FieldSpec
  * @typedef {Record<string, FieldSpec>} MessageSpec
  */
 
@@ -65,6 +78,8 @@ const optStr = Object.freeze({ type: 'string', optional: true });
 const optInt = Object.freeze({ type: 'int', optional: true });
 const optFloat = Object.freeze({ type: 'float', optional: true });
 const optBool = Object.freeze({ type: 'boolean', optional: true });
+/** `context_id`: optional, and left out of server messages of the default context (not sent as null). */
+const context = Object.freeze({ type: 'string', optional: true, omitted: /** @type {const} */ (true) });
 
 /**
  * Fields of each message type, in the server's order (encoders write them in this order). The message
@@ -84,11 +99,15 @@ const CLIENT_MESSAGES = Object.freeze({
     persona: optStr,
     instructions: optStr,
     speed: optFloat,
+    sample_rate: optInt,
+    audio_transport: optStr,
+    context_id: context,
   },
-  text: { text: str },
-  flush: {},
-  end: {},
-  cancel: {},
+  text: { text: str, context_id: context },
+  flush: { context_id: context },
+  end: { context_id: context },
+  cancel: { context_id: context },
+  close_context: { context_id: str },
 });
 
 /** @satisfies {Record<string, MessageSpec>} */
@@ -107,8 +126,9 @@ const SERVER_MESSAGES = Object.freeze({
     max_buffer_delay_ms: int,
     playback_lead_ms: int,
     persona: optStr,
+    context_id: context,
   },
-  segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str },
+  segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str, context_id: context },
   done: {
     utterance: int,
     finish_reason: str,
@@ -117,8 +137,10 @@ const SERVER_MESSAGES = Object.freeze({
     ttfa_s: optFloat,
     buffer_s: optFloat,
     engine_ttfc_s: optFloat,
+    context_id: context,
   },
-  error: { code: str, message: str, utterance: optInt },
+  error: { code: str, message: str, utterance: optInt, context_id: context },
+  audio: { format: str, utterance: int, sequence: int, audio: str, context_id: context },
 });
 
 /**
@@ -139,20 +161,25 @@ const SERVER_MESSAGES = Object.freeze({
  */
 
 /**
- * A message as decoded from the server: every field of its type present, `null` when unknown.
+ * A message as decoded from the server: every field of its type present, `null` when unknown, except an omitted
+ * one (`context_id`), which is absent when unset.
  * @template {Record<string, MessageSpec>} Specs
  * @template {keyof Specs} Type
- * @typedef {{type: Type} & {-readonly [Name in keyof Specs[Type]]:
- *   FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}} Complete
+ * @typedef {{type: Type}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {omitted: true} ? never : Name]:
+ *        FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {omitted: true} ? Name : never]?:
+ *        FieldValues[Specs[Type][Name]['type']]}} Complete
  */
 
 /**
- * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ * A client message: `start` (session settings), `text`, `flush`, `end`, `cancel` or `close_context`.
  * @typedef {{[Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>}[keyof ClientMessageSpecs]} ClientMessage
  */
 
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * present but `context_id` (absent for the default context).
  * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
  */
 
@@ -167,6 +194,7 @@ const SERVER_MESSAGES = Object.freeze({
  * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
  * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
  * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
+ * @typedef {Complete<ServerMessageSpecs, 'audio'>} AudioMessage an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it
  */
 
 /**
@@ -192,7 +220,8 @@ export function encodeClient(message) {
 }
 
 /**
- * A server message as JSON text, every field present (`null` when unknown): for test servers.
+ * A server message as JSON text, every field present (`null` when unknown) but an unset `context_id`: for test
+ * servers.
  * @param {ServerMessageInit} message
  * @returns {string}
  * @throws {ProtocolError}
@@ -200,7 +229,9 @@ export function encodeClient(message) {
 export function encodeServer(message) {
   checkMessage(message, SERVER_MESSAGES);
   const body = { type: message.type };
-  for (const name of Object.keys(SERVER_MESSAGES[message.type])) body[name] = message[name] ?? null;
+  for (const [name, field] of Object.entries(SERVER_MESSAGES[message.type])) {
+    if (!(/** @type {FieldSpec} */ (field).omitted && message[name] == null)) body[name] = message[name] ?? null;
+  }
   return JSON.stringify(body);
 }
 
@@ -236,9 +267,13 @@ function decode(text, registry) {
     throw new ProtocolError(ErrorCode.INVALID_JSON, `not a JSON text: ${error.message}`);
   }
   const message = checkMessage(obj, registry);
-  // Decoded server messages carry every field, as the server always sends them.
+  // Decoded server messages carry every field, as the server sends them (an unset context_id stays absent).
   if (registry === SERVER_MESSAGES) {
-    for (const name of Object.keys(registry[message.type])) message[name] ??= null;
+    for (const [name, field] of Object.entries(registry[message.type])) {
+      if (field.omitted) {
+        if (message[name] === null) delete message[name];
+      } else message[name] ??= null;
+    }
   }
   return message;
 }
@@ -265,6 +300,7 @@ function checkMessage(obj, registry) {
     checkField(kind, name, obj[name], field);
   }
   if (kind === 'start') checkStartRanges(obj);
+  if (registry === CLIENT_MESSAGES) checkContextId(obj);
   return /** @type {Message} */ (obj);
 }
 
@@ -308,7 +344,23 @@ function checkStartRanges(start) {
   checkRange(lead == null || (lead >= 0 && lead <= MAX_PLAYBACK_LEAD_MS), 'playback_lead_ms', 'in [0, 10000]');
   const speed = start.speed;
   checkRange(speed == null || (speed >= MIN_SPEED && speed <= MAX_SPEED), 'speed', `in [${MIN_SPEED}, ${MAX_SPEED}]`);
+  const { sample_rate: rate, audio_transport: transport } = start;
+  checkRange(rate == null || SAMPLE_RATES.includes(/** @type {any} */ (rate)), 'sample_rate', `one of ${SAMPLE_RATES}`);
+  const pcm = PCM_FORMATS.includes(/** @type {any} */ (format));
+  checkRange(rate == null || pcm, 'sample_rate', `set with a format of ${PCM_FORMATS}`);
+  checkRange(transport == null || AUDIO_TRANSPORTS.includes(/** @type {any} */ (transport)), 'audio_transport', `one of ${AUDIO_TRANSPORTS}`);
 }
+
+/** @param {Message} message */
+function checkContextId(message) {
+  const id = message.context_id;
+  if (typeof id === 'string' && !(id.length > 0 && utf8.encode(id).length <= MAX_CONTEXT_ID_BYTES)) {
+    const rule = `must have 1..${MAX_CONTEXT_ID_BYTES} UTF-8 bytes`;
+    throw new ProtocolError(ErrorCode.OUT_OF_RANGE, `${message.type}.context_id ${rule}`);
+  }
+}
+
+const utf8 = new TextEncoder();
 
 /**
  * @param {boolean} ok
@@ -340,8 +392,14 @@ function jsonType(value) {
 /**
  * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
  * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
- * @typedef {{format: AudioFormat, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
+ * `context_id` names the utterance's context (null or absent: the default context).
+ * @typedef {{format: AudioFormat, utterance: number, sequence: number, packets: Uint8Array[],
+ *   context_id?: string | null}} AudioFrame
  */
+
+/** Header extension tags: a field is [tag u8][length u8][value]; tag 0 is padding and ends the fields. */
+const PADDING_TAG = 0;
+const CONTEXT_TAG = 1;
 
 /**
  * Parse a binary frame.
@@ -376,7 +434,53 @@ export function decodeFrame(data) {
     utterance: view.getUint32(4, true),
     sequence: view.getUint32(8, true),
     packets: format === 'opus' ? splitPackets(payload) : [payload],
+    context_id: readExtensions(bytes.subarray(FRAME_HEADER_SIZE, headerSize)),
   };
+}
+
+/**
+ * The context id among a header's extension fields; fields of unknown tags are skipped.
+ * @param {Uint8Array} extensions
+ * @returns {string | null}
+ */
+function readExtensions(extensions) {
+  let contextId = null;
+  let offset = 0;
+  while (offset < extensions.length && extensions[offset] !== PADDING_TAG) {
+    if (offset + 2 > extensions.length) throw new ProtocolError(ErrorCode.BAD_FRAME, 'truncated header extension');
+    const [tag, size] = [extensions[offset], extensions[offset + 1]];
+    offset += 2;
+    if (offset + size > extensions.length) {
+      throw new ProtocolError(ErrorCode.BAD_FRAME, `header extension of ${size} bytes does not fit the header`);
+    }
+    if (tag === CONTEXT_TAG) {
+      try {
+        contextId = strictUtf8.decode(extensions.subarray(offset, offset + size));
+      } catch {
+        throw new ProtocolError(ErrorCode.BAD_FRAME, 'the context id is not UTF-8');
+      }
+    }
+    offset += size;
+  }
+  return contextId;
+}
+
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
+
+/**
+ * The header extension naming `contextId` (none for the default context), zero-padded so that the header
+ * stays a multiple of 4 bytes.
+ * @param {string | null | undefined} contextId
+ */
+function contextExtension(contextId) {
+  if (contextId == null) return new Uint8Array(0);
+  const value = utf8.encode(contextId);
+  if (value.length > 0xff) throw new RangeError(`a context id has at most 255 UTF-8 bytes, got ${value.length}`);
+  const size = 2 + value.length;
+  const field = new Uint8Array(size + ((4 - ((FRAME_HEADER_SIZE + size) % 4)) % 4));
+  field.set([CONTEXT_TAG, value.length]);
+  field.set(value, 2);
+  return field;
 }
 
 /**
@@ -384,24 +488,39 @@ export function decodeFrame(data) {
  * @param {AudioFrame} frame
  * @returns {Uint8Array}
  */
-export function encodeFrame({ format, utterance, sequence, packets }) {
+export function encodeFrame({ format, utterance, sequence, packets, context_id: contextId }) {
   const formatIndex = FRAME_FORMATS.indexOf(format);
   if (formatIndex < 0) throw new RangeError(`unknown format ${format}`);
+  const extension = contextExtension(contextId);
+  const headerSize = FRAME_HEADER_SIZE + extension.length;
+  const payload = framePayload(format, packets);
+  const bytes = new Uint8Array(headerSize + payload.length);
+  const view = new DataView(bytes.buffer);
+  view.setUint8(0, FRAME_VERSION);
+  view.setUint8(1, formatIndex);
+  view.setUint16(2, headerSize, true);
+  view.setUint32(4, utterance, true);
+  view.setUint32(8, sequence, true);
+  bytes.set(extension, FRAME_HEADER_SIZE);
+  bytes.set(payload, headerSize);
+  return bytes;
+}
+
+/**
+ * The bytes after a frame's header: Opus packets each behind its u16 length, else the format's bytes.
+ * @param {AudioFormat} format
+ * @param {Uint8Array[]} packets
+ */
+function framePayload(format, packets) {
   const opus = format === 'opus';
   for (const packet of opus ? packets : []) {
     if (packet.length === 0 || packet.length > MAX_PACKET_BYTES) {
       throw new RangeError(`an Opus packet must have 1..${MAX_PACKET_BYTES} bytes, got ${packet.length}`);
     }
   }
-  const size = packets.reduce((total, packet) => total + packet.length + (opus ? 2 : 0), FRAME_HEADER_SIZE);
-  const bytes = new Uint8Array(size);
+  const bytes = new Uint8Array(packets.reduce((total, packet) => total + packet.length + (opus ? 2 : 0), 0));
   const view = new DataView(bytes.buffer);
-  view.setUint8(0, FRAME_VERSION);
-  view.setUint8(1, formatIndex);
-  view.setUint16(2, FRAME_HEADER_SIZE, true);
-  view.setUint32(4, utterance, true);
-  view.setUint32(8, sequence, true);
-  let offset = FRAME_HEADER_SIZE;
+  let offset = 0;
   for (const packet of packets) {
     if (opus) {
       view.setUint16(offset, packet.length, true);
@@ -436,4 +555,47 @@ function asBytes(data) {
   return data instanceof ArrayBuffer
     ? new Uint8Array(data)
     : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
+
+// ---- audio as JSON messages (`start.audio_transport` `json`) -------------------------------------
+
+/**
+ * The frame an `audio` message stands for: its base64 `audio` is exactly a binary frame's payload.
+ * @param {AudioMessage} message
+ * @returns {AudioFrame}
+ * @throws {ProtocolError} with code `bad_frame`
+ */
+export function audioFrameOf(message) {
+  const { format, utterance, sequence, audio } = message;
+  if (!FRAME_FORMATS.includes(/** @type {any} */ (format))) {
+    throw new ProtocolError(ErrorCode.BAD_FRAME, `unknown audio format '${format}'`);
+  }
+  const payload = fromBase64(audio);
+  const packets = format === 'opus' ? splitPackets(payload) : [payload];
+  return { format: /** @type {AudioFormat} */ (format), utterance, sequence, packets, context_id: message.context_id ?? null };
+}
+
+/**
+ * The `audio` message of a frame (for test servers).
+ * @param {AudioFrame} frame
+ * @returns {AudioMessage}
+ */
+export function audioMessageOf({ format, utterance, sequence, packets, context_id: contextId }) {
+  const message = { type: /** @type {const} */ ('audio'), format, utterance, sequence, audio: toBase64(framePayload(format, packets)) };
+  return contextId == null ? message : { ...message, context_id: contextId };
+}
+
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+
+/** @param {string} text RFC 4648 base64, with padding */
+function fromBase64(text) {
+  if (!BASE64.test(text)) throw new ProtocolError(ErrorCode.BAD_FRAME, 'audio is not base64');
+  return Uint8Array.from(atob(text), (char) => char.charCodeAt(0));
+}
+
+/** @param {Uint8Array} bytes */
+function toBase64(bytes) {
+  let text = '';
+  for (let at = 0; at < bytes.length; at += 0x8000) text += String.fromCharCode(...bytes.subarray(at, at + 0x8000));
+  return btoa(text);
 }

@@ -4,9 +4,12 @@ import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
 import {
+  FRAME_FORMATS,
   FRAME_VERSION,
   PROTOCOL_VERSION,
   ProtocolError,
+  audioFrameOf,
+  audioMessageOf,
   decodeClient,
   decodeFrame,
   decodeServer,
@@ -48,6 +51,7 @@ for (const vector of vectors.server_messages) {
     const message = decodeServer(vector.input ?? vector.text);
     assertSameJson(encodeServer(message), vector.text);
     assert.deepEqual(message, JSON.parse(vector.text));
+    if (message.type === 'audio') assert.deepEqual(audioMessageOf(audioFrameOf(message)), message);
   });
 }
 
@@ -68,15 +72,19 @@ for (const vector of vectors.client_errors) {
 for (const vector of vectors.audio_frames) {
   test(`audio frame: ${vector.name}`, () => {
     const frame = decodeFrame(fromHex(vector.hex));
-    const { format, utterance, sequence, packets } = vector.frame;
+    const { format, utterance, sequence, packets, context_id: contextId = null } = vector.frame;
     assert.deepEqual(
-      { format: frame.format, utterance: frame.utterance, sequence: frame.sequence },
-      { format, utterance, sequence },
+      { format: frame.format, utterance: frame.utterance, sequence: frame.sequence, context_id: frame.context_id },
+      { format, utterance, sequence, context_id: contextId },
     );
     assert.deepEqual(frame.packets.map(toHex), packets);
     if (!vector.decode_only) {
-      assert.equal(toHex(encodeFrame({ format, utterance, sequence, packets: packets.map(fromHex) })), vector.hex);
+      const encoded = encodeFrame({ format, utterance, sequence, packets: packets.map(fromHex), context_id: contextId });
+      assert.equal(toHex(encoded), vector.hex);
     }
+    // The same frame as an `audio` JSON message decodes to the same audio.
+    const again = audioFrameOf(decodeServer(JSON.stringify(audioMessageOf(frame))));
+    assert.deepEqual([again.context_id, again.packets.map(toHex)], [contextId, packets]);
   });
 }
 
@@ -95,9 +103,22 @@ test('frames decode from an ArrayBuffer and from a view at an offset', () => {
   }
 });
 
-test('server messages missing an optional field decode with it null', () => {
-  const error = decodeServer('{"type":"error","code":"busy","message":"full"}');
+test('server messages missing an optional field decode with it null, but a default context stays absent', () => {
+  const error = decodeServer('{"type":"error","code":"busy","message":"full","context_id":null}');
   assert.equal(error.utterance, null);
+  assert.equal('context_id' in error, false);
+});
+
+test('every format and message type has a vector', () => {
+  assert.deepEqual(new Set(vectors.audio_frames.map((vector) => vector.frame.format)), new Set(FRAME_FORMATS));
+  const types = (section) => new Set(vectors[section].map((vector) => JSON.parse(vector.text).type));
+  assert.deepEqual(types('client_messages'), new Set(['start', 'text', 'flush', 'end', 'cancel', 'close_context']));
+  assert.deepEqual(types('server_messages'), new Set(['ready', 'segment', 'done', 'error', 'audio']));
+});
+
+test('an audio message whose audio is not base64 is a bad frame', () => {
+  const message = { type: 'audio', format: 'pcm_mulaw', utterance: 0, sequence: 0, audio: 'not base64!' };
+  assert.throws(() => audioFrameOf(decodeServer(JSON.stringify(message))), rejects('bad_frame'));
 });
 
 test('the encoder omits unset fields and refuses unknown types', () => {

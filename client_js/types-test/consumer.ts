@@ -6,6 +6,7 @@ import {
   RefusedError,
   STREAM_PATH,
   VoxwireClient,
+  VoxwireContext,
   streamUrl,
   supportsOpus,
   type ClientError,
@@ -17,6 +18,7 @@ import {
 import {
   ErrorCode,
   FRAME_FORMATS,
+  audioFrameOf,
   decodeFrame,
   decodeServer,
   encodeClient,
@@ -36,7 +38,7 @@ const options: ClientOptions = {
 };
 const tts = new VoxwireClient(options);
 // @ts-expect-error: there is no such option
-new VoxwireClient({ voice: 'default', speed: 2 });
+new VoxwireClient({ voice: 'default', pitch: 2 });
 // @ts-expect-error: only the formats a browser plays
 new VoxwireClient({ format: 'mp3' });
 
@@ -101,6 +103,16 @@ async function speak(pieces: AsyncIterable<string>): Promise<void> {
   // @ts-expect-error: configure() resolves with the new ready message
   const changedRate: string = changed.sample_rate;
   console.log(changedRate);
+  const next: VoxwireContext = tts.context('turn-2');
+  const nextReady: ReadyMessage = await next.configure({ voice: 'bob', seed: 3 });
+  const nextId: string | undefined = nextReady.context_id;
+  // @ts-expect-error: a context shares the client's format
+  await next.configure({ format: 'pcm_s16le' });
+  next.text('Prefetched. ');
+  next.end();
+  tts.cancel('turn-2');
+  next.close();
+  console.log(nextId, tts.isOpen('turn-2'));
   await tts.close();
   // @ts-expect-error: the client's bookkeeping is private
   console.log(tts.readyWaiters);
@@ -137,12 +149,23 @@ switch (message.type) {
     console.log(message.code === ErrorCode.INVALID_FIELD, utterance);
     break;
   }
+  case 'audio': {
+    const audio: AudioFrame = audioFrameOf(message);
+    const context: string | null | undefined = audio.context_id;
+    console.log(audio.packets.length, context);
+    break;
+  }
   default: {
     const unreachable: never = message;
     console.log(unreachable);
   }
 }
 const start: ClientMessage = { type: 'start', voice: 'default', format: 'pcm_f32le', seed: null };
+const telephony: ClientMessage = { type: 'start', format: 'pcm_mulaw', sample_rate: 8000, audio_transport: 'json' };
+const closing: ClientMessage = { type: 'close_context', context_id: 'turn-2' };
+// @ts-expect-error: close_context names its context
+encodeClient({ type: 'close_context' });
+console.log(encodeClient(telephony), encodeClient(closing));
 const frames: string[] = [encodeClient(start), encodeClient({ type: 'text', text: 'Hello' }), encodeClient({ type: 'end' })];
 // @ts-expect-error: a text message needs its text
 encodeClient({ type: 'text' });

@@ -63,12 +63,22 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @property {{}} reconnect a new connection took over; text sent meanwhile went to it
  */
 /**
+ * The settings a context may choose for itself; the format, lead and connection are the client's.
+ * @typedef {Pick<ClientOptions, 'voice' | 'seed' | 'cfgValue' | 'inferenceTimesteps' | 'maxBufferDelayMs' |
+ *   'normalize' | 'persona' | 'instructions' | 'speed'>} ContextOptions
+ */
+/**
+ * Audio of an utterance that must wait for the utterances opened before it, and whether its `done` came.
+ * @typedef {{frames: {frame: AudioFrame, segmentStart: boolean}[], done: boolean}} Held
+ */
+/**
  * A listener of one of the client's events.
  * @template {keyof ClientEvents} Name
  * @typedef {(this: VoxwireClient, event: CustomEvent<ClientEvents[Name]>) => void} ClientListener
  */
 /**
  * @typedef {import('./protocol.js').ClientMessage} ClientMessage
+ * @typedef {import('./protocol.js').AudioFrame} AudioFrame
  * @typedef {import('./protocol.js').ReadyMessage} ReadyMessage
  * @typedef {import('./protocol.js').SegmentMessage} SegmentMessage
  * @typedef {import('./protocol.js').DoneMessage} DoneMessage
@@ -88,10 +98,18 @@ export class VoxwireClient extends EventTarget {
     player: Player | null;
     /** Number the server will give the next utterance (it counts them per connection, from 0). */
     nextUtterance: number;
-    /** @private @type {number | null} the utterance taking text, if any */
-    private openUtterance;
-    /** @private Frames of utterances below this number were cancelled: they are dropped on arrival. */
-    private dropBelow;
+    /** @private @type {Map<string | null, number>} each context's utterance taking text (null: the default context) */
+    private openUtterances;
+    /** @private @type {Map<number, string | null>} the context of each utterance not done yet */
+    private utteranceContexts;
+    /** @private @type {Set<number>} utterances cancelled and not done yet: their frames are dropped on arrival */
+    private cancelled;
+    /** @private The utterance whose audio goes to the player now; later ones wait in `held`. */
+    private head;
+    /** @private @type {Map<number, Held>} audio of utterances after `head`, in arrival order */
+    private held;
+    /** @type {Map<string, ContextOptions>} the named contexts this client opened, with their settings */
+    contexts: Map<string, ContextOptions>;
     /** @private @type {Map<number, Timing>} utterances whose first audio has not played yet */
     private timings;
     /** @private @type {Set<number>} utterances whose next frame starts a sentence (a `segment` came) */
@@ -145,6 +163,11 @@ export class VoxwireClient extends EventTarget {
     removeEventListener(type: string, listener: EventListenerOrEventListenerObject | null, options?: boolean | EventListenerOptions | undefined): void;
     /** Whether an utterance is not done yet or its audio is still playing (a `cancel()` would cut something). */
     get speaking(): boolean;
+    /**
+     * Whether the context has an utterance taking text (an `end()` would close it).
+     * @param {string} [contextId] omitted: the default context
+     */
+    isOpen(contextId?: string): boolean;
     /** The analyser after the player, for level meters and waveforms (null before `connect`). */
     get analyser(): AnalyserNode | null;
     /**
@@ -156,26 +179,70 @@ export class VoxwireClient extends EventTarget {
      */
     connect(): Promise<ReadyMessage>;
     /**
-     * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`.
+     * Change settings between utterances (voice, format, seed, ...); resolves with the new `ready`. With a
+     * `contextId`, the settings of that context only (made if new; format and lead stay the client's).
      * @param {ClientOptions} changes
+     * @param {string} [contextId]
      * @returns {Promise<ReadyMessage>}
-     * @throws {ProtocolError} when the server refuses the settings
+     * @throws {ProtocolError} when the server refuses the settings (or has `max_contexts` open: `too_many_contexts`)
      */
-    configure(changes: ClientOptions): Promise<ReadyMessage>;
+    configure(changes: ClientOptions, contextId?: string): Promise<ReadyMessage>;
+    /**
+     * A handle on one context of this connection: the client's methods with `contextId` filled in.
+     * @param {string} contextId 1 to 64 UTF-8 bytes
+     */
+    context(contextId: string): VoxwireContext;
     /**
      * Append text to the utterance (opening one if none is); send the spaces between words.
      * @param {string} text
+     * @param {string} [contextId] the context (omitted: the default context)
      */
-    text(text: string): void;
-    /** Speak what is buffered now, even an incomplete sentence; the utterance stays open. */
-    flush(): void;
-    /** Close the utterance: the rest of its text is spoken, then `done`. */
-    end(): void;
-    /** Barge-in: stop every utterance, silence playback at once, and drop their frames still on the way. */
-    cancel(): void;
+    text(text: string, contextId?: string): void;
+    /**
+     * Speak what is buffered now, even an incomplete sentence; the utterance stays open.
+     * @param {string} [contextId]
+     */
+    flush(contextId?: string): void;
+    /**
+     * Close the utterance: the rest of its text is spoken, then `done`.
+     * @param {string} [contextId]
+     */
+    end(contextId?: string): void;
+    /**
+     * Barge-in: stop every utterance of the context, silence its playback at once, and drop its frames still on the
+     * way; other contexts go on.
+     * @param {string} [contextId]
+     */
+    cancel(contextId?: string): void;
+    /**
+     * Cancel a named context and forget it on the server, freeing its slot (`max_contexts`).
+     * @param {string} contextId
+     */
+    closeContext(contextId: string): void;
     /** Close the connection and the audio context. */
     close(): Promise<void>;
     #private;
+}
+/** One context of a client's connection: the client's methods, with the context id filled in. */
+export class VoxwireContext {
+    /**
+     * @param {VoxwireClient} client
+     * @param {string} id
+     */
+    constructor(client: VoxwireClient, id: string);
+    client: VoxwireClient;
+    id: string;
+    /**
+     * This context's settings; resolves with its `ready`.
+     * @param {ContextOptions} [changes]
+     */
+    configure(changes?: ContextOptions): Promise<import("./protocol.js").ReadyMessage>;
+    /** @param {string} text */
+    text(text: string): void;
+    flush(): void;
+    end(): void;
+    cancel(): void;
+    close(): void;
 }
 export type ClientOptions = {
     /**
@@ -325,10 +392,25 @@ export type ClientEvents = {
     reconnect: {};
 };
 /**
+ * The settings a context may choose for itself; the format, lead and connection are the client's.
+ */
+export type ContextOptions = Pick<ClientOptions, "voice" | "seed" | "cfgValue" | "inferenceTimesteps" | "maxBufferDelayMs" | "normalize" | "persona" | "instructions" | "speed">;
+/**
+ * Audio of an utterance that must wait for the utterances opened before it, and whether its `done` came.
+ */
+export type Held = {
+    frames: {
+        frame: AudioFrame;
+        segmentStart: boolean;
+    }[];
+    done: boolean;
+};
+/**
  * A listener of one of the client's events.
  */
 export type ClientListener<Name extends keyof ClientEvents> = (this: VoxwireClient, event: CustomEvent<ClientEvents[Name]>) => void;
 export type ClientMessage = import("./protocol.js").ClientMessage;
+export type AudioFrame = import("./protocol.js").AudioFrame;
 export type ReadyMessage = import("./protocol.js").ReadyMessage;
 export type SegmentMessage = import("./protocol.js").SegmentMessage;
 export type DoneMessage = import("./protocol.js").DoneMessage;

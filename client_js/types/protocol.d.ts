@@ -14,18 +14,23 @@
  *        FieldValues[Specs[Type][Name]['type']] | null}} Sendable
  */
 /**
- * A message as decoded from the server: every field of its type present, `null` when unknown.
+ * A message as decoded from the server: every field of its type present, `null` when unknown, except an omitted
+ * one (`context_id`), which is absent when unset.
  * @template {Record<string, MessageSpec>} Specs
  * @template {keyof Specs} Type
- * @typedef {{type: Type} & {-readonly [Name in keyof Specs[Type]]:
- *   FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}} Complete
+ * @typedef {{type: Type}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {omitted: true} ? never : Name]:
+ *        FieldValues[Specs[Type][Name]['type']] | (Specs[Type][Name]['optional'] extends true ? null : never)}
+ *   & {-readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {omitted: true} ? Name : never]?:
+ *        FieldValues[Specs[Type][Name]['type']]}} Complete
  */
 /**
- * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ * A client message: `start` (session settings), `text`, `flush`, `end`, `cancel` or `close_context`.
  * @typedef {{[Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>}[keyof ClientMessageSpecs]} ClientMessage
  */
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * present but `context_id` (absent for the default context).
  * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
  */
 /**
@@ -38,6 +43,7 @@
  * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
  * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
  * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
+ * @typedef {Complete<ServerMessageSpecs, 'audio'>} AudioMessage an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it
  */
 /**
  * Any message, for the checks that treat every type alike.
@@ -52,7 +58,8 @@
  */
 export function encodeClient(message: ClientMessage): string;
 /**
- * A server message as JSON text, every field present (`null` when unknown): for test servers.
+ * A server message as JSON text, every field present (`null` when unknown) but an unset `context_id`: for test
+ * servers.
  * @param {ServerMessageInit} message
  * @returns {string}
  * @throws {ProtocolError}
@@ -73,11 +80,6 @@ export function decodeServer(text: string): ServerMessage;
  */
 export function decodeClient(text: string): ClientMessage;
 /**
- * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
- * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
- * @typedef {{format: AudioFormat, utterance: number, sequence: number, packets: Uint8Array[]}} AudioFrame
- */
-/**
  * Parse a binary frame.
  * @param {ArrayBuffer | ArrayBufferView} data
  * @returns {AudioFrame}
@@ -89,7 +91,20 @@ export function decodeFrame(data: ArrayBuffer | ArrayBufferView): AudioFrame;
  * @param {AudioFrame} frame
  * @returns {Uint8Array}
  */
-export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame): Uint8Array;
+export function encodeFrame({ format, utterance, sequence, packets, context_id: contextId }: AudioFrame): Uint8Array;
+/**
+ * The frame an `audio` message stands for: its base64 `audio` is exactly a binary frame's payload.
+ * @param {AudioMessage} message
+ * @returns {AudioFrame}
+ * @throws {ProtocolError} with code `bad_frame`
+ */
+export function audioFrameOf(message: AudioMessage): AudioFrame;
+/**
+ * The `audio` message of a frame (for test servers).
+ * @param {AudioFrame} frame
+ * @returns {AudioMessage}
+ */
+export function audioMessageOf({ format, utterance, sequence, packets, context_id: contextId }: AudioFrame): AudioMessage;
 /**
  * The WebSocket wire protocol of `/v1/tts/stream`, sans I/O: a mirror of the server's
  * `server/voxwire/protocol/wire.py`, checked against the same golden vectors
@@ -98,8 +113,11 @@ export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame
  *
  * Control messages are JSON objects in text frames, discriminated by `type`. Audio travels in
  * binary frames (server to client): a 12-byte little-endian header (version, format, header size,
- * utterance, sequence) then the payload; for `opus` the payload is u16-length-prefixed raw Opus
- * packets. Decoders refuse what the server would refuse, with the same stable error codes.
+ * utterance, sequence), header extensions (the frame's `context_id`, when it has one), then the
+ * payload; for `opus` the payload is u16-length-prefixed raw Opus packets. With
+ * `start.audio_transport` `json` the same frames come as `audio` messages (the payload in base64).
+ * Every message may name a `context_id`; server messages leave it out for the default context.
+ * Decoders refuse what the server would refuse, with the same stable error codes.
  *
  * One deliberate difference: JavaScript numbers cannot tell `2.0` from `2`, so an integer field
  * given as `2.0` is accepted here where Python refuses it.
@@ -109,8 +127,16 @@ export function encodeFrame({ format, utterance, sequence, packets }: AudioFrame
 export const PROTOCOL_VERSION: 1;
 export const FRAME_VERSION: 1;
 /** The audio formats a session can stream; a frame's format byte is the index here. */
-export const FRAME_FORMATS: readonly ["opus", "ogg_opus", "pcm_s16le", "pcm_f32le"];
+export const FRAME_FORMATS: readonly ["opus", "ogg_opus", "pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw"];
 /** @typedef {typeof FRAME_FORMATS[number]} AudioFormat */
+/** The formats whose rate a client chooses with `start.sample_rate`. */
+export const PCM_FORMATS: readonly ["pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw"];
+/** The rates `start.sample_rate` may ask for. */
+export const SAMPLE_RATES: readonly [8000, 16000, 22050, 24000, 44100, 48000];
+/** How audio reaches the client: binary frames, or `audio` JSON messages (base64). */
+export const AUDIO_TRANSPORTS: readonly ["binary", "json"];
+/** Longest `context_id`, in UTF-8 bytes. */
+export const MAX_CONTEXT_ID_BYTES: 64;
 export const FRAME_HEADER_SIZE: 12;
 export const MAX_PACKET_BYTES: 65535;
 export const MAX_SEED: number;
@@ -152,17 +178,23 @@ export type Sendable<Specs extends Record<string, MessageSpec>, Type extends key
     type: Type;
 } & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name]["optional"] extends true ? never : Name]: FieldValues[Specs[Type][Name]["type"]]; } & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name]["optional"] extends true ? Name : never]?: FieldValues[Specs[Type][Name]["type"]] | null; };
 /**
- * A message as decoded from the server: every field of its type present, `null` when unknown.
+ * A message as decoded from the server: every field of its type present, `null` when unknown, except an omitted
+ * one (`context_id`), which is absent when unset.
  */
 export type Complete<Specs extends Record<string, MessageSpec>, Type extends keyof Specs> = {
     type: Type;
-} & { -readonly [Name in keyof Specs[Type]]: FieldValues[Specs[Type][Name]["type"]] | (Specs[Type][Name]["optional"] extends true ? null : never); };
+} & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {
+    omitted: true;
+} ? never : Name]: FieldValues[Specs[Type][Name]["type"]] | (Specs[Type][Name]["optional"] extends true ? null : never); } & { -readonly [Name in keyof Specs[Type] as Specs[Type][Name] extends {
+    omitted: true;
+} ? Name : never]?: FieldValues[Specs[Type][Name]["type"]]; };
 /**
- * A client message: `start` (session settings), `text`, `flush`, `end` or `cancel`.
+ * A client message: `start` (session settings), `text`, `flush`, `end`, `cancel` or `close_context`.
  */
 export type ClientMessage = { [Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>; }[keyof ClientMessageSpecs];
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done` or `error`, every field present.
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * present but `context_id` (absent for the default context).
  */
 export type ServerMessage = { [Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>; }[keyof ServerMessageSpecs];
 /**
@@ -190,29 +222,36 @@ export type DoneMessage = Complete<ServerMessageSpecs, "done">;
  */
 export type ErrorMessage = Complete<ServerMessageSpecs, "error">;
 /**
+ * an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it
+ */
+export type AudioMessage = Complete<ServerMessageSpecs, "audio">;
+/**
  * Any message, for the checks that treat every type alike.
  */
 export type Message = {
     type: string;
     [field: string]: unknown;
 };
+export type AudioFormat = (typeof FRAME_FORMATS)[number];
+export type FieldType = "string" | "int" | "float" | "boolean";
+export type FieldSpec = {
+    type: FieldType;
+    optional: boolean;
+    omitted?: boolean;
+};
+export type MessageSpec = Record<string, FieldSpec>;
 /**
  * One binary frame: audio of `utterance`, in order by `sequence`. `packets` holds the Opus packets
  * for `opus` and a single block of bytes for the other formats (views into the frame, not copies).
+ * `context_id` names the utterance's context (null or absent: the default context).
  */
 export type AudioFrame = {
     format: AudioFormat;
     utterance: number;
     sequence: number;
     packets: Uint8Array[];
+    context_id?: string | null;
 };
-export type AudioFormat = (typeof FRAME_FORMATS)[number];
-export type FieldType = "string" | "int" | "float" | "boolean";
-export type FieldSpec = {
-    type: FieldType;
-    optional: boolean;
-};
-export type MessageSpec = Record<string, FieldSpec>;
 /**
  * Fields of each message type, in the server's order (encoders write them in this order). The message
  * types below are derived from these tables, so a field is described once.
@@ -264,16 +303,58 @@ declare const CLIENT_MESSAGES: Readonly<{
             type: "float";
             optional: true;
         }>;
+        sample_rate: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
+        audio_transport: Readonly<{
+            type: "string";
+            optional: true;
+        }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
     };
     text: {
         text: Readonly<{
             type: "string";
             optional: false;
         }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
     };
-    flush: {};
-    end: {};
-    cancel: {};
+    flush: {
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
+    };
+    end: {
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
+    };
+    cancel: {
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
+    };
+    close_context: {
+        context_id: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+    };
 }>;
 /** @satisfies {Record<string, MessageSpec>} */
 declare const SERVER_MESSAGES: Readonly<{
@@ -330,6 +411,11 @@ declare const SERVER_MESSAGES: Readonly<{
             type: "string";
             optional: true;
         }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
     };
     segment: {
         utterance: Readonly<{
@@ -351,6 +437,11 @@ declare const SERVER_MESSAGES: Readonly<{
         spoken: Readonly<{
             type: "string";
             optional: false;
+        }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
         }>;
     };
     done: {
@@ -382,6 +473,11 @@ declare const SERVER_MESSAGES: Readonly<{
             type: "float";
             optional: true;
         }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
     };
     error: {
         code: Readonly<{
@@ -395,6 +491,34 @@ declare const SERVER_MESSAGES: Readonly<{
         utterance: Readonly<{
             type: "int";
             optional: true;
+        }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
+    };
+    audio: {
+        format: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        utterance: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        sequence: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        audio: Readonly<{
+            type: "string";
+            optional: false;
+        }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
         }>;
     };
 }>;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from voxwire.protocol.wire import (
     MAX_BUFFER_DELAY_MS,
     MAX_SEED,
     SERVER_MESSAGES,
+    Audio,
     AudioFrame,
     ErrorCode,
     ProtocolError,
@@ -50,6 +52,10 @@ def test_client_message_vectors(case):
 def test_server_message_vectors(case):
     message = decode_server(case["text"])
     assert encode(message) == case["text"]
+    if isinstance(message, Audio):  # the JSON form of a frame: its base64 is the binary frame's payload
+        frame = message.frame()
+        assert Audio.of(frame) == message
+        assert frame.encode()[len(frame.encode()) - len(frame.payload()) :] == base64.b64decode(message.audio)
 
 
 @pytest.mark.parametrize("case", cases("client_errors"))
@@ -62,7 +68,8 @@ def test_refused_client_message_vectors(case):
 @pytest.mark.parametrize("case", cases("audio_frames"))
 def test_audio_frame_vectors(case):
     spec = case["frame"]
-    frame = AudioFrame(spec["format"], spec["utterance"], spec["sequence"], tuple(map(bytes.fromhex, spec["packets"])))
+    packets = tuple(map(bytes.fromhex, spec["packets"]))
+    frame = AudioFrame(spec["format"], spec["utterance"], spec["sequence"], packets, spec.get("context_id"))
     assert AudioFrame.decode(bytes.fromhex(case["hex"])) == frame
     if not case.get("decode_only"):
         assert frame.encode().hex() == case["hex"]
@@ -82,9 +89,21 @@ def test_vectors_cover_every_message_and_format():
     assert (client, server, formats) == (set(CLIENT_MESSAGES), set(SERVER_MESSAGES), set(FRAME_FORMATS))
 
 
-def test_the_pcm_f32_payload_is_four_byte_aligned():
-    data = AudioFrame("pcm_f32le", 0, 0, (bytes(8),)).encode()
+@pytest.mark.parametrize("context_id", [None, "a", "ab", "abc", "abcd", "é" * 32])
+def test_the_pcm_f32_payload_is_four_byte_aligned(context_id):
+    data = AudioFrame("pcm_f32le", 0, 0, (bytes(8),), context_id).encode()
     assert (len(data) - 8) % 4 == 0
+
+
+def test_a_frame_of_the_default_context_keeps_the_twelve_byte_header():
+    frame = AudioFrame("pcm_s16le", 3, 4, (bytes(4),))
+    assert frame.encode()[2:4] == (12).to_bytes(2, "little") and len(frame.encode()) == 16
+
+
+def test_an_old_decoder_that_skips_the_header_reads_a_context_frame_s_payload():
+    """A version-1 client that knows no context (it skips ``header_size`` bytes, as the spec says) gets the audio."""
+    data = AudioFrame("pcm_s16le", 0, 0, (b"\x01\x00\x02\x00",), "agent-b").encode()
+    assert data[int.from_bytes(data[2:4], "little") :] == b"\x01\x00\x02\x00"
 
 
 def test_an_opus_packet_too_long_for_its_length_prefix_is_refused():
@@ -109,8 +128,13 @@ starts = st.builds(
     inference_timesteps=st.none() | st.integers(1, 1000),
     max_buffer_delay_ms=st.none() | st.integers(0, MAX_BUFFER_DELAY_MS),
     persona=st.none() | st.text(max_size=20),
+    context_id=st.none() | st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=16),
 )
-texts = st.builds(Text, st.text(st.characters(exclude_categories=["Cs"])))
+texts = st.builds(
+    Text,
+    st.text(st.characters(exclude_categories=["Cs"])),
+    st.none() | st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=16),
+)
 
 
 @given(st.one_of(starts, texts))
@@ -123,9 +147,23 @@ def test_client_messages_survive_a_round_trip(message):
     st.integers(0, 2**32 - 1),
     st.integers(0, 2**32 - 1),
     st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=8),
+    st.none() | st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=16),
 )
-def test_audio_frames_survive_a_round_trip(fmt, utterance, sequence, packets):
-    frame = AudioFrame(fmt, utterance, sequence, tuple(packets))
+def test_audio_frames_survive_a_round_trip(fmt, utterance, sequence, packets, context_id):
+    frame = AudioFrame(fmt, utterance, sequence, tuple(packets), context_id)
     decoded = AudioFrame.decode(frame.encode())
-    expected = tuple(packets) if fmt == "opus" else (b"".join(packets),)
-    assert decoded == AudioFrame(fmt, utterance, sequence, expected)
+    expected = AudioFrame(
+        fmt, utterance, sequence, tuple(packets) if fmt == "opus" else (b"".join(packets),), context_id
+    )
+    assert decoded == expected
+    assert decode_server(encode(Audio.of(frame))).frame() == expected
+
+
+@pytest.mark.parametrize(
+    ("fmt", "audio"), [("pcm_mulaw", "not base64!"), ("pcm_mulaw", "AQ"), ("mp3", "AQA="), ("opus", "BQCqqw==")]
+)
+def test_an_audio_message_that_is_no_frame_is_a_bad_frame(fmt, audio):
+    message = decode_server(encode(Audio(fmt, 0, 0, audio)))
+    with pytest.raises(ProtocolError) as caught:
+        message.frame()
+    assert caught.value.code is ErrorCode.BAD_FRAME

@@ -70,6 +70,8 @@ class ErrorCode(str, enum.Enum):
     """The client sent more than ``max_messages_per_s`` messages a second (then close code 4003)."""
     TOO_MANY_UTTERANCES = "too_many_utterances"
     """A new utterance while ``max_queued_utterances`` of this connection are not done yet."""
+    TOO_MANY_CONTEXTS = "too_many_contexts"
+    """A message names a new context while ``max_contexts`` of this connection are open (``close_context`` one)."""
     BAD_FRAME = "bad_frame"
     """A binary audio frame that does not parse (raised by ``AudioFrame.decode``, on the client side)."""
 

@@ -8,22 +8,29 @@ code, stdlib only); the session logic and any Python client speak in these datac
 
 Control messages are JSON objects in text frames, discriminated by ``"type"``. Client to server:
 ``start`` (settings for the utterances that follow; every field optional), ``text``, ``flush``,
-``end``, ``cancel``. Server to client: ``ready``, ``segment``, ``done``, ``error``. A client message
-with an unknown field, a value of the wrong JSON type, or a value out of range is refused as a whole
-with a typed ``ProtocolError`` whose ``code`` is stable (``ErrorCode``). Client messages omit unset
-optional fields; server messages always carry every field (``null`` when unknown).
+``end``, ``cancel``, ``close_context``. Server to client: ``ready``, ``segment``, ``done``, ``error``,
+and ``audio`` (a frame as JSON, with ``start.audio_transport`` ``json``). A client message with an
+unknown field, a value of the wrong JSON type, or a value out of range is refused as a whole with a
+typed ``ProtocolError`` whose ``code`` is stable (``ErrorCode``). Every message may name a
+``context_id`` (one of several independent streams on the connection; none: the default context).
+Client messages omit unset optional fields; server messages always carry every field (``null`` when
+unknown) except ``context_id``, which is left out for the default context so that a client that names
+no context sees the messages it always did.
 
 Audio travels in binary frames, server to client only. Layout (all integers little-endian)::
 
     offset  size  field
     0       1     version      FRAME_VERSION (1)
-    1       1     format       0 opus, 1 ogg_opus, 2 pcm_s16le, 3 pcm_f32le (FRAME_FORMATS)
-    2       2     header_size  bytes before the payload (12 in version 1; skip it, do not assume it)
-    4       4     utterance    the utterance number (0, 1, 2, ... per connection)
+    1       1     format       0 opus, 1 ogg_opus, 2 pcm_s16le, 3 pcm_f32le, 4 pcm_mulaw, 5 pcm_alaw (FRAME_FORMATS)
+    2       2     header_size  bytes before the payload (12 without extensions; skip it, do not assume it)
+    4       4     utterance    the utterance number (0, 1, 2, ... per connection, all contexts together)
     8       4     sequence     this frame's number within its utterance (0, 1, 2, ...)
-    12      ...   payload
+    12      ...   extensions   [tag u8][length u8][value] fields up to header_size; tag 0 is padding and ends
+                               them, tag 1 is the context id (UTF-8), unknown tags are skipped
+    header_size   payload
 
-The header keeps the payload 4-byte aligned, so ``new Float32Array(buf, 12)`` works for pcm_f32le.
+Frames of the default context have no extension (the 12-byte header); the context field is padded
+with zeros to a multiple of 4, so the payload stays 4-byte aligned (``new Float32Array(buf, header_size)``).
 For ``opus`` the payload is one or more raw Opus packets (RFC 6716, one 20 ms frame each), each
 preceded by its length as a u16: ``[len][packet][len][packet]...``; feed each packet to a WebCodecs
 ``AudioDecoder`` as one chunk. For the other formats the payload is the format's bytes (Ogg pages,
@@ -33,6 +40,7 @@ frames of an utterance it cancelled by their ``utterance`` number.
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import math
@@ -62,11 +70,24 @@ PROTOCOL_VERSION = 1
 """Announced in ``ready``; bumped when a message changes incompatibly."""
 
 FRAME_VERSION = 1
-FRAME_FORMATS = ("opus", "ogg_opus", "pcm_s16le", "pcm_f32le")
+FRAME_FORMATS = ("opus", "ogg_opus", "pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")
 """The audio formats a WebSocket session can stream; a frame's format byte is the index here."""
+PCM_FORMATS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")
+"""The formats whose rate a client chooses (``start.sample_rate``): raw samples, resampled on the server."""
+SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+"""The rates ``start.sample_rate`` may ask for (telephony, wideband, and the usual media rates)."""
+AUDIO_TRANSPORTS = ("binary", "json")
+"""How audio reaches the client (``start.audio_transport``): binary frames, or base64 in ``audio`` text frames."""
+MAX_CONTEXT_ID_BYTES = 64
+"""Longest ``context_id`` in UTF-8 bytes: it is repeated in every message and frame header of its context."""
 
 _FRAME_HEADER = struct.Struct("<BBHII")
 _PACKET_LENGTH = struct.Struct("<H")
+_EXTENSION = struct.Struct("<BB")
+"""A header extension field: tag, length; the value follows. Tag 0 is padding and ends the fields."""
+_CONTEXT_TAG = 1
+"""The header extension that names a frame's context (its ``context_id`` in UTF-8)."""
+_PADDING_TAG = 0
 MAX_PACKET_BYTES = 0xFFFF
 """Largest Opus packet a u16 length prefix can carry (libopus packets are at most 1275 bytes)."""
 
@@ -149,6 +170,12 @@ class Start:
     models without it, and with a voice saved with its transcript)."""
     speed: float | None = None
     """Speaking speed in [0.25, 4.0], pitch kept (default 1.0)."""
+    sample_rate: int | None = None
+    """The rate of the audio, one of ``SAMPLE_RATES``, for a format in ``PCM_FORMATS`` only (omitted: the model's
+    rate; 8000 for the G.711 formats)."""
+    audio_transport: str | None = None
+    """``binary`` (default): audio in binary frames; ``json``: base64 in ``audio`` text frames."""
+    context_id: str | None = None
 
     def check(self) -> None:
         _check_range(self.format is None or self.format in FRAME_FORMATS, "format", f"one of {FRAME_FORMATS}")
@@ -161,6 +188,14 @@ class Start:
         _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
         speed = self.speed
         _check_range(speed is None or MIN_SPEED <= speed <= MAX_SPEED, "speed", f"in [{MIN_SPEED}, {MAX_SPEED}]")
+        rate = self.sample_rate
+        _check_range(rate is None or rate in SAMPLE_RATES, "sample_rate", f"one of {SAMPLE_RATES}")
+        _check_range(rate is None or self.format in PCM_FORMATS, "sample_rate", f"set with a format of {PCM_FORMATS}")
+        transport = self.audio_transport
+        _check_range(
+            transport is None or transport in AUDIO_TRANSPORTS, "audio_transport", f"one of {AUDIO_TRANSPORTS}"
+        )
+        check_context_id(self)
 
 
 @dataclass(frozen=True)
@@ -169,6 +204,10 @@ class Text:
 
     type: ClassVar[str] = "text"
     text: str
+    context_id: str | None = None
+
+    def check(self) -> None:
+        check_context_id(self)
 
 
 @dataclass(frozen=True)
@@ -176,6 +215,10 @@ class Flush:
     """Speak everything buffered now, even an incomplete sentence; the utterance stays open."""
 
     type: ClassVar[str] = "flush"
+    context_id: str | None = None
+
+    def check(self) -> None:
+        check_context_id(self)
 
 
 @dataclass(frozen=True)
@@ -183,13 +226,22 @@ class End:
     """Close the open utterance: the rest of its text is spoken, then ``done`` follows."""
 
     type: ClassVar[str] = "end"
+    context_id: str | None = None
+
+    def check(self) -> None:
+        check_context_id(self)
 
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop every utterance not yet done within one engine step and drop buffered text; each gets ``done``."""
+    """Stop every utterance of the context not yet done within one engine step and drop its buffered text; each
+    gets ``done``."""
 
     type: ClassVar[str] = "cancel"
+    context_id: str | None = None
+
+    def check(self) -> None:
+        check_context_id(self)
 
 
 @dataclass(frozen=True)
@@ -215,6 +267,7 @@ class Ready:
     """The listener lead the server schedules this connection's streams by."""
     persona: str | None
     """The LoRA persona the next utterances speak with (null: the base model)."""
+    context_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -230,6 +283,7 @@ class Segment:
     is applied, i.e. in the encoder's input timeline)."""
     spoken: str
     """What was spoken: ``text`` normalized when ``start.normalize`` is on, else ``text`` itself."""
+    context_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +304,7 @@ class Done:
     """Of ``ttfa_s``, the wait for a complete sentence (first text to first engine request)."""
     engine_ttfc_s: float | None
     """Of ``ttfa_s``, the engine's own time to first chunk (request submitted to first chunk out)."""
+    context_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -261,20 +316,77 @@ class Error:
     message: str
     utterance: int | None = None
     """The utterance that failed, when the error ended one."""
+    context_id: str | None = None
+    """The context of the message refused, or of the utterance that failed."""
 
 
-ClientMessage = Start | Text | Flush | End | Cancel
-ServerMessage = Ready | Segment | Done | Error
+@dataclass(frozen=True)
+class Audio:
+    """An audio frame as a JSON text frame (``start.audio_transport`` ``json``): ``audio`` is the base64 (RFC 4648,
+    with padding) of exactly the payload a binary frame would carry; the other fields are its header's."""
+
+    type: ClassVar[str] = "audio"
+    format: str
+    utterance: int
+    sequence: int
+    audio: str
+    context_id: str | None = None
+
+    @classmethod
+    def of(cls, frame: AudioFrame) -> Audio:
+        payload = frame.payload()
+        return cls(frame.format, frame.utterance, frame.sequence, base64.b64encode(payload).decode(), frame.context_id)
+
+    def frame(self) -> AudioFrame:
+        """The binary frame this message stands for. Raises ``ProtocolError`` (``bad_frame``)."""
+        if self.format not in FRAME_FORMATS:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"unknown audio format {self.format!r}")
+        try:
+            payload = base64.b64decode(self.audio, validate=True)
+        except ValueError:
+            raise ProtocolError(ErrorCode.BAD_FRAME, "audio is not base64") from None
+        packets = _split_packets(payload) if self.format == "opus" else (payload,)
+        return AudioFrame(self.format, self.utterance, self.sequence, packets, self.context_id)
+
+
+@dataclass(frozen=True)
+class CloseContext:
+    """Cancel the context's utterances (as ``cancel``) and forget it: its settings are gone, its slot is free."""
+
+    type: ClassVar[str] = "close_context"
+    context_id: str
+
+    def check(self) -> None:
+        check_context_id(self)
+
+
+ClientMessage = Start | Text | Flush | End | Cancel | CloseContext
+ServerMessage = Ready | Segment | Done | Error | Audio
 JsonMessage = ClientMessage | ServerMessage
-CLIENT_MESSAGES: dict[str, type[ClientMessage]] = {cls.type: cls for cls in (Start, Text, Flush, End, Cancel)}
-SERVER_MESSAGES: dict[str, type[ServerMessage]] = {cls.type: cls for cls in (Ready, Segment, Done, Error)}
+CLIENT_MESSAGES: dict[str, type[ClientMessage]] = {
+    cls.type: cls for cls in (Start, Text, Flush, End, Cancel, CloseContext)
+}
+SERVER_MESSAGES: dict[str, type[ServerMessage]] = {cls.type: cls for cls in (Ready, Segment, Done, Error, Audio)}
+
+
+def check_context_id(message: ClientMessage) -> None:
+    """A context id names a context: a non-empty string of at most ``MAX_CONTEXT_ID_BYTES`` UTF-8 bytes."""
+    context = message.context_id
+    if context is not None and not 0 < len(context.encode()) <= MAX_CONTEXT_ID_BYTES:
+        raise ProtocolError(
+            ErrorCode.OUT_OF_RANGE, f"{message.type}.context_id must have 1..{MAX_CONTEXT_ID_BYTES} UTF-8 bytes"
+        )
 
 
 def encode(message: JsonMessage) -> str:
-    """The message as a compact JSON text frame, ``type`` first; client messages omit unset (None) fields."""
+    """The message as a compact JSON text frame, ``type`` first; client messages omit unset (None) fields, and
+    server messages omit an unset ``context_id`` (so a client that uses no context sees the messages it always
+    did)."""
     body = asdict(message)
     if message.type in CLIENT_MESSAGES:
         body = {name: value for name, value in body.items() if value is not None}
+    elif body.get("context_id", "") is None:
+        del body["context_id"]
     return json.dumps({"type": message.type, **body}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -408,20 +520,32 @@ class AudioFrame:
     """One binary frame: audio of ``utterance``, in order by ``sequence``.
 
     ``packets`` holds Opus packets for ``opus`` and a single block of bytes for the other formats.
+    ``context_id`` (a header extension) names the context of the utterance; None: the default context, whose
+    frames keep the 12-byte header.
     """
 
     format: str
     utterance: int
     sequence: int
     packets: tuple[bytes, ...]
+    context_id: str | None = None
 
     def encode(self) -> bytes:
+        extension = _context_extension(self.context_id)
         header = _FRAME_HEADER.pack(
-            FRAME_VERSION, FRAME_FORMATS.index(self.format), _FRAME_HEADER.size, self.utterance, self.sequence
+            FRAME_VERSION,
+            FRAME_FORMATS.index(self.format),
+            _FRAME_HEADER.size + len(extension),
+            self.utterance,
+            self.sequence,
         )
+        return header + extension + self.payload()
+
+    def payload(self) -> bytes:
+        """The bytes after the header: Opus packets each behind its u16 length, else the format's bytes."""
         if self.format != "opus":
-            return header + b"".join(self.packets)
-        parts = [header]
+            return b"".join(self.packets)
+        parts = []
         for packet in self.packets:
             if not 0 < len(packet) <= MAX_PACKET_BYTES:
                 raise ValueError(f"an Opus packet must have 1..{MAX_PACKET_BYTES} bytes, got {len(packet)}")
@@ -436,10 +560,40 @@ class AudioFrame:
         version, fmt, header_size, utterance, sequence = _FRAME_HEADER.unpack_from(data)
         if version != FRAME_VERSION or fmt >= len(FRAME_FORMATS) or not _FRAME_HEADER.size <= header_size <= len(data):
             raise ProtocolError(ErrorCode.BAD_FRAME, f"bad header: version {version}, format {fmt}, size {header_size}")
+        context_id = _read_extensions(data[_FRAME_HEADER.size : header_size])
         payload = data[header_size:]
         name = FRAME_FORMATS[fmt]
         packets = _split_packets(payload) if name == "opus" else (payload,)
-        return cls(name, utterance, sequence, packets)
+        return cls(name, utterance, sequence, packets, context_id)
+
+
+def _context_extension(context_id: str | None) -> bytes:
+    """The header extension naming ``context_id`` (none for the default context), zero-padded so the header stays
+    a multiple of 4 bytes (PCM payloads 4-byte aligned)."""
+    if context_id is None:
+        return b""
+    value = context_id.encode()
+    field = _EXTENSION.pack(_CONTEXT_TAG, len(value)) + value
+    return field + bytes(-(_FRAME_HEADER.size + len(field)) % 4)
+
+
+def _read_extensions(extensions: bytes) -> str | None:
+    """The context id among the header's extension fields; fields of unknown tags are skipped."""
+    context_id, offset = None, 0
+    while offset < len(extensions) and extensions[offset] != _PADDING_TAG:
+        if offset + _EXTENSION.size > len(extensions):
+            raise ProtocolError(ErrorCode.BAD_FRAME, "truncated header extension")
+        tag, size = _EXTENSION.unpack_from(extensions, offset)
+        offset += _EXTENSION.size
+        if offset + size > len(extensions):
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"header extension of {size} bytes does not fit the header")
+        if tag == _CONTEXT_TAG:
+            try:
+                context_id = extensions[offset : offset + size].decode()
+            except UnicodeDecodeError:
+                raise ProtocolError(ErrorCode.BAD_FRAME, "the context id is not UTF-8") from None
+        offset += size
+    return context_id
 
 
 def _split_packets(payload: bytes) -> tuple[bytes, ...]:

@@ -262,6 +262,9 @@ class Limits:
     ``rate_limited`` so that one connection cannot starve the other sessions of the event loop."""
     max_queued_utterances: int = 8
     """Utterances of one WebSocket not done yet, speaking or waiting their turn (``too_many_utterances``)."""
+    max_contexts: int = 16
+    """Named contexts one WebSocket holds at once, besides its default one (``too_many_contexts``; a
+    ``close_context`` frees one)."""
     max_text_chars_per_message: int = 4096
     """Largest ``text`` of one WebSocket message (``text_too_long``)."""
     max_text_chars_per_utterance: int = 20_000
@@ -285,8 +288,8 @@ class Limits:
 
     def __post_init__(self) -> None:
         _positive_ints(
-            self, "max_connections", "max_message_bytes", "max_queued_utterances", "max_text_chars_per_message",
-            "max_text_chars_per_utterance",
+            self, "max_connections", "max_message_bytes", "max_queued_utterances", "max_contexts",
+            "max_text_chars_per_message", "max_text_chars_per_utterance",
         )  # fmt: skip
         _positive_numbers(
             self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_unsent_audio_s",

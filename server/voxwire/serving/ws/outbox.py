@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voxwire.protocol.wire import AudioFrame, Segment, ServerMessage, encode
+from voxwire.protocol.wire import Audio, AudioFrame, Segment, ServerMessage, encode
 
 
 class Transport(Protocol):
@@ -48,6 +48,9 @@ class Delivery:
 
     utterance: int
     format: str
+    context_id: str | None = None
+    transport: str = "binary"
+    """``binary``: binary frames; ``json``: ``audio`` text frames (base64)."""
     sent_s: float = 0.0
     first_sent_at: float | None = None
     """``time.monotonic()`` when the first frame was written."""
@@ -143,9 +146,15 @@ class Outbox:
         delivery = audio.delivery
         try:
             if audio.blocks:  # empty when an Opus encoder holds the audio until its 20 ms frame is complete
-                frame = AudioFrame(delivery.format, delivery.utterance, delivery.frames, tuple(audio.blocks))
+                blocks = tuple(audio.blocks)
+                frame = AudioFrame(
+                    delivery.format, delivery.utterance, delivery.frames, blocks, context_id=delivery.context_id
+                )
                 delivery.frames += 1
-                await self.transport.send_bytes(frame.encode())
+                if delivery.transport == "json":
+                    await self.transport.send_str(encode(Audio.of(frame)))
+                else:
+                    await self.transport.send_bytes(frame.encode())
                 if delivery.first_sent_at is None:
                     delivery.first_sent_at = time.monotonic()
         finally:

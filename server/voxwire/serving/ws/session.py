@@ -76,6 +76,7 @@ def session_limits(config: ServerConfig) -> SessionLimits:
         max_text_chars_per_utterance=config.limits.max_text_chars_per_utterance,
         max_queued_utterances=config.limits.max_queued_utterances,
         idle_timeout_s=config.limits.idle_timeout_s,
+        max_contexts=config.limits.max_contexts,
     )
 
 
@@ -152,17 +153,18 @@ class Session:
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
             match action:
-                case Announce(settings):
-                    self.outbox.put(ready_message(settings, self.service.info, self.config.audio.opus_settings()))
+                case Announce(settings, context_id):
+                    info, opus = self.service.info, self.config.audio.opus_settings()
+                    self.outbox.put(ready_message(settings, info, opus, context_id))
                 case Preload():
                     self._spawn(preload_in_worker())
-                case SendError(code, message, utterance):
+                case SendError(code, message, utterance, context_id):
                     if self.metrics is not None:
                         self.metrics.count_error(code.value)
-                    self.outbox.put(Error(code.value, message, utterance))
-                case OpenUtterance(number, settings):
+                    self.outbox.put(Error(code.value, message, utterance, context_id=context_id))
+                case OpenUtterance(number, settings, context_id):
                     rate, opus = self.service.info.sample_rate, self.config.audio.opus_settings()
-                    self._audio[number] = UtteranceAudio(number, settings, rate, opus, time.monotonic())
+                    self._audio[number] = UtteranceAudio(number, settings, rate, opus, time.monotonic(), context_id)
                 case SpeakSegment():
                     self._work[action.utterance] = self._spawn(self._speak(action))
                 case FinishAudio(number):
@@ -301,7 +303,8 @@ class Session:
 
     def _announce(self, audio: UtteranceAudio, index: int, text: str, spoken: str) -> None:
         audio.started += 1
-        self.outbox.put(Segment(audio.number, index, text, audio.start_sample, spoken))
+        segment = Segment(audio.number, index, text, audio.start_sample, spoken, context_id=audio.context_id)
+        self.outbox.put(segment)
 
     async def _on_chunk(self, audio: UtteranceAudio, chunk: np.ndarray) -> None:
         now = time.monotonic()

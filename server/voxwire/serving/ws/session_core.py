@@ -8,14 +8,18 @@ and carries out the typed actions each event returns, in order. The core owns:
   (``MessageBudget``; over it the connection is closed); a frame past ``max_message_bytes``, an
   undecodable one, and a message the state does not allow are refused with an ``error`` that
   changes nothing else.
-* **Text buffering** on an explicit clock: complete sentences (``SentenceSegmenter``) are queued at
-  once, and a ``(description)`` typed at an utterance's start becomes its voice design for every
-  sentence (``Settings.design_prefix``); an incomplete rest is spoken on ``flush``, ``end``, or
-  ``max_buffer_delay_ms`` after the first of its characters arrived. That delay is a deadline
-  (``deadline``), reached through ``tick``; sentences without a letter or digit are not spoken (``sayable``).
-* **The utterance lifecycle** (``UtteranceStatus``, ``SpeakingStep``): utterances speak one after
-  another, each one segment at a time, in order; ``cancel`` stops every live one; each ends with
-  one ``done`` and is released once that is sent.
+* **Contexts** (``Context``): every client message addresses one, by its ``context_id`` (none: the
+  default context, which always exists). A context has its own settings, text buffer, open
+  utterance and cancel; a named one is made by the first ``start`` or ``text`` that names it (at
+  most ``max_contexts`` at once) and forgotten on ``close_context``. Contexts speak side by side.
+* **Text buffering** on an explicit clock, per context: complete sentences (``SentenceSegmenter``) are
+  queued at once, and a ``(description)`` typed at an utterance's start becomes its voice design for
+  every sentence (``Settings.design_prefix``); an incomplete rest is spoken on ``flush``, ``end``, or
+  ``max_buffer_delay_ms`` after the first of its characters arrived. That delay is a deadline (``deadline``), reached
+  through ``tick``; sentences without a letter or digit are not spoken (``sayable``).
+* **The utterance lifecycle** (``UtteranceStatus``, ``SpeakingStep``): a context's utterances speak
+  one after another, each one segment at a time, in order; ``cancel`` stops every live one of its
+  context; each ends with one ``done`` and is released once that is sent.
 * **Idleness**: a connection with no client message and no audio for ``idle_timeout_s`` is closed.
 
 It knows no socket, task, engine or encoder: the driver speaks the segments, encodes the audio,
@@ -37,6 +41,7 @@ from voxwire.protocol.wire import (
     Cancel,
     ClientMessage,
     CloseCode,
+    CloseContext,
     End,
     Flush,
     ProtocolError,
@@ -79,6 +84,8 @@ class SessionLimits:
     max_text_chars_per_utterance: int
     max_queued_utterances: int
     idle_timeout_s: float
+    max_contexts: int = 16
+    """Named contexts at once (the default context not counted)."""
 
 
 class UtteranceGate(Protocol):
@@ -99,9 +106,10 @@ class UtteranceGate(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Announce:
-    """Send a ``ready`` announcing ``settings``."""
+    """Send a ``ready`` announcing ``settings`` of ``context_id``."""
 
     settings: Settings
+    context_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +119,22 @@ class Preload:
 
 @dataclass(frozen=True, slots=True)
 class SendError:
-    """Send an ``error`` (``utterance``: the utterance it ended, if any)."""
+    """Send an ``error`` (``utterance``: the utterance it ended, if any; ``context_id``: the context of the message
+    refused or of that utterance)."""
 
     code: ErrorCode
     message: str
     utterance: int | None = None
+    context_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class OpenUtterance:
-    """A new utterance takes text from now on, spoken with ``settings``."""
+    """A new utterance of ``context_id`` takes text from now on, spoken with ``settings``."""
 
     utterance: int
     settings: Settings
+    context_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +192,18 @@ Action = (
 )  # fmt: skip
 
 
+class Context:
+    """One context of a connection: its settings, its text buffer and the deadline of that buffer."""
+
+    def __init__(self, context_id: str | None, settings: Settings) -> None:
+        self.id = context_id
+        self.settings = settings
+        """What the context's next utterance is spoken with (its latest ``start``)."""
+        self.segmenter = SentenceSegmenter()
+        self.flush_at: float | None = None
+        """When the buffered rest of a sentence is spoken though incomplete; None: nothing waits for it."""
+
+
 class SessionCore:
     """One connection's rules. Every event method returns the actions to carry out, in order; it never raises for
     a client's mistake."""
@@ -194,25 +217,29 @@ class SessionCore:
         self._resolve = resolve
         self._gate = gate
         self.phase = SessionPhase.ACTIVE
-        self.settings = resolve(Start())
-        """What the next utterance is spoken with (the latest ``start``)."""
+        self._defaults = resolve(Start())
+        """The server's default settings, which a new context starts with."""
+        self.contexts: dict[str | None, Context] = {None: Context(None, self._defaults)}
+        """The contexts by id; None is the default context, which is never forgotten."""
         self.utterances: list[Utterance] = []
         """Utterances not ``RELEASED`` yet, oldest first; each one's ``status`` says where it is."""
         self._numbers = itertools.count()
-        self._segmenter = SentenceSegmenter()
-        self._flush_at: float | None = None
-        """When the buffered rest of a sentence is spoken though incomplete; None: nothing waits for it."""
         self._last_activity = now
         self._budget = MessageBudget(limits.max_messages_per_s, now)
         self._actions: list[Action] = []
+
+    @property
+    def settings(self) -> Settings:
+        """What the default context's next utterance is spoken with."""
+        return self.contexts[None].settings
 
     @property
     def deadline(self) -> float | None:
         """When the driver must call ``tick`` next (a buffer-delay flush, or the idle limit); None once closed."""
         if self.phase is SessionPhase.CLOSED:
             return None
-        idle_at = self._last_activity + self.limits.idle_timeout_s
-        return idle_at if self._flush_at is None else min(idle_at, self._flush_at)
+        flushes = [context.flush_at for context in self.contexts.values() if context.flush_at is not None]
+        return min([self._last_activity + self.limits.idle_timeout_s, *flushes])
 
     # ---- events ------------------------------------------------------------------------------------------------
 
@@ -224,13 +251,16 @@ class SessionCore:
     def receive(self, data: str, now: float) -> list[Action]:
         """A text frame; a refusal is answered with an ``error`` and changes nothing else."""
         if self._admit(now):
+            context_id = None
             try:
                 limit = self.limits.max_message_bytes
                 if len(data.encode(errors="surrogatepass")) > limit:
                     raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"messages are limited to {limit} bytes")
-                self._handle(decode_client(data), now)
+                message = decode_client(data)
+                context_id = message.context_id
+                self._handle(message, now)
             except ProtocolError as exc:
-                self._emit(SendError(exc.code, exc.message))
+                self._emit(SendError(exc.code, exc.message, context_id=context_id))
         return self._take()
 
     def receive_binary(self, now: float) -> list[Action]:
@@ -247,8 +277,10 @@ class SessionCore:
         limit = self.limits.idle_timeout_s
         if now >= self._last_activity + limit:
             self._shut(CloseCode.IDLE_TIMEOUT, ErrorCode.IDLE_TIMEOUT.value, f"nothing sent or spoken for {limit:g} s")
-        elif self._flush_at is not None and now >= self._flush_at:
-            self._flush()
+        else:
+            for context in list(self.contexts.values()):
+                if context.flush_at is not None and now >= context.flush_at:
+                    self._flush(context)
         return self._take()
 
     def audio_produced(self, now: float) -> None:
@@ -270,7 +302,7 @@ class SessionCore:
     def segment_failed(self, number: int, code: ErrorCode, message: str, now: float) -> list[Action]:
         """``SpeakSegment`` of ``number`` failed: the utterance ends in error, and its other sentences are dropped."""
         if (utterance := self._find(number)) is not None:
-            self._emit(SendError(code, message, number))
+            self._emit(SendError(code, message, number, utterance.context_id))
             self._finish(utterance, FinishReason.ERROR, now)
             self._advance()
         return self._take()
@@ -317,64 +349,87 @@ class SessionCore:
         return True
 
     def _handle(self, message: ClientMessage, now: float) -> None:
+        context = self.contexts.get(message.context_id)
         match message:
             case Start():
-                self._start(message)
+                self._start(context, message)
             case Text():
-                self._text(message.text, now)
-            case Flush():
-                self._flush()
+                self._text(context, message, now)
             case End():
-                self._end()
-            case Cancel():
-                self._cancel(now)
+                self._end(context)
+            case Flush() if context is not None:
+                self._flush(context)
+            case Cancel() if context is not None:
+                self._cancel(context, now)
+            case CloseContext() if context is not None:
+                self._cancel(context, now)
+                del self.contexts[context.id]
+        # A flush, cancel or close_context of a context that does not exist has nothing to do.
 
-    def _start(self, start: Start) -> None:
-        if self._open() is not None:
+    def _new_context(self, context_id: str | None) -> Context:
+        """A named context with the server's default settings, within ``max_contexts`` (the default context always
+        exists, so ``context_id`` is a name)."""
+        limit = self.limits.max_contexts
+        if len(self.contexts) - 1 >= limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_CONTEXTS, f"{limit} contexts of this connection are open; close_context one first"
+            )
+        context = self.contexts[context_id] = Context(context_id, self._defaults)
+        return context
+
+    def _start(self, context: Context | None, start: Start) -> None:
+        """A refused ``start`` makes no context."""
+        if context is not None and self._open(context) is not None:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
-        self.settings = self._resolve(start)
-        if self.settings.normalize:
+        settings = self._resolve(start)
+        context = context or self._new_context(start.context_id)
+        context.settings = settings
+        if context.settings.normalize:
             self._emit(Preload())
-        self._emit(Announce(self.settings))
+        self._emit(Announce(context.settings, context.id))
 
-    def _text(self, text: str, now: float) -> None:
-        limit = self.limits.max_text_chars_per_message
+    def _text(self, context: Context | None, message: Text, now: float) -> None:
+        """A ``text`` refused for its length, or empty, makes no context."""
+        text, limit = message.text, self.limits.max_text_chars_per_message
         if len(text) > limit:
             raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"a text message holds at most {limit} characters")
         if not text:
             return
-        utterance = self._open() or self._open_utterance()
+        context = context or self._new_context(message.context_id)
+        utterance = self._open(context) or self._open_utterance(context)
         limit = self.limits.max_text_chars_per_utterance
         if utterance.chars + len(text) > limit:
             raise ProtocolError(ErrorCode.UTTERANCE_TOO_LONG, f"an utterance holds at most {limit} characters")
         utterance.chars += len(text)
-        self._queue(utterance, self._segmenter.push(text))
+        self._queue(context, utterance, context.segmenter.push(text))
         delay_ms = utterance.settings.max_buffer_delay_ms
-        if delay_ms == 0 or not self._segmenter.pending.strip():
-            self._flush()
-        elif self._flush_at is None:
-            self._flush_at = now + delay_ms / 1000
+        if delay_ms == 0 or not context.segmenter.pending.strip():
+            self._flush(context)
+        elif context.flush_at is None:
+            context.flush_at = now + delay_ms / 1000
 
-    def _flush(self) -> None:
-        self._flush_at = None
-        if (utterance := self._open()) is not None:
-            self._queue(utterance, self._segmenter.flush())
+    def _flush(self, context: Context) -> None:
+        context.flush_at = None
+        if (utterance := self._open(context)) is not None:
+            self._queue(context, utterance, context.segmenter.flush())
 
-    def _end(self) -> None:
-        utterance = self._open()
-        self._flush()
-        if utterance is None or utterance.queued == 0:
+    def _end(self, context: Context | None) -> None:
+        utterance = None if context is None else self._open(context)
+        if context is not None:
+            self._flush(context)
+        if context is None or utterance is None or utterance.queued == 0:
             raise ProtocolError(ErrorCode.EMPTY_UTTERANCE, "end with nothing to speak: send text first")
-        self._close_text()
+        self._close_text(context)
         self._advance()
 
-    def _cancel(self, now: float) -> None:
-        self._close_text()
+    def _cancel(self, context: Context, now: float) -> None:
+        self._close_text(context)
         for utterance in self._speaking():
-            self._emit(StopUtterance(utterance.number))
-            self._finish(utterance, FinishReason.CANCELLED, now)
+            if utterance.context_id == context.id:
+                self._emit(StopUtterance(utterance.number))
+                self._finish(utterance, FinishReason.CANCELLED, now)
 
-    def _open_utterance(self) -> Utterance:
+    def _open_utterance(self, context: Context) -> Utterance:
         if not self._gate.accepting:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "the server is not taking new utterances now")
         limit = self.limits.max_queued_utterances
@@ -382,23 +437,23 @@ class SessionCore:
             raise ProtocolError(
                 ErrorCode.TOO_MANY_UTTERANCES, f"{limit} utterances of this connection are not done yet; wait for one"
             )
-        utterance = Utterance(next(self._numbers), self.settings)
-        self._segmenter = SentenceSegmenter(design_prefix=utterance.settings.design_prefix)
+        utterance = Utterance(next(self._numbers), context.settings, context.id)
+        context.segmenter = SentenceSegmenter(design_prefix=utterance.settings.design_prefix)
         utterance.live.enter_context(self._gate.utterance())
         self.utterances.append(utterance)
-        self._emit(OpenUtterance(utterance.number, utterance.settings))
+        self._emit(OpenUtterance(utterance.number, utterance.settings, context.id))
         return utterance
 
-    def _close_text(self) -> None:
-        """The open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
-        self._flush_at = None
-        self._segmenter = SentenceSegmenter()
-        if (utterance := self._open()) is not None:
+    def _close_text(self, context: Context) -> None:
+        """The context's open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
+        context.flush_at = None
+        context.segmenter = SentenceSegmenter()
+        if (utterance := self._open(context)) is not None:
             utterance.move(UtteranceStatus.ENDED)
 
-    def _queue(self, utterance: Utterance, sentences: list[str]) -> None:
-        if self._segmenter.control is not None:  # typed at the utterance's start: it replaces start's
-            utterance.control = self._segmenter.control
+    def _queue(self, context: Context, utterance: Utterance, sentences: list[str]) -> None:
+        if context.segmenter.control is not None:  # typed at the utterance's start: it replaces start's
+            utterance.control = context.segmenter.control
         for sentence in filter(sayable, sentences):
             utterance.pending.append(sentence)
             utterance.queued += 1
@@ -407,22 +462,26 @@ class SessionCore:
     # ---- the lifecycle -----------------------------------------------------------------------------------------
 
     def _advance(self) -> None:
-        """Give the oldest live utterance its next step: its next sentence, or, once ended with every sentence
-        spoken, its last audio. The utterances after it wait their turn."""
-        if not (speaking := self._speaking()) or (utterance := speaking[0]).step is not SpeakingStep.WAITING:
-            return
-        if utterance.pending:
-            utterance.step = SpeakingStep.SEGMENT
-            sentence = utterance.pending.popleft()
-            self._emit(SpeakSegment(utterance.number, utterance.spoken, sentence, utterance.control))
-        elif utterance.status is UtteranceStatus.ENDED:
-            utterance.step = SpeakingStep.TAIL
-            self._emit(FinishAudio(utterance.number))
+        """Give each context's oldest live utterance its next step: its next sentence, or, once ended with every
+        sentence spoken, its last audio. The utterances after it in its context wait their turn."""
+        oldest: dict[str | None, Utterance] = {}
+        for utterance in self._speaking():
+            oldest.setdefault(utterance.context_id, utterance)
+        for utterance in oldest.values():
+            if utterance.step is not SpeakingStep.WAITING:
+                continue
+            if utterance.pending:
+                utterance.step = SpeakingStep.SEGMENT
+                sentence = utterance.pending.popleft()
+                self._emit(SpeakSegment(utterance.number, utterance.spoken, sentence, utterance.control))
+            elif utterance.status is UtteranceStatus.ENDED:
+                utterance.step = SpeakingStep.TAIL
+                self._emit(FinishAudio(utterance.number))
 
     def _finish(self, utterance: Utterance, reason: FinishReason, now: float) -> None:
         """The utterance is over: queue its ``done``; it stays counted live until that is sent."""
-        if utterance.status is UtteranceStatus.OPEN:
-            self._close_text()
+        if utterance.status is UtteranceStatus.OPEN and (context := self.contexts.get(utterance.context_id)):
+            self._close_text(context)
         utterance.move(UtteranceStatus.FINISHED)
         self._last_activity = now
         self._emit(SendDone(utterance.number, reason))
@@ -437,7 +496,8 @@ class SessionCore:
     def _stop(self, dropped: str | None) -> None:
         """Nothing more is accepted, spoken or sent: release every utterance."""
         self.phase = SessionPhase.CLOSED
-        self._flush_at = None
+        for context in self.contexts.values():
+            context.flush_at = None
         for utterance in self.utterances:
             utterance.move(UtteranceStatus.RELEASED)
         self.utterances.clear()
@@ -445,9 +505,11 @@ class SessionCore:
 
     # ---- views -------------------------------------------------------------------------------------------------
 
-    def _open(self) -> Utterance | None:
-        """The utterance taking text, if any."""
-        return next((u for u in self.utterances if u.status is UtteranceStatus.OPEN), None)
+    def _open(self, context: Context) -> Utterance | None:
+        """The context's utterance taking text, if any."""
+        return next(
+            (u for u in self.utterances if u.status is UtteranceStatus.OPEN and u.context_id == context.id), None
+        )
 
     def _speaking(self) -> list[Utterance]:
         """Utterances not finished yet (taking text or speaking), oldest first."""

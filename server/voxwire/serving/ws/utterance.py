@@ -43,6 +43,7 @@ from voxwire.serving.ws.outbox import Delivery
 from voxwire.text.normalize import EXTRA_HINT, normalizer_available
 
 DEFAULT_FORMAT = "opus"
+DEFAULT_AUDIO_TRANSPORT = "binary"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class Settings:
     without a continuation prompt)."""
     speed: float = 1.0
     """Speaking speed, pitch kept (``audio/tempo.py``)."""
+    sample_rate: int | None = None
+    """The rate the audio is resampled to (PCM formats); None: the format's own (the model's, or 8000 for G.711)."""
+    audio_transport: str = DEFAULT_AUDIO_TRANSPORT
+    """How the audio reaches the client: ``binary`` frames or ``json`` (``audio`` text frames, base64)."""
 
     def segment_params(self, index: int) -> SynthesisParams:
         seed = self.params.seed
@@ -114,35 +119,42 @@ def resolve_settings(
     except DesignRefused as exc:
         raise ProtocolError(ErrorCode.UNSUPPORTED, f"start.instructions: {exc}") from None
     speed = 1.0 if start.speed is None else start.speed
+    transport = start.audio_transport or DEFAULT_AUDIO_TRANSPORT
     return Settings(
         start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona,
-        control, design_allowed(service.info, prompt), speed,
+        control, design_allowed(service.info, prompt), speed, start.sample_rate, transport,
     )  # fmt: skip
 
 
 def new_encoder(settings: Settings, model_rate: int, opus: OpusSettings) -> StreamEncoder:
     """One utterance's encoder: each utterance is an independent stream (Opus: its own pre-skip)."""
     return make_encoder(
-        settings.format, model_rate, bitrate=opus.bitrate, complexity=opus.complexity, speed=settings.speed
+        settings.format,
+        model_rate,
+        output_rate=settings.sample_rate,
+        bitrate=opus.bitrate,
+        complexity=opus.complexity,
+        speed=settings.speed,
     )
 
 
-def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings) -> Ready:
-    rate, pre_skip = _stream_shape(settings.format, info.sample_rate, opus)
+def ready_message(settings: Settings, info: ModelInfo, opus: OpusSettings, context_id: str | None = None) -> Ready:
+    rate, pre_skip = _stream_shape(settings.format, info.sample_rate, settings.sample_rate, opus)
     params = settings.params
     return Ready(
         PROTOCOL_VERSION, info.name, settings.format, rate, info.chunk_seconds, pre_skip,
         settings.voice, params.seed, params.cfg_value, params.inference_timesteps, settings.max_buffer_delay_ms,
         settings.playback_lead_ms,
         settings.persona,
+        context_id=context_id,
     )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
-def _stream_shape(fmt: str, model_rate: int, opus: OpusSettings) -> tuple[int, int]:
+def _stream_shape(fmt: str, model_rate: int, output_rate: int | None, opus: OpusSettings) -> tuple[int, int]:
     """(sample rate, Opus pre-skip or 0) of a format's stream; cached, since building an Opus encoder to ask
     costs about 0.1 ms and every ``start`` is answered with a ``ready``."""
-    encoder = make_encoder(fmt, model_rate, bitrate=opus.bitrate, complexity=opus.complexity)
+    encoder = make_encoder(fmt, model_rate, output_rate=output_rate, bitrate=opus.bitrate, complexity=opus.complexity)
     return encoder.sample_rate, encoder.opus.pre_skip if isinstance(encoder, OpusPacketStream) else 0
 
 
@@ -150,7 +162,7 @@ class UtteranceStatus(enum.Enum):
     """Where an utterance is in its life; it only moves forward (``Utterance.move``, ``_TRANSITIONS``)."""
 
     OPEN = "open"
-    """Taking text (at most one per session)."""
+    """Taking text (at most one per context)."""
     ENDED = "ended"
     """No more text (``end``, ``cancel``, or a failure): speaking what was queued."""
     FINISHED = "finished"
@@ -181,9 +193,11 @@ class SpeakingStep(enum.Enum):
 class Utterance:
     """The lifecycle of one utterance from its first text to its ``done``, as ``SessionCore`` keeps it (no I/O)."""
 
-    def __init__(self, number: int, settings: Settings) -> None:
+    def __init__(self, number: int, settings: Settings, context_id: str | None = None) -> None:
         self.number = number
         self.settings = settings
+        self.context_id = context_id
+        """The context it belongs to (None: the default context)."""
         self.status = UtteranceStatus.OPEN
         self.step = SpeakingStep.WAITING
         self.chars = 0
@@ -213,12 +227,21 @@ class UtteranceAudio:
     """What the session's driver keeps of one utterance while it is spoken: its encoder, what the socket took,
     the voice its next segment continues, and its timings (``time.monotonic``)."""
 
-    def __init__(self, number: int, settings: Settings, model_rate: int, opus: OpusSettings, opened_at: float) -> None:
+    def __init__(
+        self,
+        number: int,
+        settings: Settings,
+        model_rate: int,
+        opus: OpusSettings,
+        opened_at: float,
+        context_id: str | None = None,
+    ) -> None:
         self.number = number
         self.settings = settings
+        self.context_id = context_id
         self.model_rate = model_rate
         self.encoder = new_encoder(settings, model_rate, opus)
-        self.delivery = Delivery(number, settings.format)
+        self.delivery = Delivery(number, settings.format, context_id, settings.audio_transport)
         self.prompt = settings.prompt
         """The voice the next segment continues, or for a designed utterance its reference (``carry``)."""
         self.started = 0
@@ -256,6 +279,7 @@ class UtteranceAudio:
             ttfa_s=_between(self.started_at, sent.first_sent_at),
             buffer_s=_between(self.started_at, self.first_request_at),
             engine_ttfc_s=_between(self.first_request_at, self.first_chunk_at),
+            context_id=self.context_id,
         )
 
     @property
