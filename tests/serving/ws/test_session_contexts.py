@@ -4,6 +4,8 @@ named contexts is bounded; a message without ``context_id`` addresses the defaul
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from voxwire.finish_reason import FinishReason
@@ -15,12 +17,13 @@ from voxwire.serving.ws.session_core import (
     OpenUtterance,
     SendDone,
     SendError,
+    SessionCore,
     SpeakSegment,
     StopUtterance,
 )
-from voxwire.serving.ws.utterance import UtteranceStatus
+from voxwire.serving.ws.utterance import Settings, UtteranceStatus
 
-from .test_session_core import DELAY_S, LIMITS, Gate, new_core, send
+from .test_session_core import DELAY_S, LIMITS, Gate, new_core, resolve, send
 
 
 def test_each_context_has_its_own_settings_and_the_default_context_keeps_its_own() -> None:
@@ -147,3 +150,15 @@ def test_a_refused_start_or_text_makes_no_context() -> None:
     assert send(core, Text("", context_id="a")) == []
     assert list(core.contexts) == [None]
     assert isinstance(send(core, Start(context_id="b"))[0], Announce), "the one slot is still free"
+
+
+def test_a_design_typed_at_a_contexts_start_designs_that_context_only() -> None:
+    def designable(start: Start) -> Settings:
+        return replace(resolve(start), design_prefix=True)
+
+    core = SessionCore(LIMITS, designable, Gate(), now=0.0)
+    core.opened()
+    designed = send(core, Text("(a calm, low voice)Hello there. Then", context_id="d"))
+    plain = send(core, Text("Hello there. Then"))
+    assert designed[1] == SpeakSegment(0, 0, "Hello there.", "a calm, low voice")
+    assert plain[1] == SpeakSegment(1, 0, "Hello there.", None)
