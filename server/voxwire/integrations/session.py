@@ -33,7 +33,19 @@ from voxwire.audio.resample import StreamResampler
 from voxwire.client.connection import OPEN_TIMEOUT_S, Connection, token_from_env
 from voxwire.client.errors import AuthenticationError, ClientError, ServerError
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Error, Flush, Ready, Segment, Start, Text
+from voxwire.protocol.wire import (
+    SAMPLE_RATES,
+    AudioFrame,
+    Cancel,
+    Done,
+    End,
+    Error,
+    Flush,
+    Ready,
+    Segment,
+    Start,
+    Text,
+)  # fmt: skip
 
 DEFAULT_URL = "ws://127.0.0.1:8000"
 WIRE_FORMAT = "pcm_s16le"
@@ -49,12 +61,11 @@ PERMANENT_CODES = frozenset(
 
 
 def audio_request(output_rate: int) -> dict[str, object]:
-    """The ``start`` fields that choose the audio the server sends: 16-bit PCM, at the model's rate.
-
-    The one place to switch to the server's own resampling: once ``start.sample_rate`` exists, adding
-    ``"sample_rate": output_rate`` here makes ``ready.sample_rate`` the output rate and ``_Decoder`` passes the
-    frames through untouched.
-    """
+    """The ``start`` fields that choose the audio the server sends: 16-bit PCM at the pipeline's rate, resampled on
+    the server when it is one the protocol offers (``SAMPLE_RATES``); otherwise at the model's rate, and
+    ``_Decoder`` resamples it here."""
+    if output_rate in SAMPLE_RATES:
+        return {"format": WIRE_FORMAT, "sample_rate": output_rate}
     return {"format": WIRE_FORMAT}
 
 

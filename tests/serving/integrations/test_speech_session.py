@@ -57,7 +57,7 @@ async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
     slow_down(server.app, 0.05)
     url = str(server.make_url("/"))
     async with await SpeechSession.open(url, None, SpeechSettings(seed=3), output_rate=24000) as session:
-        assert session.connection.ready.sample_rate == server.app[SERVICE_KEY].info.sample_rate
+        assert session.connection.ready.sample_rate == 24000  # a rate the protocol offers: resampled on the server
         events = session.events()
         assert await session.text("This sentence keeps speaking for a while. ") == 0
         assert await session.text("And another one follows it.") == 0  # same utterance until it ends
@@ -86,6 +86,25 @@ async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
         audio = np.frombuffer(b"".join(a.pcm for a in heard), dtype="<i2")
         assert audio.size > 0 and np.abs(audio).max() > 0
         assert await session.end() is None  # nothing open: nothing sent
+
+
+@pytest.mark.parametrize("output_rate", [24000, 32000])
+async def test_the_server_resamples_to_a_rate_it_offers_and_the_session_to_any_other(serve, output_rate) -> None:
+    server = await serve()
+    model_rate = server.app[SERVICE_KEY].info.sample_rate
+    offered = output_rate == 24000
+    url = str(server.make_url("/"))
+    async with await SpeechSession.open(url, None, SpeechSettings(seed=3), output_rate=output_rate) as session:
+        assert session.connection.ready.sample_rate == (output_rate if offered else model_rate)
+        events = session.events()
+        await session.text("Hello there.")
+        await session.end()
+        pcm = b""
+        while not isinstance(event := await asyncio.wait_for(anext(events), TIMEOUT_S), Done):
+            if isinstance(event, Audio):
+                pcm += event.pcm
+    # s16 at the pipeline's rate either way: as long as the speech the server made
+    assert len(pcm) / 2 / output_rate == pytest.approx(event.audio_s, abs=0.01)
 
 
 async def test_configure_sends_a_start_only_for_changed_settings_and_keeps_them_on_a_refusal(serve) -> None:
