@@ -38,6 +38,7 @@ from pipecat.workers.runner import WorkerRunner
 from voxwire.serving.keys import SESSIONS_KEY
 
 from .test_livekit_tts import STEP_S, engine_busy, record_steps
+from .test_pipecat_tts import PipelineBot
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,33 +67,8 @@ def stopped_within_a_step(steps: list[tuple[float, tuple[str, ...]]], since: flo
 # ---- Pipecat ---------------------------------------------------------------------------------------------------
 
 
-class Bot:
-    """A pipeline [ElevenLabsTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
-
-    def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
-        self.worker = worker
-        self.received = received
-        self.seen: list[Frame] = []
-
-    async def say(self, *frames: Frame) -> None:
-        for frame in frames:
-            await self.worker.queue_frame(frame, FrameDirection.DOWNSTREAM)
-
-    async def next_of(self, kind: type) -> Frame:
-        while True:
-            frame = await asyncio.wait_for(self.received.get(), TIMEOUT_S)
-            self.seen.append(frame)
-            if isinstance(frame, kind):
-                return frame
-
-    def drain(self) -> list[Frame]:
-        while not self.received.empty():
-            self.seen.append(self.received.get_nowait())
-        return self.seen
-
-
 @asynccontextmanager
-async def pipecat_bot(url: str, rate: int) -> AsyncIterator[Bot]:
+async def pipecat_bot(url: str, rate: int) -> AsyncIterator[PipelineBot]:
     received: asyncio.Queue[Frame] = asyncio.Queue()
     sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
     tts = ElevenLabsTTSService(api_key=KEY, url=url, settings=ElevenLabsTTSService.Settings(voice="default"))
@@ -110,7 +86,7 @@ async def pipecat_bot(url: str, rate: int) -> AsyncIterator[Bot]:
     running = asyncio.create_task(runner.run())
     await asyncio.wait_for(started.wait(), TIMEOUT_S)
     try:
-        yield Bot(worker, received)
+        yield PipelineBot(worker, received)
     finally:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(running, TIMEOUT_S)

@@ -54,17 +54,12 @@ def llm_tokens(text: str) -> list[LLMTextFrame]:
     return [LLMTextFrame(f"{word} ") for word in text.split(" ")]
 
 
-class Bot:
-    """A pipeline [VoxwireTTSService, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
+class PipelineBot:
+    """A pipeline [a TTS service, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
 
-    def __init__(
-        self, worker: PipelineWorker, tts: VoxwireTTSService, received: asyncio.Queue[Frame], errors: list[Frame]
-    ) -> None:
+    def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
         self.worker = worker
-        self.tts = tts
         self.received = received
-        self.errors = errors
-        """The frames that reached the pipeline's start going upstream (errors)."""
         self.seen: list[Frame] = []
 
     async def say(self, *frames: Frame) -> None:
@@ -78,6 +73,23 @@ class Bot:
             if isinstance(frame, kind):
                 return frame
 
+    def drain(self) -> list[Frame]:
+        while not self.received.empty():
+            self.seen.append(self.received.get_nowait())
+        return self.seen
+
+
+class Bot(PipelineBot):
+    """A pipeline [VoxwireTTSService, sink], and the errors that reached its start."""
+
+    def __init__(
+        self, worker: PipelineWorker, tts: VoxwireTTSService, received: asyncio.Queue[Frame], errors: list[Frame]
+    ) -> None:
+        super().__init__(worker, received)
+        self.tts = tts
+        self.errors = errors
+        """The frames that reached the pipeline's start going upstream (errors)."""
+
     async def speak(self, text: str) -> bytes:
         """One turn (its text as LLM tokens); the 16-bit audio of its context."""
         await self.say(LLMFullResponseStartFrame(), *llm_tokens(text), LLMFullResponseEndFrame())
@@ -87,11 +99,6 @@ class Bot:
             pass
         turn = self.seen[start:]
         return b"".join(f.audio for f in turn if isinstance(f, TTSAudioRawFrame) and f.context_id == first.context_id)
-
-    def drain(self) -> list[Frame]:
-        while not self.received.empty():
-            self.seen.append(self.received.get_nowait())
-        return self.seen
 
 
 class ErrorSink(QueuedFrameProcessor):
