@@ -41,6 +41,9 @@ class Chunk:
     """The audio's latent patch, which a caller keeps to continue the voice in a later utterance (a
     continuation prompt). Always set by the one-utterance API; by the engine when its runner reports patches
     (see ``RunnerOutput.patches``)."""
+    queued_s: float | None = None
+    """On a stream's first output with audio from the engine: how long the request waited for its slot (from
+    the engine receiving it to the start of the step that admitted it). None on every other chunk."""
 
     @property
     def finished(self) -> bool:

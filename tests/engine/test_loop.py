@@ -153,3 +153,17 @@ def test_queue_waits_run_from_add_to_the_admitting_step_and_count_only_served_re
     cumulative = dict(waits.cumulative())
     assert (cumulative[0.01], cumulative[0.025], cumulative[0.1], cumulative[0.125]) == (0, 1, 1, 2)
     assert loop.stats.step_times.count == loop.stats.steps == 2
+
+
+def test_a_streams_first_output_carries_its_queue_wait_and_no_other_does(make_engine, make_request):
+    engine, _ = make_engine(config={"max_running": 1})
+    clock = Clock()
+    loop, delivered = new_loop(engine, clock)
+    loop.add(make_request("a", max_len=2))
+    loop.add(make_request("b", max_len=2))  # waits for a's slot: two steps of 50 ms
+    for _ in range(4):
+        clock.now += 0.05
+        loop.run_due()
+    waits = [(o.request_id, o.queued_s) for batch in delivered.batches for o in batch if o.queued_s is not None]
+    assert waits == [("a", pytest.approx(0.05)), ("b", pytest.approx(0.15))]
+    assert [o.request_id for batch in delivered.batches for o in batch].count("b") >= 2

@@ -77,6 +77,7 @@ async def test_a_speech_request_continues_the_callers_trace(traced: TestClient, 
     (request,) = await finished(exporter, "POST /v1/audio/speech")
     (utterance,) = await finished(exporter, "voxwire.utterance")
     (first_audio,) = await finished(exporter, "voxwire.first_audio")
+    (queue,) = await finished(exporter, "voxwire.queue")
 
     assert request.kind is SpanKind.SERVER
     assert format(request.context.trace_id, "032x") == TRACE_ID
@@ -92,6 +93,11 @@ async def test_a_speech_request_continues_the_callers_trace(traced: TestClient, 
     assert first_audio.parent is not None and first_audio.parent.span_id == utterance.context.span_id
     assert utterance.context.trace_id == first_audio.context.trace_id == request.context.trace_id
     assert request.start_time <= utterance.start_time <= first_audio.end_time <= utterance.end_time <= request.end_time
+    # The wait for an engine slot, as the engine measured it: from the submission, within the wait for first audio.
+    assert queue.parent is not None and queue.parent.span_id == utterance.context.span_id
+    assert queue.start_time == utterance.start_time == first_audio.start_time
+    assert queue.end_time is not None and first_audio.end_time is not None
+    assert queue.start_time <= queue.end_time <= first_audio.end_time
     assert utterance.attributes is not None
     outputs = [event for event in utterance.events if event.name == "voxwire.output"]
     assert len(outputs) == utterance.attributes["voxwire.outputs"] > 1

@@ -18,6 +18,7 @@ import torch
 import zmq
 from tests.server_process import ServerProcess, poll
 
+from voxwire.chunk import Chunk
 from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
@@ -51,7 +52,7 @@ def every_message(tts: VoxCPM) -> list[object]:
         ipc.PersonasPublished(1),
         ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
         ipc.Welcome(info, (4, 8), SimPromptLength(), (), None),
-        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch), ("r2", 0, None, "oops", None)], STATS),
+        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch, 0.25), ("r2", 0, None, "oops", None, None)], STATS),
         ipc.Rejected("r1", QueueFullError("full")), ipc.Rejected("r1", ValueError("bad")), ipc.Heartbeat(STATS),
         ipc.VoiceEncoded(1, PROMPT), ipc.VoiceEncoded(1, None, InvalidInputError("not audio")),
         ipc.VoicesChanged((b"frontend-0", 1), (VOICE,), ("voice_0123456789abcdef",)),
@@ -193,3 +194,21 @@ def test_a_live_engine_drops_foreign_frames_and_keeps_serving(tmp_path: Path) ->
         assert not marker.exists()
         assert poll(lambda: server.log.count("dropped a") >= 5, timeout=10), server.log  # the log arrives by a pipe
         assert server.stop() == 0
+
+
+def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
+    patch = np.ones((2, 4), dtype=np.float32)
+    sent = [
+        Chunk("r1", np.arange(3, dtype=np.float32), patch=patch, queued_s=0.25),
+        Chunk("r2", np.zeros(0, dtype=np.float32), FinishReason.ERROR, "oops"),
+    ]
+    message, audio = ipc.pack_outputs(sent, STATS)
+    decoded = ipc.loads(message)
+    assert isinstance(decoded, ipc.Outputs) and decoded.stats == STATS
+    received = ipc.unpack_outputs(decoded, audio.tobytes())
+    for before, after in zip(sent, received, strict=True):
+        assert (after.request_id, after.finish_reason, after.error, after.queued_s) == (
+            before.request_id, before.finish_reason, before.error, before.queued_s,
+        )  # fmt: skip
+        assert np.array_equal(after.audio, before.audio)
+    assert received[0].patch is not None and np.array_equal(received[0].patch, patch) and received[1].patch is None

@@ -94,14 +94,16 @@ class EngineLoop:
             self._step()
 
     def _waits_ended(self, outputs: Iterable[Chunk], started: float) -> LatencyHistogram:
-        """The queue waits with those that the step begun at ``started`` ended. A request's first output with
-        audio ends its wait (the step that admits a request decodes it); one without (aborted while waiting,
-        failed at prefill) was never served and is no wait."""
+        """The queue waits with those that the step begun at ``started`` ended, each also stamped on its
+        request's output (``Chunk.queued_s``). A request's first output with audio ends its wait (the step that
+        admits a request decodes it); one without (aborted while waiting, failed at prefill) was never served
+        and is no wait."""
         waits = self.stats.queue_waits
         for output in outputs:
             queued_at = self._queued_at.pop(output.request_id, None)
             if queued_at is not None and output.audio.size:
-                waits = waits.observe(max(0.0, started - queued_at))
+                output.queued_s = max(0.0, started - queued_at)
+                waits = waits.observe(output.queued_s)
         return waits
 
     def _first_chunks_first(self, outputs: Iterable[Chunk]) -> list[Chunk]:

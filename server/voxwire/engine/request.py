@@ -104,14 +104,14 @@ class Request:
     """For a sentence continuing a stream that is already playing: when its first chunk must have left
     (the listener's buffer runs dry), on the clock ``Engine.step`` is given. None: a new stream, whose
     listener starts its lead after the first chunk leaves. Only the real-time policy reads it."""
-    playback_speed: float = 1.0
-    """How fast the listener plays the model's audio: at 2.0 (a tempo change after decoding, ``audio/tempo.py``)
-    a chunk plays in half its duration, so its deadlines come twice as often. Only the real-time policy reads it."""
     persona: str | None = None
     """Name of a registered LoRA persona, or None for the base model; resolved by the runner at prefill."""
     owner: str | None = None
     """Who the request counts against for per-client caps (``EngineConfig.persona_slots_per_owner``): an API key's
     digest, else its connection; None: nobody's, no cap applies."""
+    playback_speed: float = 1.0
+    """How fast the listener plays the model's audio: at 2.0 (a tempo change after decoding, ``audio/tempo.py``)
+    a chunk plays in half its duration, so its deadlines come twice as often. Only the real-time policy reads it."""
 
     def __post_init__(self) -> None:
         rid = self.request_id

@@ -12,9 +12,11 @@ set). ``otlp`` exports over HTTP/protobuf (the OpenTelemetry default; the extra 
 
 The spans (see docs/operations.md): one ``SERVER`` span per HTTP request, a child of the caller's ``traceparent``
 (the WebSocket's lasts as long as its connection); under a speech request, ``voxwire.utterance`` from the job's
-submission to its last audio, with a ``voxwire.first_audio`` child that ends when the first audio arrives, and one
-``voxwire.output`` event per engine output (each output is one engine step's patch of this utterance). The engine
-reports no per-request times, so the queue wait, the prefill and the first step are one span (``first_audio``).
+submission to its last audio, with a ``voxwire.first_audio`` child that ends when the first audio arrives, a
+``voxwire.queue`` child for the wait for an engine slot (from the submission, as long as the engine measured the
+request waiting: ``Chunk.queued_s``; the rest of ``first_audio`` is the hop to the engine, the prefill and the first
+step), and one ``voxwire.output`` event per engine output (each output is one engine step's patch of this
+utterance).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -174,12 +177,20 @@ class _TracedUtterance(UtteranceTrace):
     def __init__(self, tracer: Tracer) -> None:
         from opentelemetry.trace import set_span_in_context
 
-        self._span = tracer.start_span("voxwire.utterance")
-        self._first_audio: Span | None = tracer.start_span("voxwire.first_audio", set_span_in_context(self._span))
+        self._tracer = tracer
+        self._started_ns = time.time_ns()
+        self._span = tracer.start_span("voxwire.utterance", start_time=self._started_ns)
+        self._context = set_span_in_context(self._span)
+        self._first_audio: Span | None = tracer.start_span(
+            "voxwire.first_audio", self._context, start_time=self._started_ns
+        )
         self._outputs = 0
         self._samples = 0
 
     def output(self, chunk: Chunk) -> None:
+        if chunk.queued_s is not None:
+            queue = self._tracer.start_span("voxwire.queue", self._context, start_time=self._started_ns)
+            queue.end(min(time.time_ns(), self._started_ns + round(chunk.queued_s * 1e9)))
         if self._first_audio is not None:
             self._first_audio.end()
             self._first_audio = None

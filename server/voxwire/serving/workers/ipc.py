@@ -206,15 +206,16 @@ class Welcome:
 @dataclass(frozen=True, slots=True)
 class Outputs:
     """One engine step's outputs for the requests of one frontend (and the engine's load after it), but
-    their audio: per row (request id, samples, finish reason, error, patch); the samples follow in a frame."""
+    their audio: per row (request id, samples, finish reason, error, patch, queue wait); the samples follow in a
+    frame."""
 
-    rows: list[tuple[str, int, FinishReason | None, str | None, Patch | None]]
+    rows: list[tuple[str, int, FinishReason | None, str | None, Patch | None, float | None]]
     stats: EngineStats
 
 
 def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.NDArray[np.float32]]:
     """The two frames of an ``Outputs`` message."""
-    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch) for o in outputs]
+    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch, o.queued_s) for o in outputs]
     audio = np.concatenate([o.audio for o in outputs]) if outputs else EMPTY_AUDIO
     return dumps(Outputs(rows, stats)), audio
 
@@ -222,8 +223,8 @@ def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.N
 def unpack_outputs(message: Outputs, audio: bytes) -> list[Chunk]:
     samples = np.frombuffer(audio, dtype=np.float32)
     outputs, start = [], 0
-    for request_id, size, finish_reason, error, patch in message.rows:
-        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch))
+    for request_id, size, finish_reason, error, patch, queued_s in message.rows:
+        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch, queued_s))
         start += size
     return outputs
 
