@@ -91,6 +91,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @typedef {object} ClientEvents
  * @property {ReadyMessage} ready the settings in effect (after `connect()`, `configure()` and a reconnection)
  * @property {SegmentMessage} segment a sentence starts
+ * @property {WordsMessage} words when a sentence's words are spoken (estimated from its audio, after its frames)
  * @property {FirstAudio} firstAudio an utterance's first sample played
  * @property {DoneMessage} done an utterance is finished (its audio may still be playing)
  * @property {{utterance: number}} underrun the buffer ran dry mid-sentence
@@ -124,6 +125,7 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @typedef {import('./protocol.js').AudioFrame} AudioFrame
  * @typedef {import('./protocol.js').ReadyMessage} ReadyMessage
  * @typedef {import('./protocol.js').SegmentMessage} SegmentMessage
+ * @typedef {import('./protocol.js').WordsMessage} WordsMessage
  * @typedef {import('./protocol.js').DoneMessage} DoneMessage
  */
 
@@ -579,6 +581,9 @@ export class VoxwireClient extends EventTarget {
       case 'segment':
         this.segmentStarts.add(message.utterance);
         this.dispatchEvent(new CustomEvent('segment', { detail: message }));
+        break;
+      case 'words':
+        if (!this.cancelled.has(message.utterance)) this.dispatchEvent(new CustomEvent('words', { detail: message }));
         break;
       case 'done':
         this.stats.utterancesDone += 1;

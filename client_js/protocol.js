@@ -66,7 +66,7 @@ export class ProtocolError extends Error {
 }
 
 /**
- * @typedef {'string' | 'int' | 'float' | 'boolean'} FieldType
+ * @typedef {'string' | 'int' | 'float' | 'boolean' | 'string[]' | 'float[]'} FieldType
  * @typedef {{type: FieldType, optional: boolean, omitted?: boolean}} FieldSpec
  * @typedef {Record<string, FieldSpec>} MessageSpec
  */
@@ -78,6 +78,8 @@ const optStr = Object.freeze({ type: 'string', optional: true });
 const optInt = Object.freeze({ type: 'int', optional: true });
 const optFloat = Object.freeze({ type: 'float', optional: true });
 const optBool = Object.freeze({ type: 'boolean', optional: true });
+const strings = Object.freeze({ type: /** @type {const} */ ('string[]'), optional: false });
+const floats = Object.freeze({ type: /** @type {const} */ ('float[]'), optional: false });
 /** `context_id`: optional, and left out of server messages of the default context (not sent as null). */
 const context = Object.freeze({ type: 'string', optional: true, omitted: /** @type {const} */ (true) });
 
@@ -129,6 +131,7 @@ const SERVER_MESSAGES = Object.freeze({
     context_id: context,
   },
   segment: { utterance: int, index: int, text: str, start_sample: int, spoken: str, context_id: context },
+  words: { utterance: int, index: int, words: strings, starts_s: floats, ends_s: floats, context_id: context },
   done: {
     utterance: int,
     finish_reason: str,
@@ -144,7 +147,7 @@ const SERVER_MESSAGES = Object.freeze({
 });
 
 /**
- * @typedef {{string: string, int: number, float: number, boolean: boolean}} FieldValues
+ * @typedef {{string: string, int: number, float: number, boolean: boolean, 'string[]': string[], 'float[]': number[]}} FieldValues
  * @typedef {typeof CLIENT_MESSAGES} ClientMessageSpecs
  * @typedef {typeof SERVER_MESSAGES} ServerMessageSpecs
  */
@@ -178,7 +181,7 @@ const SERVER_MESSAGES = Object.freeze({
  */
 
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `words`, `done`, `error` or `audio`, every field
  * present but `context_id` (absent for the default context).
  * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
  */
@@ -192,6 +195,7 @@ const SERVER_MESSAGES = Object.freeze({
  * @typedef {Sendable<ClientMessageSpecs, 'start'>} StartMessage the settings of the utterances that follow
  * @typedef {Complete<ServerMessageSpecs, 'ready'>} ReadyMessage the settings in effect (the server's answer to a connection and to `start`)
  * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
+ * @typedef {Complete<ServerMessageSpecs, 'words'>} WordsMessage when a segment's words were spoken, estimated from its audio (after its frames)
  * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
  * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
  * @typedef {Complete<ServerMessageSpecs, 'audio'>} AudioMessage an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it
@@ -300,6 +304,7 @@ function checkMessage(obj, registry) {
     checkField(kind, name, obj[name], field);
   }
   if (kind === 'start') checkStartRanges(obj);
+  if (kind === 'words') checkWordTimes(obj);
   if (registry === CLIENT_MESSAGES) checkContextId(obj);
   return /** @type {Message} */ (obj);
 }
@@ -314,6 +319,14 @@ function checkField(kind, name, value, field) {
   if (value === undefined || value === null) {
     if (field.optional) return;
     if (value === undefined) throw new ProtocolError(ErrorCode.INVALID_FIELD, `'${kind}' needs the field '${name}'`);
+  }
+  if (field.type === 'string[]' || field.type === 'float[]') {
+    if (!Array.isArray(value)) {
+      throw new ProtocolError(ErrorCode.INVALID_FIELD, `${kind}.${name} must be an array, got ${jsonType(value)}`);
+    }
+    const item = { type: field.type === 'string[]' ? 'string' : 'float', optional: false };
+    for (const each of value) checkField(kind, `${name}[]`, each, /** @type {FieldSpec} */ (item));
+    return;
   }
   const ok =
     field.type === 'string' || field.type === 'boolean'
@@ -331,6 +344,22 @@ function checkField(kind, name, value, field) {
 
 /** In a `u` regex a surrogate pair is one code point, so only unpaired halves match (what UTF-8 cannot encode). */
 const LONE_SURROGATE = /\p{Surrogate}/u;
+
+/**
+ * A `words` message has one start and one end per word, each end at or after its start, none before 0.
+ * @param {Message} message
+ */
+function checkWordTimes(message) {
+  const { words, starts_s: starts, ends_s: ends } = /** @type {{words: string[], starts_s: number[], ends_s: number[]}} */ (
+    /** @type {unknown} */ (message)
+  );
+  if (words.length !== starts.length || words.length !== ends.length) {
+    throw new ProtocolError(ErrorCode.INVALID_FIELD, 'words, starts_s and ends_s must have one item per word');
+  }
+  if (!starts.every((start, i) => start >= 0 && start <= ends[i])) {
+    throw new ProtocolError(ErrorCode.OUT_OF_RANGE, 'words.starts_s and ends_s must be times >= 0, each end >= its start');
+  }
+}
 
 /** @param {Message} start */
 function checkStartRanges(start) {

@@ -113,7 +113,7 @@ test('every format and message type has a vector', () => {
   assert.deepEqual(new Set(vectors.audio_frames.map((vector) => vector.frame.format)), new Set(FRAME_FORMATS));
   const types = (section) => new Set(vectors[section].map((vector) => JSON.parse(vector.text).type));
   assert.deepEqual(types('client_messages'), new Set(['start', 'text', 'flush', 'end', 'cancel', 'close_context']));
-  assert.deepEqual(types('server_messages'), new Set(['ready', 'segment', 'done', 'error', 'audio']));
+  assert.deepEqual(types('server_messages'), new Set(['ready', 'segment', 'words', 'done', 'error', 'audio']));
 });
 
 test('an audio message whose audio is not base64 is a bad frame', () => {
@@ -125,4 +125,14 @@ test('the encoder omits unset fields and refuses unknown types', () => {
   assert.equal(encodeClient({ type: 'start', voice: undefined, seed: 7 }), '{"type":"start","seed":7}');
   assert.throws(() => encodeClient({ type: 'speak' }), rejects('unknown_type'));
   assert.throws(() => encodeClient({ type: 'text', text: 42 }), rejects('invalid_field'));
+});
+
+test('a words message needs one start and one end per word, each end at or after its start', () => {
+  const words = (fields) => JSON.stringify({ type: 'words', utterance: 0, index: 0, ...fields });
+  const ok = { words: ['Hi', 'there.'], starts_s: [0.1, 0.3], ends_s: [0.3, 0.7] };
+  assert.deepEqual(decodeServer(words(ok)).words, ['Hi', 'there.']);
+  assert.throws(() => decodeServer(words({ ...ok, ends_s: [0.3] })), rejects('invalid_field'));
+  assert.throws(() => decodeServer(words({ ...ok, words: 'Hi there.' })), rejects('invalid_field'));
+  assert.throws(() => decodeServer(words({ ...ok, starts_s: [0.1, '0.3'] })), rejects('invalid_field'));
+  assert.throws(() => decodeServer(words({ ...ok, starts_s: [0.4, 0.3] })), rejects('out_of_range'));
 });

@@ -141,6 +141,11 @@ switch (message.type) {
   case 'segment':
     console.log(message.start_sample + 0, message.spoken.trim());
     break;
+  case 'words': {
+    const ends: number[] = message.ends_s;
+    console.log(message.words.join(' '), (message.starts_s[0] ?? 0) + (ends[0] ?? 0));
+    break;
+  }
   case 'done':
     console.log(message.segments + 0, message.buffer_s ?? 0);
     break;

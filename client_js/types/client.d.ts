@@ -52,6 +52,7 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @typedef {object} ClientEvents
  * @property {ReadyMessage} ready the settings in effect (after `connect()`, `configure()` and a reconnection)
  * @property {SegmentMessage} segment a sentence starts
+ * @property {WordsMessage} words when a sentence's words are spoken (estimated from its audio, after its frames)
  * @property {FirstAudio} firstAudio an utterance's first sample played
  * @property {DoneMessage} done an utterance is finished (its audio may still be playing)
  * @property {{utterance: number}} underrun the buffer ran dry mid-sentence
@@ -81,6 +82,7 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @typedef {import('./protocol.js').AudioFrame} AudioFrame
  * @typedef {import('./protocol.js').ReadyMessage} ReadyMessage
  * @typedef {import('./protocol.js').SegmentMessage} SegmentMessage
+ * @typedef {import('./protocol.js').WordsMessage} WordsMessage
  * @typedef {import('./protocol.js').DoneMessage} DoneMessage
  */
 export class VoxwireClient extends EventTarget {
@@ -347,6 +349,10 @@ export type ClientEvents = {
      */
     segment: SegmentMessage;
     /**
+     * when a sentence's words are spoken (estimated from its audio, after its frames)
+     */
+    words: WordsMessage;
+    /**
      * an utterance's first sample played
      */
     firstAudio: FirstAudio;
@@ -413,5 +419,6 @@ export type ClientMessage = import("./protocol.js").ClientMessage;
 export type AudioFrame = import("./protocol.js").AudioFrame;
 export type ReadyMessage = import("./protocol.js").ReadyMessage;
 export type SegmentMessage = import("./protocol.js").SegmentMessage;
+export type WordsMessage = import("./protocol.js").WordsMessage;
 export type DoneMessage = import("./protocol.js").DoneMessage;
 import { Player } from './player.js';

@@ -1,5 +1,5 @@
 /**
- * @typedef {{string: string, int: number, float: number, boolean: boolean}} FieldValues
+ * @typedef {{string: string, int: number, float: number, boolean: boolean, 'string[]': string[], 'float[]': number[]}} FieldValues
  * @typedef {typeof CLIENT_MESSAGES} ClientMessageSpecs
  * @typedef {typeof SERVER_MESSAGES} ServerMessageSpecs
  */
@@ -29,7 +29,7 @@
  * @typedef {{[Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>}[keyof ClientMessageSpecs]} ClientMessage
  */
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `words`, `done`, `error` or `audio`, every field
  * present but `context_id` (absent for the default context).
  * @typedef {{[Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>}[keyof ServerMessageSpecs]} ServerMessage
  */
@@ -41,6 +41,7 @@
  * @typedef {Sendable<ClientMessageSpecs, 'start'>} StartMessage the settings of the utterances that follow
  * @typedef {Complete<ServerMessageSpecs, 'ready'>} ReadyMessage the settings in effect (the server's answer to a connection and to `start`)
  * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
+ * @typedef {Complete<ServerMessageSpecs, 'words'>} WordsMessage when a segment's words were spoken, estimated from its audio (after its frames)
  * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
  * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
  * @typedef {Complete<ServerMessageSpecs, 'audio'>} AudioMessage an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it
@@ -168,6 +169,8 @@ export type FieldValues = {
     int: number;
     float: number;
     boolean: boolean;
+    "string[]": string[];
+    "float[]": number[];
 };
 export type ClientMessageSpecs = typeof CLIENT_MESSAGES;
 export type ServerMessageSpecs = typeof SERVER_MESSAGES;
@@ -193,7 +196,7 @@ export type Complete<Specs extends Record<string, MessageSpec>, Type extends key
  */
 export type ClientMessage = { [Type in keyof ClientMessageSpecs]: Sendable<ClientMessageSpecs, Type>; }[keyof ClientMessageSpecs];
 /**
- * A server message as `decodeServer` returns it: `ready`, `segment`, `done`, `error` or `audio`, every field
+ * A server message as `decodeServer` returns it: `ready`, `segment`, `words`, `done`, `error` or `audio`, every field
  * present but `context_id` (absent for the default context).
  */
 export type ServerMessage = { [Type in keyof ServerMessageSpecs]: Complete<ServerMessageSpecs, Type>; }[keyof ServerMessageSpecs];
@@ -214,6 +217,10 @@ export type ReadyMessage = Complete<ServerMessageSpecs, "ready">;
  */
 export type SegmentMessage = Complete<ServerMessageSpecs, "segment">;
 /**
+ * when a segment's words were spoken, estimated from its audio (after its frames)
+ */
+export type WordsMessage = Complete<ServerMessageSpecs, "words">;
+/**
  * an utterance is finished
  */
 export type DoneMessage = Complete<ServerMessageSpecs, "done">;
@@ -233,7 +240,7 @@ export type Message = {
     [field: string]: unknown;
 };
 export type AudioFormat = (typeof FRAME_FORMATS)[number];
-export type FieldType = "string" | "int" | "float" | "boolean";
+export type FieldType = "string" | "int" | "float" | "boolean" | "string[]" | "float[]";
 export type FieldSpec = {
     type: FieldType;
     optional: boolean;
@@ -436,6 +443,33 @@ declare const SERVER_MESSAGES: Readonly<{
         }>;
         spoken: Readonly<{
             type: "string";
+            optional: false;
+        }>;
+        context_id: Readonly<{
+            type: "string";
+            optional: true;
+            omitted: true;
+        }>;
+    };
+    words: {
+        utterance: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        index: Readonly<{
+            type: "int";
+            optional: false;
+        }>;
+        words: Readonly<{
+            type: "string[]";
+            optional: false;
+        }>;
+        starts_s: Readonly<{
+            type: "float[]";
+            optional: false;
+        }>;
+        ends_s: Readonly<{
+            type: "float[]";
             optional: false;
         }>;
         context_id: Readonly<{

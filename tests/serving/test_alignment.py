@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxwire.serving.alignment import char_weight, estimate_alignment, speech_span
+from voxwire.serving.alignment import SpeechMeter, char_weight, estimate_alignment, speech_span
 
 RATE = 16000
 
@@ -54,3 +54,14 @@ def test_silent_or_empty_audio_spreads_over_all_of_it() -> None:
 def test_text_without_words() -> None:
     alignment = estimate_alignment("", speech(0.0, 0.5, 0.0), RATE)
     assert alignment.starts_s == () and alignment.words() == []
+
+
+def test_timings_measured_chunk_by_chunk_equal_those_of_the_whole_audio() -> None:
+    rate = 48000
+    rng = np.random.default_rng(0)
+    audio = np.concatenate([np.zeros(3000), rng.normal(0, 0.3, 40000), np.zeros(9000)]).astype(np.float32)
+    meter = SpeechMeter(rate)
+    for start in range(0, audio.size, 7680):  # the engine's 160 ms chunks: frames straddle chunk boundaries
+        meter.add(audio[start : start + 7680])
+    assert meter.alignment("Hello there, world.") == estimate_alignment("Hello there, world.", audio, rate)
+    assert meter.span() == pytest.approx((3000 / rate, 43000 / rate), abs=0.011)

@@ -167,3 +167,21 @@ def test_an_audio_message_that_is_no_frame_is_a_bad_frame(fmt, audio):
     with pytest.raises(ProtocolError) as caught:
         message.frame()
     assert caught.value.code is ErrorCode.BAD_FRAME
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"ends_s": [0.3]}, ErrorCode.INVALID_FIELD),
+        ({"words": "Hi there."}, ErrorCode.INVALID_FIELD),
+        ({"starts_s": [0.1, "0.3"]}, ErrorCode.INVALID_FIELD),
+        ({"starts_s": [0.4, 0.3]}, ErrorCode.OUT_OF_RANGE),
+        ({"starts_s": [-0.1, 0.3]}, ErrorCode.OUT_OF_RANGE),
+    ],
+)
+def test_a_words_message_needs_one_start_and_one_end_per_word(fields, code):
+    ok = {"words": ["Hi", "there."], "starts_s": [0.1, 0.3], "ends_s": [0.3, 0.7]}
+    assert decode_server(json.dumps({"type": "words", "utterance": 0, "index": 0, **ok})).words == ("Hi", "there.")
+    with pytest.raises(ProtocolError) as caught:
+        decode_server(json.dumps({"type": "words", "utterance": 0, "index": 0, **ok, **fields}))
+    assert caught.value.code is code

@@ -229,10 +229,7 @@ async def _play(session: SpeechSession, utterance: int, emitter: tts.AudioEmitte
         elif isinstance(event, Segment):
             rate = session.connection.ready.sample_rate
             emitter.push_timed_transcript(
-                [
-                    TimedString(f"{t.text} ", start_time=t.start_s, end_time=NOT_GIVEN if t.end_s is None else t.end_s)
-                    for t in timings(event, rate)
-                ]
+                [TimedString(f"{t.text} ", start_time=t.start_s) for t in timings(event, rate)]
             )
         elif isinstance(event, Error):
             raise ServerError(event.code, event.message)

@@ -115,20 +115,16 @@ class Audio:
 
 @dataclass(frozen=True)
 class Timing:
-    """Text spoken from ``start_s`` (to ``end_s`` when known), in seconds from the start of its utterance."""
+    """Text spoken from ``start_s``, in seconds from the start of its utterance."""
 
     text: str
     start_s: float
-    end_s: float | None = None
 
 
 def timings(segment: Segment, sample_rate: int) -> list[Timing]:
-    """The sentence's words with their times when the segment carries ``words`` (a server that estimates word
-    timings: ``{"text", "start", "end"}`` in seconds from the utterance's start), else the whole sentence from
-    its first sample."""
-    words = getattr(segment, "words", None)
-    if words:
-        return [Timing(word["text"], word["start"], word["end"]) for word in words]
+    """The sentence from its first sample, as its ``segment`` announces it. (The server's ``words`` come after
+    the sentence's audio, too late for a barge-in in the sentence's first part: the services time whole
+    sentences.)"""
     return [Timing(segment.text, segment.start_sample / sample_rate)]
 
 

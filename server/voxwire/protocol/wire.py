@@ -46,7 +46,7 @@ import json
 import math
 import struct
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
 from voxwire.protocol.error_codes import ErrorCode as ErrorCode  # re-exported: a ProtocolError's code
@@ -287,6 +287,31 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Words:
+    """When a segment's words were spoken, estimated from the audio produced for it (not from the text alone: the
+    speech's start, end and pauses come from the audio's loudness, the split within it from the characters).
+    Sent after the segment's audio frames; ``words[i]`` spans ``starts_s[i]`` to ``ends_s[i]``, seconds from the
+    utterance's first sample (the timeline of ``segment.start_sample``, after any ``speed``)."""
+
+    type: ClassVar[str] = "words"
+    utterance: int
+    index: int
+    """The segment's index (``segment.index``)."""
+    words: tuple[str, ...]
+    """The segment's text split at whitespace; punctuation stays with its word."""
+    starts_s: tuple[float, ...]
+    ends_s: tuple[float, ...]
+    context_id: str | None = None
+
+    def check(self) -> None:
+        if not len(self.words) == len(self.starts_s) == len(self.ends_s):
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "words, starts_s and ends_s must have one item per word")
+        if not all(0 <= start <= end for start, end in zip(self.starts_s, self.ends_s, strict=True)):
+            message = "words.starts_s and ends_s must be times >= 0, each end >= its start"
+            raise ProtocolError(ErrorCode.OUT_OF_RANGE, message)
+
+
+@dataclass(frozen=True)
 class Done:
     """The last message of an utterance: no audio frame of it follows."""
 
@@ -361,12 +386,12 @@ class CloseContext:
 
 
 ClientMessage = Start | Text | Flush | End | Cancel | CloseContext
-ServerMessage = Ready | Segment | Done | Error | Audio
+ServerMessage = Ready | Segment | Words | Done | Error | Audio
 JsonMessage = ClientMessage | ServerMessage
 CLIENT_MESSAGES: dict[str, type[ClientMessage]] = {
     cls.type: cls for cls in (Start, Text, Flush, End, Cancel, CloseContext)
 }
-SERVER_MESSAGES: dict[str, type[ServerMessage]] = {cls.type: cls for cls in (Ready, Segment, Done, Error, Audio)}
+SERVER_MESSAGES: dict[str, type[ServerMessage]] = {cls.type: cls for cls in (Ready, Segment, Words, Done, Error, Audio)}
 
 
 def check_context_id(message: ClientMessage) -> None:
@@ -431,16 +456,22 @@ class _FieldSpec:
 
     name: str
     base: type
-    """The JSON-facing Python type (str, int or float)."""
+    """The JSON-facing Python type (str, int, float or bool; of each item for an array)."""
     optional: bool
+    array: bool = False
+    """A JSON array of ``base`` values (annotated ``tuple[base, ...]``)."""
 
 
 def _field_specs(cls: type[Any]) -> tuple[_FieldSpec, ...]:
     hints = typing.get_type_hints(cls)
     specs = []
     for f in fields(cls):
-        args = typing.get_args(hints[f.name])
-        base = next(t for t in args or (hints[f.name],) if t is not type(None))
+        hint = hints[f.name]
+        if typing.get_origin(hint) is tuple:  # tuple[base, ...]
+            specs.append(_FieldSpec(f.name, typing.get_args(hint)[0], False, array=True))
+            continue
+        args = typing.get_args(hint)
+        base = next(t for t in args or (hint,) if t is not type(None))
         specs.append(_FieldSpec(f.name, base, type(None) in args))
     return tuple(specs)
 
@@ -471,6 +502,12 @@ _JSON_TYPES: dict[type, str] = {str: "a string", int: "an integer", float: "a nu
 
 
 def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
+    if spec.array:
+        if not isinstance(value, list):
+            message = f"{kind}.{spec.name} must be an array, got {_json_type(value)}"
+            raise ProtocolError(ErrorCode.INVALID_FIELD, message)
+        item = replace(spec, name=f"{spec.name}[]", array=False)
+        return tuple(_typed(kind, item, each) for each in value)
     if value is None and spec.optional:
         return None
     name, base = spec.name, spec.base

@@ -94,33 +94,65 @@ class Alignment:
         return words
 
 
+class SpeechMeter:
+    """A segment's loudness per ``FRAME_S`` frame, measured chunk by chunk as its audio is produced, so that a
+    stream's timings need no copy of its audio: ``add`` each chunk, then ``span`` or ``alignment``."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self._frame = max(1, round(FRAME_S * sample_rate))
+        self._rms: list[np.ndarray] = []
+        self._carry = np.zeros(0, dtype=np.float64)
+        """The samples after the last whole frame (a trailing part frame is never measured)."""
+        self.samples = 0
+
+    def add(self, chunk: np.ndarray) -> None:
+        """Measure the next ``chunk`` (shape ``(samples,)``) of the segment's audio."""
+        self.samples += chunk.size
+        audio = np.concatenate([self._carry, chunk.astype(np.float64)])
+        frames = audio.size // self._frame
+        whole = audio[: frames * self._frame].reshape(frames, self._frame)
+        self._rms.append(np.sqrt(np.square(whole).mean(axis=1)))
+        self._carry = audio[frames * self._frame :]
+
+    def span(self) -> tuple[float, float]:
+        """(start, end) in seconds of the part that is not leading or trailing silence; all of it when it is
+        silent throughout."""
+        duration = self.samples / self.sample_rate
+        rms = np.concatenate(self._rms) if self._rms else np.zeros(0)
+        if rms.size == 0:
+            return 0.0, duration
+        floor = max(SILENCE_RMS, float(rms.max()) * 10 ** (-SPEECH_FLOOR_DB / 20))
+        loud = np.flatnonzero(rms >= floor)
+        if loud.size == 0:
+            return 0.0, duration
+        frame_s = self._frame / self.sample_rate
+        return float(loud[0] * frame_s), min(duration, float((loud[-1] + 1) * frame_s))
+
+    def alignment(self, text: str) -> Alignment:
+        """Estimated timings of ``text``'s characters in the audio measured so far; see the module docstring."""
+        start, end = self.span()
+        weights = [char_weight(char) for char in text]
+        total = math.fsum(weights)
+        starts: list[float] = []
+        done = 0.0
+        for weight in weights:
+            starts.append(start + (end - start) * (done / total if total else 0.0))
+            done += weight
+        return Alignment(text, tuple(starts), end if text else start, self.samples / self.sample_rate)
+
+
 def speech_span(audio: np.ndarray, sample_rate: int) -> tuple[float, float]:
     """(start, end) in seconds of the part of ``audio`` (shape ``(samples,)``) that is not leading or trailing
     silence; all of it when it is silent throughout."""
-    duration = audio.size / sample_rate
-    frame = max(1, round(FRAME_S * sample_rate))
-    frames = audio.size // frame
-    if frames == 0:
-        return 0.0, duration
-    power = np.square(audio[: frames * frame].astype(np.float64)).reshape(frames, frame).mean(axis=1)
-    rms = np.sqrt(power)
-    floor = max(SILENCE_RMS, float(rms.max()) * 10 ** (-SPEECH_FLOOR_DB / 20))
-    loud = np.flatnonzero(rms >= floor)
-    if loud.size == 0:
-        return 0.0, duration
-    return float(loud[0] * frame / sample_rate), min(duration, float((loud[-1] + 1) * frame / sample_rate))
+    meter = SpeechMeter(sample_rate)
+    meter.add(audio)
+    return meter.span()
 
 
 def estimate_alignment(text: str, audio: np.ndarray, sample_rate: int) -> Alignment:
     """Estimated timings of ``text``'s characters in ``audio`` (shape ``(samples,)``, the segment's audio as
     produced, at ``sample_rate``); see the module docstring."""
-    duration = audio.size / sample_rate
-    start, end = speech_span(audio, sample_rate)
-    weights = [char_weight(char) for char in text]
-    total = math.fsum(weights)
-    starts: list[float] = []
-    done = 0.0
-    for weight in weights:
-        starts.append(start + (end - start) * (done / total if total else 0.0))
-        done += weight
-    return Alignment(text, tuple(starts), end if text else start, duration)
+    meter = SpeechMeter(sample_rate)
+    meter.add(audio)
+    return meter.alignment(text)

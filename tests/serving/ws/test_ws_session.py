@@ -21,6 +21,7 @@ from voxwire.protocol.wire import (
     ServerMessage,
     Start,
     Text,
+    Words,
     decode_server,
     encode,
 )
@@ -118,10 +119,12 @@ async def test_audio_waiting_for_the_socket_leaves_as_one_frame() -> None:
         await until(lambda: session.outbox.unsent_s >= 6 * PATCH / RATE)
         transport.gate.set()
         await until(lambda: bool(transport.of(Done)))
-    assert [type(item) for item in transport.sent] == [Ready, Segment, AudioFrame, Done]
-    (frame,) = transport.of(AudioFrame)
-    # 8 Opus packets a patch, and one more for the encoder's lookahead, flushed at the end
-    assert (frame.sequence, len(frame.packets)) == (0, 6 * 8 + 1)
+    # The sentence's six waiting patches leave as one frame, its words after them; the encoder's lookahead, flushed
+    # when the utterance ends (after the words were queued), follows in a frame of its own.
+    assert [type(item) for item in transport.sent] == [Ready, Segment, AudioFrame, Words, AudioFrame, Done]
+    frames = transport.of(AudioFrame)
+    # 8 Opus packets a patch
+    assert [(frame.sequence, len(frame.packets)) for frame in frames] == [(0, 6 * 8), (1, 1)]
 
 
 async def test_each_sentence_is_prompted_with_the_previous_one_only() -> None:

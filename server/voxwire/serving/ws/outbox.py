@@ -10,8 +10,8 @@ waiting; one sender task writes them to the socket in the order they were put. T
   seconds. A put that would take it past ``max_unsent_s`` raises ``SlowConsumerError`` and queues
   nothing: the session then closes the connection. Audio is never dropped silently and never
   buffered without bound.
-* ``drop`` removes an utterance's audio and ``segment`` events that have not been sent (after a
-  cancel), so a client hears at most what the socket already took.
+* ``drop`` removes an utterance's audio and its ``segment`` and ``words`` messages that have not been sent
+  (after a cancel), so a client hears at most what the socket already took.
 
 Each utterance's ``Delivery`` learns, as its frames are written, how much audio went out and when
 the first frame did; a ``done`` message is built from it when its turn to be sent comes.
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voxwire.protocol.wire import Audio, AudioFrame, Segment, ServerMessage, encode
+from voxwire.protocol.wire import Audio, AudioFrame, Segment, ServerMessage, Words, encode
 
 
 class Transport(Protocol):
@@ -93,7 +93,7 @@ class Outbox:
         """Queue a JSON message; a callable is called when the message's turn comes (e.g. ``done``), and
         ``sent`` once the socket has taken the message."""
         build = message if callable(message) else _constant(message)
-        utterance = message.utterance if isinstance(message, Segment) else None
+        utterance = message.utterance if isinstance(message, (Segment, Words)) else None
         self._push(_Message(build, utterance, sent))
 
     def put_audio(self, delivery: Delivery, blocks: list[bytes], seconds: float) -> None:

@@ -30,7 +30,8 @@ from voxwire.engine import Chunk
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import CloseCode, Done, Error, Segment, Start
+from voxwire.protocol.wire import CloseCode, Done, Error, Segment, Start, Words
+from voxwire.serving.alignment import SpeechMeter
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
@@ -275,6 +276,7 @@ class Session:
         if audio.first_request_at is None:
             audio.first_request_at = time.monotonic()
         start = audio.samples
+        meter = SpeechMeter(audio.model_rate)
         patches: list[Patch] = []
         final: Chunk | None = None
         # A sentence after the first continues a stream already playing: its deadline is where the
@@ -291,15 +293,30 @@ class Session:
                     if audio.samples == start:  # this sentence's first audio
                         self._announce(audio, index, text, spoken)
                     await self._on_chunk(audio, final.audio)
+                    meter.add(final.audio)
                 if final.patch is not None:
                     patches.append(final.patch)
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
+        if meter.samples:
+            self.outbox.put(self._words(audio, index, text, meter, start))
         try:
             audio.carry(spoken, final.finish_reason, patches, designed=turn.control is not None)
         except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
             raise SpeechFailure(ErrorCode.SYNTHESIS_FAILED, str(exc)) from None
         return final.finish_reason
+
+    @staticmethod
+    def _words(audio: UtteranceAudio, index: int, text: str, meter: SpeechMeter, start: int) -> Words:
+        """The segment's words, timed on the utterance's timeline (``start``: the segment's first model sample)."""
+        offset_s, speed = start / audio.model_rate, audio.speed
+        words = meter.alignment(text).words()
+        return Words(
+            audio.number, index, tuple(word.word for word in words),
+            tuple((offset_s + word.start_s) / speed for word in words),
+            tuple((offset_s + word.end_s) / speed for word in words),
+            context_id=audio.context_id,
+        )  # fmt: skip
 
     def _announce(self, audio: UtteranceAudio, index: int, text: str, spoken: str) -> None:
         audio.started += 1
