@@ -33,6 +33,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
 
     per_machine = {"workers": "one per spare core"}  # defaults computed from the machine, shown as their rule
     by_memory = {"kv_cache_gb": "by memory"}  # None: the free memory decides
+    by_rule = {"persona_slots_per_client": "half of --max-personas"}  # None: derived from another setting
     for group in groups(ServerConfig):
         table = section("Limits" if group.name == "limits" else "Flags")
         for setting in group.settings:
@@ -40,7 +41,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
                 continue
             default = getattr(getattr(ServerConfig(), group.name), setting.name)
             shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
-            shown = per_machine.get(setting.name, by_memory.get(setting.name, shown))
+            shown = per_machine.get(setting.name, by_memory.get(setting.name, by_rule.get(setting.name, shown)))
             assert f"| `--{setting.name.replace('_', '-')}` | {shown} |" in table, setting.name
 
 
