@@ -238,8 +238,12 @@ def test_one_engines_death_ends_only_its_sessions_and_its_successor_rejoins() ->
                 time.sleep(0.05)
 
         async def scenario() -> tuple[str, bytes, str, str]:
-            doomed, _ = await started(server.ws_url, LONG, seed=1)  # both engines idle: engine 0 takes it
-            await asyncio.sleep(0.6)  # every frontend has heard engine 0's load (heartbeats: 4 a second)
+            # Both engines idle (the solo run's load has left every view of it): engine 0 takes the first.
+            assert await asyncio.to_thread(poll, lambda: active(server) == (0, 0), 5), active(server)
+            await asyncio.sleep(0.6)  # every frontend has heard it too (heartbeats: 4 a second)
+            doomed, _ = await started(server.ws_url, LONG, seed=1)
+            assert await asyncio.to_thread(poll, lambda: active(server) == (1, 0), 5), active(server)
+            await asyncio.sleep(0.6)  # every frontend has heard engine 0's load
             bystander, head = await started(server.ws_url, LONG, seed=2)  # on engine 1, the freer
             assert await asyncio.to_thread(poll, lambda: active(server) == (1, 1), 5), active(server)
             os.kill(engine_pid(server, 0), signal.SIGKILL)
