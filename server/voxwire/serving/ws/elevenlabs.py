@@ -67,7 +67,6 @@ from voxwire.serving.keys import (
     METRICS_KEY,
     OWNER_KEY,
     SERVICE_KEY,
-    SESSIONS_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
@@ -88,8 +87,7 @@ from voxwire.serving.ws.elevenlabs_protocol import (
     parse_client,
     parse_output_format,
 )
-from voxwire.serving.ws.frames import StreamSocket
-from voxwire.serving.ws.handler import CLOSE_TIMEOUT_S, HARD_SIZE_FACTOR
+from voxwire.serving.ws.handler import CLOSE_TIMEOUT_S, stream_socket, upgraded
 from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import MAX_CLOSE_REASON_BYTES, sayable
 from voxwire.serving.ws.utterance import UtteranceStatus
@@ -168,16 +166,8 @@ async def _serve(request: web.Request, *, multi: bool) -> web.WebSocketResponse:
     config = app[CONFIG_KEY]
     require_admission(app, connection=True)
     endpoint = _endpoint(request, multi)
-    ws = StreamSocket(
-        max_message_bytes=config.limits.max_message_bytes,
-        heartbeat=config.transport.ping_interval_s,
-        max_msg_size=HARD_SIZE_FACTOR * config.limits.max_message_bytes,
-        compress=False,
-    )
-    sessions = app[SESSIONS_KEY]
-    sessions.add(ws)  # counted from the admission check on, as on our own endpoint
-    try:
-        await ws.prepare(request)
+    ws = stream_socket(config)
+    async with upgraded(request, ws):  # counted from the admission check on, as on our own endpoint
         connection = ElevenLabsConnection(app, ws, request, endpoint)
         try:
             async for message in ws:
@@ -188,8 +178,6 @@ async def _serve(request: web.Request, *, multi: bool) -> web.WebSocketResponse:
                 await asyncio.sleep(0)  # take turns with the other connections, as our own endpoint does
         finally:
             await connection.disconnected()
-    finally:
-        sessions.discard(ws)
     return ws
 
 

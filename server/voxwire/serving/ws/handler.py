@@ -11,10 +11,13 @@ Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from aiohttp import WSMsgType, web
 
 from voxwire.protocol.wire import STREAM_PATH, CloseCode
+from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE
 from voxwire.serving.http.admission import require_admission
 from voxwire.serving.keys import (
@@ -38,6 +41,30 @@ a larger one is refused by aiohttp before it is read (close code 1009), which bo
 CLOSE_TIMEOUT_S = 2.0
 """How long a close handshake may take before the TCP connection is cut (a client that stopped reading
 never answers it)."""
+
+
+def stream_socket(config: ServerConfig) -> StreamSocket:
+    """The WebSocket of a streaming endpoint, bounded by ``config``'s message size and pinged at its interval."""
+    # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
+    return StreamSocket(
+        max_message_bytes=config.limits.max_message_bytes,
+        heartbeat=config.transport.ping_interval_s,
+        max_msg_size=HARD_SIZE_FACTOR * config.limits.max_message_bytes,
+        compress=False,
+    )
+
+
+@contextlib.asynccontextmanager
+async def upgraded(request: web.Request, ws: StreamSocket) -> AsyncIterator[None]:
+    """``ws`` upgraded, and counted among the server's connections until the block ends. Called right after the
+    admission check (no await in between), so concurrent upgrades cannot exceed the limit."""
+    sessions = request.app[SESSIONS_KEY]
+    sessions.add(ws)
+    try:
+        await ws.prepare(request)
+        yield
+    finally:
+        sessions.discard(ws)
 
 
 def add_ws_routes(app: web.Application) -> None:
@@ -74,18 +101,8 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     config = app[CONFIG_KEY]
     # Refused before the 101 (an HTTP 503 with Retry-After), so a load balancer can try another replica.
     require_admission(app, connection=True)
-    # No permessage-deflate: audio does not compress, and compressing it would cost CPU per session.
-    ws = StreamSocket(
-        max_message_bytes=config.limits.max_message_bytes,
-        heartbeat=config.transport.ping_interval_s,
-        max_msg_size=HARD_SIZE_FACTOR * config.limits.max_message_bytes,
-        compress=False,
-    )
-    sessions = app[SESSIONS_KEY]
-    # Counted from the admission check on (no await in between), so concurrent upgrades cannot exceed the limit.
-    sessions.add(ws)
-    try:
-        await ws.prepare(request)
+    ws = stream_socket(config)
+    async with upgraded(request, ws):
         socket = _Socket(ws, request)
         session = Session(
             app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
@@ -106,6 +123,4 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                 # Messages already buffered are returned without a suspension: yield, so that a
                 # client sending many at once takes turns with every other connection.
                 await asyncio.sleep(0)
-    finally:
-        sessions.discard(ws)
     return ws
