@@ -18,7 +18,6 @@ from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 from livekit.agents.utils import http_context
 from livekit.plugins import elevenlabs as livekit_elevenlabs
 from pipecat.frames.frames import (
-    EndFrame,
     Frame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
@@ -28,17 +27,14 @@ from pipecat.frames.frames import (
     TTSStoppedFrame,
     TTSTextFrame,
 )
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 from pipecat.tests.utils import QueuedFrameProcessor
-from pipecat.workers.runner import WorkerRunner
 
 from voxwire.serving.keys import SESSIONS_KEY
 
 from .test_livekit_tts import STEP_S, engine_busy, record_steps
-from .test_pipecat_tts import PipelineBot
+from .test_pipecat_tts import PipelineBot, running_pipeline
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,24 +68,8 @@ async def pipecat_bot(url: str, rate: int) -> AsyncIterator[PipelineBot]:
     received: asyncio.Queue[Frame] = asyncio.Queue()
     sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
     tts = ElevenLabsTTSService(api_key=KEY, url=url, settings=ElevenLabsTTSService.Settings(voice="default"))
-    worker = PipelineWorker(
-        Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=rate), cancel_on_idle_timeout=False
-    )
-    started = asyncio.Event()
-
-    @worker.event_handler("on_pipeline_started")
-    async def on_started(worker: PipelineWorker, frame: Frame) -> None:
-        started.set()
-
-    runner = WorkerRunner()
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
-    await asyncio.wait_for(started.wait(), TIMEOUT_S)
-    try:
+    async with running_pipeline([tts, sink], rate) as worker:
         yield PipelineBot(worker, received)
-    finally:
-        await worker.queue_frame(EndFrame())
-        await asyncio.wait_for(running, TIMEOUT_S)
 
 
 async def test_pipecat_speaks_a_streamed_turn_with_word_timestamps(serve, slow_down) -> None:
@@ -115,20 +95,26 @@ async def test_pipecat_speaks_a_streamed_turn_with_word_timestamps(serve, slow_d
     assert times == sorted(times) and times[0] < times[len(times) // 2] < times[-1]  # spread over the turn
 
 
+async def interrupt_while_speaking(bot: PipelineBot, app: object, steps: list[tuple[float, tuple[str, ...]]]) -> None:
+    """Once the turn's audio flows and the engine speaks it: an interruption, after which the engine stops within
+    one step."""
+    await bot.next_of(TTSAudioRawFrame)
+    assert engine_busy(app)
+    await bot.say(InterruptionFrame())
+    await bot.next_of(InterruptionFrame)
+    interrupted = time.perf_counter()
+    while engine_busy(app):
+        await asyncio.sleep(0.005)
+    stopped_within_a_step(steps, interrupted)
+
+
 async def test_pipecat_interruption_stops_the_engine_and_the_next_turn_speaks(serve) -> None:
     server = await serve(api_keys=(KEY,))
     steps = record_steps(server.app, STEP_S)
     url = str(server.make_url("/")).rstrip("/").replace("http://", "ws://")
     async with pipecat_bot(url, 24000) as bot:
         await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(LONG_TEXT))
-        await bot.next_of(TTSAudioRawFrame)
-        assert engine_busy(server.app)
-        await bot.say(InterruptionFrame())
-        await bot.next_of(InterruptionFrame)
-        interrupted = time.perf_counter()
-        while engine_busy(server.app):
-            await asyncio.sleep(0.005)
-        stopped_within_a_step(steps, interrupted)
+        await interrupt_while_speaking(bot, server.app, steps)
         await asyncio.sleep(3 * STEP_S)  # time for any late frame to show up
         after = bot.drain()[bot.seen.index(next(f for f in bot.seen if isinstance(f, InterruptionFrame))) + 1 :]
         assert not [frame for frame in after if isinstance(frame, TTSAudioRawFrame)]
@@ -146,14 +132,7 @@ async def test_pipecat_interruption_after_the_turn_ended_stops_the_engine(serve)
     async with pipecat_bot(url, 24000) as bot:
         # the LLM is done (Pipecat flushes and closes the context) while the speech has far to go
         await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(LONG_TEXT), LLMFullResponseEndFrame())
-        await bot.next_of(TTSAudioRawFrame)
-        assert engine_busy(server.app)
-        await bot.say(InterruptionFrame())
-        await bot.next_of(InterruptionFrame)
-        interrupted = time.perf_counter()
-        while engine_busy(server.app):
-            await asyncio.sleep(0.005)
-        stopped_within_a_step(steps, interrupted)
+        await interrupt_while_speaking(bot, server.app, steps)
 
 
 # ---- LiveKit ---------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-from pipecat.processors.frame_processor import FrameDirection
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.utils.errors import ErrorCategory
 from pipecat.workers.runner import WorkerRunner
@@ -113,13 +113,11 @@ class ErrorSink(QueuedFrameProcessor):
 
 
 @asynccontextmanager
-async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | None = None) -> AsyncIterator[Bot]:
-    received: asyncio.Queue[Frame] = asyncio.Queue()
-    errors: list[Frame] = []
-    sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
-    tts = VoxwireTTSService(url=server_url, settings=settings or VoxwireTTSService.Settings(seed=1))
-    params = PipelineParams(audio_out_sample_rate=RATE)
-    worker = PipelineWorker(Pipeline([ErrorSink(errors), tts, sink]), params=params, cancel_on_idle_timeout=False)
+async def running_pipeline(processors: list[FrameProcessor], rate: int) -> AsyncIterator[PipelineWorker]:
+    """``processors`` as a started pipeline at output ``rate``; ended (``EndFrame``) when the block ends."""
+    worker = PipelineWorker(
+        Pipeline(processors), params=PipelineParams(audio_out_sample_rate=rate), cancel_on_idle_timeout=False
+    )
     started = asyncio.Event()
 
     @worker.event_handler("on_pipeline_started")
@@ -131,10 +129,20 @@ async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | No
     running = asyncio.create_task(runner.run())
     await asyncio.wait_for(started.wait(), TIMEOUT_S)
     try:
-        yield Bot(worker, tts, received, errors)
+        yield worker
     finally:
         await worker.queue_frame(EndFrame())
         await asyncio.wait_for(running, TIMEOUT_S)
+
+
+@asynccontextmanager
+async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | None = None) -> AsyncIterator[Bot]:
+    received: asyncio.Queue[Frame] = asyncio.Queue()
+    errors: list[Frame] = []
+    sink = QueuedFrameProcessor(queue=received, queue_direction=FrameDirection.DOWNSTREAM)
+    tts = VoxwireTTSService(url=server_url, settings=settings or VoxwireTTSService.Settings(seed=1))
+    async with running_pipeline([ErrorSink(errors), tts, sink], RATE) as worker:
+        yield Bot(worker, tts, received, errors)
 
 
 async def test_tokens_speak_before_the_turn_ends_and_sentences_become_text_frames(
