@@ -84,6 +84,17 @@ class Heard:
         """The audio of a ``pcm_f32le`` utterance."""
         return np.frombuffer(b"".join(self.packets), dtype="<f4")
 
+    def take(self, received: object) -> None:
+        """File a message of this utterance (others, e.g. ``ready``, are not kept)."""
+        if isinstance(received, AudioFrame):
+            self.frames.append(received)
+        elif isinstance(received, Segment):
+            self.segments.append(received)
+        elif isinstance(received, Error):
+            self.errors.append(received)
+        elif isinstance(received, Done):
+            self.done = received
+
 
 class StreamClient:
     """A test client of ``/v1/tts/stream`` (``ready`` holds the settings last announced)."""
@@ -119,15 +130,7 @@ class StreamClient:
         """Collect messages until the next ``done``."""
         heard = Heard()
         while heard.done is None:
-            received = await self.receive()
-            if isinstance(received, AudioFrame):
-                heard.frames.append(received)
-            elif isinstance(received, Segment):
-                heard.segments.append(received)
-            elif isinstance(received, Error):
-                heard.errors.append(received)
-            elif isinstance(received, Done):
-                heard.done = received
+            heard.take(await self.receive())
         return heard
 
     async def closed(self, timeout: float = TIMEOUT_S) -> tuple[int | None, str]:

@@ -16,9 +16,7 @@ from voxwire.protocol.wire import (
     AudioFrame,
     Cancel,
     CloseContext,
-    Done,
     End,
-    Error,
     Ready,
     Segment,
     Start,
@@ -44,17 +42,9 @@ async def hear(
         if isinstance(received, Audio):
             received = received.frame()
         assert not isinstance(received, Ready), received
-        target = heard[received.context_id]
-        if isinstance(received, AudioFrame):
-            target.frames.append(received)
-            if order is not None:
-                order.append(received.context_id)
-        elif isinstance(received, Segment):
-            target.segments.append(received)
-        elif isinstance(received, Error):
-            target.errors.append(received)
-        elif isinstance(received, Done):
-            target.done = received
+        heard[received.context_id].take(received)
+        if isinstance(received, AudioFrame) and order is not None:
+            order.append(received.context_id)
     return heard
 
 
