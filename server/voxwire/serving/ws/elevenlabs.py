@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,7 @@ from voxwire.protocol.wire import (
     decode_server,
     encode,
 )
-from voxwire.serving.alignment import estimate_alignment
+from voxwire.serving.alignment import SpeechMeter
 from voxwire.serving.encoding import INLINE
 from voxwire.serving.http.admission import require_admission
 from voxwire.serving.http.auth import key_in_first_message, key_matches
@@ -379,11 +379,11 @@ class Flushed(enum.Enum):
 
 @dataclass
 class _SentenceAudio:
-    """A sentence being spoken: its text and its audio so far, at the model rate."""
+    """A sentence being spoken: its text, and its audio so far measured for its timings (at the model rate)."""
 
     text: str
     spoken: str
-    chunks: list[np.ndarray] = field(default_factory=list)
+    meter: SpeechMeter
 
 
 class ElevenContext:
@@ -463,7 +463,7 @@ class ElevenContext:
         match decode_server(data):
             case Segment() as segment:
                 await self._sentence_over()
-                self._sentence = _SentenceAudio(segment.text, segment.spoken)
+                self._sentence = _SentenceAudio(segment.text, segment.spoken, SpeechMeter(self.model_rate))
             case Done() as done:
                 await self._done(FinishReason(done.finish_reason))
             case Error() as error:
@@ -474,7 +474,7 @@ class ElevenContext:
     async def send_bytes(self, data: bytes) -> None:
         samples = np.frombuffer(b"".join(AudioFrame.decode(data).packets), dtype="<f4")
         if self._sentence is not None:
-            self._sentence.chunks.append(samples)
+            self._sentence.meter.add(samples)
         await self._send_audio(await self.connection.encoders.encode(self.encoder, samples))
 
     async def close(self, code: CloseCode, reason: str) -> None:
@@ -491,13 +491,10 @@ class ElevenContext:
     async def _sentence_over(self, *, spoken: bool = True) -> None:
         """The sentence's audio is all out: send its timings (not for one cut short: they would be wrong)."""
         sentence, self._sentence = self._sentence, None
-        if sentence is None or not sentence.chunks or not spoken:
+        if sentence is None or not sentence.meter.samples or not spoken:
             return
-        audio = np.concatenate(sentence.chunks)
-        written = estimate_alignment(sentence.text, audio, self.model_rate)
-        normalized = (
-            written if sentence.spoken == sentence.text else estimate_alignment(sentence.spoken, audio, self.model_rate)
-        )
+        written = sentence.meter.alignment(sentence.text)
+        normalized = written if sentence.spoken == sentence.text else sentence.meter.alignment(sentence.spoken)
         offset = self._sentence_start_s if self.connection.endpoint.context_times else 0.0
         self._sentence_start_s += written.duration_s
         await self.connection.send(alignment_message(written, normalized, offset, self.context_id))
