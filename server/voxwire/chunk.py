@@ -1,5 +1,6 @@
 """``Chunk``: one decode step's speech for one stream, the unit the one-utterance API yields, the engine emits
-and the serving layer encodes. A leaf module (numpy only, no torch, no engine), so any layer may import it.
+and the serving layer encodes; ``EngineStep``: the engine step that made it. A leaf module (numpy only, no torch,
+no engine), so any layer may import it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,26 @@ Patch = npt.NDArray[np.float32]
 
 EMPTY_AUDIO: Audio = np.zeros(0, dtype=np.float32)
 EMPTY_AUDIO.flags.writeable = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One engine step, as its outputs report it: one object per step, shared by every chunk the step made.
+
+    Its times are on the host's wall clock (``time.time_ns()``), which the engine's process shares with the
+    frontends, so a frontend can place the step on its own trace (``serving.tracing``).
+    """
+
+    started_ns: int
+    """When the step began (its scheduling, before the batched forward pass), in ns since the epoch."""
+    duration_ns: int
+    """How long the step ran: its scheduling and the runner's batched forward pass."""
+    rows: int
+    """The step's batch: the streams it decoded one patch for."""
+
+    @property
+    def ended_ns(self) -> int:
+        return self.started_ns + self.duration_ns
 
 
 # eq=False: the fields hold arrays, which have no single truth value to compare by. Not frozen: the engine
@@ -44,6 +65,10 @@ class Chunk:
     queued_s: float | None = None
     """On a stream's first output with audio from the engine: how long the request waited for its slot (from
     the engine receiving it to the start of the step that admitted it). None on every other chunk."""
+    step: EngineStep | None = None
+    """The engine step whose forward pass made the chunk (the same object on all of that step's chunks). None
+    from the one-utterance API, and on an engine chunk no step's forward pass made: a stream aborted or expired
+    while it waited, or every stream of a step whose runner failed."""
 
     @property
     def finished(self) -> bool:

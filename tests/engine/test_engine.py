@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import time
+
 import numpy as np
 import pytest
 
@@ -130,6 +133,40 @@ class _ScriptedRunner:
 
 def _good_chunk(plan):
     return tuple(np.zeros(4, np.float32) for _ in plan.request_ids)
+
+
+def test_each_steps_outputs_share_its_wall_clock_timing_and_batch(make_engine, make_request):
+    delay = 0.002
+    engine, runner = make_engine(delay=delay, config={"max_running": 2})
+    engine.add(make_request("a", max_len=2))
+    engine.add(make_request("b", max_len=4))
+    engine.add(make_request("c", max_len=1))  # waits for a's slot
+    steps = []
+    for _ in range(4):
+        before = time.time_ns()
+        outputs = engine.step()
+        after = time.time_ns()
+        step = outputs[-1].step
+        assert step is not None and all(output.step is step for output in outputs)  # one object per step
+        assert before <= step.started_ns < step.ended_ns <= after
+        assert step.duration_ns >= delay * 1e9  # the forward pass is inside the step's time
+        assert step.rows == len(runner.plans[-1].request_ids)
+        steps.append(step)
+    assert [step.rows for step in steps] == [2, 2, 2, 1]  # c takes a's slot for one patch
+    assert all(later.started_ns >= earlier.ended_ns for earlier, later in itertools.pairwise(steps))
+
+
+def test_outputs_no_forward_pass_made_have_no_step(make_engine, make_request):
+    engine, _ = make_engine(fail=lambda plan: "b" in plan.request_ids, config={"max_running": 1})
+    engine.add(make_request("a", max_len=1))
+    engine.add(make_request("b"))
+    engine.add(make_request("c"))
+    assert [output.step is not None for output in engine.step()] == [True]  # a's only patch
+    engine.abort("c")
+    outputs = engine.step()  # c was aborted while it waited; b's forward pass fails
+    assert [(o.request_id, o.finish_reason, o.step) for o in outputs] == [
+        ("c", FinishReason.ABORTED, None), ("b", FinishReason.ERROR, None),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ environment, no opentelemetry module is ever imported."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -98,15 +99,69 @@ async def test_a_speech_request_continues_the_callers_trace(traced: TestClient, 
     assert queue.start_time == utterance.start_time == first_audio.start_time
     assert queue.end_time is not None and first_audio.end_time is not None
     assert queue.start_time <= queue.end_time <= first_audio.end_time
-    assert utterance.attributes is not None
-    outputs = [event for event in utterance.events if event.name == "voxwire.output"]
-    assert len(outputs) == utterance.attributes["voxwire.outputs"] > 1
-    assert [event.attributes["voxwire.output.index"] for event in outputs if event.attributes] == list(
-        range(len(outputs))
-    )
+    # One span per engine output, at the times of the step that made it: the engine's, within the utterance's.
+    assert utterance.attributes is not None and utterance.attributes["voxwire.outputs"] > 1
+    steps = engine_steps(exporter, utterance)
+    assert len(steps) == utterance.attributes["voxwire.outputs"]
+    assert [attribute(step, "voxwire.output.index") for step in steps] == list(range(len(steps)))
+    assert [attribute(step, "voxwire.engine_step.rows") for step in steps] == [1] * len(steps)  # served alone
+    assert utterance.start_time <= steps[0].start_time and steps[-1].end_time <= utterance.end_time
+    assert steps[0].end_time <= first_audio.end_time  # the first audio is the first step's
+    assert_in_order_without_overlap(steps)
     assert utterance.attributes["voxwire.finish_reason"] in ("stop", "length")
-    samples = sum(int(event.attributes["voxwire.output.samples"]) for event in outputs if event.attributes)
+    reasons = [(step.attributes or {}).get("voxwire.finish_reason") for step in steps]
+    assert reasons == [None] * (len(steps) - 1) + [utterance.attributes["voxwire.finish_reason"]]
+    samples = sum(attribute(step, "voxwire.output.samples") for step in steps)
     assert utterance.attributes["voxwire.audio_samples"] == samples > 0
+
+
+@pytest.mark.asyncio
+async def test_a_step_shared_by_two_utterances_has_the_same_times_in_both(
+    traced: TestClient, exporter, slow_down
+) -> None:
+    slow_down(traced.server.app, 0.01)  # every step lasts 10 ms or more: the two requests' utterances overlap
+
+    async def speak(seed: int) -> None:
+        async with traced.post("/v1/audio/speech", json={**SPEECH, "seed": seed}) as response:
+            assert response.status == 200 and len(await response.read()) > 0
+
+    await asyncio.gather(speak(1), speak(2))
+    utterances = await finished(exporter, "voxwire.utterance", 2)
+    first, second = (engine_steps(exporter, utterance) for utterance in utterances)
+    for steps in (first, second):
+        assert_in_order_without_overlap(steps)
+        assert all(step.end_time - step.start_time >= 10_000_000 for step in steps)  # the forward pass is inside
+        assert {attribute(step, "voxwire.engine_step.rows") for step in steps} <= {1, 2}
+    times = {(step.start_time, step.end_time): attribute(step, "voxwire.engine_step.rows") for step in first}
+    shared = [step for step in second if (step.start_time, step.end_time) in times]
+    assert shared, "the two utterances were never in one step"
+    assert all(attribute(step, "voxwire.engine_step.rows") == 2 for step in shared)
+    assert all(times[step.start_time, step.end_time] == 2 for step in shared)
+
+
+def engine_steps(exporter: InMemorySpanExporter, utterance: ReadableSpan) -> list[ReadableSpan]:
+    """The ``voxwire.engine_step`` spans of ``utterance`` (its children, in the trace), by start time."""
+    steps = [
+        span
+        for span in exporter.get_finished_spans()
+        if span.name == "voxwire.engine_step" and span.parent is not None
+        and span.parent.span_id == utterance.context.span_id
+    ]  # fmt: skip
+    assert all(step.context.trace_id == utterance.context.trace_id for step in steps)
+    return sorted(steps, key=lambda step: step.start_time or 0)
+
+
+def assert_in_order_without_overlap(steps: list[ReadableSpan]) -> None:
+    """Each step ends after it starts, before the next one starts, and they come in their outputs' order."""
+    assert [attribute(step, "voxwire.output.index") for step in steps] == list(range(len(steps)))
+    for step, following in itertools.pairwise(steps):
+        assert step.start_time is not None and step.end_time is not None and following.start_time is not None
+        assert step.start_time < step.end_time <= following.start_time
+
+
+def attribute(span: ReadableSpan, name: str) -> int:
+    assert span.attributes is not None
+    return int(span.attributes[name])  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio

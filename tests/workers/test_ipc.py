@@ -18,7 +18,7 @@ import torch
 import zmq
 from tests.server_process import ServerProcess, poll
 
-from voxwire.chunk import Chunk
+from voxwire.chunk import Chunk, EngineStep
 from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
@@ -36,6 +36,7 @@ PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.one
 VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)
 STATS = EngineStats(1, 2, LatencyHistogram().observe(0.1), 4, 5, 6, 0.2, LatencyHistogram().observe(0.03))
 CLIP = VoiceClip("A clip.", np.zeros(8, np.float32), 16000, np.ones(8, np.float32), 16000)
+STEP = EngineStep(1_796_000_000_000_000_000, 42_000_000, 2)
 PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)}, "key-digest")
 
 
@@ -52,7 +53,8 @@ def every_message(tts: VoxCPM) -> list[object]:
         ipc.PersonasPublished(1),
         ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
         ipc.Welcome(info, (4, 8), SimPromptLength(), (), None),
-        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch, 0.25), ("r2", 0, None, "oops", None, None)], STATS),
+        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch, 0.25, STEP), ("r2", 0, None, "oops", None, None, None)],
+                    STATS),
         ipc.Rejected("r1", QueueFullError("full")), ipc.Rejected("r1", ValueError("bad")), ipc.Heartbeat(STATS),
         ipc.VoiceEncoded(1, PROMPT), ipc.VoiceEncoded(1, None, InvalidInputError("not audio")),
         ipc.VoicesChanged((b"frontend-0", 1), (VOICE,), ("voice_0123456789abcdef",)),
@@ -199,7 +201,8 @@ def test_a_live_engine_drops_foreign_frames_and_keeps_serving(tmp_path: Path) ->
 def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
     patch = np.ones((2, 4), dtype=np.float32)
     sent = [
-        Chunk("r1", np.arange(3, dtype=np.float32), patch=patch, queued_s=0.25),
+        Chunk("r1", np.arange(3, dtype=np.float32), patch=patch, queued_s=0.25, step=STEP),
+        Chunk("r3", np.arange(2, dtype=np.float32), FinishReason.STOP, step=STEP),
         Chunk("r2", np.zeros(0, dtype=np.float32), FinishReason.ERROR, "oops"),
     ]
     message, audio = ipc.pack_outputs(sent, STATS)
@@ -207,8 +210,9 @@ def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
     assert isinstance(decoded, ipc.Outputs) and decoded.stats == STATS
     received = ipc.unpack_outputs(decoded, audio.tobytes())
     for before, after in zip(sent, received, strict=True):
-        assert (after.request_id, after.finish_reason, after.error, after.queued_s) == (
-            before.request_id, before.finish_reason, before.error, before.queued_s,
+        assert (after.request_id, after.finish_reason, after.error, after.queued_s, after.step) == (
+            before.request_id, before.finish_reason, before.error, before.queued_s, before.step,
         )  # fmt: skip
         assert np.array_equal(after.audio, before.audio)
-    assert received[0].patch is not None and np.array_equal(received[0].patch, patch) and received[1].patch is None
+    assert received[0].patch is not None and np.array_equal(received[0].patch, patch) and received[2].patch is None
+    assert received[0].step is received[1].step  # the step's rows share one object after the trip too

@@ -4,17 +4,20 @@ One ``step(now)`` is schedule → execute → update: the scheduler plans the st
 as one batched forward pass, and the engine turns the runner's raw output into one ``Chunk``
 per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
 drives this class from its own thread, and tests drive it with a fake runner. Time is an argument:
-``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator).
+``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator). The one
+clock read here is the host's wall clock that times each step for its outputs (``Chunk.step``): it is reported,
+never decides anything.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
 
-from voxwire.chunk import EMPTY_AUDIO, Chunk
+from voxwire.chunk import EMPTY_AUDIO, Chunk, EngineStep
 from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
 from voxwire.engine.outputs import (
@@ -126,6 +129,7 @@ class Engine:
         """
         if self.scheduler.realtime is not None and now is None:
             raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
+        started_ns = time.time_ns()
         self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
         outputs = [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
         outputs += [
@@ -145,7 +149,8 @@ class Engine:
             holding = [self.scheduler.sessions[rid] for rid in self.scheduler.slots.owners]
             logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
             return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
-        return outputs + self._update(plan, rows, result)
+        step = EngineStep(started_ns, time.time_ns() - started_ns, len(rows))
+        return outputs + self._update(plan, rows, result, step)
 
     def mark_sent(self, now: float) -> None:
         """The outputs of the last ``step`` left at ``now``: first chunks start their listeners' clocks.
@@ -168,7 +173,7 @@ class Engine:
         self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
         return [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ERROR, message) for s in rows]
 
-    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput) -> list[Chunk]:
+    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput, step: EngineStep) -> list[Chunk]:
         for rid, cap in result.length_caps.items():
             self.scheduler.sessions[rid].length_cap = cap
         outputs: list[Chunk] = []
@@ -182,17 +187,17 @@ class Engine:
             error = errors.get(rid) if errors else None
             if error is not None:
                 finished.append((session, RequestStatus.FINISHED_ERROR))
-                outputs.append(Chunk(rid, EMPTY_AUDIO, FinishReason.ERROR, error))
+                outputs.append(Chunk(rid, EMPTY_AUDIO, FinishReason.ERROR, error, None, None, step))
                 continue
             status = session.status_after(stop_flag)
             if session.step_index == 0:
                 self._unsent.append(session)
             session.step_index += 1
             if status is running:
-                outputs.append(Chunk(rid, audio, None, None, patch))
+                outputs.append(Chunk(rid, audio, None, None, patch, None, step))
             else:
                 finished.append((session, status))
-                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch))
+                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch, None, step))
         self.scheduler.finish(finished)
         return outputs
 

@@ -15,8 +15,14 @@ The spans (see docs/operations.md): one ``SERVER`` span per HTTP request, a chil
 submission to its last audio, with a ``voxwire.first_audio`` child that ends when the first audio arrives, a
 ``voxwire.queue`` child for the wait for an engine slot (from the submission, as long as the engine measured the
 request waiting: ``Chunk.queued_s``; the rest of ``first_audio`` is the hop to the engine, the prefill and the first
-step), and one ``voxwire.output`` event per engine output (each output is one engine step's patch of this
-utterance).
+step), and one ``voxwire.engine_step`` child per engine output, from the start to the end of the step that made it
+(``Chunk.step``: each output is one engine step's patch of this utterance; the step is shared by the batch, so each
+utterance in it has a span of the same times).
+
+Every span is made in the process that serves the request, the engine's spans included: the engine stamps each
+step's wall-clock start and duration on its outputs (the host's clock, which every process of the server shares),
+and they travel with the outputs. So with ``--workers`` the frontends export every span; the engine processes make
+none and need no exporter.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 import voxwire
-from voxwire.chunk import Chunk
+from voxwire.chunk import Chunk, EngineStep
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -195,12 +201,26 @@ class _TracedUtterance(UtteranceTrace):
             self._first_audio.end()
             self._first_audio = None
         samples = int(chunk.audio.size)
-        event = {"voxwire.output.index": self._outputs, "voxwire.output.samples": samples}
-        self._span.add_event("voxwire.output", event)
+        if chunk.step is not None:
+            self._engine_step(chunk, chunk.step, samples)
         self._outputs += 1
         self._samples += samples
         if chunk.finish_reason is not None:
             self._span.set_attribute("voxwire.finish_reason", chunk.finish_reason.value)
+
+    def _engine_step(self, chunk: Chunk, step: EngineStep, samples: int) -> None:
+        """The span of the engine step that made ``chunk``, at the step's own times (taken by the engine)."""
+        attributes: dict[str, str | int] = {
+            "voxwire.engine_step.rows": step.rows,
+            "voxwire.output.index": self._outputs,
+            "voxwire.output.samples": samples,
+        }
+        if chunk.finish_reason is not None:
+            attributes["voxwire.finish_reason"] = chunk.finish_reason.value
+        span = self._tracer.start_span(
+            "voxwire.engine_step", self._context, attributes=attributes, start_time=step.started_ns
+        )
+        span.end(step.ended_ns)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

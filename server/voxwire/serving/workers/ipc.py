@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from voxwire.chunk import EMPTY_AUDIO, Patch
+from voxwire.chunk import EMPTY_AUDIO, EngineStep, Patch
 from voxwire.engine import Chunk, EngineStats, FinishReason, Request
 from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
@@ -56,6 +56,7 @@ DATA_TYPES = frozenset(
         ("numpy", "dtype"), ("numpy", "ndarray"),
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("voxwire.chunk", "EngineStep"),
         ("voxwire.engine.loop", "EngineStats"), ("voxwire.engine.latency", "LatencyHistogram"),
         ("voxwire.engine.request", "Request"),
         ("voxwire.finish_reason", "FinishReason"),
@@ -206,16 +207,16 @@ class Welcome:
 @dataclass(frozen=True, slots=True)
 class Outputs:
     """One engine step's outputs for the requests of one frontend (and the engine's load after it), but
-    their audio: per row (request id, samples, finish reason, error, patch, queue wait); the samples follow in a
-    frame."""
+    their audio: per row (request id, samples, finish reason, error, patch, queue wait, step); the samples follow in
+    a frame. The rows of one step share its ``EngineStep``, which pickles once (pickle's memo refers back to it)."""
 
-    rows: list[tuple[str, int, FinishReason | None, str | None, Patch | None, float | None]]
+    rows: list[tuple[str, int, FinishReason | None, str | None, Patch | None, float | None, EngineStep | None]]
     stats: EngineStats
 
 
 def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.NDArray[np.float32]]:
     """The two frames of an ``Outputs`` message."""
-    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch, o.queued_s) for o in outputs]
+    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch, o.queued_s, o.step) for o in outputs]
     audio = np.concatenate([o.audio for o in outputs]) if outputs else EMPTY_AUDIO
     return dumps(Outputs(rows, stats)), audio
 
@@ -223,8 +224,8 @@ def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.N
 def unpack_outputs(message: Outputs, audio: bytes) -> list[Chunk]:
     samples = np.frombuffer(audio, dtype=np.float32)
     outputs, start = [], 0
-    for request_id, size, finish_reason, error, patch, queued_s in message.rows:
-        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch, queued_s))
+    for request_id, size, finish_reason, error, patch, queued_s, step in message.rows:
+        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch, queued_s, step))
         start += size
     return outputs
 
