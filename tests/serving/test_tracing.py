@@ -1,7 +1,8 @@
 """OpenTelemetry traces (``voxwire[otel]``): the spans a collector receives, parented on the caller's W3C
-``traceparent`` (its ``tracestate`` kept), through the SDK's in-memory exporter; configured by the standard OTEL_*
-environment alone (a served process prints its spans with ``OTEL_TRACES_EXPORTER=console``); and without that
-environment, no opentelemetry module is ever imported."""
+``traceparent`` (its ``tracestate`` kept), through the SDK's in-memory exporter, the engine's steps among them at
+the engine's own times; configured by the standard OTEL_* environment alone (a served process prints its spans with
+``OTEL_TRACES_EXPORTER=console``), also with ``--workers``, where the engine's steps reach the frontend's trace from
+another process; and without that environment, no opentelemetry module is ever imported."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from tests.server_process import ServerProcess, poll
 
 from voxwire.serving.app import drain
 from voxwire.serving.http.trace_middleware import TRACING_KEY
@@ -289,6 +294,41 @@ def test_the_otel_environment_alone_exports_the_spans() -> None:
     speech = by_name["POST /v1/audio/speech"]
     assert speech["context"]["trace_id"] == f"0x{TRACE_ID}" and speech["parent_id"] == f"0x{PARENT_ID}"
     assert speech["resource"]["attributes"]["service.name"] == "tts-replica-2"
+
+
+@pytest.mark.slow
+def test_under_workers_a_frontend_exports_the_engine_processes_steps(tmp_path: Path) -> None:
+    """``--workers 2``: the engine runs in its own process, which makes no spans; the frontend serving the request
+    exports its steps, at the engine's times (every step lasts the simulator's cost: 20 ms)."""
+    printed = tmp_path / "spans.json"
+    environment = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50", "PYTHONUNBUFFERED": "1"}
+    into_file = ("sh", "-c", 'exec "$@" >>"$0"', str(printed))  # the server's stdout (every process's) to the file
+    args = ("--model", "sim", "--sim-cost", "20ms", "--workers", "2", "--no-realtime")
+    with ServerProcess(*args, env=environment, launcher=into_file) as server:
+        server.wait_ready()
+        body = json.dumps({"model": "m", "input": "Hello there.", "response_format": "pcm"}).encode()
+        headers = {"Content-Type": "application/json", "traceparent": TRACEPARENT}
+        request = urllib.request.Request(f"{server.url}/v1/audio/speech", body, headers)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200 and len(response.read()) > 0
+
+        def spans() -> list[dict[str, Any]]:
+            return [json.loads(block) for block in split_json_objects(printed.read_text())]
+
+        assert poll(lambda: any(span["name"] == "POST /v1/audio/speech" for span in spans()), timeout=30), server.log
+    (utterance,) = [span for span in spans() if span["name"] == "voxwire.utterance"]
+    assert utterance["context"]["trace_id"] == f"0x{TRACE_ID}"
+    steps = [span for span in spans() if span["name"] == "voxwire.engine_step"]
+    assert all(step["parent_id"] == utterance["context"]["span_id"] for step in steps)
+    assert len(steps) == utterance["attributes"]["voxwire.outputs"] > 1
+    steps.sort(key=lambda step: step["start_time"])
+    assert [step["attributes"]["voxwire.output.index"] for step in steps] == list(range(len(steps)))
+    assert {step["attributes"]["voxwire.engine_step.rows"] for step in steps} == {1}
+    start, end = (datetime.fromisoformat(utterance[key]) for key in ("start_time", "end_time"))
+    times = [(datetime.fromisoformat(step["start_time"]), datetime.fromisoformat(step["end_time"])) for step in steps]
+    assert start <= times[0][0] and times[-1][1] <= end
+    assert all(ended - began >= timedelta(milliseconds=20) for began, ended in times)  # the engine's step time
+    assert all(ended <= following for (_, ended), (following, _) in itertools.pairwise(times))
 
 
 def split_json_objects(printed: str) -> list[str]:
