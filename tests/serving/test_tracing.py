@@ -31,8 +31,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.server_process import ServerProcess, poll
 
 from voxwire.serving.app import drain
-from voxwire.serving.http.trace_middleware import TRACING_KEY
-from voxwire.serving.keys import STATE_KEY, Phase
+from voxwire.serving.keys import STATE_KEY, TRACING_KEY, Phase
 from voxwire.serving.tracing import Tracing, tracing_requested
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -167,6 +166,60 @@ def assert_in_order_without_overlap(steps: list[ReadableSpan]) -> None:
 def attribute(span: ReadableSpan, name: str) -> int:
     assert span.attributes is not None
     return int(span.attributes[name])  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_each_sentence_of_a_websocket_utterance_is_a_segment_span_of_the_connection(
+    traced: TestClient, exporter
+) -> None:
+    async with traced.ws_connect("/v1/tts/stream", headers={"traceparent": TRACEPARENT}) as ws:
+        assert (await ws.receive_json())["type"] == "ready"
+        await ws.send_json({"type": "text", "text": "The first sentence. And the second one.", "context_id": "turn-1"})
+        await ws.send_json({"type": "end", "context_id": "turn-1"})
+        while (message := await ws.receive()).type is not aiohttp.WSMsgType.TEXT or '"done"' not in message.data:
+            assert message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), message
+    (connection,) = await finished(exporter, "GET /v1/tts/stream")
+    segments = sorted(await finished(exporter, "voxwire.segment", 2), key=lambda span: span.start_time or 0)
+
+    assert connection.parent is not None and format(connection.parent.span_id, "016x") == PARENT_ID
+    assert [attribute(segment, "voxwire.segment.index") for segment in segments] == [0, 1]
+    for segment in segments:
+        assert segment.parent is not None and segment.parent.span_id == connection.context.span_id
+        assert segment.attributes is not None and segment.attributes["voxwire.context_id"] == "turn-1"
+        assert attribute(segment, "voxwire.utterance.number") == 0
+        assert segment.attributes["voxwire.finish_reason"] in ("stop", "length")
+        assert segment.status.status_code is StatusCode.UNSET
+        # Each sentence is one engine request, traced as an HTTP utterance is: queue, first audio, its steps.
+        children = {
+            span.name
+            for span in exporter.get_finished_spans()
+            if span.parent and span.parent.span_id == segment.context.span_id
+        }
+        assert {"voxwire.queue", "voxwire.first_audio", "voxwire.engine_step"} <= children
+        steps = engine_steps(exporter, segment)
+        assert len(steps) == attribute(segment, "voxwire.outputs")
+        assert_in_order_without_overlap(steps)
+    assert segments[0].end_time is not None and segments[1].start_time is not None
+    assert segments[0].end_time <= segments[1].end_time
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_websocket_sentence_ends_its_span_without_an_error(
+    traced: TestClient, exporter, slow_down
+) -> None:
+    slow_down(traced.server.app, 0.05)
+    async with traced.ws_connect("/v1/tts/stream") as ws:
+        assert (await ws.receive_json())["type"] == "ready"
+        await ws.send_json({"type": "text", "text": "A sentence long enough to be cut off in the middle of it."})
+        await ws.send_json({"type": "flush"})
+        while (await ws.receive()).type is not aiohttp.WSMsgType.BINARY:  # its first audio
+            pass
+        await ws.send_json({"type": "cancel"})
+        while (message := await ws.receive()).type is not aiohttp.WSMsgType.TEXT or '"done"' not in message.data:
+            pass
+    (segment,) = await finished(exporter, "voxwire.segment")
+    assert segment.status.status_code is StatusCode.UNSET  # the client stopped it: not a server failure
+    assert segment.attributes is not None and "voxwire.finish_reason" not in segment.attributes
 
 
 @pytest.mark.asyncio

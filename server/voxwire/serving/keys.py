@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from voxwire.serving.encoding import EncoderPool
     from voxwire.serving.metrics import Metrics
     from voxwire.serving.service import Service
+    from voxwire.serving.tracing import Tracing
     from voxwire.serving.voices import VoiceStore
 
 
@@ -112,3 +113,5 @@ OWNER_KEY = web.RequestKey[str | None]("voxwire.owner")
 """Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
 when authentication is off; voices remember it to tell who may delete them."""
 ENCODERS_KEY: web.AppKey[EncoderPool] = web.AppKey("voxwire.encoders")
+TRACING_KEY: web.AppKey[Tracing | None] = web.AppKey("voxwire.tracing")
+"""The server's tracing (``tracing_from_environment``); None when traces are off."""

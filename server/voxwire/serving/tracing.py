@@ -12,12 +12,13 @@ set). ``otlp`` exports over HTTP/protobuf (the OpenTelemetry default; the extra 
 
 The spans (see docs/operations.md): one ``SERVER`` span per HTTP request, a child of the caller's ``traceparent``
 (the WebSocket's lasts as long as its connection); under a speech request, ``voxwire.utterance`` from the job's
-submission to its last audio, with a ``voxwire.first_audio`` child that ends when the first audio arrives, a
-``voxwire.queue`` child for the wait for an engine slot (from the submission, as long as the engine measured the
-request waiting: ``Chunk.queued_s``; the rest of ``first_audio`` is the hop to the engine, the prefill and the first
-step), and one ``voxwire.engine_step`` child per engine output, from the start to the end of the step that made it
-(``Chunk.step``: each output is one engine step's patch of this utterance; the step is shared by the batch, so each
-utterance in it has a span of the same times).
+submission to its last audio (under a WebSocket, ``voxwire.segment`` for each sentence, each an engine request),
+with a ``voxwire.first_audio`` child that ends when the first audio arrives, a ``voxwire.queue`` child for the wait
+for an engine slot (from the submission, as long as the engine measured the request waiting: ``Chunk.queued_s``;
+the rest of ``first_audio`` is the hop to the engine, the prefill and the first step), and one
+``voxwire.engine_step`` child per engine output, from the start to the end of the step that made it (``Chunk.step``:
+each output is one engine step's patch of this utterance; the step is shared by the batch, so each utterance in it
+has a span of the same times).
 
 Every span is made in the process that serves the request, the engine's spans included: the engine stamps each
 step's wall-clock start and duration on its outputs (the host's clock, which every process of the server shares),
@@ -28,10 +29,11 @@ none and need no exporter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -51,8 +53,11 @@ _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_END
 _OTLP_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _EXPORTER_ENTRY_POINTS = "opentelemetry_traces_exporter"
 _EXTRA_HINT = "pip install 'voxwire[otel]'"
-CLIENT_LEFT = (asyncio.CancelledError, ConnectionResetError)
-"""How a request ends when its client leaves (aiohttp cancels the handler, or a write fails): not a server error."""
+CLIENT_LEFT = (asyncio.CancelledError, ConnectionResetError, GeneratorExit)
+"""How a request ends when its client leaves or stops it (aiohttp cancels the handler, a write fails, a WebSocket
+utterance is cancelled, its stream closed before its end): not a server error."""
+UTTERANCE_SPAN = "voxwire.utterance"
+SEGMENT_SPAN = "voxwire.segment"
 
 
 def tracing_requested(environ: Mapping[str, str]) -> bool:
@@ -141,9 +146,12 @@ class Tracing:
                 span.set_status(StatusCode.ERROR, str(exc) or type(exc).__name__)
                 raise
 
-    def utterance(self) -> UtteranceTrace:
-        """The spans of one utterance, children of the current span (the request's)."""
-        return _TracedUtterance(self._tracer)
+    def utterance(
+        self, name: str = UTTERANCE_SPAN, attributes: Mapping[str, str | int] | None = None
+    ) -> UtteranceTrace:
+        """The spans of one engine request, children of the current span (the request's): named ``name``
+        (``SEGMENT_SPAN`` for a WebSocket utterance's sentence), with ``attributes``."""
+        return _TracedUtterance(self._tracer, name, attributes or {})
 
 
 class ServerSpan:
@@ -179,13 +187,23 @@ class UtteranceTrace:
 UNTRACED = UtteranceTrace()
 
 
+async def traced(outputs: AsyncGenerator[Chunk, None], trace: UtteranceTrace) -> AsyncGenerator[Chunk, None]:
+    """``outputs``, each recorded on ``trace`` as it passes; the trace's spans end with the stream (closing this
+    closes ``outputs``)."""
+    async with contextlib.aclosing(outputs):
+        with trace:
+            async for chunk in outputs:
+                trace.output(chunk)
+                yield chunk
+
+
 class _TracedUtterance(UtteranceTrace):
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, name: str, attributes: Mapping[str, str | int]) -> None:
         from opentelemetry.trace import set_span_in_context
 
         self._tracer = tracer
         self._started_ns = time.time_ns()
-        self._span = tracer.start_span("voxwire.utterance", start_time=self._started_ns)
+        self._span = tracer.start_span(name, start_time=self._started_ns, attributes=attributes)
         self._context = set_span_in_context(self._span)
         self._first_audio: Span | None = tracer.start_span(
             "voxwire.first_audio", self._context, start_time=self._started_ns

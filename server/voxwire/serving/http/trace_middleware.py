@@ -13,9 +13,8 @@ from aiohttp.typedefs import Handler
 
 from voxwire.serving.http.request_id import request_id
 from voxwire.serving.http.request_metrics import UNMATCHED_ROUTE, route_template
+from voxwire.serving.keys import TRACING_KEY
 from voxwire.serving.tracing import UNTRACED, Tracing, UtteranceTrace
-
-TRACING_KEY: web.AppKey[Tracing | None] = web.AppKey("voxwire.tracing")
 
 
 def add_tracing(app: web.Application, tracing: Tracing | None) -> None:

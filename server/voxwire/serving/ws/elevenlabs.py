@@ -68,6 +68,7 @@ from voxwire.serving.keys import (
     OWNER_KEY,
     SERVICE_KEY,
     STATE_KEY,
+    TRACING_KEY,
     VOICES_KEY,
 )
 from voxwire.serving.voices import UnknownVoiceError
@@ -401,7 +402,7 @@ class ElevenContext:
         self.encoder = connection.endpoint.output.encoder(self.model_rate)
         self.session = Session(
             connection.service, connection.config, app[VOICES_KEY], app[STATE_KEY], self, app.get(METRICS_KEY),
-            connection.encoders,
+            connection.encoders, tracing=app.get(TRACING_KEY),
         )  # fmt: skip
         self._sentence: _SentenceAudio | None = None
         self._sentence_start_s = 0.0

@@ -28,6 +28,7 @@ from voxwire.serving.keys import (
     SERVICE_KEY,
     SESSIONS_KEY,
     STATE_KEY,
+    TRACING_KEY,
     VOICES_KEY,
 )
 from voxwire.serving.personas import client_owner
@@ -113,6 +114,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
             app.get(METRICS_KEY),
             app.get(ENCODERS_KEY, INLINE),
             client_owner(request.get(OWNER_KEY), ws),
+            app.get(TRACING_KEY),
         )
         async with session:
             async for message in ws:

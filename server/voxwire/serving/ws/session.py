@@ -37,6 +37,7 @@ from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
 from voxwire.serving.metrics import Metrics
 from voxwire.serving.service import Service, SpeechFailure, SpeechJob, UtteranceOptions
+from voxwire.serving.tracing import SEGMENT_SPAN, Tracing, traced
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
 from voxwire.serving.ws.session_core import (
@@ -81,6 +82,14 @@ def session_limits(config: ServerConfig) -> SessionLimits:
     )
 
 
+def _segment_attributes(audio: UtteranceAudio, index: int) -> dict[str, str | int]:
+    """A sentence's span attributes: which utterance (and context) of the connection it belongs to."""
+    attributes: dict[str, str | int] = {"voxwire.utterance.number": audio.number, "voxwire.segment.index": index}
+    if audio.context_id is not None:
+        attributes["voxwire.context_id"] = audio.context_id
+    return attributes
+
+
 class Session:
     """One connection. Use ``async with``; feed it frames; it never raises for a client's mistake."""
 
@@ -94,10 +103,13 @@ class Session:
         metrics: Metrics | None = None,
         encoders: EncoderPool = INLINE,
         owner: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        """``owner``: who the connection's persona slots count against (``personas.client_owner``; None: no cap)."""
+        """``owner``: who the connection's persona slots count against (``personas.client_owner``; None: no cap).
+        ``tracing``: each sentence's engine request becomes a ``voxwire.segment`` span (None: traces are off)."""
         self.service = service
         self.owner = owner
+        self.tracing = tracing
         self.encoders = encoders
         self.config = config
         self.server = server
@@ -287,6 +299,8 @@ class Session:
         )
         job = SpeechJob(request_id, designed_text(turn.control, spoken), params, audio.prompt, options)
         speech = self.service.speak(job)
+        if self.tracing is not None:
+            speech = traced(speech, self.tracing.utterance(SEGMENT_SPAN, _segment_attributes(audio, index)))
         async with contextlib.aclosing(speech) as stream:
             async for final in stream:
                 if final.audio.size:
