@@ -157,7 +157,10 @@ def test_the_rate_learned_from_a_previous_segment_times_the_next_one() -> None:
     for slow, quick in zip(learned, fresh):
         assert slow.word == quick.word
         assert slow.end_s - 0.3 == pytest.approx(2 * (quick.end_s - 0.3), rel=0.05)
-    assert len(learned) < len(fresh)
+    # and the learned pace is the one this audio has: the early words land where the whole audio's split puts them
+    whole = estimate_alignment(LONG, second, RATE).words()
+    assert [w.end_s for w in learned] == pytest.approx([w.end_s for w in whole[: len(learned)]], abs=0.02)
+    assert fresh[5].end_s < whole[5].end_s - 0.5
 
 
 def test_a_segment_cut_short_teaches_no_rate() -> None:
