@@ -256,7 +256,7 @@ class WordTimer:
         share = (to_s - from_s) / (total - from_weight) if total > from_weight else 0.0
 
         def at(weight: float) -> float:
-            return from_s + (weight - from_weight) * share
+            return min(to_s, from_s + (weight - from_weight) * share)  # no rounding past the span's end
 
         rest = self._spans[self._settled :]
         self._settled = len(self._spans)
