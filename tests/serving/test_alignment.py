@@ -114,7 +114,7 @@ def test_words_are_given_out_once_each_in_order_before_the_segment_ends() -> Non
     starts, ends = [w.start_s for w in words], [w.end_s for w in words]
     assert starts[0] == pytest.approx(0.3, abs=0.011), "the first word starts where the speech does"
     assert all(a <= b for a, b in zip(starts, ends, strict=True))
-    assert all(end <= next_start for end, next_start in zip(ends, starts[1:])), "times never go backwards"
+    assert all(end <= next_start for end, next_start in zip(ends, starts[1:], strict=False)), "times never go backwards"
     assert ends[-1] == pytest.approx(audio.size / RATE - 0.4, abs=0.011), "the last word ends with the speech"
 
 
@@ -153,8 +153,8 @@ def test_the_rate_learned_from_a_previous_segment_times_the_next_one() -> None:
     learned = [word for _, part in timed_as_produced(LONG, second, rate)[:-1] for word in part]
     fresh = [word for _, part in timed_as_produced(LONG, second, SpeakingRate())[:-1] for word in part]
     assert learned and fresh
-    # at the learned (half) pace each early word ends twice as far from the speech start, so settles later
-    for slow, quick in zip(learned, fresh):
+    # at the learned (half) pace each early word ends twice as far from the speech start
+    for slow, quick in zip(learned, fresh, strict=False):
         assert slow.word == quick.word
         assert slow.end_s - 0.3 == pytest.approx(2 * (quick.end_s - 0.3), rel=0.05)
     # and the learned pace is the one this audio has: the early words land where the whole audio's split puts them

@@ -13,8 +13,8 @@
   interruption) sends ``cancel``, which stops the server's work within one engine step.
 - Timed transcripts (``aligned_transcript``): each word as a ``TimedString`` with its ``start_time`` and
   ``end_time`` (seconds from the turn's first audio), from the server's ``words`` messages, which come while
-  a sentence is still produced: after an interruption LiveKit's transcript synchronizer holds the words played
-  up to it. The times are the server's estimates from the audio it produced.
+  a sentence is still produced: at an interruption LiveKit's transcript synchronizer has the words timed up to
+  it. The times are the server's estimates from the audio it produced.
 
     from livekit.agents import AgentSession
     from voxwire.integrations import livekit as voxwire

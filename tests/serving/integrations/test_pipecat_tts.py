@@ -145,9 +145,7 @@ async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | No
         yield Bot(worker, tts, received, errors)
 
 
-async def test_tokens_speak_before_the_turn_ends_and_words_become_text_frames(
-    serve, slow_down, monkeypatch
-) -> None:
+async def test_tokens_speak_before_the_turn_ends_and_words_become_text_frames(serve, slow_down, monkeypatch) -> None:
     server = await serve()
     slow_down(server.app, 0.02)
     requests = record_requests(server.app, monkeypatch)
@@ -160,7 +158,8 @@ async def test_tokens_speak_before_the_turn_ends_and_words_become_text_frames(
     frames = bot.drain()
     assert requests == [("The first sentence is here.", False), ("The second one ends now.", True)]
     words = [frame for frame in frames if isinstance(frame, TTSTextFrame)]
-    assert [frame.text for frame in words] == "The first sentence is here. The second one ends now.".split()
+    spoken = "The first sentence is here. The second one ends now."
+    assert [frame.text for frame in words] == spoken.split()
     times = [frame.pts for frame in words]
     assert times == sorted(times) and len(set(times)) == len(times), "each word has its own time"
     assert len({frame.context_id for frame in frames if isinstance(frame, TTSAudioRawFrame)}) == 1
