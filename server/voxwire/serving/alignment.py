@@ -41,7 +41,9 @@ SILENCE_RMS = 1e-4
 DEFAULT_SPEAKING_RATE = 13.0
 """Weight units (``char_weight``) per second of speech for an utterance's first segment, before it has a spoken
 one to measure: about 150 words a minute of English (a word of five letters, a space and its share of the
-punctuation weighs about 5.5), the pace of VoxCPM's voices reading prose."""
+punctuation weighs about 5.5), the usual pace of read prose. It is an assumption about VoxCPM's voices, not a
+measurement of them; from the second segment on the pace measured on the utterance replaces it. (CJK text has no
+spaces, so its sentence is one word, timed at the sentence's end.)"""
 
 SETTLE_MARGIN_S = 0.3
 """A word is given out once the audio produced runs this far past its estimated end, so that a speaking rate off

@@ -281,7 +281,7 @@ class Session:
 
     async def _speak_segment(self, audio: UtteranceAudio, turn: SpeakSegment, spoken: str) -> FinishReason:
         """One sentence through the engine (``spoken``, designed by ``turn.control``); its audio goes to the
-        outbox as it comes."""
+        outbox as it comes, and its words as they settle (``WordTimer``), each part after the audio it times."""
         index, text = turn.index, turn.text
         params = audio.settings.segment_params(index)
         request_id = self.service.new_request_id("ws")
