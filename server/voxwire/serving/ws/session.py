@@ -288,7 +288,7 @@ class Session:
         if audio.first_request_at is None:
             audio.first_request_at = time.monotonic()
         start = audio.samples
-        timer = WordTimer(text, audio.model_rate, audio.speaking_rate)
+        word_timer = WordTimer(text, audio.model_rate, audio.speaking_rate)
         patches: list[Patch] = []
         final: Chunk | None = None
         # A sentence after the first continues a stream already playing: its deadline is where the
@@ -307,14 +307,14 @@ class Session:
                     if audio.samples == start:  # this sentence's first audio
                         self._announce(audio, index, text, spoken)
                     await self._on_chunk(audio, final.audio)
-                    if settled := timer.add(final.audio):  # after the frames it times
+                    if settled := word_timer.add(final.audio):  # after the frames it times
                         self.outbox.put(self._words(audio, index, settled, start))
                 if final.patch is not None:
                     patches.append(final.patch)
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
-        if timer.meter.samples:
-            rest = timer.finish(learn=final.finish_reason is FinishReason.STOP)
+        if word_timer.meter.samples:
+            rest = word_timer.finish(learn=final.finish_reason is FinishReason.STOP)
             self.outbox.put(self._words(audio, index, rest, start))
         try:
             audio.carry(spoken, final.finish_reason, patches, designed=turn.control is not None)
