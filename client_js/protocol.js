@@ -195,7 +195,7 @@ const SERVER_MESSAGES = Object.freeze({
  * @typedef {Sendable<ClientMessageSpecs, 'start'>} StartMessage the settings of the utterances that follow
  * @typedef {Complete<ServerMessageSpecs, 'ready'>} ReadyMessage the settings in effect (the server's answer to a connection and to `start`)
  * @typedef {Complete<ServerMessageSpecs, 'segment'>} SegmentMessage a sentence of an utterance starts (its audio follows)
- * @typedef {Complete<ServerMessageSpecs, 'words'>} WordsMessage when a segment's words were spoken, estimated from its audio (after its frames)
+ * @typedef {Complete<ServerMessageSpecs, 'words'>} WordsMessage when some of a segment's words were spoken, estimated from its audio (after its frames; a segment's words may come in several parts, in order, each word once)
  * @typedef {Complete<ServerMessageSpecs, 'done'>} DoneMessage an utterance is finished
  * @typedef {Complete<ServerMessageSpecs, 'error'>} ErrorMessage what went wrong: `utterance` null for the session or a refused `start`
  * @typedef {Complete<ServerMessageSpecs, 'audio'>} AudioMessage an audio frame as JSON (`start.audio_transport` `json`): `audioFrameOf` reads it

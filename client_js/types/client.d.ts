@@ -52,7 +52,7 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @typedef {object} ClientEvents
  * @property {ReadyMessage} ready the settings in effect (after `connect()`, `configure()` and a reconnection)
  * @property {SegmentMessage} segment a sentence starts
- * @property {WordsMessage} words when a sentence's words are spoken (estimated from its audio, after its frames)
+ * @property {WordsMessage} words when some of a sentence's words are spoken (estimated from its audio, after its frames; a sentence's words may come in several parts, in order)
  * @property {FirstAudio} firstAudio an utterance's first sample played
  * @property {DoneMessage} done an utterance is finished (its audio may still be playing)
  * @property {{utterance: number}} underrun the buffer ran dry mid-sentence
@@ -349,7 +349,7 @@ export type ClientEvents = {
      */
     segment: SegmentMessage;
     /**
-     * when a sentence's words are spoken (estimated from its audio, after its frames)
+     * when some of a sentence's words are spoken (estimated from its audio, after its frames; a sentence's words may come in several parts, in order)
      */
     words: WordsMessage;
     /**

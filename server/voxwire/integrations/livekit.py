@@ -11,8 +11,10 @@
   complete and continues the voice from one sentence to the next); LiveKit's ``flush`` ends the turn's
   utterance. ``synthesize()`` speaks a whole text. Closing a stream early (LiveKit does so on an
   interruption) sends ``cancel``, which stops the server's work within one engine step.
-- Timed transcripts (``aligned_transcript``): each sentence, or each word when the server times words, as a
-  ``TimedString`` starting where its audio starts.
+- Timed transcripts (``aligned_transcript``): each word as a ``TimedString`` with its ``start_time`` and
+  ``end_time`` (seconds from the turn's first audio), from the server's ``words`` messages, which come while
+  a sentence is still produced: at an interruption LiveKit's transcript synchronizer has the words timed up to
+  it. The times are the server's estimates from the audio it produced.
 
     from livekit.agents import AgentSession
     from voxwire.integrations import livekit as voxwire
@@ -46,10 +48,10 @@ from voxwire.integrations.session import (
     SpeechSession,
     SpeechSettings,
     is_permanent,
-    timings,
+    word_timings,
 )
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import Done, Error, Segment
+from voxwire.protocol.wire import Done, Error, Words
 
 DEFAULT_SAMPLE_RATE = 24000
 """What the TTS hands LiveKit (LiveKit's own OpenAI TTS uses 24 kHz)."""
@@ -226,10 +228,9 @@ async def _play(session: SpeechSession, utterance: int, emitter: tts.AudioEmitte
         started = True
         if isinstance(event, Audio):
             emitter.push(event.pcm)
-        elif isinstance(event, Segment):
-            rate = session.connection.ready.sample_rate
+        elif isinstance(event, Words) and event.words:
             emitter.push_timed_transcript(
-                [TimedString(f"{t.text} ", start_time=t.start_s) for t in timings(event, rate)]
+                [TimedString(f"{t.text} ", start_time=t.start_s, end_time=t.end_s) for t in word_timings(event)]
             )
         elif isinstance(event, Error):
             raise ServerError(event.code, event.message)

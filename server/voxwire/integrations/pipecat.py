@@ -8,8 +8,9 @@ turn (a Pipecat audio context) is one voxwire utterance, so the voice continues 
 - At the end of the turn Pipecat flushes the context, which ends the utterance (its last words are spoken).
 - On an interruption the service sends ``cancel``: the server stops within one engine step, and any audio
   of the cancelled utterance still in flight is dropped by its utterance number.
-- Each sentence's ``segment`` event (or each word, when the server times words) becomes a word timestamp,
-  so Pipecat emits the text as a ``TTSTextFrame`` when its audio starts playing.
+- Each word the server times (its ``words`` messages, which come while a sentence is still produced) becomes
+  a word timestamp, so Pipecat emits it as a ``TTSTextFrame`` when its audio plays: after an interruption the
+  context holds the words played up to it. The times are the server's estimates from the audio it produced.
 - ``settings=VoxwireTTSService.Settings(...)`` holds the runtime-updatable fields (voice, persona,
   instructions, seed...); a ``TTSUpdateSettingsFrame`` changes them for the next utterance.
 - A refusal that would repeat (unknown voice or persona, a refused API key) is reported once with a
@@ -43,9 +44,9 @@ from voxwire.integrations.session import (
     SpeechSession,
     SpeechSettings,
     is_permanent,
-    timings,
+    word_timings,
 )
-from voxwire.protocol.wire import Done, Error, Segment
+from voxwire.protocol.wire import Done, Error, Words
 
 MODEL = "voxcpm"
 
@@ -179,9 +180,8 @@ class VoxwireTTSService(WebsocketTTSService):
                 await self.stop_ttfb_metrics()
                 audio = TTSAudioRawFrame(event.pcm, self.sample_rate, num_channels=1, context_id=context_id)
                 await self.append_to_audio_context(context_id, audio)
-            elif isinstance(event, Segment):
-                rate = session.connection.ready.sample_rate
-                await self.add_word_timestamps([(t.text, t.start_s) for t in timings(event, rate)], context_id)
+            elif isinstance(event, Words):
+                await self.add_word_timestamps([(t.text, t.start_s) for t in word_timings(event)], context_id)
             elif isinstance(event, Error):  # the utterance failed; its done follows
                 await self._report(ServerError(event.code, event.message))
             elif isinstance(event, Done):

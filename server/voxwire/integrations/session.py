@@ -13,7 +13,9 @@ that every such service needs:
   were already in flight are dropped here by their number, so no stale audio reaches the framework;
 - audio as 16-bit PCM bytes at the rate the framework declared (``audio_request`` says what is asked of
   the server; frames at another rate are resampled here);
-- timings: each sentence's start, and its words' when the server reports them (``timings``).
+- timings: each word's start and end (``word_timings``), from the server's ``words`` messages, which come in
+  parts while a sentence is still produced (about when its words are played), so that after a barge-in the
+  framework holds the words heard up to it, not the whole sentence nor none of it.
 
 Within one utterance the server continues the voice from sentence to sentence, which is why a framework turn
 maps to one utterance here and not to one request per sentence.
@@ -45,6 +47,7 @@ from voxwire.protocol.wire import (
     Segment,
     Start,
     Text,
+    Words,
 )  # fmt: skip
 
 DEFAULT_URL = "ws://127.0.0.1:8000"
@@ -115,20 +118,20 @@ class Audio:
 
 @dataclass(frozen=True)
 class Timing:
-    """Text spoken from ``start_s``, in seconds from the start of its utterance."""
+    """A word spoken from ``start_s`` to ``end_s``, in seconds from the start of its utterance's audio (after any
+    ``speed``), as the server estimated them from the audio it produced."""
 
     text: str
     start_s: float
+    end_s: float
 
 
-def timings(segment: Segment, sample_rate: int) -> list[Timing]:
-    """The sentence from its first sample, as its ``segment`` announces it. (The server's ``words`` come after
-    the sentence's audio, too late for a barge-in in the sentence's first part: the services time whole
-    sentences.)"""
-    return [Timing(segment.text, segment.start_sample / sample_rate)]
+def word_timings(words: Words) -> list[Timing]:
+    """The words of one ``words`` message (a part of a sentence's words, in order)."""
+    return [Timing(*timed) for timed in zip(words.words, words.starts_s, words.ends_s, strict=True)]
 
 
-SessionEvent = Audio | Segment | Done | Error
+SessionEvent = Audio | Segment | Words | Done | Error
 """``Error``: an utterance failed (its ``done`` follows); errors that end the connection raise instead."""
 
 
@@ -250,7 +253,8 @@ class SpeechSession:
         return cancelled
 
     async def events(self) -> AsyncIterator[SessionEvent]:
-        """Audio, sentence starts, failures and ``done`` in the order the server sent them; cancelled ones dropped.
+        """Audio, sentence starts, word timings, failures and ``done`` in the order the server sent them; those of
+        cancelled utterances dropped.
 
         The reply to a ``start`` goes to ``configure``. Any other ``error`` not about an utterance (a refused
         message) raises ``ServerError``, and so does a closed connection.
@@ -264,7 +268,7 @@ class SpeechSession:
                         yield Audio(received.utterance, pcm)
             elif isinstance(received, Ready) or (isinstance(received, Error) and received.utterance is None):
                 self._answer_start(received)
-            elif isinstance(received, (Segment, Error)):
+            elif isinstance(received, (Segment, Words, Error)):
                 if received.utterance not in self._cancelled:
                     yield received
             elif isinstance(received, Done):

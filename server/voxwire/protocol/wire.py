@@ -288,17 +288,19 @@ class Segment:
 
 @dataclass(frozen=True)
 class Words:
-    """When a segment's words were spoken, estimated from the audio produced for it (not from the text alone: the
-    speech's start, end and pauses come from the audio's loudness, the split within it from the characters).
-    Sent after the segment's audio frames; ``words[i]`` spans ``starts_s[i]`` to ``ends_s[i]``, seconds from the
-    utterance's first sample (the timeline of ``segment.start_sample``, after any ``speed``)."""
+    """When some of a segment's words were spoken, estimated from the audio produced for it (not from the text alone:
+    the speech's start, end and pace come from the audio's loudness, the split within it from the characters).
+    A segment's words may come in several of these, in order, together its words once each, each after the audio
+    frames it times (the first ones while the segment is still produced); ``words[i]`` spans ``starts_s[i]`` to
+    ``ends_s[i]``, seconds from the utterance's first sample (the timeline of ``segment.start_sample``, after any
+    ``speed``)."""
 
     type: ClassVar[str] = "words"
     utterance: int
     index: int
     """The segment's index (``segment.index``)."""
     words: tuple[str, ...]
-    """The segment's text split at whitespace; punctuation stays with its word."""
+    """The next of the segment's words (its text split at whitespace; punctuation stays with its word)."""
     starts_s: tuple[float, ...]
     ends_s: tuple[float, ...]
     context_id: str | None = None

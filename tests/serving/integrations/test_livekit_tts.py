@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from livekit.agents import APIStatusError
 from livekit.agents.tts import SynthesizedAudio
-from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, TimedString
 
 from voxwire.integrations import livekit as voxwire
 from voxwire.integrations.session import SpeechSettings
@@ -66,9 +66,19 @@ async def test_stream_speaks_incremental_text_before_it_ends(serve, slow_down, m
     assert requests == [("The first sentence is here.", False), ("The second one ends now.", True)]
     assert samples_of([first, *rest]).size > 0
     assert rest[-1].is_final
-    timed = [text for event in (first, *rest) for text in event.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
-    assert [str(text) for text in timed] == ["The first sentence is here. ", "The second one ends now. "]
-    assert timed[0].start_time == 0.0 and 0.0 < timed[1].start_time < samples_of([first, *rest]).size / RATE
+    timed = timed_transcript([first, *rest])
+    spoken = "The first sentence is here. The second one ends now."
+    assert [str(text) for text in timed] == [f"{word} " for word in spoken.split()], "one TimedString a word"
+    times = [t for text in timed for t in (text.start_time, text.end_time)]
+    assert times == sorted(times) and times[0] >= 0.0 and times[-1] <= samples_of([first, *rest]).size / RATE
+    assert all(text.start_time < text.end_time for text in timed)
+    # the second sentence's words are timed after the first sentence's audio
+    assert timed[5].start_time >= timed[4].end_time > 0.0
+
+
+def timed_transcript(events: list[SynthesizedAudio]) -> list[TimedString]:
+    """The timed transcript LiveKit attached to ``events``' frames, in order."""
+    return [text for event in events for text in event.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
 
 
 async def test_synthesize_speaks_a_whole_text(serve) -> None:
@@ -126,12 +136,21 @@ async def test_interruption_stops_the_server_within_one_step_and_the_connection_
 ) -> None:
     server, upgrades = await counted_serve()
     steps = record_steps(server.app, STEP_S)
-    tts = voxwire.TTS(base_url=str(server.make_url("/")))
+    tts = voxwire.TTS(base_url=str(server.make_url("/")), seed=1)
     stream = tts.stream()
-    stream.push_text("This sentence is long enough to keep speaking for a while. And another one follows it. ")
-    await asyncio.wait_for(anext(stream), TIMEOUT_S)
+    first_sentence = "This sentence is long enough to keep speaking for quite a while, word after word after word."
+    stream.push_text(f"{first_sentence} And another one follows it. ")
+    heard = [await asyncio.wait_for(anext(stream), TIMEOUT_S)]
+    while not timed_transcript(heard):  # the barge-in comes once some words were timed
+        heard.append(await asyncio.wait_for(anext(stream), TIMEOUT_S))
     assert engine_busy(server.app)
     await stream.aclose()  # what LiveKit does when the user barges in
+    # The transcript holds the first words of the sentence being spoken: not all of it, not none, each timed
+    # within the audio that came before the interruption.
+    timed = timed_transcript(heard)
+    words = first_sentence.split()
+    assert 0 < len(timed) < len(words) and [str(text) for text in timed] == [f"{w} " for w in words[: len(timed)]]
+    assert timed[-1].end_time <= samples_of(heard).size / RATE
     interrupted = time.perf_counter()
     while engine_busy(server.app):
         await asyncio.sleep(0.005)

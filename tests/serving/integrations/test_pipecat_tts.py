@@ -145,9 +145,7 @@ async def running_bot(server_url: str, settings: VoxwireTTSService.Settings | No
         yield Bot(worker, tts, received, errors)
 
 
-async def test_tokens_speak_before_the_turn_ends_and_sentences_become_text_frames(
-    serve, slow_down, monkeypatch
-) -> None:
+async def test_tokens_speak_before_the_turn_ends_and_words_become_text_frames(serve, slow_down, monkeypatch) -> None:
     server = await serve()
     slow_down(server.app, 0.02)
     requests = record_requests(server.app, monkeypatch)
@@ -159,8 +157,11 @@ async def test_tokens_speak_before_the_turn_ends_and_sentences_become_text_frame
         await bot.next_of(TTSStoppedFrame)
     frames = bot.drain()
     assert requests == [("The first sentence is here.", False), ("The second one ends now.", True)]
-    sentences = [frame.text for frame in frames if isinstance(frame, TTSTextFrame)]
-    assert sentences == ["The first sentence is here.", "The second one ends now."]
+    words = [frame for frame in frames if isinstance(frame, TTSTextFrame)]
+    spoken = "The first sentence is here. The second one ends now."
+    assert [frame.text for frame in words] == spoken.split()
+    times = [frame.pts for frame in words]
+    assert times == sorted(times) and len(set(times)) == len(times), "each word has its own time"
     assert len({frame.context_id for frame in frames if isinstance(frame, TTSAudioRawFrame)}) == 1
 
 
@@ -168,9 +169,9 @@ async def test_an_interruption_cancels_within_one_step_and_drops_the_late_audio(
     server = await serve()
     steps = record_steps(server.app, STEP_S)
     async with running_bot(str(server.make_url("/"))) as bot:
-        text = "This sentence is long enough to keep speaking for a while. And another one follows it. "
-        await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(text))
-        await bot.next_of(TTSAudioRawFrame)
+        first_sentence = "This sentence is long enough to keep speaking for quite a while, word after word after word."
+        await bot.say(LLMFullResponseStartFrame(), LLMTextFrame(f"{first_sentence} And another one follows it. "))
+        await bot.next_of(TTSTextFrame)  # the barge-in comes once some words were played
         assert engine_busy(server.app)
         await bot.say(InterruptionFrame())
         await bot.next_of(InterruptionFrame)
@@ -180,8 +181,13 @@ async def test_an_interruption_cancels_within_one_step_and_drops_the_late_audio(
         await asyncio.sleep(3 * STEP_S)  # time for any late frame to show up
         decoding_after = [ids for started, ids in steps if started > interrupted and ids]
         assert len(decoding_after) <= 1, f"{len(decoding_after)} steps still decoded the turn after the interruption"
-        after = bot.drain()[bot.seen.index(next(f for f in bot.seen if isinstance(f, InterruptionFrame))) + 1 :]
-        assert not [frame for frame in after if isinstance(frame, TTSAudioRawFrame)]
+        interruption = bot.seen.index(next(f for f in bot.seen if isinstance(f, InterruptionFrame)))
+        before, after = bot.seen[:interruption], bot.drain()[interruption + 1 :]
+        assert not [frame for frame in after if isinstance(frame, (TTSAudioRawFrame, TTSTextFrame))]
+        # What the bot said is the sentence's first words, up to the interruption: not all of it, not none.
+        said = [frame.text for frame in before if isinstance(frame, TTSTextFrame)]
+        words = first_sentence.split()
+        assert 0 < len(said) < len(words) and said == words[: len(said)]
 
         # the connection goes on: the next turn speaks
         await bot.say(LLMFullResponseStartFrame(), LLMTextFrame("Yes?"), LLMFullResponseEndFrame())

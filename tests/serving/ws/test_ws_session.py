@@ -114,7 +114,7 @@ async def test_audio_waiting_for_the_socket_leaves_as_one_frame() -> None:
     service = ClipService(clip, RATE, PATCH)
     transport = MemoryTransport(reading=False)
     async with new_session(service, transport) as session:
-        session.receive(encode(Text("Six patches.")))
+        session.receive(encode(Text("Patches.")))  # one word: its timing waits for the sentence's end
         session.receive(encode(End()))
         await until(lambda: session.outbox.unsent_s >= 6 * PATCH / RATE)
         transport.gate.set()

@@ -31,7 +31,7 @@ from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import CloseCode, Done, Error, Segment, Start, Words
-from voxwire.serving.alignment import SpeechMeter
+from voxwire.serving.alignment import WordTimer, WordTiming
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
@@ -281,14 +281,14 @@ class Session:
 
     async def _speak_segment(self, audio: UtteranceAudio, turn: SpeakSegment, spoken: str) -> FinishReason:
         """One sentence through the engine (``spoken``, designed by ``turn.control``); its audio goes to the
-        outbox as it comes."""
+        outbox as it comes, and its words as they settle (``WordTimer``), each part after the audio it times."""
         index, text = turn.index, turn.text
         params = audio.settings.segment_params(index)
         request_id = self.service.new_request_id("ws")
         if audio.first_request_at is None:
             audio.first_request_at = time.monotonic()
         start = audio.samples
-        meter = SpeechMeter(audio.model_rate)
+        word_timer = WordTimer(text, audio.model_rate, audio.speaking_rate)
         patches: list[Patch] = []
         final: Chunk | None = None
         # A sentence after the first continues a stream already playing: its deadline is where the
@@ -307,13 +307,15 @@ class Session:
                     if audio.samples == start:  # this sentence's first audio
                         self._announce(audio, index, text, spoken)
                     await self._on_chunk(audio, final.audio)
-                    meter.add(final.audio)
+                    if settled := word_timer.add(final.audio):  # after the frames it times
+                        self.outbox.put(self._words(audio, index, settled, start))
                 if final.patch is not None:
                     patches.append(final.patch)
         # Failures (refused, engine gone, ended in error or by shutdown) leave as a SpeechFailure.
         assert final is not None and final.finish_reason is not None  # the engine always ends a stream
-        if meter.samples:
-            self.outbox.put(self._words(audio, index, text, meter, start))
+        if word_timer.meter.samples:
+            rest = word_timer.finish(learn=final.finish_reason is FinishReason.STOP)
+            self.outbox.put(self._words(audio, index, rest, start))
         try:
             audio.carry(spoken, final.finish_reason, patches, designed=turn.control is not None)
         except InvalidInputError as exc:  # the model produced non-finite latents: never feed them back
@@ -321,10 +323,10 @@ class Session:
         return final.finish_reason
 
     @staticmethod
-    def _words(audio: UtteranceAudio, index: int, text: str, meter: SpeechMeter, start: int) -> Words:
-        """The segment's words, timed on the utterance's timeline (``start``: the segment's first model sample)."""
+    def _words(audio: UtteranceAudio, index: int, words: list[WordTiming], start: int) -> Words:
+        """The next of the segment's words (``WordTimer``'s times from the segment's first sample), on the
+        utterance's timeline (``start``: the segment's first model sample), after its ``speed``."""
         offset_s, speed = start / audio.model_rate, audio.speed
-        words = meter.alignment(text).words()
         return Words(
             audio.number, index, tuple(word.word for word in words),
             tuple((offset_s + word.start_s) / speed for word in words),

@@ -35,6 +35,7 @@ from voxwire.protocol.wire import (
     Ready,
     Start,
 )
+from voxwire.serving.alignment import SpeakingRate
 from voxwire.serving.design import DesignRefused, design_allowed, utterance_control
 from voxwire.serving.personas import UnknownPersonaError
 from voxwire.serving.service import ModelInfo, Service
@@ -248,6 +249,8 @@ class UtteranceAudio:
         """Segments that produced audio."""
         self.samples = 0
         """Model-rate samples produced, so the next segment starts at this offset."""
+        self.speaking_rate = SpeakingRate()
+        """How fast its segments so far were spoken, to time the next one's words while it is produced."""
         self.started_at = opened_at
         self.first_request_at: float | None = None
         self.first_chunk_at: float | None = None
