@@ -30,7 +30,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipecat.frames.frames import Frame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.processors.frame_processor import FrameProcessorSetup
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
@@ -123,6 +123,9 @@ class VoxwireTTSService(WebsocketTTSService):
     async def _connect(self) -> None:
         await super()._connect()
         await self._connect_websocket()
+        self._start_receiving()
+
+    def _start_receiving(self) -> None:
         if self._websocket and not self._receive_task:
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
 
@@ -134,15 +137,22 @@ class VoxwireTTSService(WebsocketTTSService):
         await self._disconnect_websocket()
 
     async def _connect_websocket(self) -> None:
+        try:
+            await self._open_session()
+        except ClientError as exc:
+            await self._report(exc)
+
+    async def _open_session(self) -> None:
+        """Connect, unless connected. Raises the ``ClientError`` that refused the connection (reported by the
+        caller: directly at the pipeline's start, through the turn's context in ``run_tts``)."""
         if self._session is not None:
             return
         try:
             settings = self._speech_settings()
             self._session = await SpeechSession.open(self._url, self._api_key, settings, self.sample_rate)
         except ClientError as exc:
-            await self._report(exc)
             await self._call_event_handler("on_connection_error", str(exc))
-            return
+            raise
         self._websocket = self._session.connection.ws
         await self._call_event_handler("on_connected")
 
@@ -153,14 +163,19 @@ class VoxwireTTSService(WebsocketTTSService):
             await session.close()
             await self._call_event_handler("on_disconnected")
 
-    async def _report(self, exc: ClientError) -> None:
-        """One error frame; a permanent category when retrying would repeat it (Pipecat then stops sending work)."""
+    def _error_frame(self, exc: ClientError) -> ErrorFrame:
+        """The error as Pipecat takes it: a permanent category when retrying would repeat it (Pipecat then stops
+        giving the service work, until a settings update)."""
         if is_permanent(exc):
             auth = isinstance(exc, AuthenticationError)
             category = ErrorCategory.AUTHENTICATION if auth else ErrorCategory.INVALID_REQUEST
         else:
             category = ErrorCategory.SERVER if isinstance(exc, ServerError) else ErrorCategory.CONNECTIVITY
-        await self.push_error(error_msg=f"voxwire: {exc}", exception=exc, category=category)
+        return ErrorFrame(error=f"voxwire: {exc}", exception=exc, processor=self, category=category)
+
+    async def _report(self, exc: ClientError) -> None:
+        """One error frame, now (an error of no turn)."""
+        await self.push_error_frame(self._error_frame(exc))
 
     # TTSService itself narrows AIService's ServiceSettings to TTSSettings; this override keeps TTSService's.
     async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]
@@ -183,7 +198,10 @@ class VoxwireTTSService(WebsocketTTSService):
             elif isinstance(event, Words):
                 await self.add_word_timestamps([(t.text, t.start_s) for t in word_timings(event)], context_id)
             elif isinstance(event, Error):  # the utterance failed; its done follows
-                await self._report(ServerError(event.code, event.message))
+                # In the context's place, so Pipecat reads it (a permanent one writes the service off) before the
+                # context ends without audio, which it would otherwise count as a failure of its own.
+                failure = self._error_frame(ServerError(event.code, event.message))
+                await self.append_to_audio_context(context_id, failure)
             elif isinstance(event, Done):
                 del self._contexts[event.utterance]
                 await self._end_context(context_id)
@@ -193,14 +211,12 @@ class VoxwireTTSService(WebsocketTTSService):
         if context_id == self._failed_context:
             yield None
             return
-        if self._session is None:
-            await self._connect()
-        session = self._session
-        if session is None:  # _connect_websocket reported why
-            await self._fail_context(context_id)
-            yield None
-            return
         try:
+            if self._session is None:  # refused at the pipeline's start, or lost: connect for this turn
+                await self._open_session()
+                self._start_receiving()
+            session = self._session
+            assert session is not None
             open_utterance = session.open_utterance
             if open_utterance is not None and self._contexts.get(open_utterance) != context_id:
                 await session.end()  # a new turn while the last one was still taking text
@@ -209,13 +225,14 @@ class VoxwireTTSService(WebsocketTTSService):
             self._contexts[await session.text(text)] = context_id
             await self.start_tts_usage_metrics(text)
         except ClientError as exc:
-            await self._report(exc)
-            await self._fail_context(context_id)
+            await self._fail_context(context_id, exc)
         yield None
 
-    async def _fail_context(self, context_id: str) -> None:
-        """End a turn that cannot speak now: its later tokens are dropped, so it fails once, not per token."""
+    async def _fail_context(self, context_id: str, exc: ClientError) -> None:
+        """End a turn that cannot speak now with ``exc`` (played in the context, as an utterance's error is): its
+        later tokens are dropped, so it fails once, not per token."""
         self._failed_context = context_id
+        await self.append_to_audio_context(context_id, self._error_frame(exc))
         await self._end_context(context_id)
 
     async def _end_context(self, context_id: str) -> None:
