@@ -229,6 +229,18 @@ async def test_unknown_voice_and_malformed_bodies(client: TestClient) -> None:
     assert status == 200  # none of it hurt the server
 
 
+@pytest.mark.parametrize("field", ["input", "instructions", "voice", "model"])
+async def test_a_lone_surrogate_in_a_string_is_a_400_not_a_500(client: TestClient, field: str) -> None:
+    # JSON may escape half of a surrogate pair ("\\ud800"); it decodes to a string no UTF-8 coder takes.
+    body = {"model": "tts-1", "input": TEXT, "voice": "alloy", "instructions": "calm", "response_format": "pcm"}
+    raw = json.dumps(body).replace(f'"{field}": "', f'"{field}": "\\ud800', 1).encode()
+    async with client.post("/v1/audio/speech", data=raw, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400, await r.text()
+        error = (await r.json())["error"]
+        assert error["code"] == "invalid_request"
+        assert field in error["message"]
+
+
 async def test_text_over_the_limit_is_refused(serve, aiohttp_client) -> None:
     client = await aiohttp_client(await serve(max_text_chars_per_utterance=10))
     assert await error_code(client, 400, input="x" * 11) == "text_too_long"

@@ -518,7 +518,7 @@ def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
         if not is_finite_number(value):
             raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"{kind}.{name} is too large for a number")
         value, ok = float(value), True
-    if base is str and ok and not _is_unicode(value):
+    if base is str and ok and not is_unicode(value):
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{kind}.{name} is not valid Unicode (a lone surrogate)")
     if not ok:
         allowed = _JSON_TYPES[base] + (" or null" if spec.optional else "")
@@ -526,7 +526,8 @@ def _typed(kind: str, spec: _FieldSpec, value: Any) -> Any:
     return value
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` can be sent as UTF-8 (JSON's ``\\ud800`` escapes decode to lone surrogates, which cannot)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -17,7 +17,7 @@ from typing import Any
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number
+from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.errors import ApiError
 
@@ -237,6 +237,8 @@ def _check_value(name: str, spec: Field, value: object, config: ServerConfig) ->
         if spec.maximum is not None and value > (high := resolve(spec.maximum, config)):
             return Problem(name, Rule.MAXIMUM, f"'{name}'={value:g} is above {high:g}{hint}", spec.code, high)
     if isinstance(value, str):
+        if not is_unicode(value):  # a lone surrogate (JSON's "\\ud800"): no tokenizer, log or header takes it
+            return Problem(name, Rule.TYPE, f"'{name}' is not valid Unicode (a lone surrogate)", spec.type_code)
         if spec.choices and value not in spec.choices:
             message = f"'{name}' is {value!r}; use one of {', '.join(spec.choices)}{hint}"
             return Problem(name, Rule.CHOICE, message, spec.code, list(spec.choices))
