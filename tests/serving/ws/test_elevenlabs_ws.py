@@ -212,7 +212,8 @@ async def test_key_in_the_header_or_in_the_first_message(serve) -> None:
 @pytest.mark.parametrize(
     ("path", "status"),
     [("/v1/text-to-speech/nobody/stream-input", 404), (f"{STREAM}?output_format=opus_48000_64", 400),
-     (f"{MULTI}?output_format=pcm_12345", 400), (f"{STREAM}?seed=x", 400)],
+     (f"{MULTI}?output_format=pcm_12345", 400), (f"{STREAM}?seed=x", 400), (f"{STREAM}?seed=-1", 400),
+     (f"{MULTI}?seed={2**63}", 400)],
 )  # fmt: skip
 async def test_refused_before_the_upgrade(serve, path: str, status: int) -> None:
     server = await serve()
@@ -248,3 +249,4 @@ async def test_a_context_whose_text_was_refused_still_ends(serve) -> None:
         messages = await receive_until_final(ws)
     assert messages[0]["error"] == "text_too_long" and messages[0]["contextId"] == "c"
     assert messages[-1] == {"isFinal": True, "contextId": "c"} and not audio_of(messages)
+

@@ -41,6 +41,7 @@ from aiohttp import WSMsgType, web
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import (
+    MAX_SEED,
     AudioFrame,
     Cancel,
     ClientMessage,
@@ -141,6 +142,8 @@ def _endpoint(request: web.Request, multi: bool) -> Endpoint:
         seed = None if seed_text is None else int(seed_text)
     except ValueError:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"seed must be an integer, got {seed_text!r}") from None
+    if seed is not None and not 0 <= seed < MAX_SEED:  # the context's start would be refused after the upgrade
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"seed must be in [0, 2**63), got {seed_text}")
     keys = request.app[CONFIG_KEY].transport.api_keys
     context_times = request.query.get("sync_alignment", "false").lower() == "true"
     authenticated = not keys or _key_sent(request)
