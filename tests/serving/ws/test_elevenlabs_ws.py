@@ -250,3 +250,21 @@ async def test_a_context_whose_text_was_refused_still_ends(serve) -> None:
     assert messages[0]["error"] == "text_too_long" and messages[0]["contextId"] == "c"
     assert messages[-1] == {"isFinal": True, "contextId": "c"} and not audio_of(messages)
 
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [('{"text": "Hi. ", "context_id": "\\ud800", "flush": true}', "invalid_field"),
+     ('{"text": "Hi \\ud800. ", "context_id": "c", "flush": true}', "invalid_field"),
+     (json.dumps({"text": "Hi. ", "context_id": "x" * 65, "flush": True}), "invalid_field")],
+    ids=["lone-surrogate-context-id", "lone-surrogate-text", "context-id-over-64-bytes"],
+)  # fmt: skip
+async def test_a_bad_string_is_refused_and_the_connection_goes_on(serve, message: str, code: str) -> None:
+    server = await serve()
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
+        await ws.send_str(message)
+        refused = await ws.receive_json(timeout=TIMEOUT_S)
+        assert refused["error"] == code and "contextId" not in refused  # no context was opened
+        await ws.send_json({"text": "Still here. ", "context_id": "c", "flush": True})
+        await ws.send_json({"context_id": "c", "close_context": True})
+        messages = await receive_until_final(ws)
+    assert audio_of(messages) and messages[-1] == {"isFinal": True, "contextId": "c"}

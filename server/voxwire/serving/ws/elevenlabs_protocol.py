@@ -26,7 +26,7 @@ from typing import Any
 from voxwire.audio.formats import AudioFormat, StreamEncoder, make_encoder
 from voxwire.audio.mp3 import Mp3Stream
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import ProtocolError
+from voxwire.protocol.wire import MAX_CONTEXT_ID_BYTES, ProtocolError, is_unicode
 from voxwire.serving.alignment import Alignment
 
 STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
@@ -121,6 +121,7 @@ def parse_client(data: str) -> ElevenMessage:
     _check_types(obj, _BOOLEANS, bool, "a boolean")
     _check_types(obj, _STRINGS, str, "a string")
     _check_types(obj, _OBJECTS, dict, "an object")
+    _check_context_id(obj.get("context_id"))
     key = obj.get("xi_api_key")
     scheme, _, bearer = (obj.get("authorization") or "").partition(" ")
     if key is None and scheme.lower() == "bearer" and bearer.strip():
@@ -139,6 +140,14 @@ def _check_types(obj: dict[str, Any], names: tuple[str, ...], kind: type, descri
     for name in names:
         if obj.get(name) is not None and not isinstance(obj[name], kind):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name} must be {described}")
+        if isinstance(obj.get(name), str) and not is_unicode(obj[name]):  # "\\ud800": no reply could carry it
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{name} is not valid Unicode (a lone surrogate)")
+
+
+def _check_context_id(context_id: str | None) -> None:
+    """As on our own endpoint: the id is repeated in every message of its context, so it is short."""
+    if context_id is not None and len(context_id.encode()) > MAX_CONTEXT_ID_BYTES:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"context_id is limited to {MAX_CONTEXT_ID_BYTES} UTF-8 bytes")
 
 
 # ---- server messages --------------------------------------------------------------------------------------------
