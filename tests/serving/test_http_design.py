@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 
 import voxwire
 from voxwire.engine import SynthesisParams
+from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS
 from voxwire.serving.app import make_app
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.keys import SERVICE_KEY
@@ -195,3 +196,17 @@ async def test_instructions_and_speed_together_through_sse(client: TestClient) -
     assert len(deltas) > 1, "the audio leaves in several events"
     pcm = np.frombuffer(b"".join(deltas), dtype="<i2")
     assert abs(pcm.size / 24000 - normal.size / rate / 1.5) < 0.005
+
+
+async def test_instructions_over_the_limit_are_a_400_before_any_work(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = record_jobs(client, monkeypatch)
+    body = {"input": TEXT, "instructions": "a" * (MAX_INSTRUCTIONS_CHARS + 1)}
+    async with client.post("/v1/audio/speech", json=body) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error["code"] == "text_too_long" and "instructions" in error["message"] and not jobs
+    async with client.get("/openapi.json") as response:
+        schema = (await response.json())["components"]["schemas"]["SpeechRequest"]
+    assert schema["properties"]["instructions"]["maxLength"] == MAX_INSTRUCTIONS_CHARS

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
-from voxwire.protocol.wire import End, Ready, Start, Text
+from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS, End, Ready, Start, Text
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.keys import SERVICE_KEY, VOICES_KEY
 from voxwire.speech_model import ModelInfo
@@ -191,3 +191,14 @@ async def test_a_designed_sentence_is_the_models_generate_of_the_designed_text(
     heard = await utterance(stream, "Hello there.", instructions="A warm voice", seed=11, format="pcm_f32le")
     expected = tiny_tts.generate("(A warm voice)Hello there.", SynthesisParams(seed=11))
     np.testing.assert_array_equal(heard.pcm(), expected)
+
+
+async def test_instructions_over_the_limit_are_refused_and_the_session_goes_on(
+    aiohttp_server: Callable, connect: Connect
+) -> None:
+    service, stream = await clip_stream(aiohttp_server, connect)
+    await stream.send(Start(instructions="a" * (MAX_INSTRUCTIONS_CHARS + 1), format="pcm_f32le"))
+    assert str(MAX_INSTRUCTIONS_CHARS) in (await stream.error("text_too_long")).message
+    heard = await utterance(stream, SENTENCES[0], instructions="calm", format="pcm_f32le")
+    assert heard.done is not None and heard.done.finish_reason == "stop" and not heard.errors
+    assert [text for text, _, _ in service.requests] == [f"(calm){SENTENCES[0]}"]

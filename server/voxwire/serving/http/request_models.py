@@ -17,7 +17,7 @@ from typing import Any
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
+from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS, MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.errors import ApiError
 
@@ -307,6 +307,8 @@ SPEECH = RequestModel(
         "instructions": Field(
             JsonType.STRING,
             "Voice direction: VoxCPM2's voice design (400 unsupported where the model or the voice has none).",
+            max_length=MAX_INSTRUCTIONS_CHARS,
+            too_long_code=ErrorCode.TEXT_TOO_LONG,
         ),
         "stream_format": Field(
             JsonType.STRING,
