@@ -18,6 +18,7 @@ import pytest
 from aiohttp import WSMsgType
 
 from ..integrations.test_livekit_tts import STEP_S, engine_busy, record_steps
+from ..test_voices import clip, form
 
 pytestmark = pytest.mark.asyncio
 
@@ -268,3 +269,21 @@ async def test_a_bad_string_is_refused_and_the_connection_goes_on(serve, message
         await ws.send_json({"context_id": "c", "close_context": True})
         messages = await receive_until_final(ws)
     assert audio_of(messages) and messages[-1] == {"isFinal": True, "contextId": "c"}
+
+
+async def test_a_voice_deleted_after_the_upgrade_is_refused_per_context_and_the_connection_goes_on(serve) -> None:
+    server = await serve()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(server.make_url("/v1/voices"), data=form(clip())) as response:
+            voice = (await response.json())["id"]
+        path = f"/v1/text-to-speech/{voice}/multi-stream-input?output_format=pcm_16000"
+        async with session.ws_connect(server.make_url(path)) as ws:
+            async with session.delete(server.make_url(f"/v1/voices/{voice}")) as response:
+                assert response.status == 200
+            for context in ("a", "b"):
+                await ws.send_json({"text": "Hello there. ", "context_id": context, "flush": True})
+                refused = await ws.receive_json(timeout=TIMEOUT_S)
+                assert refused["error"] == "unknown_voice" and refused["contextId"] == context
+            await ws.send_json({"close_socket": True})
+            closing = await asyncio.wait_for(ws.receive(), TIMEOUT_S)
+    assert closing.type is WSMsgType.CLOSE and closing.data == 1000

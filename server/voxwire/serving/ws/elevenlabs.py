@@ -269,6 +269,11 @@ class ElevenLabsConnection:
                 text = f"{limit} contexts of this connection are live; close one first"
                 await self.send(error_message(ErrorCode.TOO_MANY_UTTERANCES, text, context_id))
                 return
+            try:  # the voice may have been deleted since the upgrade; the session's start would be refused
+                _check_voice(self.app, self.endpoint.voice)
+            except ApiError as exc:
+                await self.send(error_message(exc.code, exc.message, context_id))
+                return
             context = self.contexts[context_id] = ElevenContext(self, context_id)
             await context.open()
         await context.take(message)
