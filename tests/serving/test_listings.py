@@ -101,3 +101,14 @@ async def test_the_listings_need_the_key_when_one_is_set(serve, aiohttp_client) 
             assert response.status == 401
         async with client.get(path, headers={"Authorization": "Bearer k"}) as response:
             assert response.status == 200
+
+
+@pytest.mark.parametrize("name", ["alloy", "default", "Coral"])
+async def test_deleting_a_built_in_voice_is_forbidden_and_it_stays_listed(client: TestClient, name: str) -> None:
+    async with client.delete(f"/v1/voices/{name}") as response:
+        assert response.status == 403
+        error = (await response.json())["error"]
+    assert error["code"] == "forbidden" and "built-in" in error["message"]
+    async with client.get("/v1/voices") as response:
+        assert name.lower() in [voice["id"] for voice in (await response.json())["data"]]
+    assert await speech(client, voice=name)

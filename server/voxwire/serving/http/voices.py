@@ -144,6 +144,8 @@ async def list_audio_voices(request: web.Request) -> web.Response:
 
 async def delete_voice(request: web.Request) -> web.Response:
     voice_id = request.match_info["voice_id"]
+    if voice_id.lower() in BUILTIN_VOICES:  # listed with the saved ones, but no upload to delete
+        raise ApiError(ErrorCode.FORBIDDEN, f"{voice_id!r} is a built-in voice; only saved voices can be deleted")
     await request.app[VOICES_KEY].delete(voice_id, owner=request.get(OWNER_KEY))
     return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
 
