@@ -287,3 +287,16 @@ async def test_a_voice_deleted_after_the_upgrade_is_refused_per_context_and_the_
             await ws.send_json({"close_socket": True})
             closing = await asyncio.wait_for(ws.receive(), TIMEOUT_S)
     assert closing.type is WSMsgType.CLOSE and closing.data == 1000
+
+
+@pytest.mark.parametrize(
+    "first", ["not json", '{"text": " ", "xi_api_key": 5}', b"\x00"], ids=["json", "type", "binary"]
+)
+async def test_a_refused_first_message_without_a_key_closes_the_connection(serve, first: str | bytes) -> None:
+    # Else a client with no key could keep its connection (and its slot) open by sending messages the
+    # server refuses, each of which resets the idle clock.
+    server = await serve(api_keys=(KEY,))
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(STREAM)) as ws:
+        await (ws.send_bytes(first) if isinstance(first, bytes) else ws.send_str(first))
+        closing = await asyncio.wait_for(ws.receive(), TIMEOUT_S)
+    assert closing.type is WSMsgType.CLOSE and closing.data == 1008 and closing.extra.startswith("unauthorized")

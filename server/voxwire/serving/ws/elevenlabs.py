@@ -288,7 +288,12 @@ class ElevenLabsConnection:
             self.close(CloseCode.NORMAL, "")
 
     async def refuse(self, code: ErrorCode, text: str) -> None:
-        """A message that was not taken: said so, and nothing else changes."""
+        """A message that was not taken: said so, and nothing else changes; but on a connection still waiting for
+        its key, the first message failed to carry it (refused messages must not keep a keyless socket open)."""
+        if not self.authenticated:
+            required = "an API key is required in the first message, which was refused"
+            self.shut(POLICY_VIOLATION, ErrorCode.UNAUTHORIZED, f"{required} ({code.value}: {text})")
+            return
         if (metrics := self.app.get(METRICS_KEY)) is not None:
             metrics.count_error(code.value)
         await self.send(error_message(code, text, None))
