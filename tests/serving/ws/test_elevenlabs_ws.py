@@ -300,3 +300,16 @@ async def test_a_refused_first_message_without_a_key_closes_the_connection(serve
         await (ws.send_bytes(first) if isinstance(first, bytes) else ws.send_str(first))
         closing = await asyncio.wait_for(ws.receive(), TIMEOUT_S)
     assert closing.type is WSMsgType.CLOSE and closing.data == 1008 and closing.extra.startswith("unauthorized")
+
+
+async def test_text_sent_to_a_closed_context_is_refused_not_dropped_silently(serve) -> None:
+    server = await serve()
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
+        await ws.send_json({"text": "Hello there. ", "context_id": "a", "flush": True})
+        await ws.send_json({"context_id": "a", "close_context": True})
+        await ws.send_json({"text": "One more thing. ", "context_id": "a", "flush": True})
+        messages = await receive_until_final(ws)
+    refused = [message for message in messages if "error" in message]
+    assert refused and refused[0]["error"] == "invalid_message" and refused[0]["contextId"] == "a"
+    assert "close" in refused[0]["message"]
+    assert [alignment["chars"] for alignment in alignments(messages)] == [[*"Hello there.", " "]]

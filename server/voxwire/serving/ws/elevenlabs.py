@@ -449,6 +449,9 @@ class ElevenContext:
                 self._tell(Flush())
                 if self.flushed is Flushed.PENDING:
                     self.flushed = Flushed.FLUSHED
+        elif text.strip():  # the id names a new context only once this one's isFinal is out
+            closed = f"context {self.context_id or DEFAULT_CONTEXT_ID!r} was closed; its text is not taken"
+            await self.connection.send(error_message(ErrorCode.INVALID_MESSAGE, closed, self.context_id))
         if message.close_context:
             await self.close_context()
 
