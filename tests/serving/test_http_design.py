@@ -210,3 +210,12 @@ async def test_instructions_over_the_limit_are_a_400_before_any_work(
     async with client.get("/openapi.json") as response:
         schema = (await response.json())["components"]["schemas"]["SpeechRequest"]
     assert schema["properties"]["instructions"]["maxLength"] == MAX_INSTRUCTIONS_CHARS
+
+
+@pytest.mark.parametrize("instructions", ["...", " ; ", "(.)"])
+async def test_instructions_of_punctuation_alone_add_nothing_to_a_voice_names_design(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, instructions: str
+) -> None:
+    jobs = record_jobs(client, monkeypatch)
+    await wav(client, voice="coral", instructions=instructions)
+    assert [job.text for job in jobs] == [f"({OPENAI_VOICE_DESIGNS['coral']}){TEXT}"]

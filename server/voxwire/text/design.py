@@ -27,4 +27,4 @@ def designed_text(control: str | None, text: str) -> str:
 def join_controls(*controls: str | None) -> str | None:
     """Several descriptions as one control (a voice's own, then a request's instructions), in order."""
     parts = [control.rstrip(" .;,") for control in controls if control]
-    return "; ".join(parts) or None
+    return "; ".join(part for part in parts if part) or None  # "..." alone would leave a dangling "; "
