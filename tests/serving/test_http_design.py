@@ -18,10 +18,9 @@ from aiohttp.test_utils import TestClient
 
 import voxwire
 from voxwire.engine import SynthesisParams
-from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS
 from voxwire.serving.app import make_app
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY
 from voxwire.serving.service import SpeechJob
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -198,18 +197,25 @@ async def test_instructions_and_speed_together_through_sse(client: TestClient) -
     assert abs(pcm.size / 24000 - normal.size / rate / 1.5) < 0.005
 
 
+@pytest.mark.parametrize("limit", [None, 64])
 async def test_instructions_over_the_limit_are_a_400_before_any_work(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
+    serve, aiohttp_client, monkeypatch: pytest.MonkeyPatch, limit: int | None
 ) -> None:
+    # Instructions are bounded as a WebSocket text message is: the server's limit, default or configured.
+    overrides = {} if limit is None else {"max_text_chars_per_message": limit}
+    client = await aiohttp_client(await serve(**overrides))
+    limit = client.server.app[CONFIG_KEY].limits.max_text_chars_per_message
     jobs = record_jobs(client, monkeypatch)
-    body = {"input": TEXT, "instructions": "a" * (MAX_INSTRUCTIONS_CHARS + 1)}
-    async with client.post("/v1/audio/speech", json=body) as response:
+    async with client.post("/v1/audio/speech", json={"input": TEXT, "instructions": "a" * (limit + 1)}) as response:
         assert response.status == 400
         error = (await response.json())["error"]
     assert error["code"] == "text_too_long" and "instructions" in error["message"] and not jobs
     async with client.get("/openapi.json") as response:
         schema = (await response.json())["components"]["schemas"]["SpeechRequest"]
-    assert schema["properties"]["instructions"]["maxLength"] == MAX_INSTRUCTIONS_CHARS
+    assert schema["properties"]["instructions"]["maxLength"] == limit
+    if overrides:  # at the limit: designed and spoken (4096 characters are more than the tiny model's positions)
+        await wav(client, voice="default", instructions="a" * limit)
+        assert [job.text for job in jobs] == [f"({'a' * limit}){TEXT}"]
 
 
 @pytest.mark.parametrize("instructions", ["...", " ; ", "(.)"])

@@ -103,9 +103,6 @@ MIN_SPEED = 0.25
 """Slowest ``start.speed`` (and HTTP ``speed``): OpenAI's range, 0.25 to 4.0."""
 MAX_SPEED = 4.0
 """Fastest ``start.speed`` (and HTTP ``speed``)."""
-MAX_INSTRUCTIONS_CHARS = 4096
-"""Longest ``start.instructions`` (and HTTP ``instructions``), as long as one text message by default: the
-description is put in front of every sentence and tokenized with it, so an unbounded one would cost each."""
 
 
 class CloseCode(enum.IntEnum):
@@ -191,11 +188,6 @@ class Start:
         _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
         speed = self.speed
         _check_range(speed is None or MIN_SPEED <= speed <= MAX_SPEED, "speed", f"in [{MIN_SPEED}, {MAX_SPEED}]")
-        if self.instructions is not None and len(self.instructions) > MAX_INSTRUCTIONS_CHARS:
-            message = (
-                f"start.instructions has {len(self.instructions)} characters; the limit is {MAX_INSTRUCTIONS_CHARS}"
-            )
-            raise ProtocolError(ErrorCode.TEXT_TOO_LONG, message)
         rate = self.sample_rate
         _check_range(rate is None or rate in SAMPLE_RATES, "sample_rate", f"one of {SAMPLE_RATES}")
         _check_range(rate is None or self.format in PCM_FORMATS, "sample_rate", f"set with a format of {PCM_FORMATS}")

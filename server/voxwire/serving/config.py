@@ -266,7 +266,8 @@ class Limits:
     """Named contexts one WebSocket holds at once, besides its default one (``too_many_contexts``; a
     ``close_context`` frees one)."""
     max_text_chars_per_message: int = 4096
-    """Largest ``text`` of one WebSocket message (``text_too_long``)."""
+    """Largest ``text`` of one WebSocket message, and largest ``instructions`` (a WebSocket ``start``'s and
+    ``/v1/audio/speech``'s: the description is spoken in front of every sentence) (``text_too_long``)."""
     max_text_chars_per_utterance: int = 20_000
     """Largest text of one utterance, and ``input`` of ``/v1/audio/speech`` (``utterance_too_long``,
     ``text_too_long``); it also sizes the speech body limit (4 bytes a character + 64 KiB)."""

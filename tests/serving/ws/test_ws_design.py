@@ -12,9 +12,9 @@ from aiohttp import web
 
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
-from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS, End, Ready, Start, Text
+from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import SERVICE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, VOICES_KEY
 from voxwire.speech_model import ModelInfo
 from voxwire.tts import VoxCPM
 
@@ -197,8 +197,9 @@ async def test_instructions_over_the_limit_are_refused_and_the_session_goes_on(
     aiohttp_server: Callable, connect: Connect
 ) -> None:
     service, stream = await clip_stream(aiohttp_server, connect)
-    await stream.send(Start(instructions="a" * (MAX_INSTRUCTIONS_CHARS + 1), format="pcm_f32le"))
-    assert str(MAX_INSTRUCTIONS_CHARS) in (await stream.error("text_too_long")).message
+    limit = stream.app[CONFIG_KEY].limits.max_text_chars_per_message  # as long as a text message may be
+    await stream.send(Start(instructions="a" * (limit + 1), format="pcm_f32le"))
+    assert str(limit) in (await stream.error("text_too_long")).message
     heard = await utterance(stream, SENTENCES[0], instructions="calm", format="pcm_f32le")
     assert heard.done is not None and heard.done.finish_reason == "stop" and not heard.errors
     assert [text for text, _, _ in service.requests] == [f"(calm){SENTENCES[0]}"]

@@ -17,7 +17,7 @@ from typing import Any
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import MAX_INSTRUCTIONS_CHARS, MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
+from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.errors import ApiError
 
@@ -257,6 +257,10 @@ def _max_text(config: ServerConfig) -> int:
     return config.limits.max_text_chars_per_utterance
 
 
+def _max_message_text(config: ServerConfig) -> int:
+    return config.limits.max_text_chars_per_message
+
+
 def _min_cfg(config: ServerConfig) -> float:
     return config.engine.engine_config().limits.min_cfg_value
 
@@ -307,7 +311,7 @@ SPEECH = RequestModel(
         "instructions": Field(
             JsonType.STRING,
             "Voice direction: VoxCPM2's voice design (400 unsupported where the model or the voice has none).",
-            max_length=MAX_INSTRUCTIONS_CHARS,
+            max_length=_max_message_text,
             too_long_code=ErrorCode.TEXT_TOO_LONG,
         ),
         "stream_format": Field(

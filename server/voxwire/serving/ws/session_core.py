@@ -381,6 +381,10 @@ class SessionCore:
         """A refused ``start`` makes no context."""
         if context is not None and self._open(context) is not None:
             raise ProtocolError(ErrorCode.UTTERANCE_IN_PROGRESS, "send end or cancel before changing settings")
+        # The description goes in front of every sentence and is tokenized with it: bounded as a text message is.
+        instructions, limit = start.instructions, self.limits.max_text_chars_per_message
+        if instructions is not None and len(instructions) > limit:
+            raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"start.instructions holds at most {limit} characters")
         settings = self._resolve(start)
         context = context or self._new_context(start.context_id)
         context.settings = settings
