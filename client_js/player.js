@@ -32,7 +32,8 @@ export async function supportsOpus() {
  * @typedef {object} PlayerStats
  * @property {number} packetsDecoded Opus packets WebCodecs turned into audio
  * @property {number} samplesPlayed samples the worklet has output (silence excluded)
- * @property {number} bufferedSamples samples waiting in the jitter buffer
+ * @property {number} bufferedSamples samples queued and not played yet: in the jitter buffer, or posted to the worklet
+ *   and not arrived there yet (so it never reads 0 while decoded audio is on its way to the audio thread)
  * @property {number} underruns times the buffer ran dry mid-sentence
  * @property {number | null} playedAtCancel `samplesPlayed` when the last cancel reached the worklet
  */
@@ -97,6 +98,8 @@ export class Player extends EventTarget {
     this.node = node;
     /** @type {Map<number, Stream>} */
     this.streams = new Map();
+    /** Samples posted to the worklet so far; those it has not reported as received are still on their way. */
+    this.posted = 0;
     node.port.onmessage = (event) => this.#fromWorklet(event.data);
   }
 
@@ -222,15 +225,20 @@ export class Player extends EventTarget {
   #push(utterance, samples, marks) {
     if (marks.first) this.dispatchEvent(new CustomEvent('decoded', { detail: { utterance } }));
     const own = samples.byteOffset === 0 && samples.length === samples.buffer.byteLength / 4 ? samples : samples.slice();
+    this.posted += own.length;
+    this.stats.bufferedSamples += own.length;
     this.node.port.postMessage({ type: 'push', samples: own, utterance, ...marks }, [own.buffer]);
   }
 
-  /** @param {{type: string, utterance?: number, played?: number, buffered?: number, underruns?: number}} message */
+  /**
+   * @param {{type: string, utterance?: number, played?: number, buffered?: number, received?: number,
+   *   underruns?: number}} message
+   */
   #fromWorklet(message) {
     switch (message.type) {
       case 'stats':
         this.stats.samplesPlayed = message.played;
-        this.stats.bufferedSamples = message.buffered;
+        this.stats.bufferedSamples = message.buffered + (this.posted - message.received);
         this.stats.underruns = message.underruns;
         break;
       case 'cleared':

@@ -11,7 +11,8 @@
  * for now: play what is buffered), `clear` (barge-in: a short fade, then silence).
  * Messages out: `playing` {utterance} when an utterance's first sample plays, `underrun`
  * {utterance}, `cleared` {played} (the count when the clear arrived), `stats` {played, buffered,
- * underruns} every few render quanta while anything changes.
+ * received, underruns} every few render quanta while anything changes (`received`: every sample pushed so far,
+ * so the main thread can tell what it posted that has not arrived yet).
  */
 
 const STATS_EVERY_QUANTA = 16; // ~43 ms at 48 kHz: often enough for a level display and tests
@@ -35,6 +36,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.tail = new Float32Array(0);
     this.tailOffset = 0;
     this.played = 0;
+    this.received = 0;
     this.underruns = 0;
     this.quanta = 0;
     this.reported = '';
@@ -53,6 +55,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
         this.draining = false;
         this.queue.push({ samples: message.samples, offset: 0, utterance: message.utterance, first: message.first });
         this.buffered += message.samples.length;
+        this.received += message.samples.length;
         break;
       case 'drain':
         this.draining = true;
@@ -130,8 +133,10 @@ class PlayerProcessor extends AudioWorkletProcessor {
   report() {
     this.quanta += 1;
     if (this.quanta % STATS_EVERY_QUANTA !== 0) return;
-    const stats = { type: 'stats', played: this.played, buffered: this.buffered, underruns: this.underruns };
-    const key = `${stats.played}/${stats.buffered}/${stats.underruns}`;
+    const stats = {
+      type: 'stats', played: this.played, buffered: this.buffered, received: this.received, underruns: this.underruns,
+    };
+    const key = `${stats.played}/${stats.buffered}/${stats.received}/${stats.underruns}`;
     if (key === this.reported) return;
     this.reported = key;
     this.port.postMessage(stats);

@@ -86,5 +86,5 @@ test('clear fades out within fadeSamples and drops the rest', () => {
 test('stats are posted while something changes', () => {
   push(1024, { first: true, segmentStart: true });
   render(16);
-  assert.deepEqual(posted('stats').at(-1), { type: 'stats', played: 1024, buffered: 0, underruns: 0 });
+  assert.deepEqual(posted('stats').at(-1), { type: 'stats', played: 1024, buffered: 0, received: 1024, underruns: 0 });
 });

@@ -25,7 +25,8 @@ export const OPUS_RATE: 48000;
  * @typedef {object} PlayerStats
  * @property {number} packetsDecoded Opus packets WebCodecs turned into audio
  * @property {number} samplesPlayed samples the worklet has output (silence excluded)
- * @property {number} bufferedSamples samples waiting in the jitter buffer
+ * @property {number} bufferedSamples samples queued and not played yet: in the jitter buffer, or posted to the worklet
+ *   and not arrived there yet (so it never reads 0 while decoded audio is on its way to the audio thread)
  * @property {number} underruns times the buffer ran dry mid-sentence
  * @property {number | null} playedAtCancel `samplesPlayed` when the last cancel reached the worklet
  */
@@ -75,6 +76,8 @@ export class Player extends EventTarget {
     node: AudioWorkletNode;
     /** @type {Map<number, Stream>} */
     streams: Map<number, Stream>;
+    /** Samples posted to the worklet so far; those it has not reported as received are still on their way. */
+    posted: number;
     get sampleRate(): number;
     /** Let audio out; browsers keep a context suspended until a user gesture calls this. */
     resume(): void;
@@ -112,7 +115,8 @@ export type PlayerStats = {
      */
     samplesPlayed: number;
     /**
-     * samples waiting in the jitter buffer
+     * samples queued and not played yet: in the jitter buffer, or posted to the worklet
+     * and not arrived there yet (so it never reads 0 while decoded audio is on its way to the audio thread)
      */
     bufferedSamples: number;
     /**
