@@ -49,6 +49,9 @@ export async function supportsOpus() {
  */
 
 export class Player extends EventTarget {
+  /** Samples posted to the worklet so far; those it has not reported as received are still on their way. */
+  #posted = 0;
+
   /**
    * Build a player; call it from a user gesture (or `resume()` from one later) so audio may start.
    * @param {object} options
@@ -98,8 +101,6 @@ export class Player extends EventTarget {
     this.node = node;
     /** @type {Map<number, Stream>} */
     this.streams = new Map();
-    /** Samples posted to the worklet so far; those it has not reported as received are still on their way. */
-    this.posted = 0;
     node.port.onmessage = (event) => this.#fromWorklet(event.data);
   }
 
@@ -225,7 +226,7 @@ export class Player extends EventTarget {
   #push(utterance, samples, marks) {
     if (marks.first) this.dispatchEvent(new CustomEvent('decoded', { detail: { utterance } }));
     const own = samples.byteOffset === 0 && samples.length === samples.buffer.byteLength / 4 ? samples : samples.slice();
-    this.posted += own.length;
+    this.#posted += own.length;
     this.stats.bufferedSamples += own.length;
     this.node.port.postMessage({ type: 'push', samples: own, utterance, ...marks }, [own.buffer]);
   }
@@ -238,7 +239,7 @@ export class Player extends EventTarget {
     switch (message.type) {
       case 'stats':
         this.stats.samplesPlayed = message.played;
-        this.stats.bufferedSamples = message.buffered + (this.posted - message.received);
+        this.stats.bufferedSamples = message.buffered + (this.#posted - message.received);
         this.stats.underruns = message.underruns;
         break;
       case 'cleared':

@@ -76,8 +76,6 @@ export class Player extends EventTarget {
     node: AudioWorkletNode;
     /** @type {Map<number, Stream>} */
     streams: Map<number, Stream>;
-    /** Samples posted to the worklet so far; those it has not reported as received are still on their way. */
-    posted: number;
     get sampleRate(): number;
     /** Let audio out; browsers keep a context suspended until a user gesture calls this. */
     resume(): void;
