@@ -8,13 +8,12 @@ import pytest
 from voxwire.serving.alignment import (
     DEFAULT_SPEAKING_RATE,
     SETTLE_MARGIN_S,
+    Alignment,
     SpeakingRate,
     SpeechMeter,
     WordTimer,
     WordTiming,
     char_weight,
-    estimate_alignment,
-    speech_span,
 )
 
 RATE = 16000
@@ -24,6 +23,17 @@ def speech(lead_s: float, voiced_s: float, tail_s: float, rate: int = RATE) -> n
     """Silence, a voiced stretch (a 200 Hz tone, shape ``(samples,)``), silence."""
     voiced = 0.3 * np.sin(2 * np.pi * 200 * np.arange(round(voiced_s * rate)) / rate)
     return np.concatenate([np.zeros(round(lead_s * rate)), voiced, np.zeros(round(tail_s * rate))]).astype(np.float32)
+
+
+def measured(audio: np.ndarray, rate: int = RATE) -> SpeechMeter:
+    """A meter that has measured all of ``audio`` at once."""
+    meter = SpeechMeter(rate)
+    meter.add(audio)
+    return meter
+
+
+def estimate_alignment(text: str, audio: np.ndarray, rate: int = RATE) -> Alignment:
+    return measured(audio, rate).alignment(text)
 
 
 def test_the_characters_share_the_speech_and_not_the_silence_around_it() -> None:
@@ -55,8 +65,8 @@ def test_pauses_weigh_more_than_letters_and_spaces_less() -> None:
 
 
 def test_silent_or_empty_audio_spreads_over_all_of_it() -> None:
-    assert speech_span(np.zeros(RATE, dtype=np.float32), RATE) == (0.0, 1.0)
-    assert speech_span(np.zeros(0, dtype=np.float32), RATE) == (0.0, 0.0)
+    assert measured(np.zeros(RATE, dtype=np.float32)).span() == (0.0, 1.0)
+    assert measured(np.zeros(0, dtype=np.float32)).span() == (0.0, 0.0)
     alignment = estimate_alignment("Hello", np.zeros(RATE // 2, dtype=np.float32), RATE)
     assert alignment.starts_s[0] == 0.0 and alignment.end_s == pytest.approx(0.5)
 

@@ -1,6 +1,6 @@
 """Estimated character and word timings of a spoken segment, from the audio actually produced for it.
 
-VoxCPM does not align text to audio, so timings are estimates: ``estimate_alignment`` finds where the
+VoxCPM does not align text to audio, so timings are estimates: ``SpeechMeter.alignment`` finds where the
 segment's audio is speech (its first and last 10 ms frame within ``SPEECH_FLOOR_DB`` of the loudest
 one: the leading and trailing silence the model made is not given to any character) and shares that
 span among the characters by weight (``char_weight``: letters and digits take a full share, spaces
@@ -263,19 +263,3 @@ class WordTimer:
         rest = self._spans[self._settled :]
         self._settled = len(self._spans)
         return [WordTiming(self.text[a:b], at(self._before[a]), at(self._before[b])) for a, b in rest]
-
-
-def speech_span(audio: np.ndarray, sample_rate: int) -> tuple[float, float]:
-    """(start, end) in seconds of the part of ``audio`` (shape ``(samples,)``) that is not leading or trailing
-    silence; all of it when it is silent throughout."""
-    meter = SpeechMeter(sample_rate)
-    meter.add(audio)
-    return meter.span()
-
-
-def estimate_alignment(text: str, audio: np.ndarray, sample_rate: int) -> Alignment:
-    """Estimated timings of ``text``'s characters in ``audio`` (shape ``(samples,)``, the segment's audio as
-    produced, at ``sample_rate``); see the module docstring."""
-    meter = SpeechMeter(sample_rate)
-    meter.add(audio)
-    return meter.alignment(text)
