@@ -29,10 +29,12 @@ def sentence_clip() -> np.ndarray:
     return np.concatenate([quiet, 0.5 * np.sin(2 * np.pi * 220 * t), quiet]).astype(np.float32)
 
 
-async def messages_of_one_utterance(stream: StreamClient, **settings: object) -> list[ServerMessage | AudioFrame]:
+async def messages_of_one_utterance(
+    stream: StreamClient, text: str = TEXT, **settings: object
+) -> list[ServerMessage | AudioFrame]:
     await stream.send(Start(format="pcm_f32le", **settings))  # type: ignore[arg-type]
     await stream.expect(Ready)
-    await stream.send(Text(TEXT))
+    await stream.send(Text(text))
     await stream.send(End())
     received: list[ServerMessage | AudioFrame] = []
     while not received or not isinstance(received[-1], Done):
@@ -97,13 +99,7 @@ async def test_a_long_sentence_times_its_first_words_before_its_last_frame(
 ) -> None:
     clip = long_clip(6.0)
     stream = await connect(await aiohttp_server(clip_app(ClipService(clip, RATE, PATCH))))
-    await stream.send(Start(format="pcm_f32le"))
-    await stream.expect(Ready)
-    await stream.send(Text(LONG_TEXT))
-    await stream.send(End())
-    received: list[ServerMessage | AudioFrame] = []
-    while not received or not isinstance(received[-1], Done):
-        received.append(await stream.receive())
+    received = await messages_of_one_utterance(stream, LONG_TEXT)
     firsts = check_words_of_each_sentence(received, clip.size)
     segments = [m for m in received if isinstance(m, Segment)]
     assert len(segments) == 2
