@@ -17,7 +17,7 @@ it, as in the server (which never sets it): the flags are reported and must not 
 
 Phases, each timed and guarded (a failure is recorded and the others still run) within ``--budget-s``:
 
-1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention and fused-op paths.
+1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention, fused-op and noise paths.
 2. ``build``: the model as ``voxwire serve`` builds it; weights memory.
 3. ``fusion``: every attention runs q/k/v as one GEMM and every MLP gate/up as one (counted); fails otherwise.
 4. ``correctness``: sessions with different texts, seeds, guidance and timestep counts, arriving at different
@@ -36,6 +36,9 @@ Phases, each timed and guarded (a failure is recorded and the others still run) 
    through the runner's own step, plus decode attention per LM layer.
 10. ``kernel_timing`` (CUDA): each of those calls timed alone (ms, GB/s, CTAs from the profiler's launch grids).
 11. ``profile``: ``torch.profiler`` of one eager decode step at ``--rows`` rows: top kernels (CUDA), top host ops.
+12. ``admission_noise``: a request's noise for a 150-patch length cap as admission draws it (``NoiseStream.take``:
+    one launch on CUDA when the start-up probe matched) and patch by patch: the path, both times, and the gate:
+    the numbers are equal bit for bit.
 """
 
 from __future__ import annotations
@@ -74,10 +77,12 @@ from voxwire.engine.cuda_graphs import StepGraphs
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
+from voxwire.kernels.path import noise_path
 from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
 from voxwire.model.paged_attention import attention_path
+from voxwire.sampling import NoiseStream
 from voxwire.serving.config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.text.tokenizer import TextTokenizer
@@ -287,6 +292,11 @@ def fused_ops_path(device: torch.device) -> str:
     return "triton (torch.ops.voxwire)"
 
 
+def noise_draws(device: torch.device) -> str:
+    """How a request's noise is drawn at admission on ``device`` (``NoiseStream.take``)."""
+    return noise_path(device).value if device.type == "cuda" else "one randn call (CPU)"
+
+
 def check_env(plan: Plan) -> Outcome:
     try:
         import triton
@@ -304,6 +314,7 @@ def check_env(plan: Plan) -> Outcome:
         "tf32": tf32_flags(),
         "attention_path": attention_path(plan.device),
         "fused_ops": fused_ops_path(plan.device),
+        "noise": noise_draws(plan.device),
     }
     failures = []
     if plan.cuda:
@@ -1123,6 +1134,35 @@ def time_to_first_audio(runner: ModelRunner, plan: Plan) -> Outcome:
     )
 
 
+def admission_noise(tts: VoxCPM, plan: Plan, patches: int = 150, repeats: int = 5) -> Outcome:
+    """A request's noise for ``patches`` steps drawn as admission draws it, and patch by patch; the gate: equal."""
+    config = tts.config
+
+    def stream() -> NoiseStream:
+        return NoiseStream(20261204, config.feat_dim, config.patch_size, tts.dtype, tts.device)
+
+    def at_once() -> torch.Tensor:
+        return stream().take(patches)
+
+    def one_by_one() -> torch.Tensor:
+        draws = stream()
+        return torch.cat([draws.next() for _ in range(patches)])
+
+    result: dict[str, Any] = {"path": noise_draws(tts.device), "patches": patches}
+    for name, draw in (("take_ms", at_once), ("patch_by_patch_ms", one_by_one)):
+        draw()  # the first launch compiles or loads its kernel
+        samples = []
+        for _ in range(repeats):
+            sync(plan.device)
+            began = time.perf_counter()
+            draw()
+            sync(plan.device)
+            samples.append((time.perf_counter() - began) * 1e3)
+        result[name] = statistics.median(samples)
+    result["equal"] = torch.equal(at_once(), one_by_one())
+    return Outcome(result, [] if result["equal"] else ["NoiseStream.take differs from its draws one by one"])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # summary
 
@@ -1153,7 +1193,7 @@ def summary(data: dict[str, Any]) -> str:
         lines.append(
             f"env: torch {env['torch']} (CUDA {env['torch_cuda']}), Triton {env['triton']}, "
             f"{gpu.get('name', env['device'])} sm_{gpu.get('capability', '-')}, attention {env['attention_path']}, "
-            f"fused ops {env['fused_ops']}"
+            f"fused ops {env['fused_ops']}, noise {env['noise']}"
         )
         lines.append(f"     TF32: {env['tf32']}")
     build = result("build")
@@ -1241,6 +1281,12 @@ def summary(data: dict[str, Any]) -> str:
         lines.append(
             f"TTFA one stream: {ttfa['ms_median']:.1f} ms median, {ttfa['ms_max']:.1f} max (cold {ttfa['cold_ms']:.0f})"
         )
+    noise = result("admission_noise")
+    if noise:
+        lines.append(
+            f"admission noise ({noise['patches']} patches, {noise['path']}): {noise['take_ms']:.2f} ms vs patch by "
+            f"patch {noise['patch_by_patch_ms']:.2f} ms, equal: {noise['equal']}"
+        )
     bad = {n: e["status"] for n, e in phases.items() if e["status"] in ("failed", "error")}
     skipped = {n: e["reason"] for n, e in phases.items() if e["status"] == "skipped"}
     if skipped:
@@ -1327,6 +1373,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     recorded.clear()
     report.run("profile", lambda: profile_step(tts, plan), needs=needs_model)
+    report.run("admission_noise", lambda: admission_noise(tts, plan), needs=needs_model)
     tf32_after = tf32_flags()
     report.data["tf32_unchanged"] = tf32_after == tf32_before
     report.write()

@@ -29,6 +29,7 @@ PHASES = [
     "kernel_shapes",
     "kernel_timing",
     "profile",
+    "admission_noise",
 ]
 
 
@@ -78,6 +79,8 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
     t50 = phases["timesteps_50"]["result"]
     assert t50["rows"] == 4 and all(t50[run] > 0 for run in ("all_rows_t10", "all_rows_t50", "one_t50_among_t10"))
     assert phases["ttfa"]["result"]["ms_median"] > 0
+    noise = phases["admission_noise"]["result"]
+    assert noise["equal"] is True and noise["path"] == "one randn call (CPU)" and noise["take_ms"] > 0
 
 
 def test_the_correctness_comparison_finds_a_one_bit_difference(gpu_check: ModuleType) -> None:

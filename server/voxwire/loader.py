@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from voxwire.config import ConfigError, ModelConfig
+from voxwire.engine import devices
 from voxwire.errors import ModelLoadError
 from voxwire.kernels import path as kernel_path
 from voxwire.model.audio_vae import choose_vae_dtype, fold_weight_norm
@@ -128,11 +129,11 @@ def model_from_weights(
     _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
     model.load_state_dict({**main, **{_VAE_PREFIX + k: v for k, v in vae.items()}}, strict=True)
     model.fuse_projections()
-    model.audio_vae.to(
-        choose_vae_dtype(model.audio_vae, config.patch_size, target)
-        if vae_dtype is None
-        else _resolve_dtype(vae_dtype, target)
-    )
+    if vae_dtype is None:
+        with devices.scope(devices.cuda_device(target)):  # its check decode's kernels launch on the current device
+            model.audio_vae.to(choose_vae_dtype(model.audio_vae, config.patch_size, target))
+    else:
+        model.audio_vae.to(_resolve_dtype(vae_dtype, target))
     return VoxCPM(config, model, tokenizer, name=name)
 
 

@@ -13,6 +13,8 @@ import secrets
 
 import torch
 
+from voxwire.kernels.path import NoisePath, noise_path
+
 
 def random_seed() -> int:
     """A fresh 32-bit seed for requests that did not ask for one."""
@@ -40,4 +42,13 @@ class NoiseStream:
             # whole patches consumes the stream exactly as patch-by-patch draws do (one call, not count).
             shape = (count, *self.shape[1:])
             return torch.randn(shape, dtype=self.dtype, device=self.device, generator=self.generator)
+        if noise_path(self.device) is NoisePath.ONE_LAUNCH:
+            # CUDA: a bigger randn maps its threads to other numbers, so one kernel computes the count small
+            # calls' numbers (checked against eager calls at start-up), and the generator moves on as they would.
+            from voxwire.kernels.noise import CALL_OFFSET, patch_noise
+
+            offset = self.generator.get_offset()
+            drawn = patch_noise(self.seed, offset // CALL_OFFSET, count, self.shape[1:], self.dtype, self.device)
+            self.generator.set_offset(offset + CALL_OFFSET * count)
+            return drawn
         return torch.cat([self.next() for _ in range(count)])

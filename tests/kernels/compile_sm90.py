@@ -10,8 +10,9 @@ bundled ptxas, and returns without running it. The model then runs on meta tenso
 selected, its fused ops routed to the real wrappers of ``voxwire.kernels.fused`` and decode attention to
 ``voxwire.kernels.paged_decode``, so each kernel compiles for the call sites and dtypes the server has:
 the decode step and the streaming VAE decode at 1, 3 and 768 rows, a prefill of two voice-prompted rows
-(LocEnc included), the VAE encode of a one-second clip and the VAE warm-up decode, for each release shape
-and each (model, VAE) dtype pair. The JSON lists every distinct specialization compiled and every failure.
+(LocEnc included), the VAE encode of a one-second clip, the VAE warm-up decode and a request's noise drawn
+at admission, for each release shape and each (model, VAE) dtype pair. The JSON lists every distinct
+specialization compiled and every failure.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from voxwire.config import ModelConfig
-from voxwire.kernels import fused, ops, paged_decode
+from voxwire.kernels import fused, noise, ops, paged_decode
 from voxwire.model import minicpm
 from voxwire.model.audio_vae import StreamingVAEDecoder
 from voxwire.model.cfm import CfmSchedule
@@ -177,6 +178,11 @@ def vae_encode_and_warm(model: VoxCPMModel, config: ModelConfig, dtype: torch.dt
     vae.warm(torch.empty(12, config.patch_size, config.feat_dim, device=meta), dtype, vae.new_state(1))
 
 
+def admission_noise(config: ModelConfig, dtype: torch.dtype) -> None:
+    """A request's noise for its whole length cap, drawn at admission in one launch (``NoiseStream.take``)."""
+    noise.patch_noise(2**40 + 1, 0, 150, (config.feat_dim, config.patch_size), dtype, torch.device("meta"))
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     driver.set_active(Sm90Driver())  # type: ignore[arg-type]
@@ -194,6 +200,7 @@ def main() -> None:
                     *((f"decode B={b}", partial(decode_step, model, config, b, dtype)) for b in DECODE_BATCHES),
                     ("prefill", partial(prefill, model, config, dtype)),
                     ("vae encode + warm", partial(vae_encode_and_warm, model, config, dtype)),
+                    ("admission noise", partial(admission_noise, config, dtype)),
                 ]
                 for site, run in sites:
                     try:

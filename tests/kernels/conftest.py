@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-TRITON_MODULES = ("voxwire.kernels.paged_decode", "voxwire.kernels.fused")
+TRITON_MODULES = ("voxwire.kernels.paged_decode", "voxwire.kernels.fused", "voxwire.kernels.noise")
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

@@ -14,17 +14,19 @@ from pathlib import Path
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from voxwire.kernels import fused, paged_decode
+from voxwire.kernels import fused, noise, paged_decode
 
 HERE = Path(__file__).parent
 
 
 def triton_kernels() -> set[str]:
+    """The kernels these modules launch: ``_..._kernel`` (their other jitted functions are inlined device helpers)."""
     return {
         name
-        for module in (fused, paged_decode)
+        for module in (fused, noise, paged_decode)
         for name, value in vars(module).items()
         if isinstance(value, JITFunction | InterpretedFunction)  # compiled, or under the interpreter (conftest)
+        and name.endswith("_kernel")
     }
 
 

@@ -7,6 +7,11 @@ plain-torch path together, with a warning that says why (a Triton that imports b
 driver it cannot load, a wrong result); ``VOXWIRE_KERNELS=triton`` turns that warning into a start-up
 error, ``VOXWIRE_KERNELS=torch`` skips Triton. The choice is logged either way.
 
+The same start-up decides how a request's CFM noise is drawn on a CUDA device (``noise_path``): in one
+launch of ``kernels.noise`` when the fused ops run on Triton and that kernel's numbers equal patch-by-patch
+``torch.randn`` bit for bit on this device, else one ``torch.randn`` launch per patch (the same numbers,
+slower), with a warning that says where they differed.
+
 Off CUDA nothing here imports Triton, and ``select`` keeps torch from importing it either: torch's
 ``torch._dynamo`` (which the Python meta kernels of many ops import on first use, e.g. while a model is
 built on the meta device) imports Triton just to see whether it is installed. Loaded in a process that
@@ -60,7 +65,16 @@ class TritonUnavailableError(RuntimeError):
 
 Probe = Callable[[torch.device], str | None]
 
+
+class NoisePath(enum.Enum):
+    """How a request's noise patches are drawn on a device; both give the numbers of ``voxwire.sampling``."""
+
+    ONE_LAUNCH = "one launch per request"
+    PER_PATCH = "one launch per patch"
+
+
 _paths: dict[torch.device, KernelPath] = {}
+_noise_paths: dict[torch.device, NoisePath] = {}
 _lock = threading.Lock()
 
 
@@ -69,18 +83,25 @@ def select(device: torch.device | str) -> KernelPath:
     device = torch.device(device)
     if device.type != "cuda":
         keep_triton_out_of_torch()
-    return kernel_path(device)
+    chosen = kernel_path(device)
+    noise_path(device)
+    return chosen
+
+
+def _named(device: torch.device) -> torch.device:
+    """A CUDA device with its index: "cuda" is the current device, the one its tensors will name."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
 
 
 def kernel_path(device: torch.device) -> KernelPath:
     """The path of ``device``: plain torch off CUDA; on CUDA decided at the first call and kept."""
     if device.type != "cuda":
         return KernelPath.TORCH
-    if device.index is None:  # "cuda" is the current device: the one its tensors will name
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _named(device)
     with _lock:
         if device not in _paths:
-            _paths[device] = decide(device, KernelPolicy.from_env(), probe_triton)
+            with torch.cuda.device(device):  # the probe's kernels launch on the current device, not their tensors'
+                _paths[device] = decide(device, KernelPolicy.from_env(), probe_triton)
         return _paths[device]
 
 
@@ -109,6 +130,79 @@ def decide(device: torch.device, policy: KernelPolicy, probe: Probe) -> KernelPa
         ENV_VAR,
     )
     return KernelPath.TORCH
+
+
+def noise_path(device: torch.device) -> NoisePath:
+    """How noise is drawn on ``device``: patch by patch off CUDA (``voxwire.sampling`` has its own rule for the
+    CPU) and where the fused ops run plain torch; on a Triton device decided at the first call and kept."""
+    if not uses_triton(device):
+        return NoisePath.PER_PATCH
+    device = _named(device)
+    with _lock:
+        if device not in _noise_paths:
+            with torch.cuda.device(device):
+                _noise_paths[device] = decide_noise(device, probe_noise)
+        return _noise_paths[device]
+
+
+def decide_noise(device: torch.device, probe: Probe) -> NoisePath:
+    """One launch per request when ``probe`` finds its numbers equal to eager ``torch.randn``'s; logged."""
+    failure = probe(device)
+    if failure is None:
+        logger.info("noise on %s: %s (it matched torch.randn bit for bit)", device, NoisePath.ONE_LAUNCH.value)
+        return NoisePath.ONE_LAUNCH
+    logger.warning(
+        "noise on %s: %s, because the one-launch kernel's numbers differ from torch.randn's here: %s. The audio is "
+        "the same; each admission costs one small launch per patch of its length cap",
+        device,
+        NoisePath.PER_PATCH.value,
+        failure,
+    )
+    return NoisePath.PER_PATCH
+
+
+# A seed with both 32-bit halves set, since the generator's key is both.
+_NOISE_PROBE_SEED = (7 << 32) | 0x9E3779B9
+_NOISE_PROBE_SHAPES = ((64, 4), (64, 2))  # a patch of VoxCPM 1.5 and 2, and of VoxCPM-0.5B
+NOISE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # every dtype a model runs in
+
+EagerNoise = Callable[[int, int, int, tuple[int, ...], torch.dtype, torch.device], torch.Tensor]
+
+
+def eager_randn_calls(
+    seed: int, first_call: int, calls: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``(calls, *shape)``: calls ``first_call`` .. of ``torch.randn(shape)`` on a generator seeded with ``seed``,
+    drawn one by one; raises if a call does not move the generator's offset as ``kernels.noise`` assumes."""
+    from voxwire.kernels.noise import CALL_OFFSET
+
+    generator = torch.Generator(device).manual_seed(seed)
+    for _ in range(first_call):
+        torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    if generator.get_offset() != first_call * CALL_OFFSET:
+        raise ValueError(f"{first_call} randn calls moved the generator's offset to {generator.get_offset()}")
+    return torch.stack([torch.randn(shape, generator=generator, device=device, dtype=dtype) for _ in range(calls)])
+
+
+def probe_noise(
+    device: torch.device, eager: EagerNoise = eager_randn_calls, dtypes: tuple[torch.dtype, ...] = NOISE_DTYPES
+) -> str | None:
+    """None when ``kernels.noise`` draws, on ``device``, exactly the numbers of ``eager`` calls from the middle of a
+    stream, for each of ``dtypes`` and each patch shape; else what differed."""
+    try:
+        from voxwire.kernels import noise
+
+        skipped, calls = 3, 5
+        for dtype in dtypes:
+            for shape in _NOISE_PROBE_SHAPES:
+                expected = eager(_NOISE_PROBE_SEED, skipped, calls, shape, dtype, device)
+                drawn = noise.patch_noise(_NOISE_PROBE_SEED, skipped, calls, shape, dtype, device)
+                if not torch.equal(drawn, expected):
+                    differ = int((drawn != expected).sum())
+                    return f"{differ} of {expected.numel()} {dtype} numbers of {calls} calls of shape {shape} differ"
+    except Exception as exc:  # a kernel that cannot compile or launch here, a generator that moves otherwise
+        return f"{type(exc).__name__}: {exc}".strip()
+    return None
 
 
 def probe_triton(device: torch.device) -> str | None:
