@@ -133,3 +133,38 @@ def test_bad_policy_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(path.ENV_VAR, "fast")
     with pytest.raises(ValueError, match="VOXWIRE_KERNELS='fast'"):
         path.KernelPolicy.from_env()
+
+
+def test_the_probes_run_with_their_device_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton kernel launches on the current device, so probing cuda:1 from a thread on cuda:0 must make
+    cuda:1 current first, or the probe fails (or passes) for the wrong device."""
+    current = [0]
+
+    class Current:
+        def __init__(self, device: torch.device) -> None:
+            self.index = torch.device(device).index
+
+        def __enter__(self) -> None:
+            self.previous, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.previous
+
+    seen: dict[str, int] = {}
+
+    def probe(name: str) -> path.Probe:
+        def run(device: torch.device) -> str | None:
+            seen[name] = current[0]
+            return None
+
+        return run
+
+    second = torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "device", Current)
+    monkeypatch.setattr(path, "probe_triton", probe("triton"))
+    monkeypatch.setattr(path, "probe_noise", probe("noise"))
+    monkeypatch.setattr(path, "_paths", {})  # nothing decided yet
+    monkeypatch.setattr(path, "_noise_paths", {})
+    monkeypatch.setenv(path.ENV_VAR, "auto")
+    assert path.noise_path(second) is path.NoisePath.ONE_LAUNCH
+    assert seen == {"triton": 1, "noise": 1} and current[0] == 0
