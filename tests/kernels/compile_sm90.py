@@ -36,6 +36,7 @@ from triton.runtime.jit import JITFunction
 
 from voxwire.config import ModelConfig
 from voxwire.kernels import fused, noise, ops, paged_decode
+from voxwire.kernels.path import NOISE_DTYPES
 from voxwire.model import minicpm
 from voxwire.model.audio_vae import StreamingVAEDecoder
 from voxwire.model.cfm import CfmSchedule
@@ -178,9 +179,11 @@ def vae_encode_and_warm(model: VoxCPMModel, config: ModelConfig, dtype: torch.dt
     vae.warm(torch.empty(12, config.patch_size, config.feat_dim, device=meta), dtype, vae.new_state(1))
 
 
-def admission_noise(config: ModelConfig, dtype: torch.dtype) -> None:
-    """A request's noise for its whole length cap, drawn at admission in one launch (``NoiseStream.take``)."""
-    noise.patch_noise(2**40 + 1, 0, 150, (config.feat_dim, config.patch_size), dtype, torch.device("meta"))
+def admission_noise(config: ModelConfig) -> None:
+    """A request's noise for its whole length cap, drawn at admission in one launch (``NoiseStream.take``), in
+    every dtype the start-up probe draws it in."""
+    for dtype in NOISE_DTYPES:
+        noise.patch_noise(2**40 + 1, 0, 150, (config.feat_dim, config.patch_size), dtype, torch.device("meta"))
 
 
 def main() -> None:
@@ -200,7 +203,7 @@ def main() -> None:
                     *((f"decode B={b}", partial(decode_step, model, config, b, dtype)) for b in DECODE_BATCHES),
                     ("prefill", partial(prefill, model, config, dtype)),
                     ("vae encode + warm", partial(vae_encode_and_warm, model, config, dtype)),
-                    ("admission noise", partial(admission_noise, config, dtype)),
+                    ("admission noise", partial(admission_noise, config)),
                 ]
                 for site, run in sites:
                     try:

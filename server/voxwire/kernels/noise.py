@@ -81,15 +81,15 @@ def _patch_noise_kernel(
     call = first_call + index // call_elements  # which randn call, counted from the generator's seeding
     element = index % call_elements  # which thread of that call: its Philox subsequence
     zero = tl.zeros_like(element).to(tl.uint32)
-    words = tl.philox(
+    x, y, _, _ = tl.philox(
         seed,
         call.to(tl.uint32),  # the counter's low 64 bits: the call's offset / 4
         (call >> 32).to(tl.uint32),
         element.to(tl.uint32),  # its high 64 bits: the subsequence
         zero,
     )
-    u = tl.fma(words[0].to(tl.float32), INV, INV / 2)
-    v = tl.fma(words[1].to(tl.float32), INV_2PI, INV_2PI / 2)
+    u = tl.fma(x.to(tl.float32), INV, INV / 2)
+    v = tl.fma(y.to(tl.float32), INV_2PI, INV_2PI / 2)
     radius = tl.sqrt_rn(-2.0 * _logf(u))
     tl.store(
         out_ptr + index, (_fast_sinf(v) * radius).to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask
