@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+GPU_IMAGE_TRITON = "3.6.0"
+"""The Triton version on the GPU image (with torch 2.11)."""
 NOT_ON_GPU_IMAGE = ("soundfile", "soxr", "opuslib", "av", "zmq", "websockets", "cffi")
 
 _HIDE = """
