@@ -183,7 +183,10 @@ def admission_noise(config: ModelConfig) -> None:
     """A request's noise for its whole length cap, drawn at admission in one launch (``NoiseStream.take``), in
     every dtype the start-up probe draws it in."""
     for dtype in NOISE_DTYPES:
-        noise.patch_noise(2**40 + 1, 0, 150, (config.feat_dim, config.patch_size), dtype, torch.device("meta"))
+        # Seeds and first calls on both sides of 2**31 and 2**32: one specialization per dtype all the same.
+        for seed, first_call in ((1, 0), (2**31 + 5, 3), (2**40 + 1, 2**32 + 7)):
+            shape = (config.feat_dim, config.patch_size)
+            noise.patch_noise(seed, first_call, 150, shape, dtype, torch.device("meta"))
 
 
 def main() -> None:

@@ -65,11 +65,19 @@ def _fast_sinf(x):
         return libdevice.fast_sinf(x)  # curand's __sincosf
 
 
-@triton.jit(do_not_specialize=["seed", "first_call", "call_elements", "total"])
+@triton.jit
+def _join(lo, hi):
+    """The int64 whose halves are these two int32 bit patterns."""
+    return (hi.to(tl.int64) << 32) | lo.to(tl.uint32, bitcast=True).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "first_lo", "first_hi", "call_elements", "total"])
 def _patch_noise_kernel(
     out_ptr,
-    seed,
-    first_call,
+    seed_lo,
+    seed_hi,
+    first_lo,
+    first_hi,
     call_elements,
     total,
     INV: tl.constexpr,
@@ -78,7 +86,8 @@ def _patch_noise_kernel(
 ):
     index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = index < total
-    call = first_call + index // call_elements  # which randn call, counted from the generator's seeding
+    seed = _join(seed_lo, seed_hi)
+    call = _join(first_lo, first_hi) + index // call_elements  # which randn call, counted from the seeding
     element = index % call_elements  # which thread of that call: its Philox subsequence
     zero = tl.zeros_like(element).to(tl.uint32)
     x, y, _, _ = tl.philox(
@@ -109,6 +118,18 @@ def patch_noise(
     if total:
         grid = (triton.cdiv(total, _BLOCK),)
         _patch_noise_kernel[grid](
-            out, seed, first_call, call_elements, total, _TWO_POW_32_INV, _TWO_POW_32_INV_2PI, BLOCK=_BLOCK
-        )
+            out, *_halves(seed), *_halves(first_call), call_elements, total, _TWO_POW_32_INV, _TWO_POW_32_INV_2PI,
+            BLOCK=_BLOCK,
+        )  # fmt: skip
     return out
+
+
+def _halves(value: int) -> tuple[int, int]:
+    """A 64-bit ``value`` as two int32 bit patterns. Triton types an int argument by its value (int32, or int64
+    from 2**31), so whole seeds would compile a second kernel at the first request whose seed crosses that line,
+    in the engine's loop; halves keep every call on the kernel the start-up probe compiled."""
+    return _int32(value & 0xFFFFFFFF), _int32((value >> 32) & 0xFFFFFFFF)
+
+
+def _int32(bits: int) -> int:
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
