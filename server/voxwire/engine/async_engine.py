@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
@@ -42,9 +43,26 @@ class AsyncEngine:
                 ...  # output.audio, then output.finish_reason on the last one
     """
 
-    def __init__(self, engine: Engine, *, thread_name: str = "voxwire-engine") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        thread_name: str = "voxwire-engine",
+        death_error: type[EngineDeadError] = EngineDeadError,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``death_error``: what the open streams raise if the engine thread dies (``EngineRestartingError``
+        where the owner replaces a dead engine); ``clock``: the clock of ``stepping_since``."""
         # Only the engine thread touches _engine (and _cycle, which steps it) once start() has run.
         self._engine = engine
+        self._death_error = death_error
+        self._clock = clock
+        self.stepping_since: float | None = None
+        """When (on ``clock``) the step now running began; None between steps. Written by the engine thread
+        (one reference assignment: any thread reads a whole value), read by a watchdog for a stuck step."""
+        self.death: BaseException | None = None
+        """What ended the engine thread, once it died (set on the event loop)."""
+        self._abandoned = False
         self._cycle = EngineLoop(engine, self._deliver)
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         # _commands and _stopping are shared with the engine thread, guarded by _wakeup.
@@ -73,7 +91,7 @@ class AsyncEngine:
 
     async def stop(self) -> None:
         """Abort every request, deliver their final outputs, and join the engine thread."""
-        if self._loop is None:
+        if self._loop is None or self._abandoned:
             return
         if self._streams.closed_reason is None:
             self._streams.closed_reason = "the engine is stopped"
@@ -99,6 +117,12 @@ class AsyncEngine:
         channel = self._open(request)
         async for output in self._streams.stream(request.request_id, channel, self.abort):
             yield output
+
+    def abandon(self, reason: str) -> None:
+        """Fail every open stream now (``EngineDeadError(reason)``) without waiting for the engine thread, which
+        is stuck in a step and may never return; ``stop`` then does not wait for it either."""
+        self._streams.close(reason)
+        self._abandoned = True
 
     def stats(self) -> EngineStats:
         """The load after the most recent step; safe to call from any thread."""
@@ -153,7 +177,9 @@ class AsyncEngine:
         if stopping:
             self._cycle.drain()
             return False
+        self.stepping_since = self._clock()
         self._cycle.run_due()
+        self.stepping_since = None
         return True
 
     def _add(self, request: Request) -> None:
@@ -178,5 +204,6 @@ class AsyncEngine:
         self._streams.reject(request_id, exc)
 
     def _die(self, exc: BaseException) -> None:
+        self.death = exc
         self._streams.closed_reason = None  # the death is the reason, even during a stop
-        self._streams.close(f"the engine thread died: {type(exc).__name__}: {exc}", exc)
+        self._streams.close(f"the engine thread died: {type(exc).__name__}: {exc}", exc, self._death_error)

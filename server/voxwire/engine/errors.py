@@ -22,3 +22,9 @@ class DuplicateRequestError(EngineError, ValueError):
 
 class EngineDeadError(EngineError):
     """The engine thread is not running (never started, stopped, or died); no output will come."""
+
+
+class EngineRestartingError(EngineDeadError):
+    """The engine (its thread, or its process under ``--workers``) died or was ended as hung, and the server is
+    starting its replacement: a request it ran was cut, and new requests are refused until the replacement
+    serves. Retrying shortly succeeds."""

@@ -81,12 +81,15 @@ class OutputStreams:
         if channel is not None:
             channel.put_nowait(exc)
 
-    def close(self, reason: str, cause: BaseException | None = None) -> None:
-        """The engine is gone: every open stream raises ``EngineDeadError(reason)``, and so will ``open``."""
+    def close(
+        self, reason: str, cause: BaseException | None = None, error_type: type[EngineDeadError] = EngineDeadError
+    ) -> None:
+        """The engine is gone: every open stream raises ``error_type(reason)`` (an ``EngineDeadError``), and
+        ``open`` raises ``EngineDeadError``."""
         if self.closed_reason is None:
             self.closed_reason = reason
         for channel in self._channels.values():
-            error = EngineDeadError(self.closed_reason)
+            error = error_type(self.closed_reason)
             error.__cause__ = cause
             channel.put_nowait(error)
         self._channels.clear()

@@ -37,6 +37,9 @@ class ErrorCode(str, enum.Enum):
     capacity is refused with HTTP 503."""
     UNAVAILABLE = ("unavailable", 503)
     """The server is starting or shutting down (or its engine stopped) and takes no new utterances."""
+    ENGINE_RESTARTED = ("engine_restarted", 503)
+    """The engine died (crashed, killed, or ended as hung) and a new one is starting: an utterance it was speaking
+    is cut, and new work is refused (HTTP 503 with ``Retry-After``) until the new engine serves. Retry shortly."""
     SYNTHESIS_FAILED = ("synthesis_failed", 422)
     """The engine refused the text (e.g. longer than a slot)."""
     INTERNAL_ERROR = ("internal_error", 500)

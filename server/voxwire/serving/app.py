@@ -87,7 +87,18 @@ def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.A
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
     voices = VoiceStore(config.voices.voices_dir, model.info.name, model.patch_shape, config.voices.max_voices)
-    return build_app(config, service, voices)
+    app = build_app(config, service, voices)
+    service.on_fatal = lambda reason: stop_failed(app, reason)
+    return app
+
+
+def stop_failed(app: web.Application, reason: str) -> None:
+    """The server cannot go on serving (``reason``, logged): refuse new work, then stop with exit status 1."""
+    logger.error("%s", reason)
+    state = app[STATE_KEY]
+    state.phase = Phase.DRAINING
+    state.exit_status = 1
+    state.stop.set()
 
 
 def build_app(
@@ -250,12 +261,11 @@ async def _freeze_when_ready(app: web.Application) -> None:
     freeze_startup_heap("server")
 
 
-async def run_app(
-    app: web.Application, config: ServerConfig, *, reuse_port: bool = False, stop: asyncio.Event | None = None
-) -> None:
-    """Listen, wait for SIGTERM or SIGINT (or ``stop``), drain, close. ``reuse_port``: share the port
-    with other processes (``SO_REUSEPORT``: the kernel spreads connections over them); such a process
-    joins the port only once warmed up, so no connection lands on one that cannot serve it yet."""
+async def run_app(app: web.Application, config: ServerConfig, *, reuse_port: bool = False) -> int:
+    """Listen, wait for SIGTERM or SIGINT (or the app's ``ServerState.stop``), drain, close; the exit status
+    (``ServerState.exit_status``). ``reuse_port``: share the port with other processes (``SO_REUSEPORT``: the
+    kernel spreads connections over them); such a process joins the port only once warmed up, so no connection
+    lands on one that cannot serve it yet."""
     runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
     await runner.setup()
     ready = asyncio.create_task(_freeze_when_ready(app), name="voxwire-freeze-heap")
@@ -265,7 +275,7 @@ async def run_app(
         await web.TCPSite(runner, config.transport.host, config.transport.port, reuse_port=reuse_port or None).start()
         for host, port, *_ in runner.addresses:
             logger.info("listening on http://%s:%d", host, port)
-        stop = stop if stop is not None else asyncio.Event()
+        stop = app[STATE_KEY].stop
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
@@ -276,3 +286,4 @@ async def run_app(
         ready.cancel()
         await runner.cleanup()
     logger.info("stopped")
+    return app[STATE_KEY].exit_status

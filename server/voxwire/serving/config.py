@@ -196,13 +196,29 @@ class Topology:
     own KV pool and graphs; new utterances go to the engine with the most free capacity. Implies ``--workers 1``
     at least, since the engines run in processes of their own ([deploy](deploy.md#several-gpus-in-one-machine))."""
     liveness_timeout_s: float = 5.0
-    """``--workers``/``--devices``: an engine or frontend process whose loop has not stamped its heartbeat
-    (several times a second) for this long is hung, not busy; the supervisor ends it (a frontend is restarted; an
-    engine's end takes the path of its death: restarted while another engine serves, else the service stops)."""
+    """``--workers``/``--devices``: an engine or frontend process whose heart thread (a beat every quarter second,
+    whatever its loop is doing) has been silent this long is not running (stopped, frozen): the supervisor ends it
+    and starts another ([liveness](#liveness-and-replacement)). A busy or CPU-starved process still beats."""
+    stall_timeout_s: float = 60.0
+    """The least time an engine step, or one turn of a frontend's event loop, may take before the loop counts as
+    stuck (a deadlock, a step that never returns) and its process is ended and replaced; with ``--workers 0`` a
+    stuck engine thread ends the server (exit 1). The bound of an engine step is the larger of this and
+    ``--stall-factor`` times its worst modelled step ([liveness](#liveness-and-replacement))."""
+    stall_factor: float = 20.0
+    """How many times its worst modelled step (the start-up step-cost fit at ``--max-sessions`` rows and
+    ``--max-prefill-tokens-per-step`` positions) an engine step may take before it counts as stuck, when that
+    is longer than ``--stall-timeout-s``."""
+    crash_loop_deaths: int = 5
+    """Engine deaths (crashed, killed, or ended as hung) within ``--crash-loop-window-s`` after which the server
+    stops replacing engines and exits 1 naming the cause, so that its orchestrator sees a crash loop (an engine
+    that never served exits 1 at once: a bad checkpoint or ``--lora``)."""
+    crash_loop_window_s: float = 600.0
+    """The window, in seconds, over which ``--crash-loop-deaths`` are counted."""
 
     def __post_init__(self) -> None:
         _at_least_zero(self, "workers")
-        _positive_numbers(self, "liveness_timeout_s")
+        _positive_numbers(self, "liveness_timeout_s", "stall_timeout_s", "stall_factor", "crash_loop_window_s")
+        _positive_ints(self, "crash_loop_deaths")
         devices = self.devices
         ok = isinstance(devices, tuple) and all(isinstance(d, str) and d.strip() == d and d for d in devices)
         _check(self, "devices", devices, ok, "a tuple of device names such as 'cuda:0'")

@@ -67,6 +67,11 @@ class ServerState:
     other_connections: Callable[[], int] = _none
     """WebSocket connections held by the server's other processes (``--workers``: the other frontends', as they
     published them at most half a second ago), so ``max_connections`` bounds the server, not each frontend."""
+    stop: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    """Set to stop the server (a signal, a frontend told its service ended, a fatal engine failure): it drains
+    and closes (``app.run_app``)."""
+    exit_status: int = 0
+    """What the server's process exits with once stopped: 1 after a failure it could not recover from."""
     _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
 
     @property

@@ -17,5 +17,4 @@ def serve(config: ServerConfig) -> int:
     if config.topology.frontends > 0:
         return supervise(config)
     app = make_app(config)
-    run_loop(run_app(app, config))
-    return 0
+    return run_loop(run_app(app, config))

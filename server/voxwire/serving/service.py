@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,6 +22,7 @@ from voxwire.engine import (
     Chunk,
     Engine,
     EngineDeadError,
+    EngineRestartingError,
     EngineStats,
     QueueFullError,
     Request,
@@ -31,8 +34,14 @@ from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
+from voxwire.serving.recovery import CrashLoop, step_stall_bound_s
 from voxwire.speech_model import ModelInfo, SpeechModel
 from voxwire.voice_clip import VoiceClip
+
+logger = logging.getLogger(__name__)
+
+ENGINE_WATCH_S = 0.5
+"""How often ``SpeechService`` looks at its engine thread (dead? stuck?)."""
 
 __all__ = [
     "ModelInfo", "Service", "SpeechFailure", "SpeechJob", "SpeechService", "UtteranceOptions", "refused",
@@ -66,6 +75,8 @@ async def typed_failures(stream: AsyncGenerator[Chunk, None]) -> AsyncGenerator[
                 yield output
         except QueueFullError as exc:
             raise SpeechFailure(ErrorCode.BUSY, f"the server is at capacity, try again later ({exc})") from None
+        except EngineRestartingError as exc:
+            raise SpeechFailure(ErrorCode.ENGINE_RESTARTED, str(exc)) from None
         except EngineDeadError as exc:
             raise SpeechFailure(ErrorCode.UNAVAILABLE, str(exc)) from None
         except UnknownPersonaError as exc:  # the persona rule's third check: an engine process refused it
@@ -144,6 +155,12 @@ class Service(Protocol):
         """Whether the engine's queue was full after its latest step (a new request would be refused)."""
         ...
 
+    @property
+    def available(self) -> bool:
+        """Whether an engine takes new utterances now: False while every engine is dead and being replaced (new
+        work is then refused with ``engine_restarted``, and ``/ready`` answers 503)."""
+        ...
+
     def pinned(self) -> Service:
         """The service one WebSocket connection uses: all its utterances on one engine (``--devices``)."""
         ...
@@ -179,6 +196,12 @@ class Service(Protocol):
         ...
 
 
+async def _restarting(request: Request) -> AsyncGenerator[Chunk, None]:
+    """The stream of a request made while a dead engine's replacement starts."""
+    raise EngineRestartingError("the engine is restarting after a failure: retry shortly")
+    yield  # a generator  # pragma: no cover
+
+
 def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) -> bool:
     """The engine's refusal rule, seen from its latest stats: ``max_waiting`` beyond the free slots."""
     return stats.waiting >= max_waiting + max_running - stats.running
@@ -200,24 +223,87 @@ def speech_stream(
 
 
 class SpeechService:
-    """Async facade over one model and its engine. Start it inside the event loop that will use it."""
+    """Async facade over one model and its engine. Start it inside the event loop that will use it.
+
+    It also keeps the engine thread serving (``recovery``): a thread that dies is replaced by a new ``Engine``
+    over the same runner (the model stays loaded) while its streams end with ``engine_restarted``; a crash loop,
+    or a step stuck past its bound (a thread cannot be ended), is fatal: ``on_fatal`` stops the server with exit
+    status 1, so that its orchestrator restarts it rather than leave a server that takes connections and never
+    answers."""
 
     def __init__(self, model: SpeechModel, config: ServerConfig, personas: Personas | None = None) -> None:
         self.model = model
         self.personas = personas
         """The LoRA personas requests may name; None: the base model only."""
         self.runner = model.new_runner(config.engine.runner_options())
-        self.engine = AsyncEngine(Engine(self.runner, config.engine_config()))
+        self._engine_config = config.engine_config()
+        self.engine = self._new_engine()
         self._max_waiting = config.engine.max_waiting
         self._max_running = config.engine.max_sessions
         self.info = model.info
         self._ids = itertools.count()
+        self._stall_bound_s = step_stall_bound_s(self.runner, config)
+        self._crash_loop = CrashLoop(config, "engine")
+        self._replacing = False
+        self._watch: asyncio.Task[None] | None = None
+        self.on_fatal: Callable[[str], None] = lambda reason: None
+        """Called once, with the reason, when the engine can neither serve nor be replaced."""
+
+    def _new_engine(self) -> AsyncEngine:
+        return AsyncEngine(Engine(self.runner, self._engine_config), death_error=EngineRestartingError)
 
     async def start(self) -> None:
         self.engine.start()
+        self._watch = asyncio.create_task(self._watch_engine(), name="voxwire-engine-watch")
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self.engine.stop()
+
+    @property
+    def available(self) -> bool:
+        """Whether the engine takes new utterances: False while a dead engine thread's replacement starts."""
+        return not self._replacing
+
+    async def _watch_engine(self) -> None:
+        """Replace the engine thread when it dies; end the server when it is stuck or crash-loops."""
+        while True:
+            await asyncio.sleep(ENGINE_WATCH_S)
+            engine = self.engine
+            since = engine.stepping_since
+            if engine.death is not None:
+                if not await self._replace(engine.death):
+                    return
+            elif since is not None and (stuck_s := time.monotonic() - since) > self._stall_bound_s:
+                reason = (
+                    f"the engine thread made no progress for {stuck_s:.1f} s (its bound {self._stall_bound_s:.1f} s, "
+                    f"from --stall-timeout-s and --stall-factor): stuck in a step with {engine.stats().running} "
+                    "running request(s); a thread cannot be ended, so the server stops (exit 1) to be restarted"
+                )
+                engine.abandon(reason)
+                self.on_fatal(reason)
+                return
+
+    async def _replace(self, death: BaseException) -> bool:
+        """Start a new engine over the same runner in place of the dead one; False if that is fatal."""
+        cause = f"{type(death).__name__}: {death}"
+        if self._crash_loop.died():
+            self.on_fatal(f"the engine thread died ({cause}): {self._crash_loop.describe()}: the server stops (exit 1)")
+            return False
+        logger.error("the engine thread died (%s): its streams end with engine_restarted; starting a new one", cause)
+        self._replacing = True
+        try:
+            self.engine = await asyncio.to_thread(self._new_engine)
+            self.engine.start()
+        except Exception as exc:  # nothing left to serve with
+            self.on_fatal(f"the engine thread died ({cause}) and could not be replaced: {type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self._replacing = False
+        logger.info("a new engine thread serves")
+        return True
 
     @property
     def queue_full(self) -> bool:
@@ -249,7 +335,7 @@ class SpeechService:
         no longer loaded) raises one ``SpeechFailure`` (``speech_stream``), so the WebSocket and HTTP
         paths report failures with the same codes.
         """
-        return speech_stream(self, job, self.engine.stream)
+        return speech_stream(self, job, self.engine.stream if self.available else _restarting)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -4,8 +4,9 @@ A load balancer can retry a refused request on another replica (nginx ``proxy_ne
 http_503``, HAProxy ``retry-on 503``) but cannot retry a WebSocket it has already upgraded: the
 stream endpoint and ``POST /v1/audio/speech`` therefore ask ``refusal`` before the 101 or the first
 byte of audio, and ``require_admission`` turns a refusal into HTTP 503 with ``Retry-After``.
-A replica refuses while it warms up or drains, when its WebSocket connections are at
-``max_connections`` (new connections only), and when its engine queue is full (``max_waiting``).
+A replica refuses while it warms up or drains, while its engine is being replaced after a failure, when its
+WebSocket connections are at ``max_connections`` (new connections only), and when its engine queue is full
+(``max_waiting``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class Refusal:
     message: str
 
 
+ENGINE_RESTARTING = Refusal(ErrorCode.ENGINE_RESTARTED, "the engine is restarting after a failure, retry shortly")
+
+
 def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
     """Why new work cannot start on this replica now; None when it can.
 
@@ -38,6 +42,8 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
         return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
     if phase is Phase.DRAINING:
         return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
+    if not app[SERVICE_KEY].available:
+        return ENGINE_RESTARTING
     if connection and len(app[SESSIONS_KEY]) + state.other_connections() >= config.limits.max_connections:
         return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.limits.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
@@ -52,6 +58,8 @@ def require_accepting(app: web.Application) -> None:
         raise ApiError(ErrorCode.NOT_READY, "the model is warming up, retry shortly", headers={"Retry-After": "1"})
     if phase is Phase.DRAINING:
         raise ApiError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+    if not app[SERVICE_KEY].available:
+        raise ApiError(ENGINE_RESTARTING.code, ENGINE_RESTARTING.message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def require_admission(app: web.Application, *, connection: bool) -> None:

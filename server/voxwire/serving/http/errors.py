@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from voxwire.engine import EngineDeadError, QueueFullError
+from voxwire.engine import EngineDeadError, EngineRestartingError, QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.request_id import request_id
@@ -100,14 +100,16 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, PersonaLoadError):
         return ApiError(ErrorCode(exc.code), str(exc))
     if isinstance(exc, SpeechFailure):
-        retry: dict[str, str] | None = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if exc.code is ErrorCode.BUSY else None
+        retryable = exc.code in (ErrorCode.BUSY, ErrorCode.ENGINE_RESTARTED)
+        retry: dict[str, str] | None = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if retryable else None
         return ApiError(exc.code, str(exc), headers=retry)
     if isinstance(exc, QueueFullError):  # an engine's bounded work (its voice encoder) is full
         return ApiError(ErrorCode.BUSY, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     if isinstance(exc, InvalidInputError):
         return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
-    if isinstance(exc, EngineDeadError):  # a voice or persona call to an engine that died (--devices: restarting)
-        return ApiError(ErrorCode.UNAVAILABLE, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    if isinstance(exc, EngineDeadError):  # a voice or persona call to an engine that died (restarting, or stopped)
+        code = ErrorCode.ENGINE_RESTARTED if isinstance(exc, EngineRestartingError) else ErrorCode.UNAVAILABLE
+        return ApiError(code, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         # Another status (none the server raises today) keeps its status under the generic code of its class.
         generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR

@@ -28,9 +28,10 @@ from voxwire.serving.heap import freeze_startup_heap
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.persona_registry import PersonaRegistry, open_registry
 from voxwire.serving.personas import UnknownPersonaError, check_persona
+from voxwire.serving.recovery import step_stall_bound_s
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import HUB_MESSAGES, Hub, Letter
-from voxwire.serving.workers.liveness import Pulse
+from voxwire.serving.workers.liveness import Activity, Pulse
 from voxwire.serving.workers.utility import UTILITY_CALLS, UtilityCalls
 from voxwire.speech_model import SpeechModel
 
@@ -56,11 +57,15 @@ class EngineCore:
         pulse: Pulse | None = None,
         *,
         max_voice_jobs: int,
+        stall_bound_s: float = math.inf,
     ) -> None:
         """``personas``: the model's LoRA personas (None: a model without LoRA layers); ``pulse``: the
-        supervisor's heartbeat slot (``liveness``), None where no supervisor watches (tests); ``max_voice_jobs``: voice
-        clips encoded or waiting to be at once, from every frontend together (``UtilityCalls``)."""
+        supervisor's liveness slot (``liveness``), None where no supervisor watches (tests); ``max_voice_jobs``:
+        voice clips encoded or waiting to be at once, from every frontend together (``UtilityCalls``);
+        ``stall_bound_s``: how long one turn of the loop (a step) may take before the supervisor counts it as
+        stuck (``recovery.step_stall_bound_s``)."""
         self.pulse = pulse
+        self.stall_bound_s = stall_bound_s
         self.model = model
         self.engine = engine
         self.personas = personas
@@ -93,10 +98,13 @@ class EngineCore:
                 if os.getppid() != parent:
                     logger.error("the supervisor is gone: stopping")
                     break
+                self._progressed(Activity.WAITING)
                 self._receive(wait_s=self._loop.wait_s())
                 self._post(self._calls.finished())
+                self._progressed(Activity.STEPPING)
                 self._loop.run_due()
                 self._heartbeat()
+            self._progressed(Activity.DRAINING)
             self._loop.drain()
         finally:
             self._calls.close()
@@ -181,15 +189,19 @@ class EngineCore:
     def _send(self, identity: bytes, message: object) -> None:
         self._socket.send_multipart([identity, ipc.dumps(message)])
 
+    def _progressed(self, activity: Activity) -> None:
+        """Stamp the loop's progress for the supervisor (``liveness``): what it does now, and its bound."""
+        if self.pulse is not None:
+            self.pulse.progressed(activity, self.stall_bound_s, rows=self.engine.num_running)
+
     def _heartbeat(self) -> None:
+        """Tell every frontend the engine's load, at most every ``HEARTBEAT_S``."""
         now = time.monotonic()
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
             data = ipc.dumps(ipc.Heartbeat(self._loop.stats))
             for identity in self._frontends:
                 self._socket.send_multipart([identity, data])
-            if self.pulse is not None:
-                self.pulse.beat()
 
     # ---- outputs ----------------------------------------------------------------------------------------------
 
@@ -209,13 +221,18 @@ class EngineCore:
 def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, pulse: Pulse) -> None:
     """Engine process ``index``'s main: load the model on ``config.engine.device``, build the engine, serve until
     SIGTERM."""
+    pulse.start_heart()  # watched for life from now on, while it loads too
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[engine-{index}]: %(message)s")
     # Ctrl-C reaches the whole process group: the supervisor decides when the engine stops (after the drain).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     model = load_speech_model(config)
     personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
-    engine = Engine(model.new_runner(config.engine.runner_options()), config.engine_config())
-    core = EngineCore(model, engine, endpoint, personas, pulse, max_voice_jobs=config.voices.max_voice_jobs)
+    runner = model.new_runner(config.engine.runner_options())
+    engine = Engine(runner, config.engine_config())
+    core = EngineCore(
+        model, engine, endpoint, personas, pulse,
+        max_voice_jobs=config.voices.max_voice_jobs, stall_bound_s=step_stall_bound_s(runner, config),
+    )  # fmt: skip
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         core.stop()

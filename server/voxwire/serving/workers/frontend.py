@@ -1,9 +1,10 @@
 """A frontend process of ``voxwire serve --workers N``: the one-process server's app over an ``EngineProxy``.
 
 It shares the port with the other frontends (``SO_REUSEPORT``), speaks to the engine processes over ZeroMQ,
-and exits 1 once told (SIGUSR1) that the service ends with an engine's death, so that the supervisor's exit path
-runs. Told (SIGUSR2) that an engine died and is being restarted, or finding it at its next beat
-(``EngineDeaths``), it ends that engine's streams only and reconnects to the successor (``EngineProxy.lost``).
+and exits 1 once told (SIGUSR1) that the service ends (an engine that never served, a crash loop), so that the
+supervisor's exit path runs. Told (SIGUSR2) that an engine died and is being replaced, or finding it at its next
+beat (``EngineDeaths``), it ends that engine's streams only (``engine_restarted``) and reconnects to the
+successor (``EngineProxy.lost``); while no engine serves, ``/ready`` answers 503 and new work is refused.
 """
 
 from __future__ import annotations
@@ -13,18 +14,15 @@ import logging
 import os
 import signal
 
-from voxwire.serving.app import build_app, run_app, run_loop
+from voxwire.serving.app import build_app, run_app, run_loop, stop_failed
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
-from voxwire.serving.workers.liveness import EngineDeaths, Pulse
+from voxwire.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY
+from voxwire.serving.workers.liveness import Activity, EngineDeaths, Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore
 
-logger = logging.getLogger(__name__)
-
-
 _BEAT_S = 0.5
-"""How often the event loop stamps its heartbeat (``liveness``)."""
+"""How often the event loop stamps its progress (``liveness``)."""
 _METRICS_EVERY = 2
 """Heartbeats between refreshes of this frontend's share of the metrics (once a second)."""
 
@@ -48,42 +46,38 @@ async def _frontend(
     config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, pulse: Pulse, deaths: EngineDeaths
 ) -> int:
     parent = os.getppid()
+    pulse.start_heart()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
     proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
     voices = SharedVoiceStore(proxy, config.voices.voices_dir, config.voices.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     app[STATE_KEY].other_connections = pulse.others  # --max-connections bounds the server, not this frontend
-    stop = asyncio.Event()
-    engine_dead = False
+    stall_timeout_s = config.topology.stall_timeout_s
 
-    def on_engine_death() -> None:
-        nonlocal engine_dead
-        engine_dead = True
-        app[STATE_KEY].phase = Phase.DRAINING  # /ready answers 503 from now on
+    def on_service_end(reason: str) -> None:
+        """The supervisor ends the service (an engine that never served, a crash loop; SIGUSR1), or is gone."""
         proxy.engine_died()
-        stop.set()
+        stop_failed(app, reason)
 
     async def watch() -> None:
-        """Show the supervisor this loop is alive and keep this frontend's share of the metrics current. Without
-        the supervisor nothing restarts a dead engine or watches a hung one: that counts as losing the engine
+        """Show the supervisor this loop turns and keep this frontend's share of the metrics current. Without
+        the supervisor nothing replaces a dead engine or watches a hung one: that counts as losing the engine
         (streams end with ``unavailable`` now, rather than draining toward an engine nobody minds)."""
         beats = 0
         while os.getppid() == parent:
             proxy.lost(deaths.read())  # a death told while this loop was not yet watched (no SIGUSR2 then)
-            pulse.beat(connections=len(app[SESSIONS_KEY]))
+            pulse.progressed(Activity.SERVING, stall_timeout_s, connections=len(app[SESSIONS_KEY]))
             if beats % _METRICS_EVERY == 0:
                 app[METRICS_KEY].refresh()
             beats += 1
             await asyncio.sleep(_BEAT_S)
-        logger.error("the supervisor is gone: ending the streams and stopping")
-        on_engine_death()
+        on_service_end("the supervisor is gone: ending the streams and stopping")
 
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGUSR1, on_engine_death)
+    loop.add_signal_handler(signal.SIGUSR1, on_service_end, "the supervisor ended the service (see its log)")
     loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.lost(deaths.read()))
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
     try:
-        await run_app(app, config, reuse_port=True, stop=stop)
+        return await run_app(app, config, reuse_port=True)
     finally:
         watcher.cancel()
-    return 1 if engine_dead else 0

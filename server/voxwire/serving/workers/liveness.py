@@ -2,51 +2,157 @@
 frontends see each other's connections.
 
 A process that is stopped (SIGSTOP, a debugger, a stuck system call) or whose loop is stuck keeps its sockets:
-the kernel still hands a hung frontend new connections, and frontends wait on a hung engine. So each child's loop
-stamps a heartbeat into memory shared with the supervisor (``Pulse.beat``, a few times a second), and the
-supervisor ends a child whose stamp is older than ``liveness_timeout_s`` (``Pulses.silent``). The existing exit
-paths then run: a frontend is restarted, a dead engine is restarted or ends the service (``supervisor``). A child
-is watched only once it has beaten: loading a model or warming up before its loop starts is not silence.
+the kernel still hands a hung frontend new connections, and frontends wait on a hung engine. A busy process, on
+the other hand (a long batched prefill, a CPU shared with several times as many runnable processes as it has
+cores, a sibling engine loading its model), must never be taken for a hung one. So each child is watched by two
+separate rules, each stated once here (``Pulses.hang``):
 
-With ``--devices`` the supervisor also counts each engine's deaths here (``EngineDeaths``): an engine that dies
-while another serves is restarted, and each frontend, told (SIGUSR2) or at its next beat, compares the counts
-with those of its links to find which engine's streams to end and to which successor to reconnect. A count, not
-a flag, so no death goes unseen between two reads.
+- **Life** (``--liveness-timeout-s``, seconds): a small thread in every child (``Pulse.start_heart``) stamps
+  ``alive`` every ``HEART_S``, whatever the child's loop is doing. It needs a few microseconds of CPU a beat, so
+  a starved process still beats; only a process that is not scheduled at all (stopped, frozen, swapped out for
+  good) falls silent. A stamp older than the timeout: the child is not running.
+- **Progress** (``--stall-timeout-s``, tens of seconds, and ``--stall-factor``): the child's loop stamps
+  ``progress`` each time round, with what it is doing now (``Activity``) and how long that may take
+  (``within_s``: the engine's worst modelled step times the factor, never less than the stall timeout). A
+  progress stamp older than its own bound: the loop is stuck (a deadlock, a step that never returns), though
+  the process runs. Before its loop's first stamp (loading the model, capturing graphs) only life is watched.
 
-A frontend's beat also publishes how many WebSocket connections it holds (``Pulse.beat(connections)``), so
-each frontend can bound the server's connections, not only its own (``Pulse.others``: the other slots' sum, at
-most one beat old). A dead child's slot is cleared when its successor starts, so its connections never leak.
+The supervisor ends a child that breaks either rule and logs which rule, for how long and what the child was
+doing (``Hang.describe``); the existing exit paths then run: a frontend is restarted, an engine is replaced
+(``supervisor``).
+
+The supervisor also counts each engine's deaths here (``EngineDeaths``): each frontend, told (SIGUSR2) or at its
+next beat, compares the counts with those of its links to find which engine's streams to end and to which
+successor to reconnect. A count, not a flag, so no death goes unseen between two reads.
+
+A frontend's beat also publishes how many WebSocket connections it holds (``Pulse.progressed(connections=)``),
+so each frontend can bound the server's connections, not only its own (``Pulse.others``: the other slots' sum,
+at most one beat old). A dead child's slot is cleared when its successor starts, so its connections never leak.
 """
 
 from __future__ import annotations
 
+import enum
 import multiprocessing.context
+import threading
 import time
 from ctypes import c_double, c_int64
 from dataclasses import dataclass
 from typing import Any
 
 NOT_STARTED = 0.0
-"""The stamp of a child whose loop has not beaten yet."""
+"""The stamp of a child whose heart (``alive``) or loop (``progress``) has not beaten yet."""
+HEART_S = 0.25
+"""How often a child's heart thread stamps ``alive``."""
+
+
+class Activity(enum.IntEnum):
+    """What a child's loop was doing at its latest progress stamp (for the log line that ends a hung child)."""
+
+    WAITING = 1
+    """Waiting for a message, a connection or a due step."""
+    STEPPING = 2
+    """Running one engine step (a batched decode, perhaps with admissions)."""
+    DRAINING = 3
+    """Aborting its requests and stepping until none is left (stopping)."""
+    SERVING = 4
+    """A frontend's event loop turning (connections, encoders)."""
+
+    def describe(self) -> str:
+        return {
+            Activity.WAITING: "waiting for work",
+            Activity.STEPPING: "running an engine step",
+            Activity.DRAINING: "draining its requests",
+            Activity.SERVING: "serving connections",
+        }[self]
+
+
+class HangRule(enum.Enum):
+    """Which of the two rules a hung child broke."""
+
+    NO_LIFE = "no life"
+    """Its heart thread did not beat for ``--liveness-timeout-s``: the process is not running."""
+    NO_PROGRESS = "no progress"
+    """Its loop did not come round within its own bound: the process runs, its loop is stuck."""
+
+
+@dataclass(frozen=True)
+class Hang:
+    """The verdict on a hung child: which rule, how long, against which bound, doing what."""
+
+    rule: HangRule
+    silent_s: float
+    bound_s: float
+    activity: Activity
+    rows: int
+    """Requests the engine was running at its latest progress stamp (0 for a frontend)."""
+
+    def describe(self) -> str:
+        doing = self.activity.describe() + (f" with {self.rows} running request(s)" if self.rows else "")
+        if self.rule is HangRule.NO_LIFE:
+            return (
+                f"showed no life for {self.silent_s:.1f} s (--liveness-timeout-s {self.bound_s:g}: the process is "
+                f"not running, e.g. stopped or frozen); it was last {doing}"
+            )
+        return (
+            f"made no progress for {self.silent_s:.1f} s (its bound {self.bound_s:.1f} s, from --stall-timeout-s "
+            f"and --stall-factor): stuck while {doing}"
+        )
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """The shared arrays, one entry per child (``multiprocessing.RawArray``s; picklable when a child starts)."""
+
+    alive: Any
+    """``time.monotonic()`` of each child's latest heart beat (doubles)."""
+    progress: Any
+    """``time.monotonic()`` of each child's latest loop progress (doubles)."""
+    within: Any
+    """Seconds each child's loop may take before its next progress stamp (doubles)."""
+    activity: Any
+    """Each child's ``Activity`` at its latest progress stamp (int64)."""
+    rows: Any
+    """Each engine's running requests at its latest progress stamp (int64)."""
+    connections: Any
+    """Each frontend's WebSocket connections at its latest progress stamp (int64)."""
 
 
 @dataclass(frozen=True)
 class Pulse:
-    """One child's heartbeat slot (picklable when the child is started: it carries the shared array)."""
+    """One child's slot: its heart, its loop's progress, its connections."""
 
-    stamps: Any
-    """The shared array of ``time.monotonic()`` stamps (``multiprocessing.RawArray`` of doubles)."""
-    connections: Any
-    """The shared array of connection counts, one per child (``multiprocessing.RawArray`` of int64)."""
+    slots: _Slots
     index: int
 
-    def beat(self, connections: int = 0) -> None:
-        self.connections[self.index] = connections
-        self.stamps[self.index] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+    def start_heart(self) -> threading.Thread:
+        """Start the daemon thread that stamps ``alive`` every ``HEART_S`` for as long as the process runs.
+
+        Call it first thing in the child, before loading anything: from its first beat the child is watched for
+        life (a stopped process is caught while it loads its model, too)."""
+        alive, index = self.slots.alive, self.index
+
+        def beat() -> None:
+            while True:
+                alive[index] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+                time.sleep(HEART_S)
+
+        heart = threading.Thread(target=beat, name="voxwire-heart", daemon=True)
+        heart.start()
+        return heart
+
+    def progressed(self, activity: Activity, within_s: float, *, rows: int = 0, connections: int = 0) -> None:
+        """The loop came round: it is now ``activity``, and comes round again within ``within_s`` unless stuck."""
+        slots, index = self.slots, self.index
+        slots.connections[index] = connections
+        slots.rows[index] = rows
+        slots.activity[index] = activity
+        slots.within[index] = within_s
+        slots.progress[index] = time.monotonic()  # last: a reader that sees it sees the bound it goes with
 
     def others(self) -> int:
-        """Connections the other children held at their latest beats."""
-        return sum(self.connections) - self.connections[self.index]
+        """Connections the other children held at their latest progress stamps."""
+        return sum(self.slots.connections) - self.slots.connections[self.index]
 
 
 class Pulses:
@@ -54,25 +160,45 @@ class Pulses:
     double on the platforms served, and one stale read only delays the verdict by one watch period)."""
 
     def __init__(self, context: multiprocessing.context.SpawnContext, children: int) -> None:
-        self.stamps = context.RawArray(c_double, children)
-        self.connections = context.RawArray(c_int64, children)
+        self.slots = _Slots(
+            alive=context.RawArray(c_double, children),
+            progress=context.RawArray(c_double, children),
+            within=context.RawArray(c_double, children),
+            activity=context.RawArray(c_int64, children),
+            rows=context.RawArray(c_int64, children),
+            connections=context.RawArray(c_int64, children),
+        )
 
     def pulse(self, index: int) -> Pulse:
         """Slot ``index``, cleared: a restarted child is watched again only once it beats, and holds no
         connection until it says so."""
-        self.stamps[index] = NOT_STARTED
-        self.connections[index] = 0
-        return Pulse(self.stamps, self.connections, index)
+        slots = self.slots
+        slots.alive[index] = NOT_STARTED
+        slots.progress[index] = NOT_STARTED
+        slots.connections[index] = 0
+        slots.rows[index] = 0
+        return Pulse(slots, index)
 
     def started(self, index: int) -> bool:
-        """Whether slot ``index``'s child has beaten since it was (re)started: its loop runs."""
-        return bool(self.stamps[index] != NOT_STARTED)
+        """Whether slot ``index``'s child's loop has come round since it was (re)started: it serves."""
+        return bool(self.slots.progress[index] != NOT_STARTED)
 
-    def silent(self, index: int, timeout_s: float) -> float | None:
-        """Seconds slot ``index`` has been silent, when over ``timeout_s``; None while alive or not started."""
-        stamp = self.stamps[index]
-        silence = time.monotonic() - stamp
-        return silence if stamp != NOT_STARTED and silence > timeout_s else None
+    def hang(self, index: int, liveness_timeout_s: float, watched_since: float) -> Hang | None:
+        """The verdict on slot ``index``'s child now (the module docstring's two rules); None while it lives and
+        progresses, or has not started to beat.
+
+        ``watched_since``: since when (``time.monotonic()``) the watcher itself has run without a gap. Silence
+        counts only from then: a watcher that was not scheduled either (the whole machine paused, or starved
+        as much as the child) has seen nothing to judge, and gives every child a full timeout to beat again."""
+        slots, now = self.slots, time.monotonic()
+        activity = Activity(slots.activity[index]) if slots.activity[index] else Activity.WAITING
+        alive = slots.alive[index]
+        if alive != NOT_STARTED and now - max(alive, watched_since) > liveness_timeout_s:
+            return Hang(HangRule.NO_LIFE, now - alive, liveness_timeout_s, activity, slots.rows[index])
+        progress, within = slots.progress[index], slots.within[index]
+        if progress != NOT_STARTED and now - max(progress, watched_since) > within:
+            return Hang(HangRule.NO_PROGRESS, now - progress, within, activity, slots.rows[index])
+        return None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from voxwire.engine import Chunk, EngineDeadError, EngineStats, LatencyHistogram, Request
+from voxwire.engine import Chunk, EngineDeadError, EngineRestartingError, EngineStats, LatencyHistogram, Request
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.config import ServerConfig
@@ -230,7 +230,7 @@ class EngineProxy:
     async def _speak(self, link: _EngineLink, request: Request) -> AsyncGenerator[Chunk, None]:
         request_id = request.request_id
         if link.state is not LinkState.SERVING:
-            raise EngineDeadError(f"engine {link.index} is restarting: retry shortly")
+            raise EngineRestartingError(f"engine {link.index} is restarting: retry shortly")
         channel = self._streams.open(request_id)
         self._engine_of[request_id] = link
         link.unconfirmed.add(request_id)
@@ -279,6 +279,11 @@ class EngineProxy:
         return [link.stats for link in self._links]
 
     @property
+    def available(self) -> bool:
+        """Whether an engine takes new utterances: one serves (not every one is dead or rejoining)."""
+        return any(link.state is LinkState.SERVING for link in self._links)
+
+    @property
     def queue_full(self) -> bool:
         """Whether every serving engine's queue was full at its latest step or heartbeat (a new request would be
         refused: it goes to the freest engine); False when none serves (the request then fails ``unavailable``)."""
@@ -298,7 +303,7 @@ class EngineProxy:
             raise EngineDeadError(self._streams.closed_reason)
         link = self._links[engine]
         if link.state is LinkState.LOST:
-            raise EngineDeadError(f"engine {engine} is restarting: retry shortly")
+            raise EngineRestartingError(f"engine {engine} is restarting: retry shortly")
         call_id = next(self._call_ids)
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = (engine, future)
@@ -315,7 +320,8 @@ class EngineProxy:
         """Raise ``EngineDeadError`` while engine 0, the hub, is dead: a change of voices made now could not reach
         the other frontends (call it before making one)."""
         if self._links[0].state is LinkState.LOST:
-            raise EngineDeadError("engine 0, which shares saved voices between frontends, is restarting: retry shortly")
+            message = "engine 0, which shares saved voices between frontends, is restarting: retry shortly"
+            raise EngineRestartingError(message)
 
     async def publish(self, message: Callable[[int], object]) -> None:
         """Send engine 0, the hub, the announcement ``message(call id)``; returns once every frontend it concerns
@@ -402,17 +408,17 @@ class EngineProxy:
 
     def _lose(self, link: _EngineLink) -> None:
         """Engine ``link.index``'s process died: fail its streams and calls (``unavailable``), close its socket."""
-        reason = f"engine {link.index}'s process died (it is being restarted)"
+        reason = f"engine {link.index}'s process died (it is being restarted): retry shortly"
         streams = [request_id for request_id, owner in self._engine_of.items() if owner is link]
         logger.error("engine %d died: failing its %d open stream(s)", link.index, len(streams))
         link.state = LinkState.LOST
         link.stats = EngineStats()  # it runs nothing for anyone now
         link.unconfirmed.clear()
         for request_id in streams:
-            self._streams.reject(request_id, EngineDeadError(reason))
+            self._streams.reject(request_id, EngineRestartingError(reason))
         for engine, future in self._calls.values():
             if engine == link.index and not future.done():
-                future.set_exception(EngineDeadError(reason))
+                future.set_exception(EngineRestartingError(reason))
         if link.index == 0:
             self._release_syncs()
         reader = self._readers.pop(link.index, None)
@@ -475,6 +481,10 @@ class _PinnedService:
     @property
     def queue_full(self) -> bool:
         return self._proxy.queue_full
+
+    @property
+    def available(self) -> bool:
+        return self._proxy.available
 
     def pinned(self) -> Service:
         return self

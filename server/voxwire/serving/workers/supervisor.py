@@ -10,13 +10,18 @@ listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over 
   then the engine stops; exit 0.
 - A frontend exits: only its connections end (the kernel closes them); it is started again, and the
   engines abort the requests the dead process left behind when the new one says hello.
-- An engine exits while another engine serves (``--devices``; it served before, so its death is not a failure
-  to start): it is restarted (at most once a second), and every frontend is told (SIGUSR2, ``EngineDeaths``):
-  it fails that engine's streams and calls as ``unavailable``, routes new utterances to the engines left, and
-  reconnects to the successor, which rejoins once it welcomes the frontend (see ``proxy``).
-- An engine exits and no other serves (one engine; an engine that never served, e.g. a bad ``--lora``; the last
-  one left): every frontend is told (SIGUSR1): it turns ``/ready`` 503, fails its streams as ``unavailable``
-  and closes; exit 1.
+- A child is hung (``liveness``: its heart thread silent for ``--liveness-timeout-s``, or its loop stuck past its
+  stall bound): it is killed, with a log line saying which rule, how long and what it was doing; then its death
+  takes the path below. A busy or CPU-starved child is never ended: its heart still beats.
+- An engine exits after it served (crashed, killed, ended as hung): a successor is started (at most once a
+  second), and every frontend is told (SIGUSR2, ``EngineDeaths``): it fails that engine's streams and calls with
+  ``engine_restarted``, routes new utterances to the engines left (with one engine: refuses them, and ``/ready``
+  answers 503 with ``Retry-After``), and reconnects to the successor, which rejoins once it welcomes the frontend
+  (see ``proxy``). The supervisor's process never exits because an engine died.
+- The service ends (every frontend told with SIGUSR1: ``/ready`` 503, streams ``unavailable``, close; exit 1)
+  only when waiting cannot help: an engine that exits before it ever served (a bad checkpoint or ``--lora``),
+  or a crash loop (``--crash-loop-deaths`` engine deaths, or as many frontend deaths, within
+  ``--crash-loop-window-s``), named in the log.
 
 Children stop on their own when the supervisor disappears (they watch their parent process id).
 """
@@ -39,6 +44,7 @@ from prometheus_client import multiprocess
 
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.metrics import register_process
+from voxwire.serving.recovery import CrashLoop
 from voxwire.serving.workers.frontend import run_frontend
 from voxwire.serving.workers.liveness import EngineDeaths, Pulses
 
@@ -46,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 _WATCH_S = 0.1
 """How often the supervisor looks at its children."""
+_WATCH_GAP_S = 1.0
+"""A watch that comes this late means the supervisor itself was not scheduled: silence is counted afresh."""
 _RESTART_INTERVAL_S = 1.0
 """A frontend or engine that keeps dying is restarted at most this often."""
 _STOP_GRACE_S = 15.0
@@ -134,6 +142,10 @@ class _Supervisor:
         self.deaths = EngineDeaths.create(context, self.engine_count)
         self.restarting: set[int] = set()
         """Engines that died and wait for their restart (``_RESTART_INTERVAL_S``)."""
+        self.engine_crashes = CrashLoop(config, "engine")
+        self.frontend_crashes = CrashLoop(config, "frontend")
+        self.watched_since = time.monotonic()
+        """Since when this loop has watched without a gap of its own (``Pulses.hang``)."""
 
     def run(self) -> int:
         register_process(self.metrics_dir, "supervisor", os.getpid())
@@ -145,15 +157,23 @@ class _Supervisor:
         for index in range(self.config.topology.frontends):
             self._start_frontend(index)
         logger.info("supervising %d engine(s) and %d frontend(s)", self.engine_count, self.config.topology.frontends)
+        last_watch = time.monotonic()
         while not self.stop_requested:
             time.sleep(_WATCH_S)
+            now = time.monotonic()
+            if now - last_watch > _WATCH_GAP_S:  # this process was not scheduled either: it saw nothing to judge
+                self.watched_since = now
+            last_watch = now
             for index in range(self.engine_count):
-                if not self._watch_engine(index):
-                    return self._engines_gone(self.engines[index])
+                failure = self._watch_engine(index)
+                if failure is not None:
+                    return self._service_ends(failure)
             for index, process in list(self.frontends.items()):
-                self._end_if_silent(process, self.engine_count + index)
+                self._end_if_hung(process, self.engine_count + index)
                 if not process.is_alive() and not self.stop_requested:
-                    self._restart(index, process)
+                    failure = self._restart(index, process)
+                    if failure is not None:
+                        return self._service_ends(failure)
         return self._shutdown(self.engines)
 
     def _start_engine(self, index: int) -> multiprocessing.process.BaseProcess:
@@ -172,19 +192,20 @@ class _Supervisor:
         logger.info("engine %d started on %s (pid %d)", index, device or "the default device", engine.pid)
         return engine
 
-    def _watch_engine(self, index: int) -> bool:
-        """End engine ``index`` if hung, restart it if it died while another engine serves; False when its death
-        ends the service (no other engine serves, or it never served: a failure to start, not a crash)."""
+    def _watch_engine(self, index: int) -> str | None:
+        """End engine ``index`` if hung; start a successor if it died. Why the service ends instead, if it must:
+        the engine never served (a failure to start, not a crash), or its deaths are a crash loop."""
         engine = self.engines[index]
         if index not in self.restarting:
-            self._end_if_silent(engine, index)
+            self._end_if_hung(engine, index)
             if engine.is_alive():
-                return True
+                return None
             # Its stamp outlives it until its successor starts: a stamp means it served.
-            served = self.pulses.started(index) or self.deaths.read()[index] > 0
-            if not served or not any(self._serves(other) for other in range(self.engine_count) if other != index):
-                return False
-            message = "%s (pid %s) exited with %s: ending its streams and restarting it"
+            if not (self.pulses.started(index) or self.deaths.read()[index] > 0):
+                return f"{engine.name} exited with {engine.exitcode} before it served (see its log above)"
+            if self.engine_crashes.died():
+                return f"{engine.name} exited with {engine.exitcode}: {self.engine_crashes.describe()}"
+            message = "%s (pid %s) exited with %s: its streams end with engine_restarted; starting a new one"
             logger.error(message, engine.name, engine.pid, engine.exitcode)
             self.restarting.add(index)
             self.deaths.died(index)
@@ -193,11 +214,7 @@ class _Supervisor:
             self.restarting.discard(index)
             self.engines[index] = self._start_engine(index)
             self.engine_started_at[index] = time.monotonic()
-        return True
-
-    def _serves(self, index: int) -> bool:
-        """Whether engine ``index``'s process is alive and its loop has run since it was (re)started."""
-        return index not in self.restarting and self.engines[index].is_alive() and self.pulses.started(index)
+        return None
 
     def _tell_frontends(self, signum: signal.Signals) -> None:
         """Signal the frontends whose loop runs (a frontend still starting reads ``deaths`` at its first beat)."""
@@ -205,11 +222,12 @@ class _Supervisor:
             if process.pid is not None and process.is_alive() and self.pulses.started(self.engine_count + index):
                 os.kill(process.pid, signum)
 
-    def _end_if_silent(self, process: multiprocessing.process.BaseProcess, slot: int) -> None:
-        """SIGKILL a hung child (see ``liveness``): its death then takes the path of any other."""
-        silence = self.pulses.silent(slot, self.config.topology.liveness_timeout_s)
-        if silence is not None and process.is_alive():
-            logger.error("%s (pid %s) showed no life for %.1f s: ending it", process.name, process.pid, silence)
+    def _end_if_hung(self, process: multiprocessing.process.BaseProcess, slot: int) -> None:
+        """SIGKILL a hung child (``liveness``: no life, or no progress), saying why: its death then takes the path
+        of any other."""
+        hang = self.pulses.hang(slot, self.config.topology.liveness_timeout_s, self.watched_since)
+        if hang is not None and process.is_alive():
+            logger.error("%s (pid %s) %s: ending it", process.name, process.pid, hang.describe())
             process.kill()
             process.join()
 
@@ -229,13 +247,17 @@ class _Supervisor:
         self.frontends[index] = process
         self.started_at[index] = time.monotonic()
 
-    def _restart(self, index: int, process: multiprocessing.process.BaseProcess) -> None:
+    def _restart(self, index: int, process: multiprocessing.process.BaseProcess) -> str | None:
+        """Start a successor of frontend ``index``, which died; why the service ends instead (a crash loop)."""
         if time.monotonic() - self.started_at[index] < _RESTART_INTERVAL_S:
-            return  # it died at once: try again a little later rather than spin
+            return None  # it died at once: try again a little later rather than spin
+        if self.frontend_crashes.died():
+            return f"{process.name} exited with {process.exitcode}: {self.frontend_crashes.describe()}"
         logger.error("frontend %d (pid %s) exited with %s: restarting it", index, process.pid, process.exitcode)
         if process.pid is not None:
             multiprocess.mark_process_dead(process.pid, str(self.metrics_dir))
         self._start_frontend(index)
+        return None
 
     def _shutdown(self, engines: list[multiprocessing.process.BaseProcess]) -> int:
         logger.info("shutting down: the frontends drain, then the engines stop")
@@ -244,12 +266,11 @@ class _Supervisor:
         logger.info("stopped")
         return 0 if all(engine.exitcode == 0 for engine in engines) else 1
 
-    def _engines_gone(self, dead: multiprocessing.process.BaseProcess) -> int:
-        # No engine is left to serve (or one failed to start): the whole server stops (exit 1) and its
-        # orchestrator restarts it, as with one engine.
-        logger.error("%s exited with %s: closing the frontends and the other engines", dead.name, dead.exitcode)
+    def _service_ends(self, reason: str) -> int:
+        # Nothing can replace what failed: the whole server stops (exit 1), so that its orchestrator sees it.
+        logger.error("%s: closing the frontends and the engines; the server exits 1", reason)
         self._stop_frontends(signal.SIGUSR1, _STOP_GRACE_S)
-        _stop_engines([engine for engine in self.engines if engine is not dead])
+        _stop_engines(self.engines)
         return 1
 
     def _stop_frontends(self, signum: signal.Signals, timeout: float) -> None:
