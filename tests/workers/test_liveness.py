@@ -37,7 +37,8 @@ def sim_server(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:
 
 
 def engine_pid(server: ServerProcess) -> int:
-    return int(re.findall(r"engine 0 started on .* \(pid (\d+)\)", server.log)[0])
+    """The pid of engine 0's latest process."""
+    return int(re.findall(r"engine 0 started on .* \(pid (\d+)\)", server.log)[-1])
 
 
 async def live_stream(url: str) -> Connection:
@@ -66,20 +67,67 @@ async def how_it_ends(connection: Connection, timeout: float) -> tuple[str, floa
         await connection.close()
 
 
-def test_a_hung_engine_is_ended_and_its_streams_end_with_unavailable() -> None:
+def fault_mid_stream(server: ServerProcess, signum: signal.Signals) -> tuple[str, float]:
+    """Send ``signum`` to engine 0 while a stream plays; how the stream ends, and how long after the signal."""
+
+    async def scenario() -> tuple[str, float]:
+        connection = await live_stream(server.ws_url)
+        os.kill(engine_pid(server), signum)
+        return await how_it_ends(connection, timeout=30)
+
+    return asyncio.run(scenario())
+
+
+def speaks(server: ServerProcess) -> bool:
+    _, done = asyncio.run(asyncio.wait_for(speak(server.ws_url, TEXT, seed=3, token=None), 60))
+    return done.finish_reason in ("stop", "length")
+
+
+def test_a_killed_engine_is_replaced_and_so_is_a_stopped_successor_while_the_server_stays_up() -> None:
+    """Issue 29, item 2: the only engine's death no longer ends the service (it exited 1 before)."""
     with sim_server() as server:
+        first = engine_pid(server)
+        ended, after = fault_mid_stream(server, signal.SIGKILL)
+        assert ended == "engine_restarted", server.log
+        assert after < 5, after
+        assert server.status("/ready") == 503  # the successor is still starting
+        assert poll(lambda: server.status("/ready") == 200, timeout=60), server.log
+        assert engine_pid(server) != first
+        assert speaks(server)
 
-        async def scenario() -> tuple[str, float]:
-            connection = await live_stream(server.ws_url)
-            os.kill(engine_pid(server), signal.SIGSTOP)
-            return await how_it_ends(connection, timeout=30)
+        ended, after = fault_mid_stream(server, signal.SIGSTOP)  # the successor, stopped: hung, not busy
+        assert ended == "engine_restarted", server.log
+        assert after < SILENCE_S + 5, after  # caught within the liveness timeout
+        assert "showed no life" in server.log and "it was last" in server.log
+        assert poll(lambda: server.status("/ready") == 200, timeout=60), server.log
+        assert speaks(server)
+        assert server.process.poll() is None  # the operator's process never exited
+        assert server.stop() == 0
 
-        ended, after = asyncio.run(scenario())
-        assert ended == "unavailable", server.log
-        assert after < SILENCE_S + 5, after  # not the 40 s the probe waited
-        assert "showed no life" in server.log
-        assert server.status("/ready") != 200
+
+def test_a_crash_loop_ends_the_server_with_status_1_naming_it() -> None:
+    with sim_server("--crash-loop-deaths", "2") as server:
+        os.kill(engine_pid(server), signal.SIGKILL)
+        assert poll(lambda: server.status("/ready") == 200, timeout=60), server.log
+        os.kill(engine_pid(server), signal.SIGKILL)
         assert server.process.wait(timeout=60) == 1, server.log
+        assert "2 engine deaths within 600 s, a crash loop" in server.log
+
+
+def test_a_step_longer_than_the_liveness_timeout_is_busy_not_hung() -> None:
+    """The step outlasts --liveness-timeout-s (the old heartbeat, stamped between steps, ended this engine)."""
+    step_s = SILENCE_S * 1.5
+    args = ("--model", "sim", "--sim-cost", f"{step_s}s", "--workers", "1", "--liveness-timeout-s", str(SILENCE_S))
+    with ServerProcess(*args) as server:
+        server.wait_ready(timeout=120, probes=1)
+
+        async def one() -> str:
+            _, done = await speak(server.ws_url, "Hi.", seed=1, token=None)
+            return done.finish_reason
+
+        assert asyncio.run(asyncio.wait_for(one(), 120)) in ("stop", "length")
+        assert "ending it" not in server.log, server.log
+        assert server.stop() == 0
 
 
 def test_a_hung_frontend_is_restarted_and_new_connections_are_served() -> None:

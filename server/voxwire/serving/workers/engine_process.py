@@ -192,7 +192,9 @@ class EngineCore:
     def _progressed(self, activity: Activity) -> None:
         """Stamp the loop's progress for the supervisor (``liveness``): what it does now, and its bound."""
         if self.pulse is not None:
-            self.pulse.progressed(activity, self.stall_bound_s, rows=self.engine.num_running)
+            self.pulse.progressed(
+                activity, self.stall_bound_s, requests=self.engine.num_running + self.engine.num_waiting
+            )
 
     def _heartbeat(self) -> None:
         """Tell every frontend the engine's load, at most every ``HEARTBEAT_S``."""

@@ -84,11 +84,11 @@ class Hang:
     silent_s: float
     bound_s: float
     activity: Activity
-    rows: int
-    """Requests the engine was running at its latest progress stamp (0 for a frontend)."""
+    requests: int
+    """Requests the engine held (running or waiting) at its latest progress stamp (0 for a frontend)."""
 
     def describe(self) -> str:
-        doing = self.activity.describe() + (f" with {self.rows} running request(s)" if self.rows else "")
+        doing = self.activity.describe() + (f" with {self.requests} request(s) in the engine" if self.requests else "")
         if self.rule is HangRule.NO_LIFE:
             return (
                 f"showed no life for {self.silent_s:.1f} s (--liveness-timeout-s {self.bound_s:g}: the process is "
@@ -112,8 +112,8 @@ class _Slots:
     """Seconds each child's loop may take before its next progress stamp (doubles)."""
     activity: Any
     """Each child's ``Activity`` at its latest progress stamp (int64)."""
-    rows: Any
-    """Each engine's running requests at its latest progress stamp (int64)."""
+    requests: Any
+    """Each engine's requests (running or waiting) at its latest progress stamp (int64)."""
     connections: Any
     """Each frontend's WebSocket connections at its latest progress stamp (int64)."""
 
@@ -141,11 +141,11 @@ class Pulse:
         heart.start()
         return heart
 
-    def progressed(self, activity: Activity, within_s: float, *, rows: int = 0, connections: int = 0) -> None:
+    def progressed(self, activity: Activity, within_s: float, *, requests: int = 0, connections: int = 0) -> None:
         """The loop came round: it is now ``activity``, and comes round again within ``within_s`` unless stuck."""
         slots, index = self.slots, self.index
         slots.connections[index] = connections
-        slots.rows[index] = rows
+        slots.requests[index] = requests
         slots.activity[index] = activity
         slots.within[index] = within_s
         slots.progress[index] = time.monotonic()  # last: a reader that sees it sees the bound it goes with
@@ -165,7 +165,7 @@ class Pulses:
             progress=context.RawArray(c_double, children),
             within=context.RawArray(c_double, children),
             activity=context.RawArray(c_int64, children),
-            rows=context.RawArray(c_int64, children),
+            requests=context.RawArray(c_int64, children),
             connections=context.RawArray(c_int64, children),
         )
 
@@ -176,7 +176,7 @@ class Pulses:
         slots.alive[index] = NOT_STARTED
         slots.progress[index] = NOT_STARTED
         slots.connections[index] = 0
-        slots.rows[index] = 0
+        slots.requests[index] = 0
         return Pulse(slots, index)
 
     def started(self, index: int) -> bool:
@@ -194,10 +194,10 @@ class Pulses:
         activity = Activity(slots.activity[index]) if slots.activity[index] else Activity.WAITING
         alive = slots.alive[index]
         if alive != NOT_STARTED and now - max(alive, watched_since) > liveness_timeout_s:
-            return Hang(HangRule.NO_LIFE, now - alive, liveness_timeout_s, activity, slots.rows[index])
+            return Hang(HangRule.NO_LIFE, now - alive, liveness_timeout_s, activity, slots.requests[index])
         progress, within = slots.progress[index], slots.within[index]
         if progress != NOT_STARTED and now - max(progress, watched_since) > within:
-            return Hang(HangRule.NO_PROGRESS, now - progress, within, activity, slots.rows[index])
+            return Hang(HangRule.NO_PROGRESS, now - progress, within, activity, slots.requests[index])
         return None
 
 
