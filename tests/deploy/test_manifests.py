@@ -151,12 +151,13 @@ async def test_the_probe_paths_answer_as_kubernetes_needs(serve, aiohttp_client)
     client.server.app[STATE_KEY].phase = Phase.READY
 
 
-def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
+def test_the_grace_period_outlasts_the_pre_stop_pause_the_drain_and_the_span_flush() -> None:
     spec = voxwire_deployment()["spec"]["template"]["spec"]
     command = voxwire_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pause = float(command[1])
-    assert spec["terminationGracePeriodSeconds"] > pause + pod_config().limits.drain_timeout_s
+    limits = pod_config().limits
+    assert spec["terminationGracePeriodSeconds"] > pause + limits.drain_timeout_s + limits.trace_flush_timeout_s
 
 
 def test_pods_are_configured_through_voxwire_variables() -> None:

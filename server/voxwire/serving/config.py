@@ -304,6 +304,10 @@ class Limits:
     """Default wait for more text before an incomplete sentence is spoken (a client may set its own)."""
     drain_timeout_s: float = 30.0
     """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
+    trace_flush_timeout_s: float = 3.0
+    """On shutdown, with [traces](#request-ids-and-traces) on, how long the span exporters may take to send the
+    spans left; then the server stops without them (an unresponsive collector delays its exit by this much at most,
+    after the drain)."""
 
     def __post_init__(self) -> None:
         _positive_ints(
@@ -312,7 +316,7 @@ class Limits:
         )  # fmt: skip
         _positive_numbers(
             self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_unsent_audio_s",
-            "drain_timeout_s",
+            "drain_timeout_s", "trace_flush_timeout_s",
         )  # fmt: skip
         _at_least_zero(self, "max_buffer_delay_ms")
 
