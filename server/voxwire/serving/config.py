@@ -342,9 +342,10 @@ class VoiceSettings:
     max_voice_name_chars: int = 200
     """A voice upload's ``name`` (``text_too_long``; control and format characters: ``invalid_name``)."""
     max_voice_jobs: int = 2
-    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``), and
-    clips encoded or waiting at once on each engine process from every frontend together; more get 503 ``busy``
-    with ``Retry-After``, so that uploads cannot crowd out the streams' CPU."""
+    """Voice clips (uploads, and the wav prompts of ``/encode_latents`` and ``/generate``) decoded and encoded at
+    once by one server process (each frontend under ``--workers``), and clips encoded or waiting at once on each
+    engine process from every frontend together; more get 503 ``busy`` with ``Retry-After`` (a frontend's, before
+    the clip is decoded), so that clips cannot crowd out the streams' CPU."""
 
     def __post_init__(self) -> None:
         _positive_ints(
