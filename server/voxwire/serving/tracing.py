@@ -124,19 +124,17 @@ class Tracing:
         self._propagator = propagate.get_global_textmap()
         self._shutdown = shutdown
 
-    def shutdown(self, timeout_s: float) -> bool:
-        """Flush and close the exporters, waiting at most ``timeout_s``; whether they finished. The SDK's shutdown
-        waits for an export in flight as long as the exporter's own timeout allows (30 s and more on a collector
-        that accepts and never answers), so it runs on a daemon thread that the process may exit without."""
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush and close the exporters, waiting for them at most ``timeout_s``. The SDK's shutdown waits for an
+        export in flight as long as the exporter's own timeout allows (30 s and more on a collector that accepts
+        and never answers), so it runs on a daemon thread that the process may exit without."""
         if self._shutdown is None:
-            return True
+            return
         closing = threading.Thread(target=self._shutdown, name="voxwire-trace-shutdown", daemon=True)
         closing.start()
         closing.join(timeout_s)
         if closing.is_alive():
             logger.warning("the span exporters did not finish in %.1f s: stopping without the spans left", timeout_s)
-            return False
-        return True
 
     @contextmanager
     def server_span(self, name: str, headers: Mapping[str, str], attributes: Mapping[str, str]) -> Iterator[ServerSpan]:
