@@ -124,3 +124,16 @@ def _sample(action: argparse.Action, unset: argparse.Namespace) -> str:
     if action.choices:
         return next(str(choice) for choice in action.choices if choice != getattr(unset, action.dest))
     return {int: "12345", float: "0.125"}.get(action.type, "name=/folder")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["", " , ", ","])
+def test_a_set_but_empty_key_list_is_a_one_line_error(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A blank ``VOXWIRE_API_KEYS`` (an empty Kubernetes Secret, a template left blank) once started a server with
+    authentication off, logging nothing (security probe 4, F7): a list variable that is set must list something."""
+    monkeypatch.setenv("VOXWIRE_API_KEYS", value)
+    monkeypatch.setattr("voxwire.serving.launch.serve", lambda config: pytest.fail("the server started"))
+    assert main(["serve", "--model", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("voxwire serve: error: VOXWIRE_API_KEYS: set but lists no value") and err.count("\n") == 1

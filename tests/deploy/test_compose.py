@@ -128,7 +128,8 @@ def test_the_image_creates_the_mounted_folders_for_its_user() -> None:
 
 
 def test_docker_stops_it_only_after_the_drain() -> None:
-    assert seconds(service()["stop_grace_period"]) > container_config(HOST_ENV).limits.drain_timeout_s
+    limits = container_config(HOST_ENV).limits
+    assert seconds(service()["stop_grace_period"]) > limits.drain_timeout_s + limits.trace_flush_timeout_s
     assert service()["restart"] == "unless-stopped"
 
 

@@ -21,6 +21,7 @@ from tests.deploy.fleet import DEPLOY, has_binary, load_render
 from voxwire.cli import environment
 from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
+from voxwire.errors import InvalidInputError
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY, Phase
 
@@ -79,14 +80,14 @@ def pod_environment() -> dict[str, str]:
     return environ
 
 
-def pod_config() -> ServerConfig:
+def pod_config(environ: dict[str, str] | None = None) -> ServerConfig:
     """The settings a pod serves with: the image's entrypoint and the pod's args, parsed by the server's own CLI
-    with the pod's variables."""
+    with the pod's variables (or ``environ``)."""
     instructions = dict(dockerfile_instructions())
     command = [*yaml.safe_load(instructions["ENTRYPOINT"]), *yaml.safe_load(instructions.get("CMD", "[]"))]
     assert command[:2] == ["voxwire", "serve"]
     args = build_parser().parse_args([*command[1:], *voxwire_container().get("args", [])])
-    return config_from_args(args, environ=pod_environment())
+    return config_from_args(args, environ=pod_environment() if environ is None else environ)
 
 
 def serve_variables() -> set[str]:
@@ -150,12 +151,13 @@ async def test_the_probe_paths_answer_as_kubernetes_needs(serve, aiohttp_client)
     client.server.app[STATE_KEY].phase = Phase.READY
 
 
-def test_the_grace_period_outlasts_the_pre_stop_pause_and_the_drain() -> None:
+def test_the_grace_period_outlasts_the_pre_stop_pause_the_drain_and_the_span_flush() -> None:
     spec = voxwire_deployment()["spec"]["template"]["spec"]
     command = voxwire_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pause = float(command[1])
-    assert spec["terminationGracePeriodSeconds"] > pause + pod_config().limits.drain_timeout_s
+    limits = pod_config().limits
+    assert spec["terminationGracePeriodSeconds"] > pause + limits.drain_timeout_s + limits.trace_flush_timeout_s
 
 
 def test_pods_are_configured_through_voxwire_variables() -> None:
@@ -174,6 +176,19 @@ def test_pods_are_configured_through_voxwire_variables() -> None:
     assert config.voices.voices_dir is not None and any(
         config.voices.voices_dir.is_relative_to(mount) for mount in mounts
     )
+
+
+def test_a_pod_without_its_api_keys_does_not_start() -> None:
+    """Never an open server by accident (security probe 4, F7): the Secret is required, so the kubelet holds a pod
+    whose Secret is missing (``CreateContainerConfigError``), and the server refuses to start on the image's
+    0.0.0.0 with the key list unset (a missing Secret key) or empty (an empty one)."""
+    (keys,) = [variable for variable in voxwire_container()["env"] if variable["name"] == "VOXWIRE_API_KEYS"]
+    assert keys["valueFrom"]["secretKeyRef"].get("optional", False) is False
+    without_keys = {name: value for name, value in pod_environment().items() if name != "VOXWIRE_API_KEYS"}
+    with pytest.raises(ValueError, match="needs an API key"):
+        pod_config(without_keys)
+    with pytest.raises(InvalidInputError, match="VOXWIRE_API_KEYS: set but lists no value"):
+        pod_config({**without_keys, "VOXWIRE_API_KEYS": ""})
 
 
 def test_each_pod_has_one_gpu_and_runs_as_non_root() -> None:

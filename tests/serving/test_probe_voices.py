@@ -210,9 +210,9 @@ async def test_oversized_text_fields_are_refused_before_any_work(
     serve, aiohttp_client, monkeypatch, field: str, limit_name: str
 ) -> None:
     client = await aiohttp_client(await serve(**{limit_name: 100}))
-    import voxwire.serving.http.voices as voice_routes
+    import voxwire.serving.http.clips as clips  # where every client's clip is decoded
 
-    monkeypatch.setattr(voice_routes, "load_clip", _no_decoding)
+    monkeypatch.setattr(clips, "load_clip", _no_decoding)
     started = time.perf_counter()
     status, body = await upload(client, clip(), **{field: "word " * 180_000})  # the probe's 900 KB
     assert (status, body["error"]["code"]) == (400, "text_too_long"), body

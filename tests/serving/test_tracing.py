@@ -10,9 +10,11 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -23,16 +25,18 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from tests.server_process import ServerProcess, poll
 
-from voxwire.serving.app import drain
-from voxwire.serving.keys import STATE_KEY, TRACING_KEY, Phase
+from voxwire.serving.app import drain, runner_options
+from voxwire.serving.keys import CONFIG_KEY, STATE_KEY, TRACING_KEY, Phase
 from voxwire.serving.tracing import Tracing, tracing_requested
+
+from .conftest import wait_ready
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -273,6 +277,29 @@ async def test_a_stream_cut_short_fails_both_spans(serve, aiohttp_client, app_fa
     assert request.status.status_code is StatusCode.ERROR and utterance.status.status_code is StatusCode.ERROR
     assert "exception" in [event.name for event in utterance.events]
     assert utterance.attributes is not None and "voxwire.finish_reason" not in utterance.attributes
+
+
+@pytest.mark.asyncio
+async def test_shutdown_does_not_wait_on_an_unresponsive_collector(
+    app_factory: Callable[..., web.Application], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that accepts connections and never answers once held an idle server's exit for 10-30 s, past
+    the kits' grace periods (security probe 4, F11): the span exporters get ``trace_flush_timeout_s`` (3 s), then
+    the server stops without them. The SDK's own bound, here the exporter's 600 s, is what it waited on before."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as tarpit:  # never accepts: the kernel's backlog does
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{tarpit.getsockname()[1]}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "600")  # seconds, in the Python SDK
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")  # the span is sent at once, and hangs there
+        app = app_factory()
+        assert app[TRACING_KEY] is not None
+        server = TestServer(app, **runner_options(app[CONFIG_KEY]))
+        await server.start_server()
+        await wait_ready(app)
+        async with aiohttp.ClientSession() as session, session.get(server.make_url("/v1/models")) as response:
+            assert response.status == 200
+        started = time.monotonic()
+        await server.close()
+        assert time.monotonic() - started < 20  # a hang test: 3 s allowed, the SDK would wait 30 s or more
 
 
 @pytest.mark.parametrize(

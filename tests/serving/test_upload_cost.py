@@ -1,10 +1,12 @@
-"""Voice uploads have a cost bound (issue 20, item 4): a clip of an absurd rate or channel count is refused from
-its header, and at most ``max_voice_jobs`` uploads are decoded and encoded at once; more get 503 ``busy`` with
-``Retry-After`` instead of queueing CPU work in front of the streams."""
+"""Voice clips have a cost bound (issue 20, item 4): a clip of an absurd rate or channel count is refused from its
+header, and at most ``max_voice_jobs`` clips (uploads, ``/encode_latents``, ``/generate``'s wav prompts) are decoded
+and encoded at once; more get 503 ``busy`` with ``Retry-After`` instead of queueing CPU work in front of the
+streams."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import threading
 import time
@@ -14,7 +16,7 @@ import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
 
-import voxwire.serving.http.voices as voice_routes
+import voxwire.audio.clip as clip_decoding
 
 from .conftest import Serve
 from .test_voices import clip, form, upload
@@ -38,14 +40,14 @@ async def test_uploads_beyond_max_voice_jobs_are_busy_with_retry_after(
 ) -> None:
     client: TestClient = await aiohttp_client(await serve(max_voice_jobs=1))
     decoding, release = threading.Event(), threading.Event()
-    real_load_clip = voice_routes.load_clip
+    real_decode = clip_decoding._decode_file
 
-    def slow_load_clip(*args: object, **kwargs: object) -> np.ndarray:
+    def slow_decode(*args: object, **kwargs: object) -> np.ndarray:
         decoding.set()
         release.wait(30)
-        return real_load_clip(*args, **kwargs)
+        return real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(voice_routes, "load_clip", slow_load_clip)
+    monkeypatch.setattr(clip_decoding, "_decode_file", slow_decode)
     first = asyncio.create_task(upload(client, clip()))
     await asyncio.to_thread(decoding.wait, 30)
     async with client.post("/v1/voices", data=form(clip())) as second:
@@ -56,3 +58,42 @@ async def test_uploads_beyond_max_voice_jobs_are_busy_with_retry_after(
     status, body = await first
     assert status == 201, body
     assert (await upload(client, clip()))[0] == 201  # the slot is free again
+
+
+async def test_encode_latents_and_generate_wav_prompts_take_the_same_slot_before_decoding(
+    serve: Serve, aiohttp_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/encode_latents`` and ``/generate``'s ``prompt_wav_base64``/``ref_audio_wav_base64`` once decoded and
+    encoded their clips outside ``max_voice_jobs`` (security probe 4, N4r: 8 of 8 ran at once, and a bystander's
+    median latency went from 24 to 243 ms): with the one slot held by an upload, they are refused, undecoded."""
+    client: TestClient = await aiohttp_client(await serve(max_voice_jobs=1))
+    decodes, decoding, release = [], threading.Event(), threading.Event()
+    real_decode = clip_decoding._decode_file
+
+    def counted_decode(*args: object, **kwargs: object) -> np.ndarray:
+        decodes.append(args)
+        if len(decodes) == 1:  # the upload's, which holds the slot until released
+            decoding.set()
+            release.wait(30)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(clip_decoding, "_decode_file", counted_decode)
+    first = asyncio.create_task(upload(client, clip()))
+    await asyncio.to_thread(decoding.wait, 30)
+    wav = base64.b64encode(clip()).decode("ascii")
+    text = {"target_text": "Hello.", "response_format": "pcm"}
+    refused = [
+        ("/encode_latents", {"wav_base64": wav, "wav_format": "wav"}),
+        ("/generate", {**text, "prompt_wav_base64": wav, "prompt_wav_format": "wav", "prompt_text": "Hi."}),
+        ("/generate", {**text, "ref_audio_wav_base64": wav, "ref_audio_wav_format": "wav"}),
+    ]
+    for path, body in refused:
+        async with client.post(path, json=body) as response:
+            assert response.status == 503, (path, await response.text())
+            assert response.headers["Retry-After"] == "1"
+            assert "retry shortly" in (await response.json())["detail"]
+    assert len(decodes) == 1  # refused before their clips were decoded
+    release.set()
+    assert (await first)[0] == 201
+    async with client.post("/encode_latents", json=refused[0][1]) as response:
+        assert response.status == 200  # the slot is free again

@@ -7,7 +7,9 @@ definition, so an option is described once and its variable comes with it:
   underscores; a repeatable option's variable is plural: ``--api-key`` reads ``VOXWIRE_API_KEYS``;
 * a value is read as on the command line (the option's type and choices); a switch (``--batch-invariant``,
   ``--realtime``/``--no-realtime``) reads ``true``/``false``, ``1``/``0`` or ``yes``/``no``; a repeatable option
-  a comma-separated list; blanks around a value or an item are ignored, and an empty variable counts as unset;
+  a comma-separated list; blanks around a value or an item are ignored, and an empty variable counts as unset,
+  but for a repeatable option's: one that is set must list a value, since an empty list is what turns a safeguard
+  off (an empty ``VOXWIRE_API_KEYS``, say from an empty Secret, would serve without authentication);
 * the command line wins over the variable and the variable over the default; a repeatable option takes the
   values of both (the command line's first);
 * a bad value raises ``InvalidInputError`` naming the variable, which the CLI prints on one line (exit 2).
@@ -78,6 +80,10 @@ def with_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> ar
         text = environ.get(name, "").strip()
         if _repeatable(action):
             items = [item.strip() for item in text.split(",")]
+            if name in environ and not any(items):
+                raise InvalidInputError(
+                    f"{name}: set but lists no value; list one at least (comma-separated) or unset it"
+                )
             value = [*(given or ()), *(_parse(action, name, item, None) for item in items if item)]
         elif isinstance(given, NotGiven):
             value = _parse(action, name, text, given.default) if text else given.default

@@ -93,4 +93,10 @@ def run(args: argparse.Namespace) -> int:
         config = _config(settings)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from exc
+    transport = config.transport
+    if transport.open_to_network:  # only with --no-auth: the config refuses it otherwise
+        logging.getLogger(__name__).warning(
+            "authentication is off (--no-auth): anyone who reaches %s:%d may use the whole API, voice uploads and "
+            "deletes included", transport.host, transport.port,
+        )  # fmt: skip
     return serve(config)

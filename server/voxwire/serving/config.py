@@ -10,6 +10,7 @@ change.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -242,8 +243,12 @@ class Transport:
     replica_id: str = field(default_factory=socket.gethostname, metadata=flag(shown_default="the hostname"))
     """The name in every response's ``X-Voxwire-Replica`` header (which replica a balancer chose)."""
     api_keys: tuple[str, ...] = field(default=(), metadata=flag(repeatable=True, shown_default="none"))
-    """An accepted API key (repeatable; none: authentication is off); ``/health`` and ``/ready`` stay open
-    ([authentication](#authentication-and-origins))."""
+    """An accepted API key (repeatable; none: authentication is off, which needs ``--no-auth`` unless ``--host`` is
+    loopback); ``/health`` and ``/ready`` stay open ([authentication](#authentication-and-origins))."""
+    no_auth: bool = False
+    """Serve without API keys on an address other than loopback: anyone who reaches it may use the whole API,
+    voice uploads and deletes included (logged as a warning at start). Without it such a server refuses to start,
+    so that a key list lost on the way (an unset variable, a missing Secret) cannot open it silently."""
     allowed_origins: tuple[str, ...] = field(default=(), metadata=flag(repeatable=True, shown_default="any"))
     """A browser ``Origin`` allowed to use the API, WebSocket and HTTP alike, with CORS answers (repeatable; none:
     every origin, without CORS headers)."""
@@ -258,6 +263,19 @@ class Transport:
             ok = isinstance(values, tuple) and all(isinstance(v, str) and v for v in values)
             _check(self, name, values, ok, "a tuple of non-empty strings")
         _positive_numbers(self, "ping_interval_s")
+        _check(self, "no_auth", self.no_auth, isinstance(self.no_auth, bool), "a bool")
+        if self.no_auth and self.api_keys:
+            raise ValueError("Transport.no_auth contradicts api_keys: give API keys (--api-key) or --no-auth, not both")
+        if not (self.api_keys or self.no_auth or is_loopback(self.host)):
+            raise ValueError(
+                f"Transport.host={self.host!r} is not loopback, so serving it needs an API key (--api-key, "
+                "VOXWIRE_API_KEYS), or --no-auth (VOXWIRE_NO_AUTH=true) to serve it without authentication"
+            )
+
+    @property
+    def open_to_network(self) -> bool:
+        """Whether clients of other machines may use the API without a key (``--no-auth`` on a non-loopback host)."""
+        return not self.api_keys and not is_loopback(self.host)
 
 
 @dataclass(frozen=True)
@@ -302,6 +320,10 @@ class Limits:
     """Default wait for more text before an incomplete sentence is spoken (a client may set its own)."""
     drain_timeout_s: float = 30.0
     """On shutdown, how long live utterances may keep speaking before their sockets are closed."""
+    trace_flush_timeout_s: float = 3.0
+    """On shutdown, with [traces](#request-ids-and-traces) on, how long the span exporters may take to send the
+    spans left; then the server stops without them (an unresponsive collector delays its exit by this much at most,
+    after the drain)."""
 
     def __post_init__(self) -> None:
         _positive_ints(
@@ -310,7 +332,7 @@ class Limits:
         )  # fmt: skip
         _positive_numbers(
             self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_unsent_audio_s",
-            "drain_timeout_s",
+            "drain_timeout_s", "trace_flush_timeout_s",
         )  # fmt: skip
         _at_least_zero(self, "max_buffer_delay_ms")
 
@@ -336,9 +358,10 @@ class VoiceSettings:
     max_voice_name_chars: int = 200
     """A voice upload's ``name`` (``text_too_long``; control and format characters: ``invalid_name``)."""
     max_voice_jobs: int = 2
-    """Voice uploads decoded and encoded at once by one server process (each frontend under ``--workers``), and
-    clips encoded or waiting at once on each engine process from every frontend together; more get 503 ``busy``
-    with ``Retry-After``, so that uploads cannot crowd out the streams' CPU."""
+    """Voice clips (uploads, and the wav prompts of ``/encode_latents`` and ``/generate``) decoded and encoded at
+    once by one server process (each frontend under ``--workers``), and clips encoded or waiting at once on each
+    engine process from every frontend together; more get 503 ``busy`` with ``Retry-After`` (a frontend's, before
+    the clip is decoded), so that clips cannot crowd out the streams' CPU."""
 
     def __post_init__(self) -> None:
         _positive_ints(
@@ -475,6 +498,16 @@ _GROUP_OF = {
     for setting in dataclasses.fields(group.default_factory)  # type: ignore[arg-type]
 }
 """Each setting's group: ``{"max_connections": "limits", ...}``."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (``--host``) is a loopback address, reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it may name any interface
+        return False
 
 
 def _is_int(value: object) -> bool:

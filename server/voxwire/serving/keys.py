@@ -63,7 +63,8 @@ class ServerState:
     live_utterances: int = 0
     """Utterances being spoken (HTTP requests, WebSocket utterances from first text to ``done``)."""
     voice_jobs: int = 0
-    """Voice uploads being decoded and encoded now (``voice_job``)."""
+    """Voice clips being decoded and encoded now (``voice_job``): uploads, ``/encode_latents``, ``/generate``'s
+    wav prompts (``http.clips.encode_clip``)."""
     other_connections: Callable[[], int] = _none
     """WebSocket connections held by the server's other processes (``--workers``: the other frontends', as they
     published them at most half a second ago), so ``max_connections`` bounds the server, not each frontend."""
@@ -92,7 +93,7 @@ class ServerState:
 
     @contextlib.contextmanager
     def voice_job(self) -> Iterator[None]:
-        """Count one voice upload being decoded and encoded for as long as the block runs."""
+        """Count one voice clip being decoded and encoded for as long as the block runs."""
         self.voice_jobs += 1
         try:
             yield

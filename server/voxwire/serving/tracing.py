@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -123,9 +124,17 @@ class Tracing:
         self._propagator = propagate.get_global_textmap()
         self._shutdown = shutdown
 
-    def shutdown(self) -> None:
-        if self._shutdown is not None:
-            self._shutdown()
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush and close the exporters, waiting for them at most ``timeout_s``. The SDK's shutdown waits for an
+        export in flight as long as the exporter's own timeout allows (30 s and more on a collector that accepts
+        and never answers), so it runs on a daemon thread that the process may exit without."""
+        if self._shutdown is None:
+            return
+        closing = threading.Thread(target=self._shutdown, name="voxwire-trace-shutdown", daemon=True)
+        closing.start()
+        closing.join(timeout_s)
+        if closing.is_alive():
+            logger.warning("the span exporters did not finish in %.1f s: stopping without the spans left", timeout_s)
 
     @contextmanager
     def server_span(self, name: str, headers: Mapping[str, str], attributes: Mapping[str, str]) -> Iterator[ServerSpan]:

@@ -26,7 +26,6 @@ voxwire's sampler has no such knob, so only 1.0 (the default) is accepted.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import contextlib
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 from aiohttp import hdrs, web
 
-from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.audio.clip import ClipTooLongError
 from voxwire.audio.formats import AudioFormat, make_encoder
 from voxwire.audio.mp3 import MP3_BITRATE
 from voxwire.engine import SynthesisParams
@@ -48,6 +47,7 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.admission import require_accepting, require_admission
 from voxwire.serving.http.body import read_json
+from voxwire.serving.http.clips import encode_clip
 from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.request_id import request_id
@@ -56,7 +56,6 @@ from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
 from voxwire.serving.service import SpeechJob, UtteranceOptions
-from voxwire.voice_clip import VoiceClip
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -263,18 +262,12 @@ async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> Patc
     """A clip (the bytes of an audio file, any format soundfile reads) as latent patches, encoded by the service
     (off the event loop) the way a prompt clip or, with ``reference``, a reference clip is (they are padded to
     whole patches on opposite sides)."""
-    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
-    rate = service.info.sample_rate
-    if reference and not service.info.reference_cloning:
+    if reference and not app[SERVICE_KEY].info.reference_cloning:
         raise _bad("Reference audio is not supported by the loaded model")
     try:
-        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.voices.max_clip_seconds)
-        if reference:
-            voice = await service.encode_voice(VoiceClip(reference_audio=samples, reference_sample_rate=rate))
-            patches = voice.reference_patches
-        else:  # the transcript does not change the latents; the encoder needs one with prompt audio
-            voice = await service.encode_voice(VoiceClip("-", samples, rate))
-            patches = voice.audio_patches
+        # The transcript does not change the latents; the encoder needs one with prompt audio.
+        voice = (await encode_clip(app, clip, None if reference else "-")).prompt
+        patches = voice.reference_patches if reference else voice.audio_patches
     except ClipTooLongError as exc:
         raise _bad(str(exc)) from exc
     except InvalidInputError as exc:

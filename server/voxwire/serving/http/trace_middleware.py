@@ -8,25 +8,28 @@ string (a browser's API key travels there), and ``voxwire.request_id`` (the resp
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from voxwire.serving.http.request_id import request_id
 from voxwire.serving.http.request_metrics import UNMATCHED_ROUTE, route_template
-from voxwire.serving.keys import TRACING_KEY
+from voxwire.serving.keys import CONFIG_KEY, TRACING_KEY
 from voxwire.serving.tracing import UNTRACED, Tracing, UtteranceTrace
 
 
 def add_tracing(app: web.Application, tracing: Tracing | None) -> None:
-    """Trace the app's requests with ``tracing`` (None: not at all); its exporters are flushed when the app closes."""
+    """Trace the app's requests with ``tracing`` (None: not at all); its exporters are flushed when the app closes,
+    for at most ``trace_flush_timeout_s``."""
     app[TRACING_KEY] = tracing
     app.on_cleanup.append(_flush)
 
 
 async def _flush(app: web.Application) -> None:
     tracing = app[TRACING_KEY]
-    if tracing is not None:
-        tracing.shutdown()
+    if tracing is not None:  # off the loop: a frontend's loop keeps its heartbeat while it waits
+        await asyncio.to_thread(tracing.shutdown, app[CONFIG_KEY].limits.trace_flush_timeout_s)
 
 
 @web.middleware

@@ -14,30 +14,23 @@ duration) before it is decoded; the ``VoiceStore`` keeps the result.
 
 from __future__ import annotations
 
-import asyncio
 import unicodedata
 
-from aiohttp import BodyPartReader, hdrs, web
+from aiohttp import BodyPartReader, web
 
-from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.audio.clip import ClipTooLongError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import read_within
-from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.http.clips import encode_clip
+from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, resolve
-from voxwire.serving.keys import (
-    CONFIG_KEY,
-    OWNER_KEY,
-    SERVICE_KEY,
-    STATE_KEY,
-    VOICES_KEY,
-)
+from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SERVICE_KEY, VOICES_KEY
 from voxwire.serving.voices import OPENAI_VOICES, VoiceInfo
 from voxwire.speech_model import ModelInfo
-from voxwire.voice_clip import VoiceClip
 
 
 async def create_voice(request: web.Request) -> web.Response:
@@ -61,27 +54,16 @@ async def create_voice(request: web.Request) -> web.Response:
     check_voice_name(name)
     if text is None and not service.info.reference_cloning:
         raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
-    rate = service.info.sample_rate
-    state = app[STATE_KEY]
-    if state.voice_jobs >= config.voices.max_voice_jobs:
-        message = f"{config.voices.max_voice_jobs} voice uploads are being processed here; retry shortly"
-        raise ApiError(ErrorCode.BUSY, message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
     try:
-        with state.voice_job():
-            samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.voices.max_clip_seconds)
-            # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
-            made_of = (
-                VoiceClip(text, samples, rate)
-                if text
-                else VoiceClip(reference_audio=samples, reference_sample_rate=rate)
-            )
-            prompt = await service.encode_voice(made_of)
+        # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
+        encoded = await encode_clip(app, clip, text)
     except ClipTooLongError as exc:
         raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
     except InvalidInputError as exc:
         raise ApiError(ErrorCode.INVALID_AUDIO, f"the voice clip is not usable audio: {exc}") from exc
     owner = request.get(OWNER_KEY)
-    info = await app[VOICES_KEY].add(prompt, name=name or None, duration_s=samples.size / rate, owner=owner)
+    voices = app[VOICES_KEY]
+    info = await voices.add(encoded.prompt, name=name or None, duration_s=encoded.duration_s, owner=owner)
     return web.json_response(info.to_json(), status=201)
 
 

@@ -1,0 +1,52 @@
+"""Voice clips that clients send, decoded and encoded under one bound: ``encode_clip``.
+
+A clip costs CPU seconds to decode and encode (a 29 s, 192 kHz, 8-channel FLAC: 2.4-3.8 s), taken from the
+streams. ``POST /v1/voices``, ``/encode_latents`` and ``/generate``'s wav prompts all go through ``encode_clip``,
+which takes one of ``max_voice_jobs`` slots (``ServerState.voice_jobs``) before decoding anything and refuses 503
+``busy`` with ``Retry-After`` when none is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import hdrs, web
+
+from voxwire.audio.clip import load_clip
+from voxwire.prompt import VoicePrompt
+from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, STATE_KEY
+from voxwire.voice_clip import VoiceClip
+
+
+@dataclass(frozen=True)
+class EncodedClip:
+    """A clip as the service encoded it, and how long it lasted."""
+
+    prompt: VoicePrompt
+    duration_s: float
+    """The decoded clip's duration."""
+
+
+async def encode_clip(app: web.Application, clip: bytes, transcript: str | None) -> EncodedClip:
+    """``clip`` (the bytes of an audio file) decoded off the event loop and encoded by the service, within a
+    voice-job slot: with its ``transcript``, a continuation prompt; without (None), a reference clip (isolated
+    cloning). Raises ``ApiError`` ``busy`` when every slot is taken (before decoding), ``ClipTooLongError`` and
+    ``InvalidInputError`` for a clip the decoder or the encoder refuses (each route words its own)."""
+    config, service, state = app[CONFIG_KEY], app[SERVICE_KEY], app[STATE_KEY]
+    limit = config.voices.max_voice_jobs
+    if state.voice_jobs >= limit:
+        message = f"{limit} voice clips are being decoded and encoded here; retry shortly"
+        raise ApiError(ErrorCode.BUSY, message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    rate = service.info.sample_rate
+    with state.voice_job():
+        samples = await asyncio.to_thread(load_clip, clip, rate, max_seconds=config.voices.max_clip_seconds)
+        made_of = (
+            VoiceClip(reference_audio=samples, reference_sample_rate=rate)
+            if transcript is None
+            else VoiceClip(transcript, samples, rate)
+        )
+        prompt = await service.encode_voice(made_of)
+    return EncodedClip(prompt, samples.size / rate)
