@@ -89,7 +89,7 @@ from voxwire.serving.ws.elevenlabs_protocol import (
     parse_client,
     parse_output_format,
 )
-from voxwire.serving.ws.handler import CLOSE_TIMEOUT_S, stream_socket, upgraded
+from voxwire.serving.ws.handler import close_and_cut, stream_socket, upgraded
 from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import MAX_CLOSE_REASON_BYTES, sayable
 from voxwire.serving.ws.utterance import UtteranceStatus
@@ -327,13 +327,7 @@ class ElevenLabsConnection:
 
     async def _close(self, code: int, reason: str) -> None:
         message = reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore").encode()  # whole characters
-        try:
-            await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError):
-            pass  # the connection is cut below all the same
-        finally:
-            if self.transport is not None:  # a client that stopped reading never lets the buffer drain
-                self.transport.abort()
+        await close_and_cut(self.ws, self.transport, code, message)
 
     async def disconnected(self) -> None:
         """The socket is gone: every context's session stops (its engine requests are aborted)."""

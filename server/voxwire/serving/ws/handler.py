@@ -5,6 +5,7 @@ upgrade while the replica is not ready, draining or full (``admission.py``: a ba
 503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
 frame to the ``Session`` (whose ``SessionCore`` holds every rule of the protocol, see ``session_core.py``
 and ``protocol/wire.py``) and gives the session a close that cannot hang on a client that stopped reading.
+However the socket ends, its TCP connection is cut and only then does it leave the count (``upgraded``).
 Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 """
 
@@ -57,15 +58,42 @@ def stream_socket(config: ServerConfig) -> StreamSocket:
 
 @contextlib.asynccontextmanager
 async def upgraded(request: web.Request, ws: StreamSocket) -> AsyncIterator[None]:
-    """``ws`` upgraded, and counted among the server's connections until the block ends. Called right after the
-    admission check (no await in between), so concurrent upgrades cannot exceed the limit."""
+    """``ws`` upgraded, and counted among the server's connections until its TCP connection is gone. Called right
+    after the admission check (no await in between), so concurrent upgrades cannot exceed the limit. When the block
+    ends (the socket closed by either side or by the ping timeout, or the handler failed) the connection is cut:
+    aiohttp's own close waits for the send buffer to drain, which a client that stopped reading never lets happen,
+    and the socket would stay open, no longer counted."""
     sessions = request.app[SESSIONS_KEY]
     sessions.add(ws)
     try:
         await ws.prepare(request)
         yield
     finally:
-        sessions.discard(ws)
+        try:
+            await cut(request.transport)
+        finally:
+            sessions.discard(ws)
+
+
+async def cut(transport: asyncio.Transport | None) -> None:
+    """Drop the TCP connection now, whatever is still unsent, and return once its file descriptor is closed."""
+    if transport is not None:
+        transport.abort()
+        await asyncio.sleep(0)  # abort() closes the socket in a callback it schedules: let it run first
+
+
+async def close_and_cut(
+    ws: web.WebSocketResponse, transport: asyncio.Transport | None, code: int, reason: bytes
+) -> None:
+    """Close ``ws`` with ``code`` and ``reason``, waiting at most ``CLOSE_TIMEOUT_S`` for the handshake (a client
+    that stopped reading never answers it), then cut the connection: a closed transport keeps its socket until its
+    write buffer drains, and the handler reading the socket would wait for that too."""
+    try:
+        await asyncio.wait_for(ws.close(code=code, message=reason), CLOSE_TIMEOUT_S)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass  # the connection is cut below all the same
+    finally:
+        await cut(transport)
 
 
 def add_ws_routes(app: web.Application) -> None:
@@ -86,15 +114,7 @@ class _Socket:
         await self.ws.send_bytes(data)
 
     async def close(self, code: CloseCode, reason: str) -> None:
-        try:
-            await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), CLOSE_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError):
-            pass  # the connection is cut below all the same
-        finally:
-            # The handshake is over (or timed out), but a closed transport keeps its socket until its write buffer
-            # drains, which a client that stopped reading never lets happen: cut the connection.
-            if self.transport is not None:
-                self.transport.abort()
+        await close_and_cut(self.ws, self.transport, code, reason.encode())
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
