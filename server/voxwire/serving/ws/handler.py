@@ -20,10 +20,11 @@ from aiohttp import WSMsgType, web
 from voxwire.protocol.wire import STREAM_PATH, CloseCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE
-from voxwire.serving.http.admission import require_admission
+from voxwire.serving.http.admission import Refusal, refusal, require_admission
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    KEYLESS_KEY,
     METRICS_KEY,
     OWNER_KEY,
     SERVICE_KEY,
@@ -56,23 +57,48 @@ def stream_socket(config: ServerConfig) -> StreamSocket:
     )
 
 
+class CountedSocket:
+    """Where an upgraded socket counts until its TCP connection is gone: among the server's connections
+    (``SESSIONS_KEY``, bounded by ``max_connections``) or, while it has not shown an API key, among the keyless
+    ones (``KEYLESS_KEY``, bounded by ``max_keyless_connections``), so that clients without a key cannot take
+    the places of those with one."""
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse, *, keyless: bool) -> None:
+        self._app = app
+        self._ws = ws
+        self._sockets = app[KEYLESS_KEY] if keyless else app[SESSIONS_KEY]
+        self._sockets.add(ws)
+
+    def authenticated(self) -> Refusal | None:
+        """The keyless socket has shown a valid key: from now it counts among the server's connections, if the
+        rule that admits an upgrade admits it now (``admission.refusal``); else why not (it is still keyless)."""
+        refused = refusal(self._app, connection=True)
+        if refused is None:
+            self.release()
+            self._sockets = self._app[SESSIONS_KEY]
+            self._sockets.add(self._ws)
+        return refused
+
+    def release(self) -> None:
+        self._sockets.discard(self._ws)
+
+
 @contextlib.asynccontextmanager
-async def upgraded(request: web.Request, ws: StreamSocket) -> AsyncIterator[None]:
-    """``ws`` upgraded, and counted among the server's connections until its TCP connection is gone. Called right
-    after the admission check (no await in between), so concurrent upgrades cannot exceed the limit. When the block
-    ends (the socket closed by either side or by the ping timeout, or the handler failed) the connection is cut:
-    aiohttp's own close waits for the send buffer to drain, which a client that stopped reading never lets happen,
-    and the socket would stay open, no longer counted."""
-    sessions = request.app[SESSIONS_KEY]
-    sessions.add(ws)
+async def upgraded(request: web.Request, ws: StreamSocket, *, keyless: bool = False) -> AsyncIterator[CountedSocket]:
+    """``ws`` upgraded, and counted (``CountedSocket``; ``keyless``: the request showed no API key) until its TCP
+    connection is gone. Called right after the admission check (no await in between), so concurrent upgrades
+    cannot exceed the limit. When the block ends (the socket closed by either side or by the ping timeout, or the
+    handler failed) the connection is cut: aiohttp's own close waits for the send buffer to drain, which a client
+    that stopped reading never lets happen, and the socket would stay open, no longer counted."""
+    counted = CountedSocket(request.app, ws, keyless=keyless)
     try:
         await ws.prepare(request)
-        yield
+        yield counted
     finally:
         try:
             await cut(request.transport)
         finally:
-            sessions.discard(ws)
+            counted.release()
 
 
 async def cut(transport: asyncio.Transport | None) -> None:
