@@ -119,7 +119,8 @@ class CloseCode(enum.IntEnum):
     """A message far over ``max_message_bytes`` (refused before it is read; smaller excesses get an error)."""
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
-    """Not sent by this server (it refuses new connections with HTTP 503); clients retry it like a 503."""
+    """Sent only where HTTP 503 could not be: to an ElevenLabs socket upgraded without a key whose key, in its first
+    message, finds the server full (it refuses other new connections with 503); clients retry it like a 503."""
     SLOW_CONSUMER = 4001
     """The client did not read audio fast enough; more than ``max_unsent_audio_s`` was waiting."""
     IDLE_TIMEOUT = 4002

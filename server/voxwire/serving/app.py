@@ -40,6 +40,7 @@ from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    KEYLESS_KEY,
     METRICS_KEY,
     SERVICE_KEY,
     SESSIONS_KEY,
@@ -116,6 +117,7 @@ def build_app(
     app[SERVICE_KEY] = service
     app[STATE_KEY] = ServerState()
     app[SESSIONS_KEY] = sessions
+    app[KEYLESS_KEY] = set()
     app[ENCODERS_KEY] = EncoderPool(config.audio.encoder_threads)
     app[VOICES_KEY] = voices
     state = app[STATE_KEY]
@@ -240,7 +242,8 @@ async def drain(app: web.Application) -> None:
     if not await state.wait_idle(config.limits.drain_timeout_s):
         live = state.live_utterances
         logger.warning("drain timeout (%.0f s): cutting off %d live utterance(s)", config.limits.drain_timeout_s, live)
-    closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in app[SESSIONS_KEY]]
+    sockets = [*app[SESSIONS_KEY], *app[KEYLESS_KEY]]
+    closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in sockets]
     await asyncio.gather(*closing, return_exceptions=True)
     await app[SERVICE_KEY].stop()
 

@@ -288,7 +288,16 @@ class Limits:
 
     max_connections: int = 256
     """WebSockets open at once on the server, all frontends together (then 503 ``busy`` before the upgrade; under
-    ``--workers`` each frontend sees the others' counts as published at most half a second ago)."""
+    ``--workers`` each frontend sees the others' counts as published at most half a second ago). A socket still
+    waiting for its API key is not counted here but in ``--max-keyless-connections``."""
+    max_keyless_connections: int = 64
+    """WebSockets upgraded without an API key, whose key may come in their first message (the ElevenLabs endpoints,
+    as ElevenLabs allows), open at once in one server process (each frontend under ``--workers``; then 503 ``busy``
+    before the upgrade). They count here until their key is accepted, then against ``--max-connections`` (a key
+    that finds it full: closed with 1013 ``busy``)."""
+    key_timeout_s: float = 10.0
+    """A WebSocket upgraded without an API key must send it in its first message this soon, else it is closed (1008
+    ``unauthorized``)."""
     max_message_bytes: int = 64 * 1024
     """Largest WebSocket message a client may send (``message_too_large``; over 4x: closed unread, 1009)."""
     max_messages_per_s: float = 1000.0
@@ -327,12 +336,12 @@ class Limits:
 
     def __post_init__(self) -> None:
         _positive_ints(
-            self, "max_connections", "max_message_bytes", "max_queued_utterances", "max_contexts",
-            "max_text_chars_per_message", "max_text_chars_per_utterance",
+            self, "max_connections", "max_keyless_connections", "max_message_bytes", "max_queued_utterances",
+            "max_contexts", "max_text_chars_per_message", "max_text_chars_per_utterance",
         )  # fmt: skip
         _positive_numbers(
-            self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_unsent_audio_s",
-            "drain_timeout_s", "trace_flush_timeout_s",
+            self, "max_messages_per_s", "header_timeout_s", "body_timeout_s", "idle_timeout_s", "key_timeout_s",
+            "max_unsent_audio_s", "drain_timeout_s", "trace_flush_timeout_s",
         )  # fmt: skip
         _at_least_zero(self, "max_buffer_delay_ms")
 

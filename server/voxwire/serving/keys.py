@@ -15,6 +15,9 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 * ``SESSIONS_KEY``: the live WebSocket responses. A WebSocket handler adds its response after
   ``prepare()`` and discards it in ``finally``; on shutdown the app waits for live utterances to
   finish (up to ``ServerConfig.limits.drain_timeout_s``) and then closes every socket left here with 1001.
+* ``KEYLESS_KEY``: the live WebSocket responses upgraded without an API key that have not sent one yet (the
+  ElevenLabs endpoints take it in the first message): bounded by ``max_keyless_connections``, not counted in
+  ``SESSIONS_KEY`` until their key is accepted, and closed with 1001 on shutdown as well.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxwire.state")
 SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxwire.sessions")
+KEYLESS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxwire.keyless_sessions")
 OWNER_KEY = web.RequestKey[str | None]("voxwire.owner")
 """Per request (set by ``auth.auth_middleware``): the digest of the API key used (``auth.key_owner``), or None
 when authentication is off; voices remember it to tell who may delete them."""

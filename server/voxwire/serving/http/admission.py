@@ -6,7 +6,8 @@ stream endpoint and ``POST /v1/audio/speech`` therefore ask ``refusal`` before t
 byte of audio, and ``require_admission`` turns a refusal into HTTP 503 with ``Retry-After``.
 A replica refuses while it warms up or drains, while its engine is being replaced after a failure, when its
 WebSocket connections are at ``max_connections`` (new connections only), and when its engine queue is full
-(``max_waiting``).
+(``max_waiting``). A connection upgraded without an API key (it may send it in its first message) counts against
+``max_keyless_connections`` instead, and must pass the same rule as a keyed one once its key comes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from aiohttp import hdrs, web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.keys import CONFIG_KEY, KEYLESS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,15 @@ class Refusal:
 ENGINE_RESTARTING = Refusal(ErrorCode.ENGINE_RESTARTED, "the engine is restarting after a failure, retry shortly")
 
 
-def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
+def refusal(app: web.Application, *, connection: bool, keyless: bool = False) -> Refusal | None:
     """Why new work cannot start on this replica now; None when it can.
 
-    ``connection``: the work is a new WebSocket connection, which also counts against ``max_connections``.
+    ``connection``: the work is a new WebSocket connection, which also counts against ``max_connections``;
+    ``keyless``: one that has not shown its API key yet, which counts against ``max_keyless_connections`` instead
+    (so that clients without a key cannot take the places of those with one).
     """
     config, state = app[CONFIG_KEY], app[STATE_KEY]
+    limits = config.limits
     phase = state.phase
     if phase is Phase.STARTING:
         return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
@@ -44,8 +48,12 @@ def refusal(app: web.Application, *, connection: bool) -> Refusal | None:
         return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
     if not app[SERVICE_KEY].available:
         return ENGINE_RESTARTING
-    if connection and len(app[SESSIONS_KEY]) + state.other_connections() >= config.limits.max_connections:
-        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {config.limits.max_connections} connections")
+    if connection and keyless:
+        if len(app[KEYLESS_KEY]) >= limits.max_keyless_connections:
+            text = f"the server has its maximum of {limits.max_keyless_connections} connections waiting for their key"
+            return Refusal(ErrorCode.BUSY, text)
+    elif connection and len(app[SESSIONS_KEY]) + state.other_connections() >= limits.max_connections:
+        return Refusal(ErrorCode.BUSY, f"the server has its maximum of {limits.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
         return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.engine.max_waiting} waiting)")
     return None
@@ -62,8 +70,8 @@ def require_accepting(app: web.Application) -> None:
         raise ApiError(ENGINE_RESTARTING.code, ENGINE_RESTARTING.message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-def require_admission(app: web.Application, *, connection: bool) -> None:
+def require_admission(app: web.Application, *, connection: bool, keyless: bool = False) -> None:
     """Raise 503 with ``Retry-After`` unless this replica takes new work now (see ``admission.refusal``)."""
-    refused = refusal(app, connection=connection)
+    refused = refusal(app, connection=connection, keyless=keyless)
     if refused is not None:
         raise ApiError(refused.code, refused.message, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})

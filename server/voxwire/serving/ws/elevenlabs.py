@@ -18,8 +18,10 @@ module maps them onto the machinery of our own endpoint instead of repeating it:
   for the ``done``.
 
 Connection-wide rules live in ``ElevenLabsConnection``: admission (503 before the upgrade, as on our
-endpoint), the key (a header at the upgrade, else ``xi_api_key`` in the first message, else the socket is
-closed with 1008), the per-connection message budget and size limit, at most ``max_queued_utterances``
+endpoint), the key (a header at the upgrade, else ``xi_api_key`` in the first message within ``key_timeout_s``,
+else the socket is closed with 1008; until then the socket counts against ``max_keyless_connections``, not
+``max_connections``, and once its key is accepted it must find a place there, else it is closed with 1013
+``busy``), the per-connection message budget and size limit, at most ``max_queued_utterances``
 live contexts, the idle limit while no context is live, and ``close_socket`` (or, on ``stream-input``, an
 empty text): every context ends as ``close_context`` would end it, then the socket closes with 1000.
 """
@@ -89,7 +91,7 @@ from voxwire.serving.ws.elevenlabs_protocol import (
     parse_client,
     parse_output_format,
 )
-from voxwire.serving.ws.handler import CLOSE_TIMEOUT_S, stream_socket, upgraded
+from voxwire.serving.ws.handler import CountedSocket, close_and_cut, stream_socket, upgraded
 from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import MAX_CLOSE_REASON_BYTES, sayable
 from voxwire.serving.ws.utterance import UtteranceStatus
@@ -168,11 +170,12 @@ def _check_voice(app: web.Application, voice: str) -> None:
 async def _serve(request: web.Request, *, multi: bool) -> web.WebSocketResponse:
     app = request.app
     config = app[CONFIG_KEY]
-    require_admission(app, connection=True)
     endpoint = _endpoint(request, multi)
+    keyless = not endpoint.authenticated
+    require_admission(app, connection=True, keyless=keyless)
     ws = stream_socket(config)
-    async with upgraded(request, ws):  # counted from the admission check on, as on our own endpoint
-        connection = ElevenLabsConnection(app, ws, request, endpoint)
+    async with upgraded(request, ws, keyless=keyless) as counted:  # counted from the admission check on
+        connection = ElevenLabsConnection(app, ws, request, endpoint, counted)
         try:
             async for message in ws:
                 if message.type is WSMsgType.TEXT:
@@ -197,7 +200,14 @@ class ConnectionPhase(enum.Enum):
 class ElevenLabsConnection:
     """One socket of either endpoint: its contexts and the connection-wide rules (see the module docstring)."""
 
-    def __init__(self, app: web.Application, ws: web.WebSocketResponse, request: web.Request, endpoint: Endpoint):
+    def __init__(
+        self,
+        app: web.Application,
+        ws: web.WebSocketResponse,
+        request: web.Request,
+        endpoint: Endpoint,
+        counted: CountedSocket,
+    ) -> None:
         self.app = app
         self.config = app[CONFIG_KEY]
         self.ws = ws
@@ -206,6 +216,7 @@ class ElevenLabsConnection:
         self.service = app[SERVICE_KEY].pinned()  # a context's segments continue each other on one engine
         self.encoders = app.get(ENCODERS_KEY, INLINE)
         self.authenticated = endpoint.authenticated
+        self.counted = counted
         self.phase = ConnectionPhase.OPEN
         self.contexts: dict[str | None, ElevenContext] = {}
         """Live contexts by id (None: ``stream-input``'s one context); a context leaves once its ``isFinal`` is sent."""
@@ -214,6 +225,7 @@ class ElevenLabsConnection:
         self._last_activity = now
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle_watch = self._spawn(self._watch_idle())
+        self._key_deadline = None if self.authenticated else self._spawn(self._await_key())
 
     # ---- client messages ---------------------------------------------------------------------------------------
 
@@ -244,6 +256,11 @@ class ElevenLabsConnection:
             text = "an API key is required: send the xi-api-key header, or xi_api_key in the first message"
             text = text if message.api_key is None else "the API key is not valid"
             self.shut(POLICY_VIOLATION, ErrorCode.UNAUTHORIZED, text)
+            return False
+        if self._key_deadline is not None:
+            self._key_deadline.cancel()
+        if (refused := self.counted.authenticated()) is not None:  # the key came, but the server is full
+            self.shut(CloseCode.TRY_AGAIN_LATER, refused.code, refused.message)
             return False
         self.authenticated = True
         try:
@@ -327,18 +344,14 @@ class ElevenLabsConnection:
 
     async def _close(self, code: int, reason: str) -> None:
         message = reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore").encode()  # whole characters
-        try:
-            await asyncio.wait_for(self.ws.close(code=code, message=message), CLOSE_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError):
-            pass  # the connection is cut below all the same
-        finally:
-            if self.transport is not None:  # a client that stopped reading never lets the buffer drain
-                self.transport.abort()
+        await close_and_cut(self.ws, self.transport, code, message)
 
     async def disconnected(self) -> None:
         """The socket is gone: every context's session stops (its engine requests are aborted)."""
         self.phase = ConnectionPhase.CLOSED
         self._idle_watch.cancel()
+        if self._key_deadline is not None:
+            self._key_deadline.cancel()
         for context in list(self.contexts.values()):
             self._spawn(context.stop())
         self.contexts.clear()
@@ -356,6 +369,14 @@ class ElevenLabsConnection:
                 self._last_activity = time.monotonic()
             elif time.monotonic() >= self._last_activity + limit:
                 self.shut(CloseCode.IDLE_TIMEOUT, ErrorCode.IDLE_TIMEOUT, f"nothing sent for {limit:g} s")
+
+    async def _await_key(self) -> None:
+        """Close a socket upgraded without a key that has not sent one within ``key_timeout_s`` (cancelled once the
+        key is accepted): a silent one would otherwise hold its place until the idle limit."""
+        limit = self.config.limits.key_timeout_s
+        await asyncio.sleep(limit)
+        text = f"no API key within {limit:g} s: send the xi-api-key header, or xi_api_key in the first message"
+        self.shut(POLICY_VIOLATION, ErrorCode.UNAUTHORIZED, text)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)

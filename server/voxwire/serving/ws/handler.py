@@ -5,6 +5,7 @@ upgrade while the replica is not ready, draining or full (``admission.py``: a ba
 503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
 frame to the ``Session`` (whose ``SessionCore`` holds every rule of the protocol, see ``session_core.py``
 and ``protocol/wire.py``) and gives the session a close that cannot hang on a client that stopped reading.
+However the socket ends, its TCP connection is cut and only then does it leave the count (``upgraded``).
 Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 """
 
@@ -19,10 +20,11 @@ from aiohttp import WSMsgType, web
 from voxwire.protocol.wire import STREAM_PATH, CloseCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE
-from voxwire.serving.http.admission import require_admission
+from voxwire.serving.http.admission import Refusal, refusal, require_admission
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    KEYLESS_KEY,
     METRICS_KEY,
     OWNER_KEY,
     SERVICE_KEY,
@@ -55,17 +57,69 @@ def stream_socket(config: ServerConfig) -> StreamSocket:
     )
 
 
+class CountedSocket:
+    """Where an upgraded socket counts until its TCP connection is gone: among the server's connections
+    (``SESSIONS_KEY``, bounded by ``max_connections``) or, while it has not shown an API key, among the keyless
+    ones (``KEYLESS_KEY``, bounded by ``max_keyless_connections``), so that clients without a key cannot take
+    the places of those with one."""
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse, *, keyless: bool) -> None:
+        self._app = app
+        self._ws = ws
+        self._sockets = app[KEYLESS_KEY] if keyless else app[SESSIONS_KEY]
+        self._sockets.add(ws)
+
+    def authenticated(self) -> Refusal | None:
+        """The keyless socket has shown a valid key: from now it counts among the server's connections, if the
+        rule that admits an upgrade admits it now (``admission.refusal``); else why not (it is still keyless)."""
+        refused = refusal(self._app, connection=True)
+        if refused is None:
+            self.release()
+            self._sockets = self._app[SESSIONS_KEY]
+            self._sockets.add(self._ws)
+        return refused
+
+    def release(self) -> None:
+        self._sockets.discard(self._ws)
+
+
 @contextlib.asynccontextmanager
-async def upgraded(request: web.Request, ws: StreamSocket) -> AsyncIterator[None]:
-    """``ws`` upgraded, and counted among the server's connections until the block ends. Called right after the
-    admission check (no await in between), so concurrent upgrades cannot exceed the limit."""
-    sessions = request.app[SESSIONS_KEY]
-    sessions.add(ws)
+async def upgraded(request: web.Request, ws: StreamSocket, *, keyless: bool = False) -> AsyncIterator[CountedSocket]:
+    """``ws`` upgraded, and counted (``CountedSocket``; ``keyless``: the request showed no API key) until its TCP
+    connection is gone. Called right after the admission check (no await in between), so concurrent upgrades
+    cannot exceed the limit. When the block ends (the socket closed by either side or by the ping timeout, or the
+    handler failed) the connection is cut: aiohttp's own close waits for the send buffer to drain, which a client
+    that stopped reading never lets happen, and the socket would stay open, no longer counted."""
+    counted = CountedSocket(request.app, ws, keyless=keyless)
     try:
         await ws.prepare(request)
-        yield
+        yield counted
     finally:
-        sessions.discard(ws)
+        try:
+            await cut(request.transport)
+        finally:
+            counted.release()
+
+
+async def cut(transport: asyncio.Transport | None) -> None:
+    """Drop the TCP connection now, whatever is still unsent, and return once its file descriptor is closed."""
+    if transport is not None:
+        transport.abort()
+        await asyncio.sleep(0)  # abort() closes the socket in a callback it schedules: let it run first
+
+
+async def close_and_cut(
+    ws: web.WebSocketResponse, transport: asyncio.Transport | None, code: int, reason: bytes
+) -> None:
+    """Close ``ws`` with ``code`` and ``reason``, waiting at most ``CLOSE_TIMEOUT_S`` for the handshake (a client
+    that stopped reading never answers it), then cut the connection: a closed transport keeps its socket until its
+    write buffer drains, and the handler reading the socket would wait for that too."""
+    try:
+        await asyncio.wait_for(ws.close(code=code, message=reason), CLOSE_TIMEOUT_S)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass  # the connection is cut below all the same
+    finally:
+        await cut(transport)
 
 
 def add_ws_routes(app: web.Application) -> None:
@@ -86,15 +140,7 @@ class _Socket:
         await self.ws.send_bytes(data)
 
     async def close(self, code: CloseCode, reason: str) -> None:
-        try:
-            await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), CLOSE_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError):
-            pass  # the connection is cut below all the same
-        finally:
-            # The handshake is over (or timed out), but a closed transport keeps its socket until its write buffer
-            # drains, which a client that stopped reading never lets happen: cut the connection.
-            if self.transport is not None:
-                self.transport.abort()
+        await close_and_cut(self.ws, self.transport, code, reason.encode())
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
