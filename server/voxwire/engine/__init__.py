@@ -11,7 +11,13 @@ from voxwire.chunk import Chunk
 from voxwire.engine.async_engine import AsyncEngine
 from voxwire.engine.config import EngineConfig, RunnerOptions
 from voxwire.engine.engine import Engine
-from voxwire.engine.errors import DuplicateRequestError, EngineDeadError, EngineError, QueueFullError
+from voxwire.engine.errors import (
+    DuplicateRequestError,
+    EngineDeadError,
+    EngineError,
+    OverBudgetError,
+    QueueFullError,
+)
 from voxwire.engine.latency import LATENCY_BUCKETS_S, LatencyHistogram
 from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
@@ -32,6 +38,7 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "LatencyHistogram",
+    "OverBudgetError",
     "ParamLimits",
     "PrefillItem",
     "QueueFullError",
