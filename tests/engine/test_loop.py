@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from voxwire.engine import Chunk, EngineStats, FinishReason
+from voxwire.engine import Chunk, EngineStats, FinishReason, OverBudgetError
 from voxwire.engine.loop import EngineLoop
 
 
@@ -167,3 +167,32 @@ def test_a_streams_first_output_carries_its_queue_wait_and_no_other_does(make_en
     waits = [(o.request_id, o.queued_s) for batch in delivered.batches for o in batch if o.queued_s is not None]
     assert waits == [("a", pytest.approx(0.05)), ("b", pytest.approx(0.15))]
     assert [o.request_id for batch in delivered.batches for o in batch].count("b") >= 2
+
+
+def test_the_cost_model_learns_each_steps_time_on_the_loops_clock_and_the_stats_show_the_budget(
+    make_realtime_engine, make_request
+):
+    """Issue 29.3: the loop tells the engine how long each step took, so the real-time budget follows a slowed
+    machine; the stats (what /metrics shows) carry the measured ratio, the load against the budget, and a shed
+    stream as soon as it is refused, not only after the next step."""
+    engine, runner = make_realtime_engine("10ms+10ms/row", config={"max_step_load": 0.9})
+    clock = Clock()
+    execute = runner.execute
+
+    def three_times_slower(plan):
+        clock.now += 3 * runner.step_cost.seconds(len(plan.decode_slots))
+        return execute(plan)
+
+    runner.execute = three_times_slower
+    loop, _ = new_loop(engine, clock)
+    assert (loop.stats.step_cost_ratio, loop.stats.step_budget_s) == (1.0, pytest.approx(0.144))
+    for rid in ("a", "b", "c"):
+        loop.add(make_request(rid, "x" * 20, playback_lead_s=0.0))
+    for _ in range(6):
+        clock.now += max(0.0, loop.wait_s())
+        assert loop.run_due()
+    assert loop.stats.step_cost_ratio == pytest.approx(3.0)
+    assert loop.stats.step_load_s == pytest.approx(3 * 0.04)  # three streams, 40 ms at the fit
+    with pytest.raises(OverBudgetError):
+        loop.add(make_request("d", "x" * 20))
+    assert loop.stats.sessions_shed == 1

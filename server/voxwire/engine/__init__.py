@@ -16,6 +16,7 @@ from voxwire.engine.errors import (
     EngineDeadError,
     EngineError,
     EngineRestartingError,
+    OverBudgetError,
     QueueFullError,
 )
 from voxwire.engine.latency import LATENCY_BUCKETS_S, LatencyHistogram
@@ -39,6 +40,7 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "LatencyHistogram",
+    "OverBudgetError",
     "ParamLimits",
     "PrefillItem",
     "QueueFullError",

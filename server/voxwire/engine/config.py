@@ -37,6 +37,9 @@ class EngineConfig:
     (``Request.playback_lead_s``); real-time policy only."""
     max_ahead_s: float = 1.0
     """Sessions with this much audio buffered ahead of their listener skip steps; real-time policy only."""
+    max_step_load: float | None = None
+    """The share of a chunk's duration a step of every committed stream may take, at the measured step cost, before
+    new streams are refused (``OverBudgetError``; ``policy``, rule 7); None: none is refused. Real-time policy only."""
     persona_slots_per_owner: int | None = None
     """Most LoRA persona slots one owner's running requests hold at once (distinct personas, ``Request.owner``);
     a request over it waits. None: no cap. Persona slots are the runner's (``PersonaRunner``)."""
@@ -57,6 +60,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be a finite number > 0")
+        load = self.max_step_load
+        if load is not None and not (load > 0 and math.isfinite(load)):
+            raise ValueError(f"EngineConfig.max_step_load={load!r} is invalid: must be None or a finite number > 0")
         cap = self.persona_slots_per_owner
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"EngineConfig.persona_slots_per_owner={cap!r} is invalid: must be None or an int >= 1")

@@ -4,9 +4,10 @@ One ``step(now)`` is schedule → execute → update: the scheduler plans the st
 as one batched forward pass, and the engine turns the runner's raw output into one ``Chunk``
 per session, applying the finish rule. No asyncio, sockets, threads or torch here: ``AsyncEngine``
 drives this class from its own thread, and tests drive it with a fake runner. Time is an argument:
-``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator). The one
-clock read here is the host's wall clock that times each step for its outputs (``Chunk.step``): it is reported,
-never decides anything.
+``step(now)`` and ``mark_sent(now)`` take it from the caller's clock (a virtual one in the simulator), and so does
+``step_took(seconds)``, how long the last step took, which the real-time policy's cost model follows. The one clock
+read here is the host's wall clock that times each step for its outputs (``Chunk.step``): it is reported, never
+decides anything.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from voxwire.chunk import EMPTY_AUDIO, Chunk, EngineStep
 from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
+from voxwire.engine.cost_model import TrackedStepCost
 from voxwire.engine.outputs import (
     PersonaRunner,
     RealtimeRunner,
@@ -53,9 +55,15 @@ class Engine:
             )
         self.runner = runner
         blocks = BlockAllocator(runner.num_kv_blocks, runner.block_size)
-        self.scheduler = Scheduler(self.config, blocks, _realtime_policy(runner, self.config), _persona_slots(runner))
+        realtime = _realtime_policy(runner, self.config)
+        self.cost_model = None if realtime is None else realtime[0]
+        """The real-time policy's cost model, following the steps' measured times (``step_took``); None without it."""
+        policy = None if realtime is None else realtime[1]
+        self.scheduler = Scheduler(self.config, blocks, policy, _persona_slots(runner))
         # Sessions whose first chunk the last step produced, until mark_sent stamps them.
         self._unsent: list[Session] = []
+        # The last step's model work, (weighted decode rows, prefill positions), until step_took times it.
+        self._untimed: tuple[float, int] | None = None
 
     def add(self, request: Request) -> None:
         """Queue ``request``; its outputs appear in later ``step()`` results.
@@ -64,7 +72,8 @@ class Engine:
             ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
             InvalidInputError: the request can reach more KV positions than the whole pool holds.
             DuplicateRequestError: the id is in use by an unfinished request.
-            QueueFullError: the waiting queue is full.
+            QueueFullError: the waiting queue is full, or (``OverBudgetError``) the real-time policy sheds this new
+                stream (``engine.policy``, rule 7).
         """
         self.config.limits.check(request.params)
         positions = self.runner.kv_positions(request)
@@ -122,6 +131,41 @@ class Engine:
     def kv_blocks_total(self) -> int:
         return self.scheduler.blocks.num_total
 
+    @property
+    def sessions_shed(self) -> int:
+        """New streams refused by the real-time step budget since start (``engine.policy``, rule 7)."""
+        return self.scheduler.sessions_shed
+
+    @property
+    def step_cost_ratio(self) -> float | None:
+        """The measured step time over the start-up fit's prediction (``TrackedStepCost.slowdown``); None without
+        the real-time policy."""
+        return None if self.cost_model is None else self.cost_model.slowdown
+
+    @property
+    def step_load_s(self) -> float:
+        """The predicted duration of a step decoding every committed stream once, at the measured cost (what rule 7
+        compares with ``step_budget_s``); 0 when none is committed or without the real-time policy."""
+        policy, committed = self.scheduler.realtime, self.scheduler.committed_demand()
+        return 0.0 if policy is None or not committed else policy.cost.seconds(committed)
+
+    @property
+    def step_budget_s(self) -> float | None:
+        """Rule 7's step budget (inf: no stream is shed); None without the real-time policy."""
+        policy = self.scheduler.realtime
+        return None if policy is None else policy.step_budget_s
+
+    def step_took(self, seconds: float) -> None:
+        """The last ``step`` took ``seconds`` on the caller's clock: the real-time cost model learns from it (call it
+        after each step; a step that ran no model work, or none since the last call, teaches nothing).
+
+        Raises:
+            ValueError: ``seconds`` is not a finite number >= 0.
+        """
+        work, self._untimed = self._untimed, None
+        if work is not None and self.cost_model is not None:
+            self.cost_model.observe(*work, seconds)
+
     def step(self, now: float | None = None) -> list[Chunk]:
         """Run one batched step; return the outputs it produced, at most one per request.
 
@@ -131,6 +175,7 @@ class Engine:
             raise ValueError("EngineConfig.realtime schedules by the clock: call step(now)")
         started_ns = time.time_ns()
         self._unsent.clear()  # mark_sent applies to the last step only; unmarked first chunks stay due
+        self._untimed = None
         outputs = [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ABORTED) for s in self.scheduler.take_aborted()]
         outputs += [
             Chunk(s.request_id, EMPTY_AUDIO, FinishReason.BUSY, self._busy_message(s))
@@ -150,6 +195,9 @@ class Engine:
             logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
             return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
         step = EngineStep(started_ns, time.time_ns() - started_ns, len(rows))
+        if rows or plan.prefills:
+            tokens = sum(item.request.prefill_tokens for item in plan.prefills)
+            self._untimed = (sum(session.row_weight for session in rows), tokens)
         return outputs + self._update(plan, rows, result, step)
 
     def mark_sent(self, now: float) -> None:
@@ -202,7 +250,8 @@ class Engine:
         return outputs
 
 
-def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | None:
+def _realtime_policy(runner: Runner, config: EngineConfig) -> tuple[TrackedStepCost, RealtimePolicy] | None:
+    """The real-time policy of ``config`` over ``runner``, with the cost model it budgets by; None without it."""
     if not config.realtime:
         return None
     if not isinstance(runner, RealtimeRunner):
@@ -210,8 +259,9 @@ def _realtime_policy(runner: Runner, config: EngineConfig) -> RealtimePolicy | N
             f"EngineConfig.realtime needs a runner that states its step cost (step_cost, chunk_seconds); "
             f"{type(runner).__name__} does not"
         )
+    cost = TrackedStepCost(runner.step_cost)
     row_weight = runner.row_weight if isinstance(runner, TimestepWeightedRunner) else None
-    return RealtimePolicy(runner.step_cost, runner.chunk_seconds, config.max_ahead_s, row_weight)
+    return cost, RealtimePolicy(cost, runner.chunk_seconds, config.max_ahead_s, row_weight, config.max_step_load)
 
 
 def _persona_slots(runner: Runner) -> Callable[[], int | None]:

@@ -16,6 +16,12 @@ class QueueFullError(EngineError):
     """The bounded waiting queue is full; the request was not added (retry later or shed load)."""
 
 
+class OverBudgetError(QueueFullError):
+    """A new stream was refused because the engine's committed streams fill its step budget (``engine.policy``,
+    rule 7). A refusal of the same kind as a full queue (retry later, or on another replica), so every transport
+    answers it as one: ``busy``, with ``Retry-After`` over HTTP."""
+
+
 class DuplicateRequestError(EngineError, ValueError):
     """A request with the same id is still waiting or running."""
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from voxwire.chunk import Chunk
 from voxwire.engine.engine import Engine
+from voxwire.engine.errors import OverBudgetError
 from voxwire.engine.latency import NO_LATENCIES, LatencyHistogram
 from voxwire.engine.request import Request
 
@@ -45,6 +46,17 @@ class EngineStats:
     queue_waits: LatencyHistogram = NO_LATENCIES
     """Per request admitted since start: from ``EngineLoop.add`` to the start of the step that admitted it (the
     step that produced its first audio)."""
+    step_cost_ratio: float | None = None
+    """The real-time policy's measured step time over its start-up fit's prediction (``TrackedStepCost.slowdown``);
+    None without the real-time policy."""
+    step_load_s: float = 0.0
+    """The predicted duration of a step decoding every committed stream once, at the measured cost
+    (``Engine.step_load_s``)."""
+    step_budget_s: float | None = None
+    """The most that step may take before new streams are refused (inf: none is; ``engine.policy``, rule 7); None
+    without the real-time policy."""
+    sessions_shed: int = 0
+    """New streams refused by that budget since start."""
 
     @property
     def steps(self) -> int:
@@ -69,7 +81,11 @@ class EngineLoop:
 
     def add(self, request: Request) -> None:
         """``Engine.add`` (same errors), noting when the request started to wait for its slot."""
-        self.engine.add(request)
+        try:
+            self.engine.add(request)
+        except OverBudgetError:
+            self.stats = replace(self.stats, sessions_shed=self.engine.sessions_shed)  # seen before the next step
+            raise
         self._queued_at[request.request_id] = self._clock()
 
     def wait_s(self) -> float:
@@ -125,9 +141,11 @@ class EngineLoop:
     def _step(self) -> None:
         started = self._clock()
         outputs = self.engine.step(started)
+        seconds = self._clock() - started
+        self.engine.step_took(seconds)
         # Stats first: a consumer woken by these outputs must see the load after this step.
         waits = self._waits_ended(outputs, started) if outputs and self._queued_at else self.stats.queue_waits
-        self.stats = _stats_after_step(self.engine, self.stats, self._clock() - started, waits)
+        self.stats = _stats_after_step(self.engine, self.stats, seconds, waits)
         if outputs:
             self._deliver(self._first_chunks_first(outputs))
         # The chunks are handed over now: the listeners' playback clocks start here.
@@ -141,6 +159,8 @@ def _stats_before_steps(engine: Engine) -> EngineStats:
         kv_blocks_total=engine.kv_blocks_total,
         graph_captures=runner.graph_captures,
         graph_capture_seconds=runner.graph_capture_seconds,
+        step_cost_ratio=engine.step_cost_ratio,
+        step_budget_s=engine.step_budget_s,
     )
 
 
@@ -156,4 +176,8 @@ def _stats_after_step(engine: Engine, last: EngineStats, seconds: float, waits: 
         engine.runner.graph_captures,
         engine.runner.graph_capture_seconds,
         waits,
+        engine.step_cost_ratio,
+        engine.step_load_s,
+        engine.step_budget_s,
+        engine.sessions_shed,
     )

@@ -37,6 +37,19 @@ free, and nothing overtakes a request that does not fit.
    session's first chunk waits for less) and a barge-in discards less audio.
 6. *No starvation.* A skipped session's slack shrinks as time passes, so it reaches rule 3 within
    ``max_ahead_s`` and then decodes every step until it is ahead again.
+7. *Shedding.* With ``max_step_load`` set (the server's ``--max-step-load``), a request that starts a new stream
+   (no ``playback_due``; a continuing sentence belongs to a stream already playing and is never shed) is refused
+   when it arrives (``OverBudgetError``: busy, retry later) if streams are committed and a step decoding every
+   committed stream and it once would take longer than the *step budget*, ``max_step_load * chunk_s``. The
+   committed streams are the running ones and the waiting ones the free slots will take (one waiting for a slot
+   replaces a stream that ends). A stream counts as its row weight times its listener's playback speed: the rows
+   it needs per chunk duration. Whichever rows a step skips, every stream needs that many on average, so a batch
+   whose full step is over budget makes every listener underrun; refusing the newcomer keeps the live streams on
+   time. Prefill is left out (paid once, the listeners' buffers absorb it), and with nothing committed a request
+   is never shed: the engine learns how fast it runs only by running.
+
+The cost of rules 2-5 and 7 is the measured one (``cost_model.TrackedStepCost``): the start-up fit, scaled by how
+much slower the machine's steps run now.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
-from voxwire.engine.cost_model import StepCost
+from voxwire.engine.cost_model import CostModel
 
 DUE_NOW = -math.inf
 """The deadline of a chunk whose listener is already waiting (first chunk not yet marked sent)."""
@@ -91,20 +104,36 @@ class RealtimeDecision:
 class RealtimePolicy:
     """The real-time rules of this module's docstring, for one runner's cost and chunk duration."""
 
-    cost: StepCost
-    """The runner's estimate of a step's duration."""
+    cost: CostModel
+    """The estimate of a step's duration: the runner's ``StepCost``, as the engine tracks it (``TrackedStepCost``)."""
     chunk_s: float
     """Seconds of audio per chunk: the real-time budget of one step."""
     max_ahead_s: float
     """Sessions with more slack than this skip the step even when the budget would fit them."""
     row_weight: Callable[[int], float] | None = None
     """What a row asking for so many CFM timesteps costs, in rows (rule 2); None: every row costs one."""
+    max_step_load: float | None = None
+    """Rule 7: the share of ``chunk_s`` a step of every committed stream may take before new streams are refused;
+    None: none is ever refused."""
 
     def __post_init__(self) -> None:
         for name in ("chunk_s", "max_ahead_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"RealtimePolicy.{name}={value!r} is invalid: must be a finite number > 0")
+        load = self.max_step_load
+        if load is not None and not (load > 0 and math.isfinite(load)):
+            raise ValueError(f"RealtimePolicy.max_step_load={load!r} is invalid: must be None or a finite number > 0")
+
+    @property
+    def step_budget_s(self) -> float:
+        """Rule 7: the most a step of every committed stream may take before new streams are refused (inf: never)."""
+        return math.inf if self.max_step_load is None else self.max_step_load * self.chunk_s
+
+    def sheds(self, committed: float, new: float) -> bool:
+        """Rule 7: whether a new stream that needs ``new`` rows per chunk is refused while the committed streams
+        need ``committed`` (0: none is committed)."""
+        return committed > 0 and self.cost.seconds(committed + new) > self.step_budget_s
 
     @property
     def due_within_s(self) -> float:
@@ -120,9 +149,13 @@ class RealtimePolicy:
     def fits(self, rows: float, prefill_tokens: int) -> bool:
         return self.cost.seconds(rows, prefill_tokens) <= self.chunk_s
 
+    def weight(self, timesteps: int) -> float:
+        """The rows a row asking for ``timesteps`` CFM timesteps costs (rule 2)."""
+        return 1.0 if self.row_weight is None else self.row_weight(timesteps)
+
     def weights(self, timesteps: Iterable[int]) -> list[float] | None:
         """The rows each of these timestep counts costs (rule 2); None when every row costs one."""
-        return None if self.row_weight is None else [self.row_weight(count) for count in timesteps]
+        return None if self.row_weight is None else [self.weight(count) for count in timesteps]
 
     def decide(
         self,

@@ -157,10 +157,18 @@ class Session:
     persona_wait_since: float | None = None
     """When the scheduler first found it waiting for its persona (the clock of ``Engine.step``): it ends ``busy``
     once it waited ``EngineConfig.max_persona_wait_s``."""
+    row_weight: float = 1.0
+    """What its row costs, in rows at the default timestep count (``policy.RealtimePolicy.weight``, rule 2)."""
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def demand(self) -> float:
+        """The rows per chunk duration its stream needs (``engine.policy``, rule 7): its listener plays that many
+        chunks in one chunk's duration."""
+        return self.row_weight * self.request.playback_speed
 
     def playback_start(self, default_lead_s: float) -> float | None:
         """When its listener starts playing chunk 0; None while the first chunk has not been sent."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import islice
+from itertools import chain, islice
 
 from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.config import EngineConfig
-from voxwire.engine.errors import DuplicateRequestError, QueueFullError
+from voxwire.engine.errors import DuplicateRequestError, OverBudgetError, QueueFullError
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.policy import RealtimePolicy, admit_count, playback_deadline
 from voxwire.engine.request import PersonaWait, Request, RequestStatus, Session
@@ -75,6 +75,8 @@ class Scheduler:
         # Housekeeping for the runner, delivered with the next plan.
         self._released: list[str] = []
         self._moves: list[SlotMove] = []
+        self.sessions_shed = 0
+        """New streams refused by the real-time policy's step budget (``engine.policy``, rule 7) since start."""
 
     def add(self, request: Request, kv_positions: int = 1) -> None:
         """Append ``request`` to the waiting queue; ``kv_positions``: the KV positions it can reach.
@@ -82,6 +84,7 @@ class Scheduler:
         Raises:
             DuplicateRequestError: a request with the same id has not finished yet.
             QueueFullError: ``max_waiting`` requests are already waiting beyond the free slots.
+            OverBudgetError: a new stream the real-time policy sheds (``engine.policy``, rule 7).
         """
         rid = request.request_id
         if rid in self.sessions:
@@ -93,10 +96,29 @@ class Scheduler:
                 f"request {rid!r} rejected: the waiting queue is full "
                 f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running, no slot free)"
             )
+        policy = self.realtime
+        weight = 1.0 if policy is None else policy.weight(request.params.inference_timesteps)
+        session = Session(request, kv_positions=kv_positions, row_weight=weight)
+        if policy is not None and request.playback_due is None:
+            committed = self.committed_demand()
+            if policy.sheds(committed, session.demand):
+                self.sessions_shed += 1
+                step_ms = policy.cost.seconds(committed + session.demand) * 1e3
+                raise OverBudgetError(
+                    f"request {rid!r} refused: the engine is at its real-time budget (a step of its committed streams "
+                    f"and this one would take {step_ms:.0f} ms, over its {policy.step_budget_s * 1e3:.0f} ms); "
+                    "retry later"
+                )
         self._serial += 1
-        session = Session(request, kv_positions=kv_positions, serial=self._serial)
+        session.serial = self._serial
         self.waiting.append(session)
         self.sessions[rid] = session
+
+    def committed_demand(self) -> float:
+        """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the running ones and
+        the waiting ones the free slots will take; 0 when none is committed."""
+        running = (self.sessions[rid] for rid in self.slots.owners)
+        return sum(session.demand for session in chain(running, islice(self.waiting, self.slots.num_free)))
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` as aborted, freeing its slot; False if it is unknown or finished."""

@@ -33,8 +33,9 @@ class ErrorCode(str, enum.Enum):
     UNKNOWN_PERSONA = ("unknown_persona", 404)
     """A persona no LoRA of this server has (never loaded, or removed)."""
     BUSY = ("busy", 503)
-    """A full engine queue, or no persona slot within ``--max-persona-wait-s`` (the utterance fails); new work over
-    capacity is refused with HTTP 503."""
+    """A full engine queue, an engine at its real-time step budget (``--max-step-load``: a new stream), or no
+    persona slot within ``--max-persona-wait-s`` (the utterance fails); new work over capacity is refused with HTTP
+    503."""
     UNAVAILABLE = ("unavailable", 503)
     """The server is starting or shutting down (or its engine stopped) and takes no new utterances."""
     ENGINE_RESTARTED = ("engine_restarted", 503)

@@ -97,13 +97,18 @@ class EngineSettings:
     (``--no-realtime`` only: real-time admission is budgeted by the measured step time)."""
     realtime: bool = True
     """Schedule engine steps by playback deadline ([scheduling](#scheduling)): the step cost is measured at
-    start-up, streams ahead of their listeners yield steps to those behind, admission is budgeted by step time.
+    start-up and followed while serving, streams ahead of their listeners yield steps to those behind, admission
+    is budgeted by step time.
     ``--no-realtime``: every stream decodes every step, FIFO admission by ``--max-prefill-tokens-per-step``."""
     playback_lead_ms: int = 300
     """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms`` (at most
     10000)."""
     max_ahead_ms: int = 1000
     """A stream this far ahead of its listener skips engine steps (real-time)."""
+    max_step_load: float = 0.9
+    """Real-time: a new stream is refused ``busy`` (HTTP 503 with ``Retry-After``) while one engine step of the
+    streams the engine runs and the new one, at the step time measured over its last steps, would take more than
+    this share of a chunk's duration, so that the live streams never underrun ([scheduling](#scheduling))."""
     max_length: int | None = field(default=None, metadata=flag(shown_default="model's"))
     """LM positions per slot (prompt + generated patches)."""
     max_inference_timesteps: int = 50
@@ -141,6 +146,7 @@ class EngineSettings:
         ok = _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS
         _check(self, "playback_lead_ms", lead, ok, f"an int in [0, {MAX_PLAYBACK_LEAD_MS}]")
         _positive_ints(self, "max_ahead_ms")
+        _positive_numbers(self, "max_step_load")
         for name in ("realtime", "batch_invariant"):
             _check(self, name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
         try:
@@ -165,6 +171,7 @@ class EngineSettings:
             realtime=self.realtime,
             playback_lead_s=self.playback_lead_ms / 1000,
             max_ahead_s=self.max_ahead_ms / 1000,
+            max_step_load=self.max_step_load,
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )
 

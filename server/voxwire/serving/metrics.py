@@ -2,7 +2,8 @@
 
 Handlers record events (HTTP requests by route template and status, time to first audio, audio produced, errors
 by code, dropped sessions, finished utterances); the engine's load (running and waiting requests, KV blocks), its
-step times and queue waits (histograms the engine keeps itself, ``LatencyHistogram``), the open WebSockets and live
+step times and queue waits (histograms the engine keeps itself, ``LatencyHistogram``), its real-time step budget
+(measured step cost, predicted load, budget, streams shed), the open WebSockets and live
 utterances, the build and the processes' CPU and memory are read at scrape time from callables, so the engine
 thread never calls into Prometheus. ``GET /metrics`` serves ``exposition()``.
 
@@ -261,7 +262,45 @@ class _LoadCollector(Collector):
             "From an engine request's arrival at its engine to the step that admits it (gives it a slot).",
             [s.queue_waits for s in every],
         )
+        yield from self._step_budget(every)
         yield from self._process_metrics()
+
+    @staticmethod
+    def _step_budget(every: Sequence[EngineStats]) -> Iterator[Metric]:
+        """Why the real-time scheduler sheds new streams: each engine's measured step cost, the predicted step of
+        its committed streams against its budget, and the streams shed (engines without a real-time budget, under
+        ``--no-realtime``, have no step gauges)."""
+        ratio = GaugeMetricFamily(
+            "voxwire_step_cost_ratio",
+            "Measured engine step time over the start-up step cost's prediction, over the last steps (1: as fast as "
+            "at start-up; 3: three times slower).",
+            labels=["engine"],
+        )
+        load = GaugeMetricFamily(
+            "voxwire_step_load_seconds",
+            "Predicted duration of an engine step decoding every committed stream once, at the measured step cost.",
+            labels=["engine"],
+        )
+        budget = GaugeMetricFamily(
+            "voxwire_step_budget_seconds",
+            "The most that step may take (with a new stream) before new streams are refused busy: a share "
+            "(--max-step-load) of a chunk's duration.",
+            labels=["engine"],
+        )
+        shed = CounterMetricFamily(
+            "voxwire_sessions_shed",
+            "New streams refused busy because a step of the committed streams and the new one would exceed the step "
+            "budget.",
+            labels=["engine"],
+        )
+        for index, stats in enumerate(every):
+            engine = [str(index)]
+            if stats.step_cost_ratio is not None and stats.step_budget_s is not None:
+                ratio.add_metric(engine, stats.step_cost_ratio)
+                load.add_metric(engine, stats.step_load_s)
+                budget.add_metric(engine, stats.step_budget_s)
+            shed.add_metric(engine, stats.sessions_shed)
+        yield from (ratio, load, budget, shed)
 
     def _process_metrics(self) -> Iterator[Metric]:
         """prometheus_client's process metrics (CPU, memory, file descriptors) of each process, labelled
