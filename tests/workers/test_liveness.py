@@ -211,3 +211,29 @@ def test_max_connections_bounds_the_server_not_each_frontend() -> None:
         refused, _ = asyncio.run(scenario())
         assert refused == 4
         assert server.stop() == 0
+
+
+def test_max_connections_holds_across_frontends_under_a_burst() -> None:
+    """Probe 4, N10r: 600 upgrades at once over two frontends got 512 sockets against a cap of 256, each
+    frontend admitting against the other's count as published at its last beat."""
+    cap = 16
+    with sim_server("--max-connections", str(cap)) as server:
+
+        async def burst() -> tuple[int, int]:
+            async def one() -> object:
+                try:
+                    return await connect(server.ws_url, open_timeout=30)
+                except InvalidStatus as exc:
+                    return exc.response.status_code
+
+            results = await asyncio.gather(*(one() for _ in range(6 * cap)))
+            held = [result for result in results if not isinstance(result, int)]
+            refused = [result for result in results if isinstance(result, int)]
+            assert set(refused) <= {503}
+            for connection in held:
+                await connection.close()  # type: ignore[attr-defined]
+            return len(held), len(refused)
+
+        held, refused = asyncio.run(burst())
+        assert held == cap, (held, refused)
+        assert server.stop() == 0

@@ -295,8 +295,8 @@ class Limits:
 
     max_connections: int = 256
     """WebSockets open at once on the server, all frontends together (then 503 ``busy`` before the upgrade; under
-    ``--workers`` each frontend sees the others' counts as published at most half a second ago). A socket still
-    waiting for its API key is not counted here but in ``--max-keyless-connections``."""
+    ``--workers`` the frontends check and take a place under one lock, so a burst spread over them cannot pass
+    it). A socket still waiting for its API key is not counted here but in ``--max-keyless-connections``."""
     max_keyless_connections: int = 64
     """WebSockets upgraded without an API key, whose key may come in their first message (the ElevenLabs endpoints,
     as ElevenLabs allows), open at once in one server process (each frontend under ``--workers``; then 503 ``busy``

@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -54,8 +54,35 @@ def _set_event() -> asyncio.Event:
     return event
 
 
-def _none() -> int:
-    return 0
+class Seats(Protocol):
+    """The server's WebSocket connections, counted across its processes, so that ``max_connections`` bounds the
+    server, not each frontend (``--workers``). ``OneProcess`` is the single process's."""
+
+    def others(self) -> int:
+        """Connections the server's other processes hold now."""
+        ...
+
+    def taking(self) -> contextlib.AbstractContextManager[None]:
+        """Hold while checking the count, adding a connection and publishing the new count: no other process
+        checks meanwhile, so a burst of upgrades over every process cannot pass the bound."""
+        ...
+
+    def publish(self, held: int) -> None:
+        """This process holds ``held`` connections now."""
+        ...
+
+
+class OneProcess:
+    """``Seats`` of a server that is one process: nobody else holds connections."""
+
+    def others(self) -> int:
+        return 0
+
+    def taking(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def publish(self, held: int) -> None:
+        pass
 
 
 @dataclass
@@ -68,9 +95,9 @@ class ServerState:
     voice_jobs: int = 0
     """Voice clips being decoded and encoded now (``voice_job``): uploads, ``/encode_latents``, ``/generate``'s
     wav prompts (``http.clips.encode_clip``)."""
-    other_connections: Callable[[], int] = _none
-    """WebSocket connections held by the server's other processes (``--workers``: the other frontends', as they
-    published them at most half a second ago), so ``max_connections`` bounds the server, not each frontend."""
+    seats: Seats = field(default_factory=OneProcess)
+    """The WebSocket connections of the server's other processes, and how this one takes a seat among them
+    (``--workers``: ``workers.liveness.Pulse``)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     """Set to stop the server (a signal, a frontend told its service ended, a fatal engine failure): it drains
     and closes (``app.run_app``)."""

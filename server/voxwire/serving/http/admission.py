@@ -52,7 +52,7 @@ def refusal(app: web.Application, *, connection: bool, keyless: bool = False) ->
         if len(app[KEYLESS_KEY]) >= limits.max_keyless_connections:
             text = f"the server has its maximum of {limits.max_keyless_connections} connections waiting for their key"
             return Refusal(ErrorCode.BUSY, text)
-    elif connection and len(app[SESSIONS_KEY]) + state.other_connections() >= limits.max_connections:
+    elif connection and len(app[SESSIONS_KEY]) + state.seats.others() >= limits.max_connections:
         return Refusal(ErrorCode.BUSY, f"the server has its maximum of {limits.max_connections} connections")
     if app[SERVICE_KEY].queue_full:
         return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.engine.max_waiting} waiting)")

@@ -51,7 +51,7 @@ async def _frontend(
     proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
     voices = SharedVoiceStore(proxy, config.voices.voices_dir, config.voices.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
-    app[STATE_KEY].other_connections = pulse.others  # --max-connections bounds the server, not this frontend
+    app[STATE_KEY].seats = pulse  # --max-connections bounds the server, not this frontend
     stall_timeout_s = config.topology.stall_timeout_s
 
     def on_service_end(reason: str) -> None:

@@ -25,17 +25,21 @@ The supervisor also counts each engine's deaths here (``EngineDeaths``): each fr
 next beat, compares the counts with those of its links to find which engine's streams to end and to which
 successor to reconnect. A count, not a flag, so no death goes unseen between two reads.
 
-A frontend's beat also publishes how many WebSocket connections it holds (``Pulse.progressed(connections=)``),
-so each frontend can bound the server's connections, not only its own (``Pulse.others``: the other slots' sum,
-at most one beat old). A dead child's slot is cleared when its successor starts, so its connections never leak.
+Each frontend publishes how many WebSocket connections it holds here, so that it can bound the server's
+connections, not only its own (``Pulse`` is a frontend's ``keys.Seats``): it checks the others' sum, adds a
+connection and publishes its new count under one lock shared by the frontends, so a burst of upgrades spread
+over them cannot pass the bound; its progress stamps publish the count again. A dead child's slot is cleared
+when its successor starts, so its connections never leak.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import multiprocessing.context
 import threading
 import time
+from collections.abc import Iterator
 from ctypes import c_double, c_int64
 from dataclasses import dataclass
 from typing import Any
@@ -118,12 +122,19 @@ class _Slots:
     """Each frontend's WebSocket connections at its latest progress stamp (int64)."""
 
 
+SEAT_LOCK_TIMEOUT_S = 0.5
+"""Longest wait for the frontends' connection lock (``Pulse.taking``): held for microseconds, it can only stay
+taken by a frontend killed inside it, and then the check goes on unlocked rather than refuse every connection."""
+
+
 @dataclass(frozen=True)
 class Pulse:
-    """One child's slot: its heart, its loop's progress, its connections."""
+    """One child's slot: its heart, its loop's progress, its connections (a frontend's ``keys.Seats``)."""
 
     slots: _Slots
     index: int
+    seat_lock: Any
+    """The frontends' lock around checking and taking a connection seat (``multiprocessing.Lock``)."""
 
     def start_heart(self) -> threading.Thread:
         """Start the daemon thread that stamps ``alive`` every ``HEART_S`` for as long as the process runs.
@@ -151,8 +162,22 @@ class Pulse:
         slots.progress[index] = time.monotonic()  # last: a reader that sees it sees the bound it goes with
 
     def others(self) -> int:
-        """Connections the other children held at their latest progress stamps."""
+        """Connections the other children hold (as each last published them)."""
         return sum(self.slots.connections) - self.slots.connections[self.index]
+
+    @contextlib.contextmanager
+    def taking(self) -> Iterator[None]:
+        """Hold the frontends' seat lock (``keys.Seats.taking``)."""
+        acquired = self.seat_lock.acquire(timeout=SEAT_LOCK_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            if acquired:
+                self.seat_lock.release()
+
+    def publish(self, held: int) -> None:
+        """This frontend holds ``held`` connections now (also refreshed at each progress stamp)."""
+        self.slots.connections[self.index] = held
 
 
 class Pulses:
@@ -168,6 +193,7 @@ class Pulses:
             requests=context.RawArray(c_int64, children),
             connections=context.RawArray(c_int64, children),
         )
+        self.seat_lock = context.Lock()
 
     def pulse(self, index: int) -> Pulse:
         """Slot ``index``, cleared: a restarted child is watched again only once it beats, and holds no
@@ -177,7 +203,7 @@ class Pulses:
         slots.progress[index] = NOT_STARTED
         slots.connections[index] = 0
         slots.requests[index] = 0
-        return Pulse(slots, index)
+        return Pulse(slots, index, self.seat_lock)
 
     def started(self, index: int) -> bool:
         """Whether slot ``index``'s child's loop has come round since it was (re)started: it serves."""

@@ -61,7 +61,6 @@ from voxwire.protocol.wire import (
 )
 from voxwire.serving.alignment import SpeechMeter
 from voxwire.serving.encoding import INLINE
-from voxwire.serving.http.admission import require_admission
 from voxwire.serving.http.auth import key_in_first_message, key_matches
 from voxwire.serving.http.errors import ApiError
 from voxwire.serving.keys import (
@@ -172,9 +171,8 @@ async def _serve(request: web.Request, *, multi: bool) -> web.WebSocketResponse:
     config = app[CONFIG_KEY]
     endpoint = _endpoint(request, multi)
     keyless = not endpoint.authenticated
-    require_admission(app, connection=True, keyless=keyless)
     ws = stream_socket(config)
-    async with upgraded(request, ws, keyless=keyless) as counted:  # counted from the admission check on
+    async with upgraded(request, ws, keyless=keyless) as counted:  # admitted (else 503 before the 101) and counted
         connection = ElevenLabsConnection(app, ws, request, endpoint, counted)
         try:
             async for message in ws:

@@ -64,32 +64,44 @@ class CountedSocket:
     the places of those with one."""
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse, *, keyless: bool) -> None:
+        """Admit and count ``ws`` (``keyless``: the request showed no API key), or raise the refusal's 503 with
+        ``Retry-After`` (``admission.require_admission``): call it before the 101."""
         self._app = app
         self._ws = ws
-        self._sockets = app[KEYLESS_KEY] if keyless else app[SESSIONS_KEY]
-        self._sockets.add(ws)
+        self._seats = app[STATE_KEY].seats
+        with self._seats.taking():  # with --workers, no other frontend admits one between the check and the count
+            require_admission(app, connection=True, keyless=keyless)
+            self._sockets = app[KEYLESS_KEY] if keyless else app[SESSIONS_KEY]
+            self._take()
 
     def authenticated(self) -> Refusal | None:
         """The keyless socket has shown a valid key: from now it counts among the server's connections, if the
         rule that admits an upgrade admits it now (``admission.refusal``); else why not (it is still keyless)."""
-        refused = refusal(self._app, connection=True)
-        if refused is None:
-            self.release()
-            self._sockets = self._app[SESSIONS_KEY]
-            self._sockets.add(self._ws)
+        with self._seats.taking():
+            refused = refusal(self._app, connection=True)
+            if refused is None:
+                self._sockets.discard(self._ws)
+                self._sockets = self._app[SESSIONS_KEY]
+                self._take()
         return refused
 
     def release(self) -> None:
         self._sockets.discard(self._ws)
+        self._seats.publish(len(self._app[SESSIONS_KEY]))
+
+    def _take(self) -> None:
+        self._sockets.add(self._ws)
+        self._seats.publish(len(self._app[SESSIONS_KEY]))
 
 
 @contextlib.asynccontextmanager
 async def upgraded(request: web.Request, ws: StreamSocket, *, keyless: bool = False) -> AsyncIterator[CountedSocket]:
-    """``ws`` upgraded, and counted (``CountedSocket``; ``keyless``: the request showed no API key) until its TCP
-    connection is gone. Called right after the admission check (no await in between), so concurrent upgrades
-    cannot exceed the limit. When the block ends (the socket closed by either side or by the ping timeout, or the
-    handler failed) the connection is cut: aiohttp's own close waits for the send buffer to drain, which a client
-    that stopped reading never lets happen, and the socket would stay open, no longer counted."""
+    """``ws`` admitted (else its 503 before the 101), upgraded, and counted (``CountedSocket``; ``keyless``: the
+    request showed no API key) until its TCP connection is gone: the check and the count happen together, so
+    concurrent upgrades cannot exceed the limit. When the block ends (the socket closed by either side or by the
+    ping timeout, or the handler failed) the connection is cut: aiohttp's own close waits for the send buffer to
+    drain, which a client that stopped reading never lets happen, and the socket would stay open, no longer
+    counted."""
     counted = CountedSocket(request.app, ws, keyless=keyless)
     try:
         await ws.prepare(request)
@@ -146,10 +158,8 @@ class _Socket:
 async def stream(request: web.Request) -> web.WebSocketResponse:
     app = request.app
     config = app[CONFIG_KEY]
-    # Refused before the 101 (an HTTP 503 with Retry-After), so a load balancer can try another replica.
-    require_admission(app, connection=True)
     ws = stream_socket(config)
-    async with upgraded(request, ws):
+    async with upgraded(request, ws):  # refused before the 101 (503, Retry-After): a balancer can try elsewhere
         socket = _Socket(ws, request)
         session = Session(
             app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
