@@ -74,10 +74,9 @@ def sum_of_products_reference(
 
 
 SILU_ROUNDINGS = 7
-"""silu(x) = x / (1 + exp(-x)), as ATen computes it (or x * (1 / (1 + exp(-x))): one rounding more). An exp within 2
-ulps (4 u relative; float32 exp is within 1 ulp in glibc and Sleef, about 2 in CUDA's fast exp2) perturbs 1 + exp(-x)
-by at most 4 u times exp(-x) / (1 + exp(-x)) < 1; the addition rounds once, the division (and the product) once each:
-7 roundings' worth."""
+"""silu(x) computed as x / (1 + exp(-x)) or x * (1 / (1 + exp(-x))). An exp within 2 ulps (4 u relative; float32 exp
+is within 1 ulp in glibc and Sleef) perturbs 1 + exp(-x) by at most 4 u times exp(-x) / (1 + exp(-x)) < 1; the
+addition rounds once, the division (and the product) once each: 7 roundings' worth at most."""
 
 
 def silu_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,21 +96,22 @@ def attention_error_bound(
     chunks), then sum_l w_l v_l / sum_l w_l. With S = max_l scale sum_d |q_d k_ld| (so |s_l| <= S) and
     V_d = sum_l p_l |v_ld|, to first order in u:
 
-    * a score is a D-term dot product, the scale's rounding to float32 and its product: |ds_l| <= (D + 2) u S, which
-      moves each exact weight p_l by a relative 2 (D + 2) u S at most (numerator and normalizer);
+    * a score is a D-term dot product and at most 4 more roundings (the scale's to float32 and its product, or
+      sqrt(scale)'s applied to q and to k, as SDPA's math backend does): |ds_l| <= (D + 4) u S, which moves each
+      exact weight p_l by a relative 2 (D + 4) u S at most (numerator and normalizer);
     * each exp argument is rounded twice at most (the subtraction; a product by log2(e) where exp is exp2): 2 u |x|
       with |x| <= 2 S, and exp itself is within 4 u. A weight's own exp and the rescales after its chunk (whose
       arguments add up to m_final - m_own <= 2 S, each rescale one exp and one product) give it a relative error
       <= 8 u S + 4 u + 5 u C, which moves its normalized weight by twice that;
     * the L products w_l v_ld and the two sums of at most L terms: L u + (L - 1) u, and the division: u.
 
-    |computed_d - exact_d| <= u ((2 D + 20) S + 10 C + 2 L + 8) V_d <= u ((2 D + 20) S + 12 (L + 1)) V_d. The
+    |computed_d - exact_d| <= u ((2 D + 24) S + 10 C + 2 L + 8) V_d <= u ((2 D + 24) S + 12 (L + 1)) V_d. The
     neglected terms are of second order: below 0.1% of the bound while its relative factor is below 1e-3 (asserted).
     """
     positions, _, dim = keys.shape
     reach = torch.einsum("hd,lhd->hl", query.abs(), keys.abs()).amax(dim=-1) * scale  # S, per head
     spread = torch.einsum("hl,lhd->hd", weights, values.abs())  # V
-    factor = (U32 + 2 * U64) * ((2 * dim + 20) * reach + 12 * (positions + 1))
+    factor = (U32 + 2 * U64) * ((2 * dim + 24) * reach + 12 * (positions + 1))
     assert float(factor.max()) < 1e-3, "the first-order analysis needs a relative factor well below 1"
     return factor[:, None] * spread
 
