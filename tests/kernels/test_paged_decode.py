@@ -1,11 +1,12 @@
-"""The paged decode attention Triton kernel (interpreted on CPU, see conftest) against the torch path the
-model runs off CUDA, ``paged_decode_torch`` (itself tested against a dense float64 oracle in
-tests/model/test_paged_attention.py)."""
+"""The paged decode attention Triton kernel (interpreted on CPU, see conftest): in fp32 within float32's
+rounding-error bound of the exact (float64) result, as the torch path the model runs off CUDA is
+(tests/model/test_paged_attention.py); with half-precision caches, against that torch path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tests.bounds import assert_within, paged_attention_reference
 
 from voxwire.kernels.paged_decode import paged_decode_attention
 from voxwire.model.paged_attention import paged_decode_torch
@@ -61,22 +62,24 @@ MIXED = [0, 1, 15, 16, 17, 32, 33, 47, 64]
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_kernel_equals_torch_path_fp32(group: int, block_size: int, device: torch.device) -> None:
-    """Mixed lengths: zero, one, both sides of and exactly at block boundaries, with empty table tails."""
+def test_kernel_fp32_is_within_float32_error_of_the_exact_result(
+    group: int, block_size: int, device: torch.device
+) -> None:
+    """Mixed lengths: zero, one, both sides of and exactly at block boundaries, with empty table tails. The bound is
+    the analysis of any one-pass or online softmax in float32 (tests/bounds.py), not how close this machine's
+    kernel happens to come to the torch path."""
     case = make_case(MIXED, group, block_size, torch.float32)
     scale = HEAD_DIM**-0.5
-    expected = oracle(*case, scale)
     got = run_kernel(case, scale, device)
     assert not got.isnan().any()
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_within(got, *paged_attention_reference(*case, scale))
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 12, 64])
 def test_kernel_takes_any_block_size(block_size: int, device: torch.device) -> None:
     """Blocks smaller than a tile (several per tile, not a power of two) and larger (several tiles each)."""
     case = make_case([0, 1, 5, 12, 16, 17, 64, 70], 4, block_size, torch.float32, seed=block_size)
-    expected = oracle(*case, 0.25)
-    torch.testing.assert_close(run_kernel(case, 0.25, device), expected, atol=1e-5, rtol=1e-5)
+    assert_within(run_kernel(case, 0.25, device), *paged_attention_reference(*case, 0.25))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -98,11 +101,12 @@ def test_seq_len_zero_rows_are_zero(device: torch.device) -> None:
 
 
 def test_kernel_reads_rows_independently(device: torch.device) -> None:
-    """A row's output does not depend on the rest of the batch."""
+    """A row's output does not depend on the rest of the batch, to the bit: one program per (row, kv head) runs the
+    same code on the same data whatever the batch."""
     q, k_cache, v_cache, tables, seq_lens = make_case(MIXED, 2, 16, torch.float32, seed=3)
     batch = run_kernel((q, k_cache, v_cache, tables, seq_lens), 0.25, device)
     alone = run_kernel((q[4:5], k_cache, v_cache, tables[4:5], seq_lens[4:5]), 0.25, device)
-    torch.testing.assert_close(batch[4:5], alone, atol=1e-6, rtol=1e-6)
+    assert torch.equal(batch[4:5], alone)
 
 
 @pytest.mark.parametrize(

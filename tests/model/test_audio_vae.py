@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.bounds import assert_within, weight_norm_fold_bound
 
 from voxwire.config import AudioVAEConfig, AudioVAEVariant, ModelConfig
 from voxwire.model.audio_vae import (
@@ -143,7 +144,12 @@ def test_fold_inverts_to_published() -> None:
     folded = fold_weight_norm(published)
     assert list(folded) == list(ours)
     for key, value in ours.items():
-        torch.testing.assert_close(folded[key], value, rtol=1e-6, atol=1e-7)
+        if key + "_g" not in published:
+            assert torch.equal(folded[key], value), key  # passed through
+            continue
+        # g and ||v|| are the same norm from two kernels (summation orders): equal to rounding error, per row.
+        bound = weight_norm_fold_bound(value[0].numel()) * value.double().abs()
+        assert_within(folded[key], value.double(), bound)
     assert folded["decoder.sr_bin_boundaries"].dtype == torch.int32
 
 

@@ -5,14 +5,17 @@ whatever else its batch holds, at any position and batch size. The shapes are on
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.bounds import assert_within, silu_reference, sum_of_products_reference
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from voxwire.kernels import batch_invariant as bi
 
@@ -41,7 +44,9 @@ def test_tiled_linear_rows_do_not_depend_on_the_batch(threads: int) -> None:
         offset = torch.randn(features_out, generator=generator) if bias else None
         row = torch.randn(features_in, generator=generator)
         alone = bi.linear(row[None], weight, offset)[0]
-        torch.testing.assert_close(alone, F.linear(row, weight, offset), atol=1e-4, rtol=1e-5)  # still a linear
+        # Still a linear: within float32's rounding-error bound of the exact result (tests/bounds.py).
+        exact, bound = sum_of_products_reference(F.linear, row[None], weight, *([] if offset is None else [offset]))
+        assert_within(alone, exact[0], bound[0])
         for batch, position in batches_around(row, generator):
             assert torch.equal(bi.linear(batch, weight, offset)[position], alone), (features_in, len(batch), position)
         # Any leading shape: a (B, T, H) input is its B*T rows.
@@ -50,56 +55,82 @@ def test_tiled_linear_rows_do_not_depend_on_the_batch(threads: int) -> None:
         assert torch.equal(bi.linear(tokens, weight, offset)[3, 2], alone)
 
 
-def _linear() -> Callable[[torch.Tensor], torch.Tensor]:
-    return nn.Linear(256, 2048)
+Reference = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""A batch's exact (float64) result under an op and the bound on a float32 computation's error (tests/bounds.py)."""
 
 
-class _MatMul(nn.Module):
+def _linear() -> tuple[Callable[[torch.Tensor], torch.Tensor], Reference]:
+    layer = nn.Linear(256, 2048)
+    return layer, lambda x: sum_of_products_reference(F.linear, x, layer.weight, layer.bias)
+
+
+def _matmul() -> tuple[Callable[[torch.Tensor], torch.Tensor], Reference]:
+    weight = torch.randn(1024, 512)
+    return lambda x: x @ weight, lambda x: sum_of_products_reference(torch.matmul, x, weight)
+
+
+def _conv() -> tuple[Callable[[torch.Tensor], torch.Tensor], Reference]:
+    conv = nn.Conv1d(512, 256, 7, dilation=3)
+    return conv, lambda x: sum_of_products_reference(partial(F.conv1d, dilation=3), x, conv.weight, conv.bias)
+
+
+def _silu() -> tuple[Callable[[torch.Tensor], torch.Tensor], Reference]:
+    return F.silu, silu_reference
+
+
+class _KernelInputs(TorchDispatchMode):
+    """The leading size of every tensor the CPU's GEMM, convolution and silu kernels return: what they were
+    handed."""
+
+    KERNELS = frozenset(
+        {"aten.linear", "aten.addmm", "aten.mm", "aten.matmul", "aten.conv1d", "aten.convolution", "aten.silu"}
+    )
+
     def __init__(self) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(1024, 512))
+        self.leading_sizes: set[int] = set()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight
-
-
-def _matmul() -> Callable[[torch.Tensor], torch.Tensor]:
-    return _MatMul()
-
-
-def _conv() -> Callable[[torch.Tensor], torch.Tensor]:
-    return nn.Conv1d(512, 256, 7, dilation=3)
-
-
-def _silu() -> Callable[[torch.Tensor], torch.Tensor]:
-    return F.silu
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if str(func.overloadpacket) in self.KERNELS:
+            self.leading_sizes.add(out.size(0))
+        return out
 
 
 @pytest.mark.parametrize(
-    ("make", "row_shape"),
-    [(_linear, (256,)), (_matmul, (3, 1024)), (_conv, (512, 22)), (_silu, (16,))],
+    ("make", "row_shape", "tile"),
+    [
+        (_linear, (256,), bi.TILE),
+        (_matmul, (3, 1024), bi.TILE),
+        (_conv, (512, 22), bi.CONV_TILE),
+        (_silu, (16,), bi.VECTOR_PAD),
+    ],
     ids=["nn.Linear", "matmul", "nn.Conv1d", "silu"],
 )
 @torch.inference_mode()
 def test_the_mode_routes_the_batch_dependent_ops(
-    make: Callable[[], Callable[[torch.Tensor], torch.Tensor]], row_shape: tuple[int, ...], threads: int
+    make: Callable[[], tuple[Callable[[torch.Tensor], torch.Tensor], Reference]],
+    row_shape: tuple[int, ...],
+    tile: int,
+    threads: int,
 ) -> None:
     torch.manual_seed(threads)
-    op = make()
+    op, reference = make()
     generator = torch.Generator().manual_seed(2)
     row = 3 * torch.randn(row_shape, generator=generator)
     with bi.batch_invariant():
-        alone = op(row[None])[0]
+        with _KernelInputs() as kernels:
+            alone = op(row[None])[0]
         for batch, position in batches_around(row, generator):
             assert torch.equal(op(batch)[position], alone), (len(batch), position)
-    # The same op with other roundings: as close to the exact (float64) result as the plain op is. A fixed
-    # tolerance between the two float32 results would sit below the op's own rounding error (3e-4 on the
-    # 1024-long products here, with or without the mode) and pass or fail with the CPU's GEMM blocking.
-    exact = (copy.deepcopy(op).double() if isinstance(op, nn.Module) else op)(row[None].double())[0]
-    plain = op(row[None])[0]
-    mode_error = (alone.double() - exact).abs().max().item()
-    plain_error = (plain.double() - exact).abs().max().item()
-    assert mode_error <= 2 * plain_error + 1e-6, (mode_error, plain_error)
+    # Routed whether or not this CPU's plain op depends on the batch (held to AVX2, silu does not): the kernel was
+    # handed a whole tile, not the one row.
+    assert kernels.leading_sizes == {tile}
+    # And still the op: within float32's rounding-error bound of the exact result. Not within some multiple of the
+    # plain op's error, which is how accurate this CPU's 1-row GEMM happens to be (on an Intel AVX-512 CPU the plain
+    # nn.Linear came out 4x more accurate than the 48-row one, both far inside the bound).
+    exact, bound = reference(row[None])
+    assert_within(alone, exact[0], bound[0])
 
 
 def test_the_mode_is_scoped_and_off_by_default() -> None:
