@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from voxwire.engine import EngineDeadError, QueueFullError
@@ -108,6 +109,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(ErrorCode.INVALID_PARAMETER, str(exc))
     if isinstance(exc, EngineDeadError):  # a voice or persona call to an engine that died (--devices: restarting)
         return ApiError(ErrorCode.UNAVAILABLE, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    if isinstance(exc, (web.RequestPayloadError, HttpProcessingError)):
+        # A body its Content-Encoding or chunked framing cannot decode, a multipart part's malformed headers.
+        reason = str(exc).splitlines()[-1].strip()  # aiohttp's message begins "400, message:"
+        return ApiError(ErrorCode.INVALID_REQUEST, f"the request body cannot be read: {reason}", close_connection=True)
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         # Another status (none the server raises today) keeps its status under the generic code of its class.
         generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR
