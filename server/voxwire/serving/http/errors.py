@@ -62,10 +62,13 @@ class ApiError(Exception):
         self.close_connection = close_connection
         """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
+    def body(self, request_id: str) -> dict[str, dict[str, str]]:
+        """The error envelope; ``request_id`` names the request (its ``X-Request-Id``)."""
+        return {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
+
     def response(self, request_id: str) -> web.Response:
         """The JSON error response; ``request_id`` names the request (its ``X-Request-Id``)."""
-        body = {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
-        response = web.json_response(body, status=self.status, headers=self.headers)
+        response = web.json_response(self.body(request_id), status=self.status, headers=self.headers)
         if self.close_connection:
             response.force_close()
         return response
