@@ -1,12 +1,14 @@
-"""What one client's connections may hold of the server (issue 29, probe 4's F3; ``http.connections``).
+"""What one client's connections may hold of the server (issue 29, probe 4's F3 and F9; ``http.connections``).
 
 A client that pipelines requests and never reads the answers is cut off at the write deadline (its socket freed);
-a process holds at most ``--max-http-connections`` HTTP connections.
+a process holds at most ``--max-http-connections`` HTTP connections; malformed requests are logged a line per
+interval, never with a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -110,3 +112,33 @@ async def test_a_websocket_leaves_the_http_cap_to_http(serve, aiohttp_client) ->
         await asyncio.sleep(0.1)
         async with client.get("/health") as response:
             assert response.status == 200
+
+
+GZIP_THAT_IS_NOT = b"\x1f\x8b\x08\x00" + bytes(20)
+"""A gzip header and then zeros: a body no ``Content-Encoding: gzip`` decoder can read."""
+
+MALFORMED = [
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n",  # a bare CR in a header value
+    *(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        f"Content-Length: {len(GZIP_THAT_IS_NOT)}\r\n\r\n".encode()
+        + GZIP_THAT_IS_NOT
+        for path in ("/v1/audio/speech", "/health")  # answered 401 and 405 without a key, then the body is drained
+    ),
+]
+
+
+async def test_malformed_requests_are_logged_a_line_per_interval_without_traceback(serve, caplog) -> None:
+    """Probe 4's F9: each malformed request logged an ERROR with a traceback quoting the client's bytes."""
+    caplog.set_level(logging.INFO)
+    server = await serve(api_keys=("k",))
+    for _ in range(50):
+        for request in MALFORMED:
+            reader, writer = await connect(server)
+            writer.write(request)
+            answer = await asyncio.wait_for(reader.read(), 5.0)
+            assert answer.split(b" ")[1] in (b"400", b"401", b"405"), answer[:100]
+            writer.close()
+    lines = [record for record in caplog.records if record.name != "voxwire.access"]  # one line per request there
+    assert not [record for record in lines if record.exc_info or record.levelno >= logging.ERROR]
+    assert 1 <= len(lines) <= 2, [record.getMessage() for record in lines]

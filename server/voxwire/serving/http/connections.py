@@ -1,4 +1,4 @@
-"""``GuardedConnection``: what one client's connection may hold of a server process.
+"""``GuardedConnection``: what one client's connection may hold of a server process, and how its errors are logged.
 
 The rules, for every connection of ``voxwire serve`` (one process, or each frontend of ``--workers``):
 
@@ -15,8 +15,11 @@ The rules, for every connection of ``voxwire serve`` (one process, or each front
   it is accepted, before a byte of it is read.
 * **Pipelining** is bounded by aiohttp: it parses a few dozen requests ahead of the one being answered at most,
   then stops reading the socket; a client that pipelines and never reads the answers meets the write deadline.
-* **Logging.** Refused and aborted connections are logged by ``ThrottledLog``: the first at once, the rest as a count
-  at most once per ``LOG_INTERVAL_S``.
+* **Client protocol errors** (a malformed request line or header, a body that cannot be decoded: aiohttp's
+  ``HttpProcessingError`` and ``RequestPayloadError``) are the client's doing and cost one counter each: the first
+  is logged at once, the rest as a count at most once per ``LOG_INTERVAL_S`` (``ThrottledLog``), never with a
+  traceback; refused and aborted connections are logged the same way. Anything else aiohttp logs stays an ERROR
+  with its traceback: that is a server bug.
 
 ``GuardedRunner`` is the ``web.AppRunner`` that makes these connections (``app.make_runner`` builds it).
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import Limits
@@ -47,13 +51,20 @@ logger = logging.getLogger(__name__)
 LOG_INTERVAL_S = 10.0
 """The shortest time between two log lines of one kind of connection event; the later line counts those between."""
 
+CLIENT_PROTOCOL_ERRORS = (HttpProcessingError, web.RequestPayloadError)
+"""What aiohttp raises for a request it cannot parse or a body it cannot decode: the client's errors."""
+
 _LINGER_NONE = struct.pack("ii", 1, 0)
 """``SO_LINGER`` on, 0 s: closing the socket resets the connection and drops what the kernel had not sent."""
+
+_LONGEST_REASON = 200
+"""Characters of a client error's message that are logged (it may quote the client's bytes, escaped)."""
 
 
 class ConnectionEvent(enum.Enum):
     """What the guard logs, each kind at its level."""
 
+    MALFORMED_REQUEST = ("malformed request(s) refused", logging.INFO)
     OVER_CAPACITY = ("connection(s) refused: the process holds --max-http-connections", logging.WARNING)
     WRITE_TIMEOUT = ("connection(s) aborted: the client left data unsent for --write-timeout-s", logging.INFO)
 
@@ -143,9 +154,14 @@ def _peer(transport: asyncio.BaseTransport | None) -> str:
     return str(peer[0]) if isinstance(peer, tuple) else "an unknown peer"
 
 
+def _reason(error: BaseException) -> str:
+    """A client error's message on one line, cut short."""
+    return " ".join(str(error).split())[:_LONGEST_REASON]
+
+
 class GuardedConnection(web.RequestHandler):
     """aiohttp's HTTP connection under the module's rules: the cap when it opens, the write deadline while data
-    waits for the client."""
+    waits for the client, client protocol errors through the throttled log."""
 
     __slots__ = ("_counted", "_guard", "_socket", "_write_deadline")
 
@@ -187,6 +203,13 @@ class GuardedConnection(web.RequestHandler):
     def resume_writing(self) -> None:
         self._stop_write_deadline()
         super().resume_writing()
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if isinstance(error, CLIENT_PROTOCOL_ERRORS):
+            self._guard.log.note(ConnectionEvent.MALFORMED_REQUEST, f"{_peer(self._socket)}: {_reason(error)}")
+        else:
+            super().log_exception(*args, **kwargs)
 
     def _abort_unread(self) -> None:
         self._write_deadline = None
