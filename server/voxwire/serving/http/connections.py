@@ -18,8 +18,9 @@ The rules, for every connection of ``voxwire serve`` (one process, or each front
 * **Client protocol errors** (a malformed request line or header, a body that cannot be decoded: aiohttp's
   ``HttpProcessingError`` and ``RequestPayloadError``) are the client's doing and cost one counter each: the first
   is logged at once, the rest as a count at most once per ``LOG_INTERVAL_S`` (``ThrottledLog``), never with a
-  traceback; refused and aborted connections are logged the same way. Anything else aiohttp logs stays an ERROR
-  with its traceback: that is a server bug.
+  traceback; refused and aborted connections are logged the same way. A response a handler cut short on purpose
+  (``errors.ResponseCut``) was logged where it was cut. Anything else aiohttp logs stays an ERROR with its
+  traceback: that is a server bug.
 
 ``GuardedRunner`` is the ``web.AppRunner`` that makes these connections (``app.make_runner`` builds it).
 """
@@ -43,7 +44,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import Limits
-from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError, ResponseCut
 from voxwire.serving.http.request_id import REQUEST_ID_HEADER, new_request_id
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,8 @@ class GuardedConnection(web.RequestHandler):
 
     def log_exception(self, *args: Any, **kwargs: Any) -> None:
         error = kwargs.get("exc_info")
+        if isinstance(error, ResponseCut):
+            return  # logged where the response was cut
         if isinstance(error, CLIENT_PROTOCOL_ERRORS):
             self._guard.log.note(ConnectionEvent.MALFORMED_REQUEST, f"{_peer(self._socket)}: {_reason(error)}")
         else:

@@ -74,6 +74,13 @@ class ApiError(Exception):
         return response
 
 
+class ResponseCut(Exception):
+    """A handler cut its streaming response short on purpose (an utterance that failed mid-body): it logged why and
+    aborted the connection, so that no client takes the body for a whole one. The error envelope lets it pass (the
+    response has begun), the request's span and metrics count it as failed, and the connection does not log it
+    again (``connections``)."""
+
+
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
 
 
