@@ -3,10 +3,10 @@
 For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asyncio runs in strict mode):
 
 * ``serve(**overrides)`` starts an app made by ``make_app(_config(**overrides), model=VoxCPMSpeech(tiny_tts))`` on
-  ``127.0.0.1:<free port>`` (pytest-aiohttp's ``aiohttp_server``), waits until it is warmed up and
+  ``127.0.0.1:<free port>`` (a ``ServerUnderTest``), waits until it is warmed up and
   ready, and returns the ``TestServer`` (``server.app``, ``server.make_url(path)``); ``serve(app=...)``
   starts an app you built yourself with ``app_factory(**overrides)`` (e.g. to add a test route).
-  The server runs with the production runner settings (``runner_options``: header timeout, access log).
+  The server runs with the production runner (``make_runner``: header timeout, access log, guarded connections).
   Every server is closed (gracefully: ``drain`` runs) at teardown.
 * ``client``: an ``aiohttp.test_utils.TestClient`` on a default server (``client.ws_connect(path)``,
   ``client.post(path, json=...)``, ``client.server.app``).
@@ -15,7 +15,7 @@ For a test (``pytestmark = pytest.mark.asyncio`` in the module, as pytest-asynci
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import voxwire
-from voxwire.serving.app import make_app, runner_options
+from voxwire.serving.app import make_app, make_runner
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import CONFIG_KEY, STATE_KEY
+from voxwire.serving.keys import STATE_KEY
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
@@ -101,18 +101,29 @@ def app_factory(tiny_tts: VoxCPM) -> Callable[..., web.Application]:
     return build
 
 
+class ServerUnderTest(TestServer):
+    """A ``TestServer`` with the production runner (``make_runner``: its options and guarded connections)."""
+
+    async def _make_runner(self, **options: Any) -> web.BaseRunner:
+        return make_runner(self.app, **options)
+
+
 @pytest_asyncio.fixture
-async def serve(
-    aiohttp_server: Callable[..., Awaitable[TestServer]], app_factory: Callable[..., web.Application]
-) -> Serve:
+async def serve(app_factory: Callable[..., web.Application]) -> AsyncIterator[Serve]:
+    servers: list[TestServer] = []
+
     async def start(app: web.Application | None = None, **overrides: Any) -> TestServer:
         if app is None:
             app = app_factory(**overrides)
-        server = await aiohttp_server(app, **runner_options(app[CONFIG_KEY]))
+        server = ServerUnderTest(app)
+        await server.start_server()
+        servers.append(server)
         await wait_ready(app)
         return server
 
-    return start
+    yield start
+    while servers:
+        await servers.pop().close()
 
 
 @pytest_asyncio.fixture

@@ -93,3 +93,23 @@ async def test_a_persona_folder_the_server_may_not_read_is_invalid_path(
     error = body["error"]
     assert isinstance(error, dict) and error["code"] == "invalid_path"
     assert "Permission denied" not in str(error["message"])
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type", "body"),
+    [
+        ("/v1/voices", "multipart/form-data; boundary=zzz", b"garbage"),  # the boundary never appears
+        ("/v1/voices", "multipart/form-data; boundary=zzz", b"--zzz\r\n" + b"X: x\r\n" * 200),  # too many headers
+        ("/v1/audio/speech", "application/json", b"\x1f\x8b\x08\x00" + bytes(20)),  # not the gzip it claims
+        ("/v1/voices", "multipart/form-data; boundary=zzz", b"\x1f\x8b\x08\x00" + bytes(20)),
+    ],
+    ids=["no-boundary", "part-headers", "speech-gzip", "upload-gzip"],
+)
+async def test_a_body_that_cannot_be_read_is_a_400(http: TestClient, path: str, content_type: str, body: bytes) -> None:
+    """Probe 4's F8: both were 500s with an ERROR traceback."""
+    headers = {"Content-Type": content_type}
+    if body.startswith(b"\x1f\x8b"):
+        headers["Content-Encoding"] = "gzip"
+    async with http.post(path, data=body, headers=headers) as response:
+        status, answer = response.status, await response.json()
+    assert (status, answer["error"]["code"]) == (400, "invalid_request"), answer

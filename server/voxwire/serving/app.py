@@ -27,6 +27,7 @@ from voxwire.serving.encoding import EncoderPool
 from voxwire.serving.heap import freeze_startup_heap
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
 from voxwire.serving.http.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
+from voxwire.serving.http.connections import ConnectionGuard, GuardedRunner, static_file
 from voxwire.serving.http.errors import error_middleware
 from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.models import add_model_routes
@@ -175,17 +176,25 @@ def add_demo_routes(app: web.Application, client_dir: Path = CLIENT_DIR) -> None
         if path.is_file() and path.suffix in DEMO_FILE_SUFFIXES and not path.name.endswith(".test.js")
     }
 
-    async def index(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(files["index.html"])
+    async def index(request: web.Request) -> web.Response:
+        return await static_file(files["index.html"])
 
-    async def client_file(request: web.Request) -> web.FileResponse:
+    async def client_file(request: web.Request) -> web.Response:
         path = files.get(request.match_info["name"])
         if path is None:
             raise web.HTTPNotFound()
-        return web.FileResponse(path)
+        return await static_file(path)
 
     app.router.add_get("/", index)
     app.router.add_get(DEMO_FILES_PREFIX + "{name}", client_file)
+
+
+def make_runner(app: web.Application, **options: Any) -> web.AppRunner:
+    """The runner of every server (and test server): ``runner_options``, and connections guarded by
+    ``http.connections`` (a write deadline, a cap per process, client protocol errors logged per interval)."""
+    config = app[CONFIG_KEY]
+    guard = ConnectionGuard(config.limits, {REPLICA_HEADER: config.transport.replica_id})
+    return GuardedRunner(app, guard, **runner_options(config), **options)
 
 
 def runner_options(config: ServerConfig) -> dict[str, Any]:
@@ -269,7 +278,7 @@ async def run_app(app: web.Application, config: ServerConfig, *, reuse_port: boo
     (``ServerState.exit_status``). ``reuse_port``: share the port with other processes (``SO_REUSEPORT``: the
     kernel spreads connections over them); such a process joins the port only once warmed up, so no connection
     lands on one that cannot serve it yet."""
-    runner = web.AppRunner(app, handle_signals=False, **runner_options(config))
+    runner = make_runner(app, handle_signals=False)
     await runner.setup()
     ready = asyncio.create_task(_freeze_when_ready(app), name="voxwire-freeze-heap")
     try:

@@ -327,6 +327,12 @@ class Limits:
     (idle keep-alive connections close after it too)."""
     body_timeout_s: float = 60.0
     """An HTTP request body (speech JSON, voice upload) must arrive whole within this (``body_timeout``, 408)."""
+    write_timeout_s: float = 30.0
+    """A connection (HTTP or WebSocket) whose client leaves the server's data unsent this long (its socket full: it
+    stopped reading) is aborted, its socket freed, whatever was being sent."""
+    max_http_connections: int = 512
+    """HTTP connections one server process (each frontend under ``--workers``) holds at once, WebSockets aside
+    (``--max-connections``); one more is answered 503 ``busy`` and closed before its request is read."""
     idle_timeout_s: float = 300.0
     """A WebSocket with no client message and nothing being spoken for this long is closed (4002
     ``idle_timeout``)."""
@@ -352,6 +358,8 @@ class Limits:
             "max_unsent_audio_s", "drain_timeout_s", "trace_flush_timeout_s",
         )  # fmt: skip
         _at_least_zero(self, "max_buffer_delay_ms")
+        _positive_numbers(self, "write_timeout_s")
+        _positive_ints(self, "max_http_connections")
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import hdrs, web
+from aiohttp import web
 
 from voxwire import __version__
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH
 from voxwire.serving.http.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, DEMO_PAGE, DOCS_PATH, OPENAPI_PATH
+from voxwire.serving.http.connections import static_file
 from voxwire.serving.http.request_models import (
     ENCODE_LATENTS,
     GENERATE,
@@ -514,8 +515,8 @@ async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(openapi_document(request.app))
 
 
-async def docs(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(DOCS_PAGE, headers={hdrs.CONTENT_TYPE: "text/html; charset=utf-8"})
+async def docs(request: web.Request) -> web.Response:
+    return await static_file(DOCS_PAGE, "text/html; charset=utf-8")
 
 
 def add_openapi_routes(app: web.Application) -> None:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from voxwire.engine import EngineDeadError, EngineRestartingError, QueueFullError
@@ -61,13 +62,23 @@ class ApiError(Exception):
         self.close_connection = close_connection
         """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
 
+    def body(self, request_id: str) -> dict[str, dict[str, str]]:
+        """The error envelope; ``request_id`` names the request (its ``X-Request-Id``)."""
+        return {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
+
     def response(self, request_id: str) -> web.Response:
         """The JSON error response; ``request_id`` names the request (its ``X-Request-Id``)."""
-        body = {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
-        response = web.json_response(body, status=self.status, headers=self.headers)
+        response = web.json_response(self.body(request_id), status=self.status, headers=self.headers)
         if self.close_connection:
             response.force_close()
         return response
+
+
+class ResponseCut(Exception):
+    """A handler cut its streaming response short on purpose (an utterance that failed mid-body): it logged why and
+    aborted the connection, so that no client takes the body for a whole one. The error envelope lets it pass (the
+    response has begun), the request's span and metrics count it as failed, and the connection does not log it
+    again (``connections``)."""
 
 
 _KEPT_HEADERS = frozenset({hdrs.ALLOW, hdrs.RETRY_AFTER})
@@ -110,6 +121,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, EngineDeadError):  # a voice or persona call to an engine that died (restarting, or stopped)
         code = ErrorCode.ENGINE_RESTARTED if isinstance(exc, EngineRestartingError) else ErrorCode.UNAVAILABLE
         return ApiError(code, str(exc), headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    if isinstance(exc, (web.RequestPayloadError, HttpProcessingError)):
+        # A body its Content-Encoding or chunked framing cannot decode, a multipart part's malformed headers.
+        reason = str(exc).splitlines()[-1].strip()  # aiohttp's message begins "400, message:"
+        return ApiError(ErrorCode.INVALID_REQUEST, f"the request body cannot be read: {reason}", close_connection=True)
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         # Another status (none the server raises today) keeps its status under the generic code of its class.
         generic = ErrorCode.INVALID_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR

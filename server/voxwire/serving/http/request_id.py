@@ -25,13 +25,18 @@ _REQUEST_ID: web.RequestKey[str] = web.RequestKey("voxwire.request_id", str)
 
 
 def request_id(request: BaseRequest) -> str:
-    """The request's id: the client's ``X-Request-Id`` when it is well-formed, else ``req_`` and 24 random hex."""
+    """The request's id: the client's ``X-Request-Id`` when it is well-formed, else a fresh one."""
     known = request.get(_REQUEST_ID)
     if known is None:
         sent = request.headers.get(REQUEST_ID_HEADER, "")
-        known = sent if REQUEST_ID_PATTERN.fullmatch(sent) else f"req_{secrets.token_hex(12)}"
+        known = sent if REQUEST_ID_PATTERN.fullmatch(sent) else new_request_id()
         request[_REQUEST_ID] = known
     return known
+
+
+def new_request_id() -> str:
+    """A fresh id: ``req_`` and 24 random hex digits."""
+    return f"req_{secrets.token_hex(12)}"
 
 
 async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:

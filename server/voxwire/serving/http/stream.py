@@ -1,14 +1,16 @@
 """``stream_audio``: an utterance's encoded audio as a chunked HTTP body, shared by the OpenAI and Nano-vLLM APIs.
 
-The body streams as the audio is generated; an utterance that ends early (engine error, shutdown past the
-drain timeout) cuts the chunked body short instead of ending it cleanly, so no client mistakes it for a
-whole one. HTTP streams rely on TCP backpressure: a stalled reader stalls its handler, and the engine's
+The body streams as the audio is generated; an utterance that ends early (engine error or death, shutdown past
+the drain timeout) cuts the chunked body short instead of ending it cleanly, so no client mistakes it for a
+whole one: one INFO line, and the connection is aborted (``ResponseCut``). HTTP streams rely on TCP
+backpressure: a stalled reader stalls its handler (until the write deadline, ``connections``), and the engine's
 per-request channel holds at most that utterance's audio.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 
@@ -16,6 +18,7 @@ from aiohttp import web
 
 from voxwire.audio.formats import StreamEncoder
 from voxwire.engine import Chunk, FinishReason
+from voxwire.serving.http.errors import ResponseCut
 from voxwire.serving.http.trace_middleware import utterance_trace
 from voxwire.serving.keys import (
     ENCODERS_KEY,
@@ -24,6 +27,8 @@ from voxwire.serving.keys import (
 )
 from voxwire.serving.service import SpeechFailure
 from voxwire.serving.tracing import UtteranceTrace
+
+logger = logging.getLogger(__name__)
 
 
 async def stream_audio(
@@ -79,7 +84,11 @@ async def _stream_audio(
         if exc.finish is not None:
             metrics.count_utterance(exc.finish.value)
         metrics.count_dropped("shutdown" if exc.finish is FinishReason.ABORTED else exc.code.value)
-        raise ConnectionAbortedError(f"utterance ended early: {exc.code.value}: {exc}") from exc
+        code = exc.code.value
+        logger.info("%s %s: cut short, the utterance ended early: %s: %s", request.method, request.path, code, exc)
+        if request.transport is not None:
+            request.transport.abort()
+        raise ResponseCut(f"utterance ended early: {code}: {exc}") from exc
     finally:
         metrics.add_audio(samples / rate)
     reason = output.finish_reason

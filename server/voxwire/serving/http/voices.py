@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
 
 from voxwire.audio.clip import ClipTooLongError
 from voxwire.errors import InvalidInputError
@@ -152,7 +152,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     fields: dict[str, bytes] = {}
     total = 0
     # reader.next(), not ``async for``: aiohttp types MultipartReader's __aiter__ for its body parts only.
-    while (part := await reader.next()) is not None:
+    while (part := await _next_part(reader)) is not None:
         name = part.name if isinstance(part, BodyPartReader) else None
         if not isinstance(part, BodyPartReader) or name is None or name not in VOICE_UPLOAD.fields or name in fields:
             parts = ", ".join(VOICE_UPLOAD.fields)
@@ -168,6 +168,13 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
                 raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{name}' is longer than the limit of {limit} characters")
         fields[name] = bytes(data)
     return fields
+
+
+async def _next_part(reader: MultipartReader) -> MultipartReader | BodyPartReader | None:
+    try:
+        return await reader.next()
+    except ValueError as exc:  # aiohttp's multipart parser: a boundary that never appears, a malformed part
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"the upload is not valid multipart/form-data: {exc}") from exc
 
 
 _PART_SLACK = 1024
