@@ -261,7 +261,7 @@ def test_one_engines_death_ends_only_its_sessions_and_its_successor_rejoins() ->
         assert poll(lambda: server.log.count("engine 0 rejoined") == 2, timeout=60), server.log
         probing.set()
         prober.join()
-        assert ended == "unavailable", server.log
+        assert ended == "engine_restarted", server.log
         assert finished in ("stop", "length"), server.log
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), np.frombuffer(solo, "<f4"))
         assert again in ("stop", "length"), server.log
@@ -291,10 +291,15 @@ def test_one_engines_death_ends_only_its_sessions_and_its_successor_rejoins() ->
         assert server.stop() == 0
 
 
-def test_the_last_engine_dying_still_ends_the_service_with_an_error() -> None:
+def test_every_engine_dying_is_replaced_while_the_server_stays_up() -> None:
+    """Issue 29, item 2: the last engine's death ended the service (exit 1); now every engine is replaced."""
     with sim_devices() as server:
         server.wait_ready()
         for index in (0, 1):
             os.kill(engine_pid(server, index), signal.SIGKILL)
-        assert poll(lambda: server.status("/ready") != 200, timeout=10)
-        assert server.process.wait(timeout=60) == 1, server.log
+        assert poll(lambda: server.status("/ready") == 503, timeout=10), server.log
+        assert poll(lambda: server.log.count("rejoined") == 2, timeout=90), server.log
+        server.wait_ready()
+        assert asyncio.run(speak(server.ws_url, "After both died.", seed=4))[1].finish_reason in ("stop", "length")
+        assert server.process.poll() is None
+        assert server.stop() == 0

@@ -262,11 +262,3 @@ def test_sigterm_drains_live_utterances_then_closes_with_1001() -> None:
         assert server.process.wait(timeout=60) == 0, server.log
     assert reason in ("stop", "length")  # the utterance was not cut
     assert close_code == 1001
-
-
-def test_the_engine_dying_ends_the_service_with_an_error() -> None:
-    with sim_server() as server:
-        engine_pid = int(re.findall(r"engine 0 started on .* \(pid (\d+)\)", server.log)[0])
-        os.kill(engine_pid, signal.SIGKILL)
-        assert poll(lambda: server.status("/ready") != 200, timeout=10)
-        assert server.process.wait(timeout=60) == 1, server.log

@@ -196,6 +196,8 @@ class ClipService:
 
     queue_full = False
     """Never full: every request is played at once."""
+    available = True
+    """Never restarting: it has no engine to lose."""
 
     def __init__(self, clip: np.ndarray, rate: int, patch: int, step_s: float = 0.0) -> None:
         self.clip = clip.astype(np.float32)

@@ -101,10 +101,14 @@ async def upgraded(request: web.Request, ws: StreamSocket, *, keyless: bool = Fa
     concurrent upgrades cannot exceed the limit. When the block ends (the socket closed by either side or by the
     ping timeout, or the handler failed) the connection is cut: aiohttp's own close waits for the send buffer to
     drain, which a client that stopped reading never lets happen, and the socket would stay open, no longer
-    counted."""
+    counted. A request that cannot be upgraded (not a WebSocket handshake) gets its HTTP error, uncut."""
     counted = CountedSocket(request.app, ws, keyless=keyless)
     try:
         await ws.prepare(request)
+    except BaseException:
+        counted.release()
+        raise
+    try:
         yield counted
     finally:
         try:
