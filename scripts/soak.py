@@ -452,7 +452,9 @@ def format_report(report: Report) -> str:
         "",
         "| measure | value |",
         "|---|---|",
-        f"| busy refusals (WebSocket busy or HTTP 503) | {sum(r.busy_refusals for r in report.clients)} |",
+        f"| busy refusals (WebSocket busy or HTTP 503): all / the most of one client (it gives up after "
+        f"{BUSY_TRIES}) | {sum(r.busy_refusals for r in report.clients)} / "
+        f"{max((r.busy_refusals for r in report.clients), default=0)} |",
         f"| longest gap between two audio frames of a finisher | {gap if gaps else 'no finisher got two frames'} |",
         f"| load average (1 min) at the end of each round | {loads} |",
         f"| engine step time over its start-up cost (`voxwire_step_cost_ratio`), end of each round | {ratios} |",
