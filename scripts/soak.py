@@ -379,7 +379,7 @@ def rounds_under_load(report: Report, server: subprocess.Popen[str], url: str) -
     spent = sum(samples(end, "voxwire_engine_step_seconds_sum")) - sum(
         samples(before, "voxwire_engine_step_seconds_sum")
     )
-    report.mean_step_ms = 1e3 * spent / steps if steps else math.nan
+    report.mean_step_ms = 1e3 * spent / steps if steps > 0 else math.nan  # none: no step, or no server
     report.sessions_shed = sum(samples(end, "voxwire_sessions_shed_total"))
     alive = server.poll() is None
     ready = http_status(url + "/ready")
@@ -445,7 +445,11 @@ def format_report(report: Report) -> str:
         counts = " | ".join(str(outcomes[outcome]) for outcome in Outcome)
         lines.append(f"| {name} | {len(results)} | {counts} | {sum(r.busy_refusals for r in results)} |")
     gaps = [r.max_gap_s for r in report.clients if r.behaviour is Behaviour.FINISH and r.max_gap_s is not None]
-    gap = f"{max(gaps) * 1e3:.0f} ms (median of the finishers' longest: {statistics.median(gaps) * 1e3:.0f} ms)"
+    gap = (
+        f"{max(gaps) * 1e3:.0f} ms (median of the finishers' longest: {statistics.median(gaps) * 1e3:.0f} ms)"
+        if gaps
+        else "no finisher got two frames"
+    )
     loads = ", ".join(f"{load:.1f}" for load in report.loads)
     ratios = ", ".join(f"{ratio:.1f}" for ratio in report.cost_ratios)
     lines += [
@@ -455,7 +459,7 @@ def format_report(report: Report) -> str:
         f"| busy refusals (WebSocket busy or HTTP 503): all / the most of one client (it gives up after "
         f"{BUSY_TRIES}) | {sum(r.busy_refusals for r in report.clients)} / "
         f"{max((r.busy_refusals for r in report.clients), default=0)} |",
-        f"| longest gap between two audio frames of a finisher | {gap if gaps else 'no finisher got two frames'} |",
+        f"| longest gap between two audio frames of a finisher | {gap} |",
         f"| load average (1 min) at the end of each round | {loads} |",
         f"| engine step time over its start-up cost (`voxwire_step_cost_ratio`), end of each round | {ratios} |",
         f"| engine step, mean over the rounds | {report.mean_step_ms:.0f} ms |",
