@@ -75,7 +75,8 @@ _COLUMNS = (
 def table(summaries: list[dict[str, Any]]) -> str:
     """A fixed-width table, one row per level; times in ms, RTFs as ratios; a level that did not pass is marked
     FAILED or UNREACHABLE in the last column."""
-    lines = [_row([name for name, _ in _COLUMNS]), _row(["-" * (width - 1) for _, width in _COLUMNS])]
+    underlines = ["-" * (width - 1) if name else "" for name, width in _COLUMNS]
+    lines = [_row([name for name, _ in _COLUMNS]), _row(underlines)]
     for summary in summaries:
         outcome = LevelOutcome(summary["outcome"])
         level = level_label(summary["mode"], summary["concurrency"] or summary["rate_per_s"])
@@ -137,12 +138,16 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
     names = [f"{level:g}" for level in levels]
     passed = [summary["outcome"] == LevelOutcome.PASSED.value for summary in summaries]
     colors = ["tab:blue" if ok else "tab:red" for ok in passed]
+    # Written over a failed level's bars: an empty bar there means "not measured", not "none".
+    marks = ["" if ok else LevelOutcome(summary["outcome"]).name for ok, summary in zip(passed, summaries, strict=True)]
     figure, (latency, underruns, failures) = pyplot.subplots(1, 3, figsize=(15, 4.2))
     for name, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^:")):
         latency.plot(levels, [summary["ttfa_ms"][name] for summary in summaries], style, label=f"TTFA {name}")
     failed_levels = [level for level, ok in zip(levels, passed, strict=True) if not ok]
     if failed_levels:
-        latency.plot(failed_levels, [0] * len(failed_levels), "X", color="tab:red", markersize=12, label="failed level")
+        latency.plot(
+            failed_levels, [0] * len(failed_levels), "X", color="tab:red", markersize=12, clip_on=False, label="failed"
+        )
     latency.set_ylabel("time to first audio (ms)")
     latency.set_ylim(bottom=0)
     latency.legend()
@@ -150,7 +155,7 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
         (underruns, [summary["underruns"]["total"] for summary in summaries], "player underruns (total)"),
         (failures, [summary["failed"] for summary in summaries], "failed utterances (red: failed level)"),
     ):
-        axes.bar(names, counts, color=colors)
+        axes.bar_label(axes.bar(names, counts, color=colors), marks, color="tab:red", fontsize=8)
         axes.set_ylim(0, max(1, max(counts)) * 1.15)
         axes.yaxis.get_major_locator().set_params(integer=True)
         axes.set_ylabel(label)
