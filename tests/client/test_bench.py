@@ -33,7 +33,8 @@ SHORT_TEXTS = ("Sure, I can help with that.", "The meeting moved to three thirty
 DELAY_S = 0.4
 PERCENTILES = {"p50", "p90", "p99", "mean", "max"}
 LEVEL_FIELDS = {
-    "mode", "concurrency", "rate_per_s", "utterances", "failed", "errors", "peak_in_flight", "wall_s", "audio_s",
+    "mode", "concurrency", "rate_per_s", "utterances", "failed", "failure_rate", "outcome", "errors",
+    "peak_in_flight", "wall_s", "audio_s",
     "audio_per_wall_s", "ttfa_ms", "ttfd_ms", "server_ttfa_ms", "engine_ttfc_ms", "connect_ms", "rtf", "rtf_wall",
     "stall_ms", "chunk_gap_ms", "max_chunk_gap_ms", "underruns", "records",
 }  # fmt: skip
@@ -111,9 +112,10 @@ async def test_find_max_doubles_then_bisects() -> None:
 async def test_report_has_every_field_per_level(serve) -> None:
     server = await serve()
     report = await run_plan(BenchPlan(config(server), concurrency=(1, 2), slo_p99_ttfa_ms=10_000))
-    assert [level["concurrency"] for level in report["levels"]] == [1, 2]
+    assert [level["concurrency"] for level in report["levels"]] == [1, 2] and report["stopped"] is None
     for level in report["levels"]:
         assert level.keys() >= LEVEL_FIELDS and level["failed"] == 0 and level["utterances"] >= level["concurrency"]
+        assert (level["failure_rate"], level["outcome"]) == (0.0, "passed")
         for name in ("ttfa_ms", "ttfd_ms", "rtf", "rtf_wall", "chunk_gap_ms", "max_chunk_gap_ms", "stall_ms"):
             assert level[name].keys() >= PERCENTILES and level[name]["p50"] is not None, name
         assert {"total", "utterances_with_underruns"} <= level["underruns"].keys()

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+LEVEL_FAILED_EXIT = 1
+"""The exit status when a level failed more utterances than ``--max-failure-rate`` allows."""
+
 _EPILOG = """examples:
   voxwire bench --server ws://gpu-box:8000 --concurrency 1,4,16 --duration 30 --json bench.json --plot bench.png
   voxwire bench --local --concurrency 1,4,16 --duration 20           # a local demo server in a subprocess
@@ -18,11 +21,17 @@ _EPILOG = """examples:
 
 metrics per utterance: TTFA (first text sent -> first audio frame), TTFD (-> first decodable frame),
 RTF = (wall - TTFA) / audio seconds (as Nano-vLLM), wall / audio, gaps between frames, and underruns of a
-player that starts after --player-buffer-ms of audio and plays in real time."""
+player that starts after --player-buffer-ms of audio and plays in real time.
+
+exit status: 0 every level passed; 1 a level failed more utterances than --max-failure-rate (table: FAILED);
+2 bad arguments or a missing optional dependency (checked before the run); 3 the server is unreachable
+(before the run, or for a whole level: the run stops there, table: UNREACHABLE); 4 the API key was refused.
+Once levels have run, the table, --json and --plot are written whatever the exit status."""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     from voxwire.client.bench.measure import BENCH_FORMATS
+    from voxwire.client.bench.runner import DEFAULT_MAX_FAILURE_RATE
     from voxwire.client.connection import DEFAULT_SERVER, TOKEN_ENV
     from voxwire.client.retry import RetryPolicy
 
@@ -37,6 +46,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--local", action="store_true", help="start `voxwire serve` in a subprocess for the run")
     parser.add_argument("--local-model", default="demo", help="--model of the --local server (default: demo)")
     parser.add_argument("--local-args", default="", help="more `voxwire serve` flags for --local, one string")
+    parser.add_argument(
+        "--local-port", type=_port, default=0, help="port of the --local server (default 0: any free port)"
+    )
     parser.add_argument("--token", help=f"API key (default: ${TOKEN_ENV})")
     parser.add_argument("--concurrency", type=_ints, default=(1,), help="closed-loop users per level, e.g. 1,4,16")
     parser.add_argument("--rate", type=_floats, help="open loop instead: Poisson arrivals per second, e.g. 0.5,1,2")
@@ -69,9 +81,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--find-max", action="store_true", help="search the highest concurrency meeting the SLO")
     parser.add_argument("--slo-p99-ttfa-ms", type=float, help="SLO for --find-max (also marks levels in the report)")
     parser.add_argument("--max-concurrency", type=int, default=256, help="upper bound for --find-max (default 256)")
+    parser.add_argument(
+        "--max-failure-rate",
+        type=_rate,
+        default=DEFAULT_MAX_FAILURE_RATE,
+        help=f"a level with a larger share of failed utterances fails the run: exit status 1 (default "
+        f"{DEFAULT_MAX_FAILURE_RATE:g}, i.e. {DEFAULT_MAX_FAILURE_RATE * 100:g} %%; 1: never)",
+    )
     parser.add_argument("--json", type=Path, help="write the full report (with every utterance) here")
-    parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib, checked before the run)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=run)
 
 
@@ -80,6 +99,20 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("a comma-separated list of integers >= 1")
     return values
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError("a port number from 0 (any free port) to 65535")
+    return port
+
+
+def _rate(text: str) -> float:
+    rate = float(text)
+    if not 0 <= rate <= 1:
+        raise argparse.ArgumentTypeError("a share of utterances from 0 to 1 (0.01: 1 %)")
+    return rate
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -92,14 +125,25 @@ def _floats(text: str) -> tuple[float, ...]:
 def run(args: argparse.Namespace) -> int:
     from voxwire.client.bench.local import LocalServer
     from voxwire.client.bench.plan import BenchPlan, run_plan
-    from voxwire.client.bench.report import plot, table, write_json
-    from voxwire.client.bench.runner import BenchConfig
+    from voxwire.client.bench.report import level_label, plot, require_matplotlib, table, write_json
+    from voxwire.client.bench.runner import BenchConfig, LevelOutcome
     from voxwire.client.bench.texts import load_texts
     from voxwire.client.connection import token_from_env
-    from voxwire.client.errors import ClientError
+    from voxwire.client.errors import ClientError, ServerUnreachableError
     from voxwire.client.retry import RetryPolicy
     from voxwire.errors import InvalidInputError
 
+    # Optional dependencies first: a run takes minutes, and what it lacks must not surface only at its end.
+    if args.plot is not None:
+        require_matplotlib()
+    if args.local:
+        from voxwire.cli.main import SERVER_INSTALL, missing_server_modules
+
+        if missing := missing_server_modules():
+            raise InvalidInputError(
+                f"--local runs `voxwire serve`, which needs the server extra ({', '.join(missing)} not installed): "
+                f"{SERVER_INSTALL}"
+            )
     if args.find_max and args.slo_p99_ttfa_ms is None:
         raise InvalidInputError("--find-max needs --slo-p99-ttfa-ms")
     texts = load_texts(args.texts)
@@ -129,13 +173,19 @@ def run(args: argparse.Namespace) -> int:
                 ramp_up_s=args.ramp_up_s,
             )
             plan = BenchPlan(
-                config, args.concurrency, args.rate or (), args.find_max, args.slo_p99_ttfa_ms, args.max_concurrency
+                config,
+                args.concurrency,
+                args.rate or (),
+                args.find_max,
+                args.slo_p99_ttfa_ms,
+                args.max_concurrency,
+                args.max_failure_rate,
             )
             return await run_plan(plan)
 
         if not args.local:
             return await against(args.server)
-        async with LocalServer(args.local_model, tuple(shlex.split(args.local_args))) as url:
+        async with LocalServer(args.local_model, tuple(shlex.split(args.local_args)), args.local_port) as url:
             return await against(url)
 
     try:
@@ -152,4 +202,20 @@ def run(args: argparse.Namespace) -> int:
     except ClientError as exc:
         print(f"voxwire bench: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if report["stopped"] is not None:
+        print(f"voxwire bench: error: {report['stopped']}", file=sys.stderr)
+        return ServerUnreachableError.exit_code
+    failed = [level for level in report["levels"] if level["outcome"] != LevelOutcome.PASSED.value]
+    if failed:
+        described = ", ".join(
+            f"{level_label(level['mode'], level['concurrency'] or level['rate_per_s'])} "
+            f"({level['failed']} of {level['utterances']}: {level['failure_rate']:.1%})"
+            for level in failed
+        )
+        print(
+            f"voxwire bench: error: {len(failed)} level(s) failed more than --max-failure-rate "
+            f"{args.max_failure_rate:.1%} of their utterances: {described}",
+            file=sys.stderr,
+        )
+        return LEVEL_FAILED_EXIT
     return 0

@@ -1,4 +1,5 @@
-"""``--local``: a throwaway ``voxwire serve`` subprocess on a free port, ready before the run, stopped after."""
+"""``--local``: a throwaway ``voxwire serve`` subprocess on a given or free port, ready before the run, stopped
+after."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ STOP_TIMEOUT_S = 30.0
 class LocalServer:
     """``async with LocalServer(model, args) as url``: the server's ``ws://`` URL once ``/ready`` answers 200."""
 
-    def __init__(self, model: str = "demo", extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: str = "demo", extra_args: tuple[str, ...] = (), port: int = 0) -> None:
+        """``port`` 0: any free port."""
         self.model = model
         self.extra_args = extra_args
-        self.port = _free_port()
+        self.port = port or _free_port()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  # closed in __aexit__
         self._process: asyncio.subprocess.Process | None = None
 

@@ -3,7 +3,8 @@
 
 Each utterance is measured from its first ``text`` sent; with ``words_per_second`` its text is sent a word
 at a time, as a language model would write it. A failed utterance is recorded with its error code (the
-run goes on); only a refused API key or an unreachable server before the run stops it. A refused connection
+level goes on); a refused API key or an unreachable server before the run stops it, and a level in which no
+session could connect (``LevelOutcome.UNREACHABLE``) stops the run after it. A refused connection
 (HTTP 503 or close 1013: a busy, starting or draining server) is tried again with backoff and jitter before it
 counts as failed (``busy`` after the last retry); a connection lost mid-utterance (1001, 1006) fails that
 utterance (``going_away``, ``connection_lost``) and a closed-loop user goes on with its next text on a new
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import random
 import sys
@@ -25,7 +27,7 @@ from voxwire.client.aio import together
 from voxwire.client.bench.measure import AudioMeter, UtteranceRecord, percentiles
 from voxwire.client.bench.texts import words
 from voxwire.client.connection import Connection
-from voxwire.client.errors import ClientError, ServerBusyError, ServerError
+from voxwire.client.errors import ClientError, ServerBusyError, ServerError, ServerUnreachableError
 from voxwire.client.retry import RetryPolicy, open_with_retry
 from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
 
@@ -36,6 +38,13 @@ DEFAULT_RAMP_UP_S = 1.0
 level), as load tools ramp their users up: a service's users do not all arrive in the same instant. Starting
 all N at once (``ramp_up_s=0``) measures something else, how a cold burst is absorbed: the engine's first step
 starts with the first few arrivals and the rest wait for it to end."""
+DEFAULT_MAX_FAILURE_RATE = 0.01
+"""A level with more than 1 % of its utterances failed is a failed level: a healthy server fails none, and a
+bench that exits 0 must mean the numbers it printed describe a working server."""
+UNREACHABLE = "unreachable"
+"""The error code of an utterance whose connection could not be opened at all (no server at the address)."""
+PROGRESS_LINE_INTERVAL_S = 5.0
+"""Progress when stderr is not a terminal (a log file, CI): one line per level every this many seconds."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,32 @@ async def find_max(
         middle = (good + bad) // 2
         good, bad = (middle, bad) if await meets(middle) else (good, middle)
     return good, [tried[level] for level in sorted(tried)]
+
+
+class LevelOutcome(enum.Enum):
+    """What a level says about the server, beyond its latencies."""
+
+    PASSED = "passed"
+    """At most ``max_failure_rate`` of its utterances failed."""
+    FAILED = "failed"
+    """More of its utterances failed than ``max_failure_rate`` allows: its latencies describe the survivors only."""
+    UNREACHABLE = "unreachable"
+    """No session of the level could even connect: the server is gone, and the run stops after this level."""
+
+
+def level_outcome(result: LevelResult, max_failure_rate: float) -> LevelOutcome:
+    records = result.records
+    if records and all(record.error == UNREACHABLE for record in records):
+        return LevelOutcome.UNREACHABLE
+    if failure_rate(result) > max_failure_rate:
+        return LevelOutcome.FAILED
+    return LevelOutcome.PASSED
+
+
+def failure_rate(result: LevelResult) -> float:
+    """The share of the level's utterances that failed (0 for a level without utterances)."""
+    records = result.records
+    return sum(1 for record in records if record.error) / len(records) if records else 0.0
 
 
 def meets_slo(result: LevelResult, slo_p99_ttfa_ms: float) -> bool:
@@ -277,6 +312,8 @@ def _ms(seconds: float | None) -> float | None:
 def _error_code(exc: BaseException) -> str:
     if isinstance(exc, ServerBusyError):
         return "busy"
+    if isinstance(exc, ServerUnreachableError):
+        return UNREACHABLE
     if isinstance(exc, ServerError):
         return exc.code
     return "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
@@ -286,34 +323,41 @@ def _error_code(exc: BaseException) -> str:
 
 
 class _Progress:
-    """The level's clock, its in-flight count, and a tqdm bar on stderr (elapsed seconds, utterances, errors)."""
+    """The level's clock, its in-flight count, and its progress on stderr (utterances, failures, underruns and
+    sessions in flight): a tqdm bar updated in place on a terminal; elsewhere (a log file, CI), where a bar
+    redrawn with carriage returns shows nothing useful, a line every ``PROGRESS_LINE_INTERVAL_S`` and one at
+    the end of the level."""
 
     def __init__(self, config: BenchConfig, label: str, result: LevelResult) -> None:
         from tqdm import tqdm
 
         self.result = result
+        self.label = label
         self.duration_s = config.duration_s
         self.origin = time.perf_counter()
         self.live = 0
+        self.lines = config.progress and not sys.stderr.isatty()
         self.bar = tqdm(
             total=round(config.duration_s, 1),
             desc=label,
             unit="s",
             file=sys.stderr,
             leave=False,
-            disable=not config.progress,
+            disable=not config.progress or self.lines,
             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}",
         )
         self._ticker: asyncio.Task[None] | None = None
 
     def __enter__(self) -> _Progress:
-        self._ticker = asyncio.ensure_future(self._tick())
+        self._ticker = asyncio.ensure_future(self._print_lines() if self.lines else self._tick())
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
         self.bar.close()
+        if self.lines:
+            self._print_line()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.origin
@@ -330,10 +374,23 @@ class _Progress:
     def add(self, record: UtteranceRecord) -> None:
         self.result.records.append(record)
 
+    def counts(self) -> str:
+        records = self.result.records
+        failed = sum(1 for record in records if record.error)
+        underruns = sum(record.underruns for record in records)
+        return f"{len(records)} utterances, {failed} failed, {underruns} underruns, {self.live} live"
+
+    def _print_line(self) -> None:
+        elapsed = min(self.elapsed(), self.duration_s)
+        print(f"{self.label}: {elapsed:.0f}/{self.duration_s:g} s, {self.counts()}", file=sys.stderr, flush=True)
+
+    async def _print_lines(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_LINE_INTERVAL_S)
+            self._print_line()
+
     async def _tick(self) -> None:
         while True:
-            records = self.result.records
-            errors = sum(1 for record in records if record.error)
             self.bar.n = min(self.elapsed(), self.duration_s)
-            self.bar.set_postfix_str(f"{len(records)} utterances, {errors} failed, {self.live} live")
+            self.bar.set_postfix_str(self.counts())
             await asyncio.sleep(0.5)

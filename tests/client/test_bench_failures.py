@@ -1,0 +1,148 @@
+"""``voxwire bench`` never hides a failure: a missing optional dependency stops it before the run, a level with
+more failed utterances than ``--max-failure-rate`` makes it exit non-zero (marked in its table, JSON and progress),
+a server that dies mid-run stops it with the reason, and ``--local-port`` places the ``--local`` server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from voxwire.client.bench.measure import UtteranceRecord
+from voxwire.client.bench.runner import LevelOutcome, LevelResult, level_outcome
+from voxwire.client.errors import ServerUnreachableError
+
+from ..server_process import ServerProcess
+from .helpers import TIMEOUT_S, Completed, launch, voxwire
+
+pytestmark = pytest.mark.asyncio
+
+SIM_FLAGS = ("--model", "sim", "--sim-cost", "5ms+0.1ms/row", "--opus-complexity", "3")
+
+
+def url(server) -> str:
+    return str(server.make_url("/")).replace("http://", "ws://")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def voxwire_without(module: str, *args: str) -> Completed:
+    """``voxwire ARGS`` in an interpreter where importing ``module`` fails, as when it is not installed."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        f"import sys; sys.modules[{module!r}] = None; from voxwire.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+    assert process.returncode is not None
+    return Completed(process.returncode, stdout, stderr.decode())
+
+
+def level(failed: int, succeeded: int, error: str = "timeout") -> LevelResult:
+    records = [UtteranceRecord(1, 5, 0.0, error=error) for _ in range(failed)]
+    records += [UtteranceRecord(1, 5, 0.0) for _ in range(succeeded)]
+    return LevelResult("closed", 1, records=records)
+
+
+async def test_a_level_fails_past_the_max_failure_rate() -> None:
+    assert level_outcome(level(1, 99), 0.01) is LevelOutcome.PASSED  # 1 %: at the limit
+    assert level_outcome(level(2, 98), 0.01) is LevelOutcome.FAILED
+    assert level_outcome(level(2, 98), 0.05) is LevelOutcome.PASSED
+    assert level_outcome(level(3, 0, error="unreachable"), 1.0) is LevelOutcome.UNREACHABLE
+
+
+async def test_plot_without_matplotlib_fails_before_the_run() -> None:
+    # Nothing listens at the address: the old bench failed on it (exit 3) before it ever looked for matplotlib.
+    result = await voxwire_without(
+        "matplotlib", "bench", "--server", f"ws://127.0.0.1:{free_port()}", "--plot", "bench.png", "--quiet"
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert "--plot needs matplotlib" in line and "pip install 'voxwire[bench]'" in line
+
+
+async def test_local_without_the_server_extra_fails_before_the_run(tmp_path: Path) -> None:
+    report = tmp_path / "bench.json"
+    result = await voxwire_without(
+        "torch", "bench", "--local", "--local-model", "sim", "--duration", "1", "--quiet", "--json", str(report)
+    )
+    assert result.returncode == 2, result.stderr
+    assert "needs the server extra (torch not installed)" in result.stderr and not report.exists()
+
+
+async def test_failures_past_max_failure_rate_exit_non_zero_and_are_marked(serve, tmp_path: Path) -> None:
+    server = await serve()
+    report_path = tmp_path / "bench.json"
+    # A 1 ms utterance timeout: every utterance fails ("timeout"), the server stays up.
+    common = ("bench", "--server", url(server), "--duration", "1", "--timeout", "0.001", "--json", str(report_path))
+    failing = await voxwire(*common, "--quiet")
+    assert failing.returncode == 1, failing.stderr
+    assert "failed more than --max-failure-rate 1.0% of their utterances: c=1" in failing.stderr
+    [summary] = json.loads(report_path.read_text())["levels"]
+    assert summary["outcome"] == "failed" and summary["failure_rate"] == 1.0
+    assert summary["failed"] == summary["utterances"] > 0 and set(summary["errors"]) == {"timeout"}
+    row = next(line for line in failing.stdout.decode().splitlines() if line.strip().startswith("c=1"))
+    assert row.split()[-1] == "FAILED"
+
+    tolerated = await voxwire(*common, "--max-failure-rate", "1")
+    assert tolerated.returncode == 0, tolerated.stderr
+    [summary] = json.loads(report_path.read_text())["levels"]
+    assert summary["outcome"] == "passed" and "FAILED" not in tolerated.stdout.decode()
+    # stderr is not a terminal here: progress comes as whole lines, with the live counts.
+    assert re.search(r"^1 users: 1/1 s, \d+ utterances, \d+ failed, 0 underruns, 0 live$", tolerated.stderr, re.M)
+
+
+async def test_a_server_killed_mid_run_stops_the_run_and_fails_it(tmp_path: Path) -> None:
+    report_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    with ServerProcess(*SIM_FLAGS) as server:
+        await asyncio.to_thread(server.wait_ready)
+        bench = await launch(
+            "bench", "--server", server.ws_url, "--concurrency", "1,2,3", "--duration", "3", "--quiet",
+            "--json", str(report_path), "--plot", str(plot_path),
+        )  # fmt: skip
+
+        def spoke() -> bool:
+            return re.search(r"^voxwire_utterances_total\{.*\} [1-9]", server.get("/metrics"), re.M) is not None
+
+        for _ in range(int(TIMEOUT_S / 0.1)):  # the first level's first utterance is done: kill the server
+            if await asyncio.to_thread(spoke):
+                break
+            await asyncio.sleep(0.1)
+        server.process.kill()
+        stdout, stderr = await asyncio.wait_for(bench.communicate(), TIMEOUT_S)
+
+    assert bench.returncode == ServerUnreachableError.exit_code, stderr.decode()
+    assert "no session of level c=2 could connect, so the run stopped there" in stderr.decode()
+    report = json.loads(report_path.read_text())
+    assert "c=2" in report["stopped"]
+    first, second = report["levels"]  # the third level never ran
+    assert first["outcome"] == "failed" and 0 < first["failed"] < first["utterances"]
+    assert second["outcome"] == "unreachable" and second["failed"] == second["utterances"] > 0
+    assert set(second["errors"]) == {"unreachable"}
+    rows = [line.split() for line in stdout.decode().splitlines() if line.strip().startswith("c=")]
+    assert [(row[0], row[-1]) for row in rows] == [("c=1", "FAILED"), ("c=2", "UNREACHABLE")]
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn all the same
+
+
+async def test_local_port_places_the_local_server(tmp_path: Path) -> None:
+    port, report_path = free_port(), tmp_path / "bench.json"
+    result = await voxwire(
+        "bench", "--local", "--local-model", "sim", "--local-args", "--sim-cost 5ms+0.1ms/row --workers 0",
+        "--local-port", str(port), "--duration", "1", "--quiet", "--json", str(report_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["settings"]["server"] == f"ws://127.0.0.1:{port}" and report["levels"][0]["failed"] == 0
