@@ -71,7 +71,11 @@ def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
 @pytest_asyncio.fixture
 async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> DemoServer:
     async def start(**overrides: Any) -> TestServer:
-        settings: dict[str, Any] = {"port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, **overrides}
+        # The pages are tested here, not the server's overload rule (tests/engine/test_shedding.py and
+        # tests/serving/ws/test_overload.py hold it): a loaded test machine must not shed a page's second stream.
+        settings: dict[str, Any] = {
+            "port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, "max_step_load": 1000.0, **overrides,
+        }  # fmt: skip
         app = make_app(ServerConfig.of(**settings), model=VoxCPMSpeech(tiny_tts))
         server = await aiohttp_server(app)
 
