@@ -90,7 +90,7 @@ def test_a_killed_engine_is_replaced_and_so_is_a_stopped_successor_while_the_ser
         ended, after = fault_mid_stream(server, signal.SIGKILL)
         assert ended == "engine_restarted", server.log
         assert after < 5, after
-        assert server.status("/ready") == 503  # the successor is still starting
+        assert poll(lambda: server.status("/ready") == 503, timeout=5)  # while the successor starts
         assert poll(lambda: server.status("/ready") == 200, timeout=60), server.log
         assert engine_pid(server) != first
         assert speaks(server)
