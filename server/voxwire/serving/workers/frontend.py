@@ -16,7 +16,7 @@ import signal
 
 from voxwire.serving.app import build_app, run_app, run_loop, stop_failed
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import METRICS_KEY, SESSIONS_KEY, STATE_KEY
+from voxwire.serving.keys import METRICS_KEY, STATE_KEY
 from voxwire.serving.workers.liveness import Activity, EngineDeaths, Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore
@@ -66,7 +66,7 @@ async def _frontend(
         beats = 0
         while os.getppid() == parent:
             proxy.lost(deaths.read())  # a death told while this loop was not yet watched (no SIGUSR2 then)
-            pulse.progressed(Activity.SERVING, stall_timeout_s, connections=len(app[SESSIONS_KEY]))
+            pulse.progressed(Activity.SERVING, stall_timeout_s)
             if beats % _METRICS_EVERY == 0:
                 app[METRICS_KEY].refresh()
             beats += 1

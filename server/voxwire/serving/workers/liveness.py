@@ -28,8 +28,8 @@ successor to reconnect. A count, not a flag, so no death goes unseen between two
 Each frontend publishes how many WebSocket connections it holds here, so that it can bound the server's
 connections, not only its own (``Pulse`` is a frontend's ``keys.Seats``): it checks the others' sum, adds a
 connection and publishes its new count under one lock shared by the frontends, so a burst of upgrades spread
-over them cannot pass the bound; its progress stamps publish the count again. A dead child's slot is cleared
-when its successor starts, so its connections never leak.
+over them cannot pass the bound. A dead child's slot is cleared when its successor starts, so its connections
+never leak.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class _Slots:
     requests: Any
     """Each engine's requests (running or waiting) at its latest progress stamp (int64)."""
     connections: Any
-    """Each frontend's WebSocket connections at its latest progress stamp (int64)."""
+    """Each frontend's WebSocket connections, as it last published them (int64; ``Pulse.publish``)."""
 
 
 SEAT_LOCK_TIMEOUT_S = 0.5
@@ -152,10 +152,9 @@ class Pulse:
         heart.start()
         return heart
 
-    def progressed(self, activity: Activity, within_s: float, *, requests: int = 0, connections: int = 0) -> None:
+    def progressed(self, activity: Activity, within_s: float, *, requests: int = 0) -> None:
         """The loop came round: it is now ``activity``, and comes round again within ``within_s`` unless stuck."""
         slots, index = self.slots, self.index
-        slots.connections[index] = connections
         slots.requests[index] = requests
         slots.activity[index] = activity
         slots.within[index] = within_s
@@ -176,7 +175,7 @@ class Pulse:
                 self.seat_lock.release()
 
     def publish(self, held: int) -> None:
-        """This frontend holds ``held`` connections now (also refreshed at each progress stamp)."""
+        """This frontend holds ``held`` connections now."""
         self.slots.connections[self.index] = held
 
 
