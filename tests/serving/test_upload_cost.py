@@ -24,6 +24,30 @@ from .test_voices import clip, form, upload
 pytestmark = pytest.mark.asyncio
 
 
+class HeldDecode:
+    """The clip decoder, patched: the first clip's decode waits for ``release``, holding its voice-jobs slot;
+    ``decodes`` counts every clip decoded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.decodes = 0
+        self.decoding = threading.Event()
+        self.release = threading.Event()
+        real_decode = clip_decoding._decode_file
+
+        def decode(*args: object, **kwargs: object) -> np.ndarray:
+            self.decodes += 1
+            if self.decodes == 1:
+                self.decoding.set()
+                self.release.wait(30)
+            return real_decode(*args, **kwargs)
+
+        monkeypatch.setattr(clip_decoding, "_decode_file", decode)
+
+    async def started(self) -> None:
+        """Until the first clip's decode has begun (its slot is taken)."""
+        await asyncio.to_thread(self.decoding.wait, 30)
+
+
 async def test_a_flac_at_655350_hz_is_refused_before_decoding(serve: Serve, aiohttp_client) -> None:
     client: TestClient = await aiohttp_client(await serve())
     data = io.BytesIO()
@@ -39,22 +63,14 @@ async def test_uploads_beyond_max_voice_jobs_are_busy_with_retry_after(
     serve: Serve, aiohttp_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client: TestClient = await aiohttp_client(await serve(max_voice_jobs=1))
-    decoding, release = threading.Event(), threading.Event()
-    real_decode = clip_decoding._decode_file
-
-    def slow_decode(*args: object, **kwargs: object) -> np.ndarray:
-        decoding.set()
-        release.wait(30)
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(clip_decoding, "_decode_file", slow_decode)
+    held = HeldDecode(monkeypatch)
     first = asyncio.create_task(upload(client, clip()))
-    await asyncio.to_thread(decoding.wait, 30)
+    await held.started()
     async with client.post("/v1/voices", data=form(clip())) as second:
         assert second.status == 503
         assert (await second.json())["error"]["code"] == "busy"
         assert second.headers["Retry-After"] == "1"
-    release.set()
+    held.release.set()
     status, body = await first
     assert status == 201, body
     assert (await upload(client, clip()))[0] == 201  # the slot is free again
@@ -67,19 +83,9 @@ async def test_encode_latents_and_generate_wav_prompts_take_the_same_slot_before
     encoded their clips outside ``max_voice_jobs`` (security probe 4, N4r: 8 of 8 ran at once, and a bystander's
     median latency went from 24 to 243 ms): with the one slot held by an upload, they are refused, undecoded."""
     client: TestClient = await aiohttp_client(await serve(max_voice_jobs=1))
-    decodes, decoding, release = [], threading.Event(), threading.Event()
-    real_decode = clip_decoding._decode_file
-
-    def counted_decode(*args: object, **kwargs: object) -> np.ndarray:
-        decodes.append(args)
-        if len(decodes) == 1:  # the upload's, which holds the slot until released
-            decoding.set()
-            release.wait(30)
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(clip_decoding, "_decode_file", counted_decode)
+    held = HeldDecode(monkeypatch)
     first = asyncio.create_task(upload(client, clip()))
-    await asyncio.to_thread(decoding.wait, 30)
+    await held.started()
     wav = base64.b64encode(clip()).decode("ascii")
     text = {"target_text": "Hello.", "response_format": "pcm"}
     refused = [
@@ -92,8 +98,8 @@ async def test_encode_latents_and_generate_wav_prompts_take_the_same_slot_before
             assert response.status == 503, (path, await response.text())
             assert response.headers["Retry-After"] == "1"
             assert "retry shortly" in (await response.json())["detail"]
-    assert len(decodes) == 1  # refused before their clips were decoded
-    release.set()
+    assert held.decodes == 1  # refused before their clips were decoded
+    held.release.set()
     assert (await first)[0] == 201
     async with client.post("/encode_latents", json=refused[0][1]) as response:
         assert response.status == 200  # the slot is free again
