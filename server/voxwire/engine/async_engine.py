@@ -49,17 +49,15 @@ class AsyncEngine:
         *,
         thread_name: str = "voxwire-engine",
         death_error: type[EngineDeadError] = EngineDeadError,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``death_error``: what the open streams raise if the engine thread dies (``EngineRestartingError``
-        where the owner replaces a dead engine); ``clock``: the clock of ``stepping_since``."""
+        where the owner replaces a dead engine)."""
         # Only the engine thread touches _engine (and _cycle, which steps it) once start() has run.
         self._engine = engine
         self._death_error = death_error
-        self._clock = clock
         self.stepping_since: float | None = None
-        """When (on ``clock``) the step now running began; None between steps. Written by the engine thread
-        (one reference assignment: any thread reads a whole value), read by a watchdog for a stuck step."""
+        """When (``time.monotonic()``) the step now running began; None between steps. Written by the engine
+        thread (one reference assignment: any thread reads a whole value), read by a watchdog for a stuck step."""
         self.death: BaseException | None = None
         """What ended the engine thread, once it died (set on the event loop)."""
         self._abandoned = False
@@ -177,7 +175,7 @@ class AsyncEngine:
         if stopping:
             self._cycle.drain()
             return False
-        self.stepping_since = self._clock()
+        self.stepping_since = time.monotonic()
         self._cycle.run_due()
         self.stepping_since = None
         return True
