@@ -3,11 +3,20 @@ several test packages use."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+# One compute thread per process, set before anything imports torch: the suite gets its parallelism from
+# pytest-xdist's workers and the servers it starts, and torch's OpenMP threads, two per process on two shared cores,
+# spin-wait for each other (a test taking 2 s on one thread took 78 s on two beside other busy processes). Tests
+# that need more threads set them (tests/model/test_batch_invariant.py); PASSIVE keeps those from spinning.
+# Subprocesses inherit both; a developer's own values win.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
