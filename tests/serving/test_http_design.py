@@ -15,6 +15,7 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, upload
 
 import voxwire
 from voxwire.engine import SynthesisParams
@@ -27,7 +28,6 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 from .conftest import _config
-from .test_voices import clip, upload
 
 pytestmark = pytest.mark.asyncio
 

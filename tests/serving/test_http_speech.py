@@ -15,12 +15,11 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import record_engine_texts
 
 from voxwire.engine import SynthesisParams
 from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
 from voxwire.serving.service import SpeechJob
-
-from .ws.test_ws_normalize import record_engine_texts
 
 pytestmark = pytest.mark.asyncio
 

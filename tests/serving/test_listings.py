@@ -8,11 +8,10 @@ from __future__ import annotations
 import openai
 import pytest
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, upload
 
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.keys import SERVICE_KEY
-
-from .test_voices import clip, upload
 
 pytestmark = pytest.mark.asyncio
 

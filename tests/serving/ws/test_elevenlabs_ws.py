@@ -16,9 +16,7 @@ import av
 import numpy as np
 import pytest
 from aiohttp import WSMsgType
-
-from ..integrations.test_livekit_tts import STEP_S, engine_busy, record_steps
-from ..test_voices import clip, form
+from tests.serving.helpers import STEP_S, clip, engine_busy, form, record_steps
 
 pytestmark = pytest.mark.asyncio
 
