@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from tests.server_process import ServerProcess, poll
-from tests.workers.test_workers import KEY, frontend_pids, metric, speak, upload_voice, utterance
+from tests.workers.helpers import KEY, frontend_pids, metric, speak, upload_voice, utterance
 
 from voxwire.client.connection import Connection
 from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text

@@ -41,7 +41,7 @@ from voxwire.speech_model import public_model_name
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-from .test_workers import utterance
+from .helpers import utterance
 
 TRANSCRIPT = "A clip of the voice."
 TEXT = "The frontend speaks in a saved voice."

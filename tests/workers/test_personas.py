@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tests.server_process import ServerProcess, poll, server_threads
 from tests.serving.conftest import LORA
-from tests.workers.test_workers import KEY, metric
+from tests.workers.helpers import KEY, metric
 
 import voxwire
 from voxwire.client.connection import Connection
