@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import DemoServer
-from .test_demo_page import OPUS_PACKET_SAMPLES, WAIT_MS, open_demo, stats
+from .conftest import OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
 
 pytestmark = pytest.mark.asyncio
 

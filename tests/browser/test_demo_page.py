@@ -17,18 +17,15 @@ import numpy as np
 import pytest
 import soundfile
 
-from .conftest import DemoServer
+from .conftest import KEY, OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
 
 pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-KEY = "browser-test-key"
 RATE = 48_000
-OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
 FADE_SAMPLES = 240  # the player's 5 ms fade-out on cancel
 QUANTUM = 128  # an AudioWorklet renders in blocks of 128 samples
-WAIT_MS = 30_000
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it takes a well deserved rest."
 PARAGRAPH = " ".join(
@@ -43,24 +40,6 @@ PARAGRAPH = " ".join(
 )
 
 
-async def stats(page: Any) -> dict[str, Any]:
-    return await page.evaluate("() => ({...window.voxwireStats})")  # type: ignore[no-any-return]
-
-
-# Collects every ``done`` message in ``window.dones``, from the moment the page creates its client.
-RECORD_DONE = """
-window.dones = [];
-Object.defineProperty(window, 'voxwireClient', {
-    configurable: true,
-    get() { return this.recordedClient; },
-    set(client) {
-        this.recordedClient = client;
-        client.addEventListener('done', (event) => window.dones.push(event.detail));
-    },
-});
-"""
-
-
 # A slow uplink: the page's `cancel` reaches the server 300 ms late, so frames of the cancelled
 # utterance keep coming meanwhile and the client must drop them by their utterance number.
 DELAY_CANCEL = """
@@ -70,14 +49,6 @@ WebSocket.prototype.send = function (data) {
     else send.call(this, data);
 };
 """
-
-
-async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
-    await page.add_init_script(RECORD_DONE)
-    await page.goto(str(server.make_url(f"/?token={KEY}")))
-    if lead_ms is not None:
-        await page.fill("#lead", str(lead_ms))
-        await page.dispatch_event("#lead", "change")
 
 
 async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer) -> None:
