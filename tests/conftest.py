@@ -1,14 +1,17 @@
 """Shared test configuration: the GPU marker is skipped automatically where CUDA is absent; fixtures that
-several test packages use."""
+several test packages use, among them the tiny models, built once per test process."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from voxwire.tts import VoxCPM
 
 # One compute thread per process, set before anything imports torch: the suite gets its parallelism from
 # pytest-xdist's workers and the servers it starts, and torch's OpenMP threads, two per process on two shared cores,
@@ -51,3 +54,27 @@ def slow_down() -> Callable[[Any, float], None]:
         runner.execute = slow_execute
 
     return apply
+
+
+@pytest.fixture(scope="session")
+def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    """One tiny random voxcpm2 model on CPU, shared by every test of the process that only reads it (a test that
+    changes its model, e.g. adapts its layers, makes its own)."""
+    import voxwire
+    from voxwire.tiny.checkpoint import make_tiny_checkpoint
+
+    return voxwire.load_model(
+        make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model") / "voxcpm2", "voxcpm2"), device="cpu"
+    )
+
+
+@pytest.fixture(scope="session")
+def persona_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
+    """A tiny voxcpm2 model of its own for persona tests (personas wrap its layers), float32 like the fixture."""
+    import torch
+
+    import voxwire
+    from voxwire.tiny.checkpoint import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("persona-model") / "voxcpm2", "voxcpm2", seed=0)
+    return voxwire.load_model(folder, device="cpu", dtype=torch.float32)

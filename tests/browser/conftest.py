@@ -25,12 +25,10 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
-import voxwire
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY
 from voxwire.speech_model import VoxCPMSpeech
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 CHROMIUM_ARGS = [
@@ -65,12 +63,6 @@ def chromium() -> str:
     if path is None:
         _missing("no chromium on PATH (apt-get install chromium)")
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("browser-model") / "voxcpm2", "voxcpm2")
-    return voxwire.load_model(folder, device="cpu")
 
 
 @pytest_asyncio.fixture

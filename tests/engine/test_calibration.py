@@ -10,7 +10,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-import voxwire
 from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.calibration import (
     CALIBRATION_SLOT,
@@ -26,7 +25,6 @@ from voxwire.engine.outputs import PrefillItem
 from voxwire.engine.runner import ModelRunner
 from voxwire.engine.timestep_buckets import bucket_of
 from voxwire.errors import InvalidInputError
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 SHAPES = [(1, 0), (4, 0), (16, 0), (1, 20), (1, 80), (1, 250)]
@@ -145,11 +143,6 @@ def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone()
     fitted, _ = measure_step_cost(target, clock=target.clock)
     assert not target.admitted
     assert_close(fitted, StepCost.parse("3ms+0.5ms/row"))
-
-
-@pytest.fixture(scope="module")
-def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, FinishReason, Request, RunnerOptions, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, FinishReason, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.runner import ModelRunner
@@ -22,14 +22,9 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-from .test_voice_cache import voice
+from .helpers import audio, crowd, request, run
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
-
-
-@pytest.fixture(scope="module")
-def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def make_engine(
@@ -37,28 +32,6 @@ def make_engine(
 ) -> tuple[Engine, ModelRunner]:
     runner = ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256, batch_invariant=batch_invariant))
     return Engine(runner, EngineConfig(max_running=slots, **config)), runner
-
-
-def request(rid: str, text: str, tts: VoxCPM, **params: object) -> Request:
-    tokens = len(tts.tokenizer.encode(text)) + 1
-    return Request(rid, text, prefill_tokens=tokens, params=SynthesisParams(**params))
-
-
-def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[Chunk]]:
-    """Step until idle; ``arrivals[k]`` are added before step k. Returns each request's outputs."""
-    outputs: dict[str, list[Chunk]] = {}
-    for step in range(limit):
-        for req in arrivals.get(step, []):
-            engine.add(req)
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
-        if step >= max(arrivals, default=0) and not engine.has_work():
-            return outputs
-    raise AssertionError("engine did not finish")
-
-
-def audio(outputs: list[Chunk]) -> np.ndarray:
-    return np.concatenate([o.audio for o in outputs])
 
 
 def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> None:
@@ -85,21 +58,6 @@ def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> 
     assert len(crowded["target"]) == len(alone)
     np.testing.assert_allclose(audio(crowded["target"]), audio(alone), atol=1e-4, rtol=0)
     assert all(outs[-1].finished for outs in crowded.values())
-
-
-def crowd(tts: VoxCPM, count: int) -> list[Request]:
-    """``count`` different utterances: texts, seeds, guidance, timestep counts, lengths and voices all vary."""
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]
-    made = []
-    for i in range(count):
-        text = f"{words[i % 11]} {words[(5 * i + 3) % 11]}, {i}." + (" 中文句子。" if i % 4 == 1 else "")
-        params = {"seed": 1000 + i, "cfg_value": 1.0 + 0.25 * (i % 7), "max_len": 6 + i % 9, "min_len": 4}
-        if i % 3 == 2:
-            params["inference_timesteps"] = 4 + i % 8
-        made.append(request(f"s{i}", text, tts, **params))
-        if i % 5 == 3:  # a voice prompt: LocEnc in the prefill
-            made[-1] = Request(made[-1].request_id, text, 48, made[-1].params, prompt=voice(tts, seed=i))
-    return made
 
 
 def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:

@@ -23,7 +23,7 @@ from voxwire.prompt import VoicePrompt
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
-from .test_model_runner import audio, crowd, request, run
+from .helpers import audio, crowd, request, run
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
 

@@ -23,9 +23,9 @@ from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
 
-@pytest.fixture(scope="module")
-def v2(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v2"), "voxcpm2"), device="cpu")
+@pytest.fixture
+def v2(tiny_tts: VoxCPM) -> VoxCPM:
+    return tiny_tts
 
 
 @pytest.fixture(scope="module")
