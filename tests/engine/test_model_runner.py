@@ -60,6 +60,7 @@ def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> 
     assert all(outs[-1].finished for outs in crowded.values())
 
 
+@pytest.mark.isa
 def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
     """Issue 9: with batch-invariant numerics, 24 sessions arriving over several steps (prefills sharing a step,
     rows of different lengths, guidance and timestep counts, voices) each produce exactly the audio they
@@ -75,6 +76,7 @@ def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> Non
         assert np.array_equal(audio(together[req.request_id]), alone[req.request_id]), req.request_id
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
 def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, batch_invariant: bool) -> None:
     """Sessions through the batching engine, side by side, each equal the reference's generate() output (with
@@ -308,6 +310,7 @@ def staggered_arrivals(tts: VoxCPM) -> dict[int, list[Request]]:
     }
 
 
+@pytest.mark.isa
 def test_batch_invariant_graph_replays_equal_eager_bit_for_bit(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """With batch-invariant numerics the CUDA-graph path's padding rows and rounded-up timestep counts change no
     bit of any session's audio (capture emulated on CPU)."""
@@ -396,6 +399,7 @@ def test_a_discarded_runner_is_freed_at_once_with_its_kv_pool(tts: VoxCPM, emula
         gc.enable()
 
 
+@pytest.mark.isa
 def test_step_outputs_reuse_one_host_buffer_and_held_chunks_stay_intact(
     tts: VoxCPM, emulated_graph_capture: None
 ) -> None:

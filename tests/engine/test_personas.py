@@ -75,6 +75,7 @@ def solo(tts: VoxCPM, req: Request, batch_invariant: bool = False) -> np.ndarray
     return audio(run(engine(tts, batch_invariant=batch_invariant)[0], {0: [req]})[req.request_id])
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
 def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM, batch_invariant: bool) -> None:
     meta = json.loads((LORA / "meta.json").read_text(encoding="utf-8"))
@@ -100,6 +101,7 @@ def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> N
     assert tts.personas is not None and all(tts.personas.users(name) == 0 for name in ("A", "B"))
 
 
+@pytest.mark.isa
 def test_batch_invariant_rows_with_personas_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
     """With batch-invariant numerics a batch mixing persona A, persona B and none gives each of 12 sessions exactly
     its solo audio (the adapters' per-row matmuls included)."""
@@ -249,6 +251,7 @@ def poisoned(model: VoxCPM, name: str, value: float) -> None:
     model.personas.register(name, LoRAAdapter("poison", good.config, weights))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(
     ("batch_invariant", "value"),
     [(False, float("nan")), (True, float("nan")), (True, float("inf"))],

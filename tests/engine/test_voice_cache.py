@@ -49,6 +49,7 @@ class LocEncCalls:
         self._handle.remove()
 
 
+@pytest.mark.isa
 def test_a_second_session_with_the_same_voice_skips_locenc_and_sounds_the_same(tts: VoxCPM) -> None:
     saved = voice(tts, seed=1)  # 3 reference + 5 prompt patches: one LocEnc call of 8 when encoded
     cached, uncached = (

@@ -53,6 +53,7 @@ async def test_wav_streams_as_a_chunked_body_readable_by_soundfile(client: TestC
     assert audio.size > 0 and audio.size % info.samples_per_patch == 0
 
 
+@pytest.mark.isa
 async def test_formats_agree_on_the_audio_of_one_seed(client: TestClient, tmp_path: Path) -> None:
     info = client.server.app[SERVICE_KEY].info
     _, _, wav = await speech(client, response_format="wav")

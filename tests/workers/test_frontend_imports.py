@@ -100,6 +100,7 @@ def server(tiny_tts: VoxCPM, modules_dir: Path, tmp_path_factory: pytest.TempPat
         yield process
 
 
+@pytest.mark.isa
 @pytest.mark.slow
 def test_a_frontend_serves_voices_and_speech_without_torch(
     server: ServerProcess, tiny_tts: VoxCPM, modules_dir: Path

@@ -53,6 +53,7 @@ def listening_frontends(process: ServerProcess) -> set[str]:
 # ---- one shared server: behaviour is the single-process server's -----------------------------------------------
 
 
+@pytest.mark.isa
 def test_pcm_is_generate_alone_and_the_same_in_a_crowd(server: ServerProcess, tiny_tts: VoxCPM) -> None:
     pcm, done = asyncio.run(speak(server.ws_url, TEXT, seed=11))
     assert done.finish_reason in ("stop", "length")
