@@ -22,7 +22,28 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if holds_module_state(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    skip_gpu_tests_without_cuda(items)
+
+
+def holds_module_state(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture built once for its module (e.g. a server): a module-scoped fixture, or a
+    session-scoped one its own module defines. pytest-xdist (``--dist loadgroup``) then runs the module's tests on
+    one worker, so that the fixture is built once, not once on each worker that gets one of them."""
+    module = item.nodeid.split("::")[0]
+    definitions = item._fixtureinfo.name2fixturedefs.values()  # type: ignore[attr-defined]
+    return any(
+        fixture.scope == "module" or (fixture.scope == "session" and fixture.baseid == module)
+        for chain in definitions
+        for fixture in chain
+    )
+
+
+def skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     try:
         import torch
 

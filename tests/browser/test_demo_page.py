@@ -64,6 +64,7 @@ async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer)
             assert response.status == 200
 
 
+@pytest.mark.alone  # real-time playback without an underrun
 async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server(api_keys=(KEY,))
     await open_demo(page, server, lead_ms=500)  # a generous buffer: no underrun is acceptable
@@ -94,6 +95,7 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     assert page.errors == []
 
 
+@pytest.mark.alone  # it times the silence after a click
 async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer, slow_down) -> None:
     server = await demo_server()
     slow_down(server.app, 0.05)  # 0.16 s of audio a step: generation is still going when Stop is clicked
@@ -123,6 +125,7 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     assert page.errors == []
 
 
+@pytest.mark.alone  # keys typed 15 ms apart
 async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
     await open_demo(page, server)
@@ -142,6 +145,7 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     assert page.errors == []
 
 
+@pytest.mark.alone  # real-time playback without an underrun
 async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer) -> None:
     await page.add_init_script("delete window.AudioDecoder")  # a browser without WebCodecs
     server = await demo_server()

@@ -177,6 +177,7 @@ async def test_say_reports_a_lost_connection_and_speaks_the_rest_without_replayi
 # ---- bench ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # its retries last a few seconds
 @pytest.mark.asyncio
 async def test_bench_visitors_refused_at_the_connection_limit_retry_and_all_succeed(serve) -> None:
     server = await serve(max_connections=1)

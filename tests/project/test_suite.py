@@ -13,6 +13,7 @@ comparisons are of data torch does not compute, with the reason.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shlex
 from collections.abc import Iterator
@@ -89,7 +90,7 @@ class Module:
     path: Path
     tree: ast.Module
 
-    @property
+    @functools.cached_property
     def functions(self) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
         return {node.name: node for node in self.tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
@@ -105,6 +106,7 @@ class Module:
             for node in self.tree.body
         )
 
+    @functools.cached_property
     def reference_names(self) -> set[str]:
         """Module-level names bound to the reference's recorded data (a path under fixtures/reference) or to its
         environment."""
@@ -130,7 +132,7 @@ class Module:
             yield from ast.walk(function)
 
     def depends_on_the_isa(self, test: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-        references = self.reference_names()
+        references = self.reference_names
         for node in self.reached(test):
             if isinstance(node, ast.Call):
                 name = dotted(node.func)
@@ -143,6 +145,7 @@ class Module:
         return False
 
 
+@functools.cache
 def modules() -> list[Module]:
     return [Module(path, ast.parse(path.read_text(encoding="utf-8"))) for path in suite_modules()]
 
