@@ -26,6 +26,7 @@ TWO_TURNS = """async () => {
 }"""
 
 
+@pytest.mark.slow
 async def test_a_prepared_context_plays_after_the_current_turn(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
     await open_demo(page, server, lead_ms=300)

@@ -51,6 +51,7 @@ WebSocket.prototype.send = function (data) {
 """
 
 
+@pytest.mark.slow
 async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer) -> None:
     server = await demo_server(api_keys=(KEY,))
     public = [("/", 200, "text/html"), ("/client/client.js", 200, "javascript"), ("/client/demo.css", 200, "css")]
@@ -64,6 +65,7 @@ async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer)
             assert response.status == 200
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # real-time playback without an underrun
 async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server(api_keys=(KEY,))
@@ -95,6 +97,7 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     assert page.errors == []
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # it times the silence after a click
 async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer, slow_down) -> None:
     server = await demo_server()
@@ -125,6 +128,7 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     assert page.errors == []
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # keys typed 15 ms apart
 async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
@@ -145,6 +149,7 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     assert page.errors == []
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # real-time playback without an underrun
 async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer) -> None:
     await page.add_init_script("delete window.AudioDecoder")  # a browser without WebCodecs
@@ -163,6 +168,7 @@ async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer
     assert page.errors == []
 
 
+@pytest.mark.slow
 async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServer, tmp_path: Path) -> None:
     server = await demo_server(api_keys=(KEY,))
     t = np.arange(16_000) / 16_000
@@ -184,6 +190,7 @@ async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServ
     assert page.errors == []
 
 
+@pytest.mark.slow
 async def test_the_page_lists_personas_and_speaks_with_one(page: Any, demo_server: DemoServer) -> None:
     lora = ROOT / "tests" / "fixtures" / "reference" / "lora" / "voxcpm2"
     server = await demo_server(api_keys=(KEY,), loras=(("narrator", lora),), max_lora_rank=16)

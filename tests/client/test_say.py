@@ -105,6 +105,7 @@ async def test_stdin_lines_are_spoken_as_they_arrive(serve) -> None:
     assert len(first_audio + rest) % 2 == 0 and len(rest) > 0
 
 
+@pytest.mark.slow
 async def test_failures_exit_with_typed_codes(serve) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -122,6 +123,7 @@ async def test_failures_exit_with_typed_codes(serve) -> None:
     assert spoken.returncode == 0 and spoken.stdout[:4] == b"RIFF"
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 async def test_a_persona_speaks_its_own_audio(serve, persona_app, persona_tts: VoxCPM) -> None:
     server = await serve(app=persona_app())

@@ -158,6 +158,7 @@ def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
     return outputs
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_a_measured_runner_states_its_cost_and_serves_as_if_never_measured(tts: VoxCPM) -> None:
     measured = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, measure_cost=True))

@@ -60,6 +60,7 @@ def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> 
     assert all(outs[-1].finished for outs in crowded.values())
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
     """Issue 9: with batch-invariant numerics, 24 sessions arriving over several steps (prefills sharing a step,
@@ -144,6 +145,7 @@ def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
     assert not runner.requests
 
 
+@pytest.mark.slow
 def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
     """Randomly interleaved adds, aborts and natural finishes on the real runner: every request ends exactly
     once, and afterwards no per-request state, slot or queue entry is left."""
@@ -310,6 +312,7 @@ def staggered_arrivals(tts: VoxCPM) -> dict[int, list[Request]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_batch_invariant_graph_replays_equal_eager_bit_for_bit(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """With batch-invariant numerics the CUDA-graph path's padding rows and rounded-up timestep counts change no
@@ -343,6 +346,7 @@ def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> Non
     np.testing.assert_allclose(after, alone, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_rows_run_in_their_own_timestep_bucket(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """Issue 21.4: one request asking for many timesteps does not make every row of the step run that many. Each
     timestep bucket's rows replay their own graph (a row with 4 runs the 4-step graph while another runs the

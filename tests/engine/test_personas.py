@@ -101,6 +101,7 @@ def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> N
     assert tts.personas is not None and all(tts.personas.users(name) == 0 for name in ("A", "B"))
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_batch_invariant_rows_with_personas_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
     """With batch-invariant numerics a batch mixing persona A, persona B and none gives each of 12 sessions exactly
@@ -182,6 +183,7 @@ def slot_buffers(model: VoxCPM) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_a_persona_added_after_graph_capture_needs_no_capture_and_sounds_as_if_loaded_before(
     tts: VoxCPM,
     tmp_path_factory: pytest.TempPathFactory,
@@ -251,6 +253,7 @@ def poisoned(model: VoxCPM, name: str, value: float) -> None:
     model.personas.register(name, LoRAAdapter("poison", good.config, weights))
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 @pytest.mark.parametrize(
     ("batch_invariant", "value"),

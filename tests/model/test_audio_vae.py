@@ -117,6 +117,7 @@ def shape_only_vae(name: str) -> AudioVAE:
         return AudioVAE(*(REAL_CONFIGS[name] if name in REAL_CONFIGS else tiny(name)))
 
 
+@pytest.mark.slow
 def test_published_layout_has_the_real_checkpoints_entry_counts() -> None:
     # Counts of audiovae.pth state entries (model spec 2.4): 0.5B 243, 1.5 299, V2 312.
     counts = {name: len(to_published_state_dict(shape_only_vae(name).state_dict())) for name in REAL_CONFIGS}
@@ -267,6 +268,7 @@ def test_streaming_equals_full_decode_for_staggered_streams_and_uneven_chunks(na
     assert [b.data_ptr() for b in state.buffers] == pointers  # updated in place, never reallocated
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_streaming_decode_traces_as_one_graph_without_host_syncs() -> None:
     # fullgraph=True fails on any graph break: a .item(), a branch on a tensor value, a data-dependent

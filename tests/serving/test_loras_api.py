@@ -139,6 +139,7 @@ async def test_limits_on_loras(
         assert response.status == 201
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rank_above_the_limit_is_refused_before_its_weights_are_read(
     serve: Serve, aiohttp_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
