@@ -81,8 +81,9 @@ class VoxwireTTSService(WebsocketTTSService):
         api_key: str | None = None,
         sample_rate: int | None = None,
         settings: VoxwireTTSSettings | None = None,
-        # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one.
-        text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,  # type: ignore[assignment]
+        # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one, and
+        # types the members as str: the mode made from its value is a TextAggregationMode to it (and the same member).
+        text_aggregation_mode: TextAggregationMode = TextAggregationMode("token"),
         **kwargs: Any,  # WebsocketTTSService's own options, passed through
     ) -> None:
         store = VoxwireTTSSettings(
@@ -116,7 +117,7 @@ class VoxwireTTSService(WebsocketTTSService):
         return SpeechSettings.of(self._settings.given_fields())
 
     # FrameProcessor.setup itself narrows BaseObject.setup's argument; this override keeps FrameProcessor's.
-    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
+    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]  # as FrameProcessor
         await super().setup(setup)  # sets the pipeline's output rate, which the session asks for
         await self._connect()
 
@@ -178,7 +179,7 @@ class VoxwireTTSService(WebsocketTTSService):
         await self.push_error_frame(self._error_frame(exc))
 
     # TTSService itself narrows AIService's ServiceSettings to TTSSettings; this override keeps TTSService's.
-    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]
+    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]  # as TTSService
         """Store the delta; the next utterance opens with it (the one speaking keeps its voice to its end)."""
         changed = await super()._update_settings(delta)
         self._warn_unhandled_updated_settings(changed.keys() & {"model", "language"})
