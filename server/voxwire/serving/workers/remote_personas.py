@@ -93,7 +93,7 @@ class RemotePersonas:
             raise errors[0]
         await self._publish()
         first = results[0]
-        assert isinstance(first, tuple)
+        assert isinstance(first, tuple) and isinstance(first[0], PersonaInfo)
         return first[0]
 
     async def remove(self, name: str, *, owner: str | None) -> None:
