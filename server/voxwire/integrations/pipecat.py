@@ -50,6 +50,10 @@ from voxwire.protocol.wire import Done, Error, Words
 
 MODEL = "voxcpm"
 
+_TOKEN_MODE = TextAggregationMode("token")
+"""``TextAggregationMode.TOKEN``, made from its value: Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat
+needs), and mypy, checking for 3.10 (without one), types the members as str, the mode so made as the enum."""
+
 
 @dataclass
 class VoxwireTTSSettings(TTSSettings):
@@ -81,9 +85,7 @@ class VoxwireTTSService(WebsocketTTSService):
         api_key: str | None = None,
         sample_rate: int | None = None,
         settings: VoxwireTTSSettings | None = None,
-        # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one, and
-        # types the members as str: the mode made from its value is a TextAggregationMode to it (and the same member).
-        text_aggregation_mode: TextAggregationMode = TextAggregationMode("token"),
+        text_aggregation_mode: TextAggregationMode = _TOKEN_MODE,
         **kwargs: Any,  # WebsocketTTSService's own options, passed through
     ) -> None:
         store = VoxwireTTSSettings(
