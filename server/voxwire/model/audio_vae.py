@@ -157,7 +157,7 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
     bias: Tensor  # always built with one
 
     # The stream state takes the place of ConvTranspose1d's output_size (the output is always L·stride).
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # stream state in place of output_size
         self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None
     ) -> Tensor:
         """x: (B, C_in, L) -> (B, C_out, L·stride); ``snake_alpha``: see ``_with_past``."""
@@ -337,7 +337,7 @@ class CausalDecoder(nn.Module):
                 SampleRateCondition(block_inputs[index], len(boundaries) + 1) if index in block_inputs else None
                 for index in range(len(layers))
             ]
-            self.sr_cond_model = nn.ModuleList(conditions)  # type: ignore[arg-type]
+            self.sr_cond_model = nn.ModuleList(conditions)  # type: ignore[arg-type]  # None among the modules
         self.stream_state_shapes = _assign_state_slots(self.model)
 
     def _sample_rate_bucket(self) -> Tensor:
