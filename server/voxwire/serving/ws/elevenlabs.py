@@ -66,9 +66,9 @@ from voxwire.serving.http.errors import ApiError
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    ENGINES_KEY,
     METRICS_KEY,
     OWNER_KEY,
-    SERVICE_KEY,
     STATE_KEY,
     TRACING_KEY,
     VOICES_KEY,
@@ -211,7 +211,7 @@ class ElevenLabsConnection:
         self.ws = ws
         self.transport = request.transport
         self.endpoint = endpoint
-        self.service = app[SERVICE_KEY].pinned()  # a context's segments continue each other on one engine
+        self.service = app[ENGINES_KEY].pinned()  # a context's segments continue each other on one engine
         self.encoders = app.get(ENCODERS_KEY, INLINE)
         self.authenticated = endpoint.authenticated
         self.counted = counted
