@@ -3,7 +3,6 @@ code and its reason on its line (``strict_types.py`` reads both; CI runs mypy it
 
 from __future__ import annotations
 
-import pytest
 from tests.project.strict_types import ROOT, Ignore, ignores, matches, modules, strict_patterns, strict_share
 
 MAX_IGNORES = 8
@@ -51,9 +50,5 @@ def test_a_pattern_matches_as_mypy_matches_it() -> None:
     assert not matches("voxwire.client.*", "voxwire.clients") and not matches("voxwire.serving", "voxwire.serving.app")
 
 
-@pytest.mark.xfail(
-    reason="issue 30: reaches 60 % once the serving/ws, service/proxy/app and prepare-path modules turn strict too",
-    strict=False,
-)
 def test_mypy_checks_most_of_the_package_strictly() -> None:
     assert strict_share() >= STRICT_SHARE

@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import STREAM_PATH, Done
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 
 STEP_S = 0.1
@@ -80,7 +80,7 @@ async def solo_audio(server: TestServer, settings: SpeechSettings, text: str, ra
 
 def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """(text, continued from a previous sentence) of every request the server's engine is given."""
-    service = app[SERVICE_KEY]  # type: ignore[index]
+    service = app[SPEAKER_KEY]  # type: ignore[index]
     requests: list[tuple[str, bool]] = []
     speak = service.speak
 
@@ -93,13 +93,13 @@ def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
 
 
 def engine_busy(app: object) -> bool:
-    stats = app[SERVICE_KEY].engine.stats()  # type: ignore[index]
+    stats = app[ENGINES_KEY].engine.stats()  # type: ignore[index]
     return bool(stats.running or stats.waiting)
 
 
 def record_steps(app: object, step_s: float) -> list[tuple[float, tuple[str, ...]]]:
     """Slow every engine step to ``step_s`` and log (start time, requests decoded) of each."""
-    runner = app[SERVICE_KEY].runner  # type: ignore[index]
+    runner = app[ENGINES_KEY].runner  # type: ignore[index]
     execute = runner.execute
     steps: list[tuple[float, tuple[str, ...]]] = []
 

@@ -1,5 +1,5 @@
 """``RemotePersonas``: the LoRA personas of the engine processes of ``voxwire serve --workers N``, seen from one
-frontend, over the proxy's calls to the engines (``EngineCalls``).
+frontend, over the calls to the engines on its links (``EngineCalls``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCalls(Protocol):
-    """What ``RemotePersonas`` needs of the engines (``EngineProxy``)."""
+    """What ``RemotePersonas`` needs of the engines (``links.EngineLinks``)."""
 
     def engines(self) -> range:
         """The engines' indices."""

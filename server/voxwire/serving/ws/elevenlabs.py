@@ -55,9 +55,9 @@ from voxwire.serving.http.errors import ApiError
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    ENGINES_KEY,
     METRICS_KEY,
     OWNER_KEY,
-    SERVICE_KEY,
     STATE_KEY,
     TRACING_KEY,
     VOICES_KEY,
@@ -151,7 +151,7 @@ async def _serve(request: web.Request, *, multi: bool) -> web.WebSocketResponse:
     endpoint = _endpoint(request, multi)
     ws = stream_socket(config)
     async with upgraded(request, ws, keyless=not endpoint.authenticated) as counted:  # else 503 before the 101
-        service = app[SERVICE_KEY].pinned()  # a context's segments continue each other on one engine
+        service = app[ENGINES_KEY].pinned()  # a context's segments continue each other on one engine
         encoders = app.get(ENCODERS_KEY, INLINE)
         socket = ElevenLabsSocket(ws, request.transport, endpoint, service.info.sample_rate, encoders)
         session = Session(

@@ -27,10 +27,10 @@ from voxwire.serving.http.admission import Refusal, refusal, require_admission
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    ENGINES_KEY,
     KEYLESS_KEY,
     METRICS_KEY,
     OWNER_KEY,
-    SERVICE_KEY,
     SESSIONS_KEY,
     STATE_KEY,
     TRACING_KEY,
@@ -195,7 +195,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     async with upgraded(request, ws):  # refused before the 101 (503, Retry-After): a balancer can try elsewhere
         socket = Socket(ws, request)
         session = Session(
-            app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
+            app[ENGINES_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
             config,
             app[VOICES_KEY],
             app[STATE_KEY],

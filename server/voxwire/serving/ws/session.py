@@ -37,7 +37,7 @@ from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
 from voxwire.serving.metrics import Metrics
-from voxwire.serving.service import Service, SpeechFailure, SpeechJob, UtteranceOptions
+from voxwire.serving.service import Speaker, SpeechFailure, SpeechJob, UtteranceOptions
 from voxwire.serving.tracing import SEGMENT_SPAN, Tracing, traced
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
@@ -94,7 +94,7 @@ class Session:
 
     def __init__(
         self,
-        service: Service,
+        service: Speaker,
         config: ServerConfig,
         voices: VoiceStore,
         server: ServerState,
