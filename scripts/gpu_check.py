@@ -21,8 +21,10 @@ Phases, each timed and guarded (a failure is recorded and the others still run) 
 2. ``build``: the model as ``voxwire serve`` builds it; weights memory.
 3. ``fusion``: every attention runs q/k/v as one GEMM and every MLP gate/up as one (counted); fails otherwise.
 4. ``correctness``: sessions with different texts, seeds, guidance and timestep counts, arriving at different
-   steps, decoded together and each alone. The gate: on batch-invariant runners (``--batch-invariant``) every
-   session's audio is bit for bit its audio alone. The default path's difference is reported, not gated (its
+   steps, decoded together and each alone; on batch-invariant runners also a burst of at least 16 copies of them
+   arriving at once (16 rows and more, where CUDA's reductions may order a row's sum differently). The gate: on
+   batch-invariant runners (``--batch-invariant``) every session's audio, in both runs, is bit for bit its audio
+   alone, and the burst ran 16 rows in a step. The default path's difference is reported, not gated (its
    GEMM kernels depend on the row count, and an FSQ rounding flip then diverges a session). On CUDA also the
    batch-invariant graph path against its eager path (reported).
 5. ``server_setup``: the runner ``voxwire serve --max-sessions ROWS`` builds (``VoxCPMSpeech.new_runner``): time
@@ -59,7 +61,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -533,6 +535,19 @@ def mixed_requests(count: int, patches: int) -> dict[int, list[Request]]:
     return {0: requests[:third], 1: requests[third : 2 * third], 3: requests[2 * third :]}
 
 
+BURST_SESSIONS = 16
+"""Sessions of the correctness gate's burst, all arriving at once: from 16 rows on, torch's CUDA reductions may
+order a row's sum differently than in a smaller batch (ATen's ``ReduceConfig``), and the mixed arrivals run fewer."""
+
+
+def burst_of_copies(arrivals: dict[int, list[Request]], sessions: int) -> dict[str, Request]:
+    """At least ``sessions`` copies of the arriving requests (same texts, seeds and settings, ids of their own), by
+    id; ``each_alone`` of the originals is what each copy must sound like."""
+    originals = [request for requests in arrivals.values() for request in requests]
+    rounds = -(-sessions // len(originals))
+    return {f"{r.request_id}-copy{k}": r for k in range(rounds) for r in originals}
+
+
 def each_alone(runner: ModelRunner, arrivals: dict[int, list[Request]]) -> dict[str, np.ndarray]:
     audio = {}
     for requests in arrivals.values():
@@ -570,22 +585,37 @@ def check_correctness(tts: VoxCPM, plan: Plan) -> Outcome:
     arrivals = mixed_requests(plan.correctness_sessions, plan.correctness_patches)
     spp = tts.samples_per_patch
     result: dict[str, Any] = {"sessions": plan.correctness_sessions}
+    copies = burst_of_copies(arrivals, BURST_SESSIONS)
     for path, invariant in (("batch_invariant", True), ("default", False)):
-        slots = plan.correctness_sessions
-        batched = run_engine(aux_runner(tts, slots, graphs=plan.cuda, batch_invariant=invariant), arrivals)
+        slots = max(plan.correctness_sessions, len(copies)) if invariant else plan.correctness_sessions
+        runner = aux_runner(tts, slots, graphs=plan.cuda, batch_invariant=invariant)
+        batched = run_engine(runner, arrivals)
         alone = each_alone(aux_runner(tts, 1, graphs=plan.cuda, batch_invariant=invariant), arrivals)
         result[path] = {"batched_vs_alone": compare(batched.audio, alone, spp)}
         if path == "batch_invariant":
+            burst = run_engine(runner, {0: [replace(request, request_id=cid) for cid, request in copies.items()]})
+            expected = {cid: alone[request.request_id] for cid, request in copies.items()}
+            result[path]["burst_vs_alone"] = {
+                **compare(burst.audio, expected, spp),
+                "widest_step_sessions": max(sessions for _, sessions in burst.steps),
+            }
             if plan.cuda:
                 eager = run_engine(aux_runner(tts, slots, graphs=False, batch_invariant=True), arrivals)
                 result[path]["graphs_vs_eager"] = compare(batched.audio, eager.audio, spp)
             else:
                 result[path]["graphs_vs_eager"] = "skipped: no CUDA"
+        del runner
         release_device_memory()
-    gate = result["batch_invariant"]["batched_vs_alone"]
-    passed = gate["bit_identical"] == plan.correctness_sessions
-    result["gate"] = {"rule": "batch-invariant: every session bit-identical batched and alone", "passed": passed}
-    failures = [] if passed else [f"batch-invariant runner: batched differs from alone: {gate}"]
+    mixed, burst_gate = result["batch_invariant"]["batched_vs_alone"], result["batch_invariant"]["burst_vs_alone"]
+    failures = []
+    if mixed["bit_identical"] != mixed["sessions"]:
+        failures.append(f"batch-invariant runner: batched differs from alone: {mixed}")
+    if burst_gate["bit_identical"] != burst_gate["sessions"]:
+        failures.append(f"batch-invariant runner: a burst of {len(copies)} differs from alone: {burst_gate}")
+    if burst_gate["widest_step_sessions"] < BURST_SESSIONS:
+        failures.append(f"the burst decoded at most {burst_gate['widest_step_sessions']} sessions in a step")
+    rule = f"batch-invariant: every session bit-identical batched (mixed arrivals; a burst of {len(copies)}) and alone"
+    result["gate"] = {"rule": rule, "passed": not failures}
     return Outcome(result, failures)
 
 
@@ -1213,13 +1243,16 @@ def summary(data: dict[str, Any]) -> str:
     correctness = result("correctness")
     if correctness:
         invariant = correctness["batch_invariant"]["batched_vs_alone"]
+        burst = correctness["batch_invariant"]["burst_vs_alone"]
         default = correctness["default"]["batched_vs_alone"]
         lines.append(
             f"correctness gate (batch-invariant, batched == alone bit for bit): "
             f"{'PASS' if correctness['gate']['passed'] else 'FAIL'} ({invariant['bit_identical']}/"
-            f"{invariant['sessions']} identical); default path: {default['bit_identical']}/{default['sessions']} "
-            f"identical, max |diff| {default['max_abs_diff']:.3g}, first differing patch "
-            f"{default['first_differing_patch']}, length mismatches {len(default['length_mismatches'])} (reported)"
+            f"{invariant['sessions']} identical; burst {burst['bit_identical']}/{burst['sessions']}, up to "
+            f"{burst['widest_step_sessions']} rows a step); default path: "
+            f"{default['bit_identical']}/{default['sessions']} identical, max |diff| {default['max_abs_diff']:.3g}, "
+            f"first differing patch {default['first_differing_patch']}, length mismatches "
+            f"{len(default['length_mismatches'])} (reported)"
         )
     shapes = result("kernel_shapes")
     if shapes:

@@ -62,6 +62,9 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
     assert correctness["gate"]["passed"] is True
     assert gate["bit_identical"] == gate["sessions"] == correctness["sessions"] >= 3
     assert correctness["default"]["batched_vs_alone"]["sessions"] == correctness["sessions"]
+    # The burst of copies runs 16 rows or more, where CUDA's reductions may order a row's sum differently.
+    burst = correctness["batch_invariant"]["burst_vs_alone"]
+    assert burst["bit_identical"] == burst["sessions"] >= 16 and burst["widest_step_sessions"] >= 16
 
     launches = phases["kernel_shapes"]["result"]["launches_per_op"]
     fused = {"voxwire::rms_norm", "voxwire::add_rms_norm", "voxwire::rope_qk", "voxwire::silu_mul"}
