@@ -12,12 +12,15 @@ minute (CUDA-only phases report "skipped: no CUDA"); CI runs it with the package
 
 The model is VoxCPM2 at its real shapes (``voxwire.tiny.configs``' ``voxcpm2-shape``, 2.29 B parameters) with
 random weights made in memory in the published layout and loaded through the strict loader, with the server's
-dtypes (bfloat16 transformers, float32 AudioVAE unless ``--dtype``/``--vae-dtype``). TF32 stays as torch has
-it, as in the server (which never sets it): the flags are reported and must not change during the run.
+dtypes unless ``--dtype``/``--vae-dtype``: bfloat16 transformers, and on CUDA a float16 AudioVAE when its check
+decode against float32 passes (``audio_vae.choose_vae_dtype``; ``build`` reports the dtype), else float32. TF32
+stays as torch has it, as in the server (which never sets it): the flags are reported and must not change during
+the run.
 
 Phases, each timed and guarded (a failure is recorded and the others still run) within ``--budget-s``:
 
-1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention, fused-op and noise paths.
+1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention, fused-op and noise paths (as
+   the start-up probe chose them); on CUDA it fails unless the fused ops and decode attention run Triton.
 2. ``build``: the model as ``voxwire serve`` builds it; weights memory.
 3. ``fusion``: every attention runs q/k/v as one GEMM and every MLP gate/up as one (counted); fails otherwise.
 4. ``correctness``: sessions with different texts, seeds, guidance and timestep counts, arriving at different
@@ -79,7 +82,7 @@ from voxwire.engine.cuda_graphs import StepGraphs
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
-from voxwire.kernels.path import noise_path
+from voxwire.kernels.path import ENV_VAR, KernelPath, KernelPolicy, kernel_path, noise_path, probe_triton
 from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
@@ -283,15 +286,12 @@ def tf32_flags() -> dict[str, Any]:
     return flags
 
 
-def fused_ops_path(device: torch.device) -> str:
-    """Which implementation the fused ops (RMSNorm, RoPE, SiLU-mul, Snake, ...) take on ``device``."""
-    if device.type != "cuda":
-        return "plain torch (not CUDA)"
-    try:
-        import voxwire.kernels.custom_ops  # noqa: F401  (imports Triton and registers torch.ops.voxwire)
-    except ImportError as exc:
-        return f"unavailable: {exc}"
-    return "triton (torch.ops.voxwire)"
+def fused_ops_fallback(device: torch.device) -> str:
+    """Why the fused ops and decode attention run plain torch on the CUDA ``device``: the policy, or what the
+    start-up probe (``kernels.path.probe_triton``) finds wrong when it runs again."""
+    if KernelPolicy.from_env() is KernelPolicy.TORCH:
+        return f"{ENV_VAR}=torch"
+    return probe_triton(device) or "the start-up probe failed, though it passes when run again"
 
 
 def noise_draws(device: torch.device) -> str:
@@ -300,12 +300,15 @@ def noise_draws(device: torch.device) -> str:
 
 
 def check_env(plan: Plan) -> Outcome:
+    if plan.cuda and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: run on a GPU machine, or pass --smoke for the CPU smoke run")
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError as exc:
         triton_version = f"not importable: {exc}"
+    fused_path = kernel_path(plan.device)  # what the model's fused ops and decode attention run: the probe's choice
     result: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -315,13 +318,17 @@ def check_env(plan: Plan) -> Outcome:
         "device": str(plan.device),
         "tf32": tf32_flags(),
         "attention_path": attention_path(plan.device),
-        "fused_ops": fused_ops_path(plan.device),
+        "fused_ops": fused_path.value,
         "noise": noise_draws(plan.device),
     }
     failures = []
     if plan.cuda:
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA device: run on a GPU machine, or pass --smoke for the CPU smoke run")
+        if fused_path is not KernelPath.TRITON:
+            result["fused_ops_fallback"] = fused_ops_fallback(plan.device)
+            failures.append(
+                f"the fused ops and decode attention run plain torch on {plan.device}, not the server's Triton "
+                f"kernels: {result['fused_ops_fallback']}"
+            )
         props = torch.cuda.get_device_properties(plan.device)
         result["gpu"] = {
             "name": props.name,
@@ -1338,7 +1345,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help="a voxwire.tiny.configs name (default voxcpm2-shape; smoke: voxcpm2)")
     parser.add_argument("--device", help="default cuda (smoke: cpu)")
     parser.add_argument("--dtype", help="transformer dtype (default: the server's, bfloat16 on CUDA)")
-    parser.add_argument("--vae-dtype", help="AudioVAE dtype (default: the server's, float32)")
+    parser.add_argument(
+        "--vae-dtype",
+        help="AudioVAE dtype (default: the server's: on CUDA float16 when its check decode passes, else float32)",
+    )
     parser.add_argument("--rows", type=int, help="the server's --max-sessions and the kernels' batch (default 768)")
     parser.add_argument("--curve", help="comma-separated session counts of the step curve")
     parser.add_argument("--patches", type=int, help="patches per session in the timed runs (default 8)")
