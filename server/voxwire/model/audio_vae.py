@@ -162,8 +162,11 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
     ) -> Tensor:
         """x: (B, C_in, L) -> (B, C_out, L·stride); ``snake_alpha``: see ``_with_past``."""
         batch, _, length = x.shape
-        extended = self._with_past(x, states, snake_alpha)
-        pairs = torch.cat([extended[..., 1:], extended[..., :-1]], dim=1).transpose(1, 2)  # (B, L, 2·C_in)
+        frames = self._with_past(x, states, snake_alpha).transpose(1, 2)  # (B, 1 + L, C_in), a view
+        # The pairs are written frame-major (the cat's one copy transposes), so all B·L of them are the rows of one
+        # GEMM. From a transposed view matmul would instead run a batched GEMM with the weight broadcast to
+        # every batch element (stride 0), reading the whole weight once per element for only L rows each.
+        pairs = torch.cat([frames[:, 1:], frames[:, :-1]], dim=2).view(batch * length, 2 * self.in_channels)
         blocks = (pairs @ self.packed_weight).view(batch, length, self.out_channels, self.stride[0])
         return ops.conv_transpose_out(blocks, self.bias)
 
