@@ -12,17 +12,22 @@ minute (CUDA-only phases report "skipped: no CUDA"); CI runs it with the package
 
 The model is VoxCPM2 at its real shapes (``voxwire.tiny.configs``' ``voxcpm2-shape``, 2.29 B parameters) with
 random weights made in memory in the published layout and loaded through the strict loader, with the server's
-dtypes (bfloat16 transformers, float32 AudioVAE unless ``--dtype``/``--vae-dtype``). TF32 stays as torch has
-it, as in the server (which never sets it): the flags are reported and must not change during the run.
+dtypes unless ``--dtype``/``--vae-dtype``: bfloat16 transformers, and on CUDA a float16 AudioVAE when its check
+decode against float32 passes (``audio_vae.choose_vae_dtype``; ``build`` reports the dtype), else float32. TF32
+stays as torch has it, as in the server (which never sets it): the flags are reported and must not change during
+the run.
 
 Phases, each timed and guarded (a failure is recorded and the others still run) within ``--budget-s``:
 
-1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention, fused-op and noise paths.
+1. ``env``: Python, torch, Triton, the GPU and its capability, TF32 flags, attention, fused-op and noise paths (as
+   the start-up probe chose them); on CUDA it fails unless the fused ops and decode attention run Triton.
 2. ``build``: the model as ``voxwire serve`` builds it; weights memory.
 3. ``fusion``: every attention runs q/k/v as one GEMM and every MLP gate/up as one (counted); fails otherwise.
 4. ``correctness``: sessions with different texts, seeds, guidance and timestep counts, arriving at different
-   steps, decoded together and each alone. The gate: on batch-invariant runners (``--batch-invariant``) every
-   session's audio is bit for bit its audio alone. The default path's difference is reported, not gated (its
+   steps, decoded together and each alone; on batch-invariant runners also a burst of at least 16 copies of them
+   arriving at once (16 rows and more, where CUDA's reductions may order a row's sum differently). The gate: on
+   batch-invariant runners (``--batch-invariant``) every session's audio, in both runs, is bit for bit its audio
+   alone, and the burst ran 16 rows in a step. The default path's difference is reported, not gated (its
    GEMM kernels depend on the row count, and an FSQ rounding flip then diverges a session). On CUDA also the
    batch-invariant graph path against its eager path (reported).
 5. ``server_setup``: the runner ``voxwire serve --max-sessions ROWS`` builds (``VoxCPMSpeech.new_runner``): time
@@ -59,7 +64,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -77,7 +82,7 @@ from voxwire.engine.cuda_graphs import StepGraphs
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
-from voxwire.kernels.path import noise_path
+from voxwire.kernels.path import ENV_VAR, KernelPath, KernelPolicy, kernel_path, noise_path, probe_triton
 from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
@@ -281,15 +286,12 @@ def tf32_flags() -> dict[str, Any]:
     return flags
 
 
-def fused_ops_path(device: torch.device) -> str:
-    """Which implementation the fused ops (RMSNorm, RoPE, SiLU-mul, Snake, ...) take on ``device``."""
-    if device.type != "cuda":
-        return "plain torch (not CUDA)"
-    try:
-        import voxwire.kernels.custom_ops  # noqa: F401  (imports Triton and registers torch.ops.voxwire)
-    except ImportError as exc:
-        return f"unavailable: {exc}"
-    return "triton (torch.ops.voxwire)"
+def fused_ops_fallback(device: torch.device) -> str:
+    """Why the fused ops and decode attention run plain torch on the CUDA ``device``: the policy, or what the
+    start-up probe (``kernels.path.probe_triton``) finds wrong when it runs again."""
+    if KernelPolicy.from_env() is KernelPolicy.TORCH:
+        return f"{ENV_VAR}=torch"
+    return probe_triton(device) or "the start-up probe failed, though it passes when run again"
 
 
 def noise_draws(device: torch.device) -> str:
@@ -298,12 +300,15 @@ def noise_draws(device: torch.device) -> str:
 
 
 def check_env(plan: Plan) -> Outcome:
+    if plan.cuda and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: run on a GPU machine, or pass --smoke for the CPU smoke run")
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError as exc:
         triton_version = f"not importable: {exc}"
+    fused_path = kernel_path(plan.device)  # what the model's fused ops and decode attention run: the probe's choice
     result: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -313,13 +318,17 @@ def check_env(plan: Plan) -> Outcome:
         "device": str(plan.device),
         "tf32": tf32_flags(),
         "attention_path": attention_path(plan.device),
-        "fused_ops": fused_ops_path(plan.device),
+        "fused_ops": fused_path.value,
         "noise": noise_draws(plan.device),
     }
     failures = []
     if plan.cuda:
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA device: run on a GPU machine, or pass --smoke for the CPU smoke run")
+        if fused_path is not KernelPath.TRITON:
+            result["fused_ops_fallback"] = fused_ops_fallback(plan.device)
+            failures.append(
+                f"the fused ops and decode attention run plain torch on {plan.device}, not the server's Triton "
+                f"kernels: {result['fused_ops_fallback']}"
+            )
         props = torch.cuda.get_device_properties(plan.device)
         result["gpu"] = {
             "name": props.name,
@@ -533,6 +542,19 @@ def mixed_requests(count: int, patches: int) -> dict[int, list[Request]]:
     return {0: requests[:third], 1: requests[third : 2 * third], 3: requests[2 * third :]}
 
 
+BURST_SESSIONS = 16
+"""Sessions of the correctness gate's burst, all arriving at once: from 16 rows on, torch's CUDA reductions may
+order a row's sum differently than in a smaller batch (ATen's ``ReduceConfig``), and the mixed arrivals run fewer."""
+
+
+def burst_of_copies(arrivals: dict[int, list[Request]], sessions: int) -> dict[str, Request]:
+    """At least ``sessions`` copies of the arriving requests (same texts, seeds and settings, ids of their own), by
+    id; ``each_alone`` of the originals is what each copy must sound like."""
+    originals = [request for requests in arrivals.values() for request in requests]
+    rounds = -(-sessions // len(originals))
+    return {f"{r.request_id}-copy{k}": r for k in range(rounds) for r in originals}
+
+
 def each_alone(runner: ModelRunner, arrivals: dict[int, list[Request]]) -> dict[str, np.ndarray]:
     audio = {}
     for requests in arrivals.values():
@@ -570,22 +592,37 @@ def check_correctness(tts: VoxCPM, plan: Plan) -> Outcome:
     arrivals = mixed_requests(plan.correctness_sessions, plan.correctness_patches)
     spp = tts.samples_per_patch
     result: dict[str, Any] = {"sessions": plan.correctness_sessions}
+    copies = burst_of_copies(arrivals, BURST_SESSIONS)
     for path, invariant in (("batch_invariant", True), ("default", False)):
-        slots = plan.correctness_sessions
-        batched = run_engine(aux_runner(tts, slots, graphs=plan.cuda, batch_invariant=invariant), arrivals)
+        slots = max(plan.correctness_sessions, len(copies)) if invariant else plan.correctness_sessions
+        runner = aux_runner(tts, slots, graphs=plan.cuda, batch_invariant=invariant)
+        batched = run_engine(runner, arrivals)
         alone = each_alone(aux_runner(tts, 1, graphs=plan.cuda, batch_invariant=invariant), arrivals)
         result[path] = {"batched_vs_alone": compare(batched.audio, alone, spp)}
         if path == "batch_invariant":
+            burst = run_engine(runner, {0: [replace(request, request_id=cid) for cid, request in copies.items()]})
+            expected = {cid: alone[request.request_id] for cid, request in copies.items()}
+            result[path]["burst_vs_alone"] = {
+                **compare(burst.audio, expected, spp),
+                "widest_step_sessions": max(sessions for _, sessions in burst.steps),
+            }
             if plan.cuda:
                 eager = run_engine(aux_runner(tts, slots, graphs=False, batch_invariant=True), arrivals)
                 result[path]["graphs_vs_eager"] = compare(batched.audio, eager.audio, spp)
             else:
                 result[path]["graphs_vs_eager"] = "skipped: no CUDA"
+        del runner
         release_device_memory()
-    gate = result["batch_invariant"]["batched_vs_alone"]
-    passed = gate["bit_identical"] == plan.correctness_sessions
-    result["gate"] = {"rule": "batch-invariant: every session bit-identical batched and alone", "passed": passed}
-    failures = [] if passed else [f"batch-invariant runner: batched differs from alone: {gate}"]
+    mixed, burst_gate = result["batch_invariant"]["batched_vs_alone"], result["batch_invariant"]["burst_vs_alone"]
+    failures = []
+    if mixed["bit_identical"] != mixed["sessions"]:
+        failures.append(f"batch-invariant runner: batched differs from alone: {mixed}")
+    if burst_gate["bit_identical"] != burst_gate["sessions"]:
+        failures.append(f"batch-invariant runner: a burst of {len(copies)} differs from alone: {burst_gate}")
+    if burst_gate["widest_step_sessions"] < BURST_SESSIONS:
+        failures.append(f"the burst decoded at most {burst_gate['widest_step_sessions']} sessions in a step")
+    rule = f"batch-invariant: every session bit-identical batched (mixed arrivals; a burst of {len(copies)}) and alone"
+    result["gate"] = {"rule": rule, "passed": not failures}
     return Outcome(result, failures)
 
 
@@ -1213,13 +1250,16 @@ def summary(data: dict[str, Any]) -> str:
     correctness = result("correctness")
     if correctness:
         invariant = correctness["batch_invariant"]["batched_vs_alone"]
+        burst = correctness["batch_invariant"]["burst_vs_alone"]
         default = correctness["default"]["batched_vs_alone"]
         lines.append(
             f"correctness gate (batch-invariant, batched == alone bit for bit): "
             f"{'PASS' if correctness['gate']['passed'] else 'FAIL'} ({invariant['bit_identical']}/"
-            f"{invariant['sessions']} identical); default path: {default['bit_identical']}/{default['sessions']} "
-            f"identical, max |diff| {default['max_abs_diff']:.3g}, first differing patch "
-            f"{default['first_differing_patch']}, length mismatches {len(default['length_mismatches'])} (reported)"
+            f"{invariant['sessions']} identical; burst {burst['bit_identical']}/{burst['sessions']}, up to "
+            f"{burst['widest_step_sessions']} rows a step); default path: "
+            f"{default['bit_identical']}/{default['sessions']} identical, max |diff| {default['max_abs_diff']:.3g}, "
+            f"first differing patch {default['first_differing_patch']}, length mismatches "
+            f"{len(default['length_mismatches'])} (reported)"
         )
     shapes = result("kernel_shapes")
     if shapes:
@@ -1305,7 +1345,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help="a voxwire.tiny.configs name (default voxcpm2-shape; smoke: voxcpm2)")
     parser.add_argument("--device", help="default cuda (smoke: cpu)")
     parser.add_argument("--dtype", help="transformer dtype (default: the server's, bfloat16 on CUDA)")
-    parser.add_argument("--vae-dtype", help="AudioVAE dtype (default: the server's, float32)")
+    parser.add_argument(
+        "--vae-dtype",
+        help="AudioVAE dtype (default: the server's: on CUDA float16 when its check decode passes, else float32)",
+    )
     parser.add_argument("--rows", type=int, help="the server's --max-sessions and the kernels' batch (default 768)")
     parser.add_argument("--curve", help="comma-separated session counts of the step curve")
     parser.add_argument("--patches", type=int, help="patches per session in the timed runs (default 8)")

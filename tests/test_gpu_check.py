@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -55,6 +55,7 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
         "kernel_timing": "skipped"
     }
     assert phases["kernel_timing"]["reason"] == "skipped: no CUDA"
+    assert phases["env"]["result"]["fused_ops"] == "torch"
     assert data["tf32_unchanged"] is True
 
     assert phases["fusion"]["result"]["unfused_count"] == 0 and phases["fusion"]["result"]["modules_checked"] > 0
@@ -63,6 +64,9 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
     assert correctness["gate"]["passed"] is True
     assert gate["bit_identical"] == gate["sessions"] == correctness["sessions"] >= 3
     assert correctness["default"]["batched_vs_alone"]["sessions"] == correctness["sessions"]
+    # The burst of copies runs 16 rows or more, where CUDA's reductions may order a row's sum differently.
+    burst = correctness["batch_invariant"]["burst_vs_alone"]
+    assert burst["bit_identical"] == burst["sessions"] >= 16 and burst["widest_step_sessions"] >= 16
 
     launches = phases["kernel_shapes"]["result"]["launches_per_op"]
     fused = {"voxwire::rms_norm", "voxwire::add_rms_norm", "voxwire::rope_qk", "voxwire::silu_mul"}
@@ -94,6 +98,52 @@ def test_the_correctness_comparison_finds_a_one_bit_difference(gpu_check: Module
     assert differs["bit_identical"] == 1 and differs["first_differing_patch"] == 2 and differs["max_abs_diff"] > 0
     shorter = gpu_check.compare({"a": audio}, {"a": audio[:-1]}, 8)
     assert shorter["bit_identical"] == 0 and shorter["length_mismatches"] == ["a"]
+
+
+@pytest.mark.parametrize("chosen", ["triton", "torch"])
+def test_env_fails_on_cuda_unless_the_fused_ops_run_triton(
+    gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch, chosen: str
+) -> None:
+    """Issue 34, D7: env reports the path the start-up probe chose, and a plain-torch fallback on CUDA fails it."""
+    from voxwire.kernels import path
+
+    device = torch.device("cuda", 0)
+    # Stand-ins for a CUDA device on which the start-up decided ``chosen``.
+    monkeypatch.delenv(path.ENV_VAR, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    properties = SimpleNamespace(name="stand-in", major=9, minor=0, multi_processor_count=132, total_memory=2**37)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: properties)
+    monkeypatch.setitem(path._paths, device, path.KernelPath(chosen))
+    monkeypatch.setitem(path._noise_paths, device, path.NoisePath.ONE_LAUNCH)
+    monkeypatch.setattr(gpu_check, "probe_triton", lambda _: "stand-in: ptxas cannot compile for sm_90")
+    outcome = gpu_check.check_env(gpu_check.make_plan(gpu_check.parse_args(["--device", "cuda:0"])))
+    assert outcome.result["fused_ops"] == chosen
+    assert outcome.result["attention_path"] == f"{chosen}-paged"
+    if chosen == "triton":
+        assert outcome.failures == []
+    else:
+        assert outcome.result["fused_ops_fallback"] == "stand-in: ptxas cannot compile for sm_90"
+        assert len(outcome.failures) == 1 and "plain torch on cuda:0" in outcome.failures[0]
+        monkeypatch.setenv(path.ENV_VAR, "torch")
+        assert gpu_check.check_env(gpu_check.make_plan(gpu_check.parse_args(["--device", "cuda:0"]))).failures == [
+            "the fused ops and decode attention run plain torch on cuda:0, not the server's Triton kernels: "
+            "VOXWIRE_KERNELS=torch"
+        ]
+
+
+def test_the_help_gives_the_vae_dtype_the_server_picks(
+    gpu_check: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34, D8: on CUDA the loader runs the VAE in ``HALF_VAE_DTYPE`` when its check decode passes."""
+    from voxwire.model.audio_vae import HALF_VAE_DTYPE
+
+    half = str(HALF_VAE_DTYPE).removeprefix("torch.")
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--help"])
+    assert f"on CUDA {half} when its check decode passes, else float32" in " ".join(capsys.readouterr().out.split())
+    assert f"on CUDA a {half} AudioVAE when its check decode against float32 passes" in " ".join(
+        gpu_check.__doc__.split()
+    )
 
 
 def test_the_fusion_check_fails_when_a_projection_runs_on_its_own(gpu_check: ModuleType) -> None:

@@ -1,6 +1,6 @@
 """``VoiceClip``: the audio a voice is made from, before it is encoded into a ``VoicePrompt``.
 
-One value names what every voice encoder takes (``SpeechModel.make_prompt``, ``Service.encode_voice``, the
+One value names what every voice encoder takes (``SpeechModel.make_prompt``, ``Speaker.encode_voice``, the
 engine process's ``EncodeVoice``): a continuation prompt (a clip and its transcript), a reference clip
 (isolated cloning, ``voxcpm2``), or both. A leaf module (no torch, no model): frontends build and pickle it.
 """

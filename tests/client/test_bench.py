@@ -22,7 +22,7 @@ from voxwire.client.bench.runner import BenchConfig, LevelResult, find_max
 from voxwire.client.bench.texts import BUILTIN_TEXTS, words
 from voxwire.client.errors import ServerError
 from voxwire.protocol.wire import AudioFrame
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 
 from ..serving.conftest import LORA
 from .helpers import voxwire
@@ -140,7 +140,7 @@ async def test_open_loop_with_text_streamed_word_by_word(serve) -> None:
 
 def delay_first_chunk(app: Any, delay: dict[str, float]) -> None:
     """Hold every engine request's first chunk for ``delay["s"]`` seconds (a test-only stand-in for a slow server)."""
-    service = app[SERVICE_KEY]
+    service = app[SPEAKER_KEY]
     speak = service.speak
 
     def delayed(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -188,7 +188,7 @@ async def test_a_server_side_delay_shows_in_the_printed_ttfa(serve, app_factory,
 async def test_users_take_the_personas_in_turn(serve, persona_app) -> None:
     app = persona_app(lora_root=LORA.parent)
     server = await serve(app=app)
-    service = app[SERVICE_KEY]
+    service = app[SPEAKER_KEY]
     await service.personas.add("B", str(LORA), owner=None)
     used: list[str | None] = []
     speak = service.speak

@@ -13,7 +13,7 @@ from aiohttp import FormData
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 
 STEP_S = 0.1
@@ -66,7 +66,7 @@ async def scrape(client: TestClient) -> dict[str, float]:
 
 def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The text of every job the app's service is asked to speak from now on, in order."""
-    service = app[SERVICE_KEY]  # type: ignore[index]
+    service = app[SPEAKER_KEY]  # type: ignore[index]
     texts: list[str] = []
     speak = service.speak
 
@@ -80,13 +80,13 @@ def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[st
 
 def engine_busy(app: object) -> bool:
     """Whether the app's engine runs or queues any request."""
-    stats = app[SERVICE_KEY].engine.stats()  # type: ignore[index]
+    stats = app[ENGINES_KEY].engine.stats()  # type: ignore[index]
     return bool(stats.running or stats.waiting)
 
 
 def record_steps(app: object, step_s: float) -> list[tuple[float, tuple[str, ...]]]:
     """Slow every engine step to ``step_s`` and log (start time, requests decoded) of each."""
-    runner = app[SERVICE_KEY].runner  # type: ignore[index]
+    runner = app[ENGINES_KEY].runner  # type: ignore[index]
     execute = runner.execute
     steps: list[tuple[float, tuple[str, ...]]] = []
 

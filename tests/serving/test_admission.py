@@ -15,7 +15,7 @@ from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import STREAM_PATH
-from voxwire.serving.keys import SERVICE_KEY, STATE_KEY, Phase
+from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY, Phase
 from voxwire.serving.service import SpeechJob
 
 TEXT = "Hello from the test."
@@ -51,7 +51,7 @@ async def test_every_response_names_the_replica(serve, aiohttp_client) -> None:
 @pytest.mark.asyncio
 async def test_a_full_engine_queue_refuses_new_connections_before_the_upgrade(serve, aiohttp_client) -> None:
     client: TestClient = await aiohttp_client(await serve(max_sessions=1, max_waiting=1))
-    service = client.server.app[SERVICE_KEY]
+    service = client.server.app[SPEAKER_KEY]
     long = SynthesisParams(min_len=10_000, max_len=10_000)  # keeps its slot until aborted
     running = service.speak(SpeechJob("hold-slot", TEXT, long))
     await anext(running)  # it holds the only slot

@@ -87,6 +87,26 @@ def test_timings_measured_chunk_by_chunk_equal_those_of_the_whole_audio() -> Non
     assert meter.span() == pytest.approx((3000 / rate, 43000 / rate), abs=0.011)
 
 
+def test_characters_timed_from_their_words_keep_each_words_span_and_share_the_gaps() -> None:
+    words = [WordTiming("Hi,", 0.1, 0.3), WordTiming("there.", 0.45, 1.0)]
+    alignment = Alignment.of_words("Hi,  there.", words, duration_s=1.5)
+    assert alignment.words() == words
+    assert alignment.starts_s[3:5] == (0.3, pytest.approx(0.375)), "the two spaces share the pause"
+    durations = [end - start for start, end in zip(alignment.starts_s, alignment.ends_s(), strict=True)]
+    assert durations[2] > durations[1], "within a word the characters share it by weight: a comma is a pause"
+    assert (alignment.end_s, alignment.duration_s) == (1.0, 1.5)
+
+
+def test_characters_timed_from_the_words_of_a_whole_segment_are_its_measured_timings() -> None:
+    audio = speech(0.2, 1.0, 0.3)
+    timer = WordTimer("Hello there, world.", RATE, SpeakingRate())
+    timer.meter.add(audio)  # all of it at once: no word settles before the end
+    from_words = Alignment.of_words("Hello there, world.", timer.finish(learn=False), timer.meter.duration_s)
+    measured_alignment = estimate_alignment("Hello there, world.", audio)
+    assert from_words.starts_s == pytest.approx(measured_alignment.starts_s, abs=1e-9)
+    assert (from_words.end_s, from_words.duration_s) == pytest.approx((measured_alignment.end_s, audio.size / RATE))
+
+
 CHUNK = 2560
 """160 ms at 16 kHz: the engine's chunk."""
 LONG = "The quick brown fox jumps over the lazy dog, and then it runs far away into the woods."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,8 +17,8 @@ from tests.serving.helpers import scrape
 from voxwire import __version__
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import ErrorCode
-from voxwire.serving.app import drain
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.app import drain, run_app
+from voxwire.serving.keys import CONFIG_KEY, ENGINES_KEY, METRICS_KEY, SESSIONS_KEY, SPEAKER_KEY, STATE_KEY, Phase
 from voxwire.serving.service import SpeechFailure, SpeechJob
 
 pytestmark = pytest.mark.asyncio
@@ -94,7 +95,7 @@ async def test_metrics_count_audio_latency_errors_and_steps(client: TestClient) 
         assert after[gauge + engine] == 0
     assert after["voxwire_websocket_connections"] == 0
     assert after["voxwire_utterances_in_progress"] == 0
-    config, model = client.server.app[CONFIG_KEY], client.server.app[SERVICE_KEY].info.name
+    config, model = client.server.app[CONFIG_KEY], client.server.app[SPEAKER_KEY].info.name
     build = f'voxwire_build_info{{device="{config.engine.device or "auto"}",model="{model}",version="{__version__}"}}'
     assert after[build] == 1
     assert after['process_resident_memory_bytes{process="server"}'] > 0
@@ -119,7 +120,7 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot(client: TestClient
     await response.content.readany()  # audio is flowing
     response.close()  # the client goes away without reading the rest
     await wait_until(lambda: app[STATE_KEY].live_utterances == 0)
-    await wait_until(lambda: app[SERVICE_KEY].engine.stats().running == 0)
+    await wait_until(lambda: app[ENGINES_KEY].engine.stats().running == 0)
     assert (await scrape(client))['voxwire_dropped_sessions_total{reason="client_disconnected"}'] == 1
 
 
@@ -136,10 +137,10 @@ async def test_shutdown_drains_a_live_stream_then_stops_the_engine(serve, aiohtt
         assert await status_and_code(client, "POST", "/v1/audio/speech", json=SPEECH) == (503, "shutting_down")
         body = first + await response.read()  # the whole utterance: a truncated body would raise here
     audio, _ = soundfile.read(io.BytesIO(body))
-    assert audio.size >= 4 * app[SERVICE_KEY].info.samples_per_patch  # the stop head cannot fire sooner
+    assert audio.size >= 4 * app[SPEAKER_KEY].info.samples_per_patch  # the stop head cannot fire sooner
     await asyncio.wait_for(draining, 10)
     with pytest.raises(SpeechFailure) as failure:
-        await anext(app[SERVICE_KEY].speak(SpeechJob("late", "Too late.", SynthesisParams())))
+        await anext(app[SPEAKER_KEY].speak(SpeechJob("late", "Too late.", SynthesisParams())))
     assert failure.value.code is ErrorCode.UNAVAILABLE
 
 
@@ -155,7 +156,7 @@ async def test_shutdown_drains_a_live_generate_request_too(serve, aiohttp_client
         await asyncio.sleep(0)
         assert app[STATE_KEY].live_utterances == 1  # counted: the drain waits for it
         pcm = first + await response.read()  # the whole body: a cut one would raise here
-    assert response.status == 200 and len(pcm) >= 2 * 4 * app[SERVICE_KEY].info.samples_per_patch
+    assert response.status == 200 and len(pcm) >= 2 * 4 * app[SPEAKER_KEY].info.samples_per_patch
     await asyncio.wait_for(draining, 10)
     assert not [record for record in caplog.records if record.levelname == "ERROR"]
 
@@ -171,6 +172,31 @@ async def test_a_drain_timeout_cuts_live_streams_short(serve, aiohttp_client, sl
             await response.read()
     await asyncio.wait_for(draining, 10)
     assert app[METRICS_KEY].exposition().count(b'voxwire_dropped_sessions_total{reason="shutdown"} 1.0') == 1
+
+
+def count_calls(owner: Any, method: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls of ``owner.method`` from now on: the list holds one number, the count."""
+    calls = [0]
+    original = getattr(owner, method)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, counted)
+    return calls
+
+
+async def test_a_normal_stop_drains_once_and_stops_the_engines_once(app_factory, monkeypatch) -> None:
+    app = app_factory()
+    config, state = app[CONFIG_KEY], app[STATE_KEY]
+    waits = count_calls(state, "wait_idle", monkeypatch)  # the drain waits for live utterances once a run
+    stops = count_calls(app[ENGINES_KEY], "stop", monkeypatch)
+    server = asyncio.create_task(run_app(app, config))
+    await wait_until(lambda: state.accepting, 60)
+    state.stop.set()  # as SIGTERM does
+    assert await asyncio.wait_for(server, 30) == 0
+    assert (waits, stops) == ([1], [1])
 
 
 async def registered_ws(request: web.Request) -> web.WebSocketResponse:

@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import ClassVar, Literal
 
 import pytest
 
 from voxwire.cli.main import build_parser
 from voxwire.serving.config import Limits, ServerConfig, Topology
 from voxwire.serving.settings import groups, plain
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    title: ClassVar[str] = "Pace"
+
+    pace: Literal["fast", "slow"] = "fast"
+    """How fast (a Literal: no class a flag's text can be made into)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PacedConfig:
+    pace: Pace = dataclasses.field(default_factory=Pace)
 
 
 def serve_help() -> str:
@@ -72,3 +86,8 @@ def test_a_rule_default_is_shown_once() -> None:
     assert "(default: the hostname) [env: VOXWIRE_REPLICA_ID]" in help_text
     assert "(default: cuda when available) [env: VOXWIRE_DEVICE]" in help_text
     assert "(default: None)" not in help_text
+
+
+def test_a_setting_whose_type_is_not_a_class_is_refused_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"Pace\.pace: a setting's type is a class"):
+        groups(PacedConfig)

@@ -18,7 +18,7 @@ from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.app import make_app, run_app
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
 from voxwire.serving.service import SpeechFailure, SpeechJob, SpeechService
 from voxwire.sim.model import SimSpeech, speech_clip
 from voxwire.sim.runner import SimConfig, SimRunner
@@ -126,7 +126,7 @@ def test_a_stuck_engine_thread_fails_its_streams_and_stops_the_server_with_statu
         await wait_for(lambda: app[STATE_KEY].accepting)
         model.runner.free.clear()
         with pytest.raises(SpeechFailure) as failure:
-            await speak(app[SERVICE_KEY], seed=1)  # type: ignore[arg-type]
+            await speak(app[SPEAKER_KEY], seed=1)  # type: ignore[arg-type]
         return await asyncio.wait_for(server, 30), failure.value.code
 
     try:

@@ -14,7 +14,7 @@ import pytest
 from voxwire.chunk import Chunk
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH, End, Error, Ready, Text
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
 from voxwire.serving.service import SpeechFailure, SpeechJob
 
 from .ws.conftest import StreamClient
@@ -28,7 +28,7 @@ async def test_a_stopped_engine_is_the_same_failure_on_both_transports(serve, ai
     client = await aiohttp_client(await serve())
     stream = StreamClient(await client.ws_connect(STREAM_PATH))
     await stream.expect(Ready)
-    await client.server.app[SERVICE_KEY].stop()
+    await client.server.app[ENGINES_KEY].stop()
 
     async with client.post("/v1/audio/speech", json=SPEECH) as response:
         http_status, http_code = response.status, (await response.json())["error"]["code"]
@@ -44,7 +44,7 @@ async def test_a_stream_cut_by_an_engine_death_logs_one_info_line(serve, aiohttp
     """Probe 4's N9r: a speech stream cut mid-body by an engine's death logged ERROR with two tracebacks."""
     caplog.set_level(logging.INFO)
     client = await aiohttp_client(await serve())
-    service = client.server.app[SERVICE_KEY]
+    service = client.server.app[SPEAKER_KEY]
 
     async def dies_after_a_chunk(job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         yield Chunk(job.request_id, np.zeros(service.info.samples_per_patch, np.float32))

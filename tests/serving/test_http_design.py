@@ -21,7 +21,7 @@ import voxwire
 from voxwire.engine import SynthesisParams
 from voxwire.serving.app import make_app
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY
+from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -37,7 +37,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def record_jobs(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[SpeechJob]:
-    service = client.server.app[SERVICE_KEY]
+    service = client.server.app[SPEAKER_KEY]
     jobs: list[SpeechJob] = []
     speak = service.speak
 

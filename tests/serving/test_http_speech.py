@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from tests.serving.helpers import record_engine_texts
 
 from voxwire.engine import SynthesisParams
-from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
 from voxwire.serving.service import SpeechJob
 
 pytestmark = pytest.mark.asyncio
@@ -48,7 +48,7 @@ async def test_wav_streams_as_a_chunked_body_readable_by_soundfile(client: TestC
         assert response.headers["Content-Type"] == "audio/wav"
         blocks = [block async for block in response.content.iter_any()]
     audio, rate = soundfile.read(io.BytesIO(b"".join(blocks)), dtype="float32")
-    info = client.server.app[SERVICE_KEY].info
+    info = client.server.app[SPEAKER_KEY].info
     assert rate == info.sample_rate
     assert audio.size > 0 and audio.size % info.samples_per_patch == 0
 
@@ -56,7 +56,7 @@ async def test_wav_streams_as_a_chunked_body_readable_by_soundfile(client: TestC
 @pytest.mark.slow
 @pytest.mark.isa
 async def test_formats_agree_on_the_audio_of_one_seed(client: TestClient, tmp_path: Path) -> None:
-    info = client.server.app[SERVICE_KEY].info
+    info = client.server.app[SPEAKER_KEY].info
     _, _, wav = await speech(client, response_format="wav")
     reference, _ = soundfile.read(io.BytesIO(wav), dtype="float32")
     patches = reference.size // info.samples_per_patch
@@ -249,7 +249,7 @@ async def test_text_over_the_limit_is_refused(serve, aiohttp_client) -> None:
 
 async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
     client = await aiohttp_client(await serve(max_sessions=1, max_waiting=1))
-    service = client.server.app[SERVICE_KEY]
+    service = client.server.app[SPEAKER_KEY]
     long = SynthesisParams(min_len=10_000, max_len=10_000)  # keeps its slot until aborted
     running = service.speak(SpeechJob("hold-slot", TEXT, long))
     await anext(running)  # admitted: it holds the only slot

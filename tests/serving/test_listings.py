@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 from tests.serving.helpers import clip, upload
 
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -28,7 +28,7 @@ async def speech(client: TestClient, **fields: object) -> bytes:
 
 
 async def test_the_openai_sdk_lists_and_retrieves_the_served_model(client: TestClient) -> None:
-    served = client.server.app[SERVICE_KEY].info.name
+    served = client.server.app[SPEAKER_KEY].info.name
     async with client.get("/v1/models") as response:
         listing = await response.json()
     assert listing["object"] == "list" and [model["id"] for model in listing["data"]] == [served]
@@ -58,7 +58,7 @@ async def test_a_fresh_server_lists_the_builtin_voices(client: TestClient) -> No
     assert picker == builtin_picker()
     async with client.get("/v1/voices") as response:
         listed = (await response.json())["data"]
-    served = client.server.app[SERVICE_KEY].info.name
+    served = client.server.app[SPEAKER_KEY].info.name
     assert [(voice["id"], voice["description"]) for voice in listed] == [(v["id"], v["description"]) for v in picker]
     assert all(voice["builtin"] is True and voice["object"] == "voice" and voice["model"] == served for voice in listed)
     # A saved voice's fields, of the same types (a client formatting durations reads both alike).

@@ -117,7 +117,7 @@ def info(name: str, in_use: int = 0) -> PersonaInfo:
 
 @dataclass
 class FakeEngines:
-    """``EngineProxy``'s calls as ``RemotePersonas`` uses them: each engine answers by message type."""
+    """``EngineLinks``' calls as ``RemotePersonas`` uses them: each engine answers by message type."""
 
     answers: list[dict[type, object]]
     sent: list[tuple[int, object]] = field(default_factory=list)

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from voxwire.chunk import Chunk
 from voxwire.params import SynthesisParams
 from voxwire.serving.http.auth import key_owner
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
 from voxwire.serving.personas import client_owner
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 
@@ -79,7 +79,7 @@ async def speak(http: TestClient, persona: str | None, key: str | None = None) -
 async def holding(http: TestClient, personas: list[str], owners: list[str]) -> AsyncIterator[list[asyncio.Task[Chunk]]]:
     """Long utterances (a long text, no early stop) of these personas, one per owner (``client_owner`` names),
     submitted in order; yields each one's first-chunk task (done once it runs). Aborted on the way out."""
-    service = http.server.app[SERVICE_KEY]
+    service = http.server.app[SPEAKER_KEY]
     params = SynthesisParams(min_len=10_000, max_len=10_000)
     streams: list[AsyncGenerator[Chunk, None]] = []
     firsts: list[asyncio.Task[Chunk]] = []
@@ -99,8 +99,8 @@ async def holding(http: TestClient, personas: list[str], owners: list[str]) -> A
 
 async def idle(http: TestClient) -> None:
     """Wait until the engine's latest step left nothing running or waiting (the holds' aborts are applied)."""
-    service = http.server.app[SERVICE_KEY]
-    while service.stats().running or service.stats().waiting:
+    service = http.server.app[ENGINES_KEY]
+    while service.engine.stats().running or service.engine.stats().waiting:
         await asyncio.sleep(0.02)
 
 

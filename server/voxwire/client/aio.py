@@ -15,8 +15,8 @@ async def together(*work: Coroutine[Any, Any, Any]) -> list[Any]:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            if (error := task.exception()) is not None:
+                raise error
         return [task.result() for task in tasks]
     finally:
         for task in tasks:

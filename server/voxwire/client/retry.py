@@ -41,7 +41,7 @@ class RetryPolicy:
 
     def delay_s(self, retry: int, retry_after_s: float | None, rng: random.Random | None = None) -> float:
         """The wait before retry number ``retry`` (0-based); ``rng`` draws the jitter (default: ``random``'s)."""
-        backoff = self.first_delay_s * 2**retry
+        backoff = self.first_delay_s * 2.0**retry
         floor = 0.0 if retry_after_s is None else retry_after_s
         stretch = (rng or random).uniform(1.0, 1.0 + self.jitter)
         return min(self.max_delay_s, max(backoff, floor)) * stretch

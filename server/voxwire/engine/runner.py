@@ -151,7 +151,7 @@ class _Personas:
     def select(self, slots: torch.Tensor) -> None:
         """Point the adapted layers at the bank slots of these rows (device-side, so graph-safe)."""
         if self.active:
-            self.bank.rows.index = slots  # type: ignore[union-attr]
+            self.bank.rows.index = slots  # type: ignore[union-attr]  # active: the bank exists
 
     def seal(self) -> None:
         """Graphs are captured now: fix the adapted layers they will contain."""

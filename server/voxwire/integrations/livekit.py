@@ -29,6 +29,7 @@ import contextlib
 import weakref
 from collections.abc import AsyncIterable, Awaitable
 from dataclasses import replace
+from typing import NoReturn, TypeVar
 
 from livekit.agents import (
     APIConnectionError,
@@ -56,11 +57,13 @@ from voxwire.protocol.wire import Done, Error, Words
 DEFAULT_SAMPLE_RATE = 24000
 """What the TTS hands LiveKit (LiveKit's own OpenAI TTS uses 24 kHz)."""
 
+_T = TypeVar("_T")
+
 _End = object()
 """Marks the end of a turn's text: LiveKit's flush, or the end of its input."""
 
 
-class TTS(tts.TTS):
+class TTS(tts.TTS[NoReturn]):
     """voxwire as a LiveKit Agents TTS; ``api_key`` defaults to ``$VOXWIRE_TOKEN``."""
 
     def __init__(
@@ -120,12 +123,18 @@ class TTS(tts.TTS):
         normalize: NotGivenOr[bool | None] = NOT_GIVEN,
     ) -> None:
         """Change the settings of the streams that start from now on (None: the server's default)."""
-        given = {
-            "voice": voice, "persona": persona, "instructions": instructions, "seed": seed, "cfg_value": cfg_value,
-            "inference_timesteps": inference_timesteps, "max_buffer_delay_ms": max_buffer_delay_ms,
-            "normalize": normalize,
-        }  # fmt: skip
-        self._settings = replace(self._settings, **{k: v for k, v in given.items() if utils.is_given(v)})  # type: ignore[arg-type]
+        old = self._settings
+        self._settings = replace(
+            old,
+            voice=_given_or(voice, old.voice),
+            persona=_given_or(persona, old.persona),
+            instructions=_given_or(instructions, old.instructions),
+            seed=_given_or(seed, old.seed),
+            cfg_value=_given_or(cfg_value, old.cfg_value),
+            inference_timesteps=_given_or(inference_timesteps, old.inference_timesteps),
+            max_buffer_delay_ms=_given_or(max_buffer_delay_ms, old.max_buffer_delay_ms),
+            normalize=_given_or(normalize, old.normalize),
+        )
 
     def prewarm(self) -> None:
         """Open a connection with the current options now, so the first turn starts without a handshake."""
@@ -257,8 +266,11 @@ def _api_error(exc: ClientError) -> APIError:
 class _ChunkedStream(tts.ChunkedStream):
     """``synthesize()``: the whole text as one utterance."""
 
+    _tts: TTS
+    """The TTS that made it (``TTS.synthesize``)."""
+
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        voice: TTS = self._tts  # type: ignore[assignment]
+        voice = self._tts
         output_emitter.initialize(
             request_id=utils.shortuuid(), sample_rate=voice.sample_rate, num_channels=1, mime_type="audio/pcm"
         )
@@ -269,8 +281,11 @@ class _ChunkedStream(tts.ChunkedStream):
 class _SynthesizeStream(tts.SynthesizeStream):
     """``stream()``: text pushed as it comes is one utterance, ended by LiveKit's ``flush`` or end of input."""
 
+    _tts: TTS
+    """The TTS that made it (``TTS.stream``)."""
+
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        voice: TTS = self._tts  # type: ignore[assignment]
+        voice = self._tts
         request_id = utils.shortuuid()
         output_emitter.initialize(
             request_id=request_id, sample_rate=voice.sample_rate, num_channels=1, mime_type="audio/pcm", stream=True
@@ -284,6 +299,11 @@ class _SynthesizeStream(tts.SynthesizeStream):
                 return
             self._mark_started()
             yield item
+
+
+def _given_or(value: NotGivenOr[_T], old: _T) -> _T:
+    """``value`` where ``update_options`` was given it, else the ``old`` setting."""
+    return value if utils.is_given(value) else old
 
 
 async def _one(text: str) -> AsyncIterable[str | object]:

@@ -50,6 +50,10 @@ from voxwire.protocol.wire import Done, Error, Words
 
 MODEL = "voxcpm"
 
+_TOKEN_MODE = TextAggregationMode("token")
+"""``TextAggregationMode.TOKEN``, made from its value: Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat
+needs), and mypy, checking for 3.10 (without one), types the members as str, the mode so made as the enum."""
+
 
 @dataclass
 class VoxwireTTSSettings(TTSSettings):
@@ -81,8 +85,7 @@ class VoxwireTTSService(WebsocketTTSService):
         api_key: str | None = None,
         sample_rate: int | None = None,
         settings: VoxwireTTSSettings | None = None,
-        # Pipecat's modes are an enum.StrEnum (Python 3.11, as Pipecat needs); mypy checks for 3.10, without one.
-        text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,  # type: ignore[assignment]
+        text_aggregation_mode: TextAggregationMode = _TOKEN_MODE,
         **kwargs: Any,  # WebsocketTTSService's own options, passed through
     ) -> None:
         store = VoxwireTTSSettings(
@@ -116,7 +119,7 @@ class VoxwireTTSService(WebsocketTTSService):
         return SpeechSettings.of(self._settings.given_fields())
 
     # FrameProcessor.setup itself narrows BaseObject.setup's argument; this override keeps FrameProcessor's.
-    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]
+    async def setup(self, setup: FrameProcessorSetup) -> None:  # type: ignore[override]  # as FrameProcessor
         await super().setup(setup)  # sets the pipeline's output rate, which the session asks for
         await self._connect()
 
@@ -178,7 +181,7 @@ class VoxwireTTSService(WebsocketTTSService):
         await self.push_error_frame(self._error_frame(exc))
 
     # TTSService itself narrows AIService's ServiceSettings to TTSSettings; this override keeps TTSService's.
-    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]
+    async def _update_settings(self, delta: TTSSettings) -> dict[str, Any]:  # type: ignore[override]  # as TTSService
         """Store the delta; the next utterance opens with it (the one speaking keeps its voice to its end)."""
         changed = await super()._update_settings(delta)
         self._warn_unhandled_updated_settings(changed.keys() & {"model", "language"})

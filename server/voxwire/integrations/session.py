@@ -27,6 +27,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from types import TracebackType
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -63,7 +64,14 @@ PERMANENT_CODES = frozenset(
 """Refusals that repeat until the settings or the key change: a framework reports them once and stops."""
 
 
-def audio_request(output_rate: int) -> dict[str, object]:
+class AudioRequest(TypedDict, total=False):
+    """The ``start`` fields that choose the audio the server sends (``audio_request``)."""
+
+    format: str
+    sample_rate: int
+
+
+def audio_request(output_rate: int) -> AudioRequest:
     """The ``start`` fields that choose the audio the server sends: 16-bit PCM at the pipeline's rate, resampled on
     the server when it is one the protocol offers (``SAMPLE_RATES``); otherwise at the model's rate, and
     ``_Decoder`` resamples it here."""
@@ -99,13 +107,14 @@ class SpeechSettings:
             raise ServerError(
                 ErrorCode.UNKNOWN_FIELD.value, f"this voxwire protocol has no start.{', start.'.join(sorted(unknown))}"
             )
-        return Start(**audio_request(output_rate), **given)  # type: ignore[arg-type]
+        return Start(**audio_request(output_rate), **given)
 
     @classmethod
-    def of(cls, values: Mapping[str, object]) -> SpeechSettings:
-        """The settings among ``values`` (a framework's own settings object, as a dict); other keys are ignored."""
+    def of(cls, values: Mapping[str, Any]) -> SpeechSettings:
+        """The settings among ``values`` (a framework's own settings object, as a dict, whose fields of these names
+        have these types); other keys are ignored."""
         names = {field.name for field in fields(cls)}
-        return cls(**{name: value for name, value in values.items() if name in names})  # type: ignore[arg-type]
+        return cls(**{name: value for name, value in values.items() if name in names})
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,11 @@ Within ``batch_invariant()`` those ops are computed so that their shapes never d
   result does not depend on which tile or position it lands in (checked bit for bit by the tests, 1 and 2
   threads). docs/performance.md says how the tile sizes were chosen;
 * ``silu`` runs on the flattened tensor padded to a multiple of ``VECTOR_PAD`` elements, so no element is in a
-  scalar tail.
+  scalar tail;
+* a sum of each row to one value (``torch.sum`` over every dim but 0: CFG-Zero*'s projections) runs over tiles of
+  ``TILE`` rows: torch's CUDA reduction chooses its lanes per output by the number of outputs (ATen's
+  ``ReduceConfig`` stacks up to 16 outputs in a block), so with one output per row, a row alone may be summed in
+  another order than among 16 rows or more.
 
 The other ops the model runs are invariant as they are: row-wise reductions (RMSNorm, softmax), the
 transcendental functions other than ``silu``, and CPU ``scaled_dot_product_attention`` over a fixed sequence
@@ -76,6 +80,14 @@ def _conv1d(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return _tiled(x, lambda tile: F.conv1d(tile, *args, **kwargs), CONV_TILE)
 
 
+def _sum(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    dim = args[0] if args else kwargs.get("dim")
+    dims = [dim] if isinstance(dim, int) else list(dim or ())
+    if x.dim() < 2 or sorted(d % x.dim() for d in dims) != list(range(1, x.dim())):
+        return torch.sum(x, *args, **kwargs)  # a whole-tensor sum, or one that keeps more than a value per row
+    return _tiled(x, lambda tile: torch.sum(tile, *args, **kwargs), TILE)
+
+
 def _silu(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     flat = x.reshape(-1)
     padded = -flat.numel() % VECTOR_PAD
@@ -90,6 +102,8 @@ _ROUTES: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.matmul: _matmul,  # what ``a @ b`` arrives as
     F.conv1d: _conv1d,
     F.silu: _silu,
+    torch.sum: _sum,
+    torch.Tensor.sum: _sum,
 }
 
 

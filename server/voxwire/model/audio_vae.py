@@ -157,13 +157,16 @@ class CausalConvTranspose1d(_CausalContext, nn.ConvTranspose1d):
     bias: Tensor  # always built with one
 
     # The stream state takes the place of ConvTranspose1d's output_size (the output is always L·stride).
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # stream state in place of output_size
         self, x: Tensor, states: StreamBuffers = None, snake_alpha: Tensor | None = None
     ) -> Tensor:
         """x: (B, C_in, L) -> (B, C_out, L·stride); ``snake_alpha``: see ``_with_past``."""
         batch, _, length = x.shape
-        extended = self._with_past(x, states, snake_alpha)
-        pairs = torch.cat([extended[..., 1:], extended[..., :-1]], dim=1).transpose(1, 2)  # (B, L, 2·C_in)
+        frames = self._with_past(x, states, snake_alpha).transpose(1, 2)  # (B, 1 + L, C_in), a view
+        # The pairs are written frame-major (the cat's one copy transposes), so all B·L of them are the rows of one
+        # GEMM. From a transposed view matmul would instead run a batched GEMM with the weight broadcast to
+        # every batch element (stride 0), reading the whole weight once per element for only L rows each.
+        pairs = torch.cat([frames[:, 1:], frames[:, :-1]], dim=2).view(batch * length, 2 * self.in_channels)
         blocks = (pairs @ self.packed_weight).view(batch, length, self.out_channels, self.stride[0])
         return ops.conv_transpose_out(blocks, self.bias)
 
@@ -337,7 +340,7 @@ class CausalDecoder(nn.Module):
                 SampleRateCondition(block_inputs[index], len(boundaries) + 1) if index in block_inputs else None
                 for index in range(len(layers))
             ]
-            self.sr_cond_model = nn.ModuleList(conditions)  # type: ignore[arg-type]
+            self.sr_cond_model = nn.ModuleList(conditions)  # type: ignore[arg-type]  # None among the modules
         self.stream_state_shapes = _assign_state_slots(self.model)
 
     def _sample_rate_bucket(self) -> Tensor:

@@ -134,7 +134,7 @@ class LoRAConfig:
             values[key] = value
         if problems:
             raise LoRALoadError(f"{name}: " + "; ".join(public), f"{path}: " + "; ".join(problems))
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]  # each value's type checked above
 
 
 _NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {

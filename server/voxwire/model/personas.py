@@ -144,7 +144,7 @@ R = TypeVar("R")
 def _locked(method: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with args[0].lock:  # type: ignore[attr-defined]
+        with args[0].lock:  # type: ignore[attr-defined]  # args[0] is the PersonaBank the method is of
             return method(*args, **kwargs)
 
     return wrapper

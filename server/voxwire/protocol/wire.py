@@ -115,6 +115,9 @@ class CloseCode(enum.IntEnum):
     """A frame that breaks RFC 6455, e.g. an unmasked client frame (``protocol_error``)."""
     INVALID_DATA = 1007
     """A text frame that is not UTF-8 (``invalid_json``; RFC 6455 requires closing)."""
+    POLICY_VIOLATION = 1008
+    """Sent only to an ElevenLabs socket whose key, due in its first message, did not come or is not valid
+    (``unauthorized``): the close code ElevenLabs uses for it."""
     MESSAGE_TOO_BIG = 1009
     """A message far over ``max_message_bytes`` (refused before it is read; smaller excesses get an error)."""
     INTERNAL_ERROR = 1011

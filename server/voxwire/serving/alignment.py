@@ -104,6 +104,32 @@ class Alignment:
         ends = self.ends_s()
         return [WordTiming(self.text[a:b], self.starts_s[a], ends[b - 1]) for a, b in word_spans(self.text)]
 
+    @classmethod
+    def of_words(cls, text: str, words: list[WordTiming], duration_s: float) -> Alignment:
+        """``text``'s character timings from its words' (``WordTimer``'s, one per ``word_spans`` word, in order):
+        a word's characters share its span by weight, the characters between two words the gap between them, and
+        the speech ends where the last word does. ``duration_s``: the segment's whole audio."""
+        starts: list[float] = []
+        position, at = 0, words[0].start_s if words else 0.0
+        for (first, past), word in zip(word_spans(text), words, strict=True):
+            starts += _shared(text[position:first], at, word.start_s)  # the gap before it
+            starts += _shared(text[first:past], word.start_s, word.end_s)
+            position, at = past, word.end_s
+        starts += _shared(text[position:], at, at)
+        return cls(text, tuple(starts), at, duration_s)
+
+
+def _shared(text: str, start: float, end: float) -> list[float]:
+    """Where each character of ``text`` starts when they share ``start`` to ``end`` by weight (``char_weight``)."""
+    weights = [char_weight(char) for char in text]
+    total = math.fsum(weights)
+    starts: list[float] = []
+    done = 0.0
+    for weight in weights:
+        starts.append(start + (end - start) * (done / total if total else 0.0))
+        done += weight
+    return starts
+
 
 def word_spans(text: str) -> list[tuple[int, int]]:
     """(first, past the last) character index of each of ``text``'s whitespace-separated words."""
@@ -170,14 +196,7 @@ class SpeechMeter:
     def alignment(self, text: str) -> Alignment:
         """Estimated timings of ``text``'s characters in the audio measured so far; see the module docstring."""
         start, end = self.span()
-        weights = [char_weight(char) for char in text]
-        total = math.fsum(weights)
-        starts: list[float] = []
-        done = 0.0
-        for weight in weights:
-            starts.append(start + (end - start) * (done / total if total else 0.0))
-            done += weight
-        return Alignment(text, tuple(starts), end if text else start, self.duration_s)
+        return Alignment(text, tuple(_shared(text, start, end)), end if text else start, self.duration_s)
 
 
 class SpeakingRate:

@@ -1,11 +1,12 @@
 """The aiohttp application: ``make_app`` wires the shared objects, routes and middlewares; lifecycle lives here.
 
-Startup (``cleanup_ctx``): load saved voices, start the engine thread, then warm the model up with one
+Startup (``cleanup_ctx``): load saved voices, start the engines, then warm the model up with one
 short utterance in the background, so ``/health`` answers at once and ``/ready`` turns 200 when the
-first request would not pay for the warm-up. Shutdown (``drain``, also the ``on_shutdown`` hook):
-``/ready`` turns 503 and new work is refused, live utterances may finish for up to
-``drain_timeout_s``, the WebSockets left are closed with 1001 (going away), and the engine thread
-stops; ``voxwire serve`` runs ``drain`` on SIGTERM while still listening, so probes see the 503.
+first request would not pay for the warm-up. Shutdown is ``drain``, the one owner of it, run once however
+many ask: ``/ready`` turns 503 and new work is refused, live utterances may finish for up to
+``drain_timeout_s``, the WebSockets left are closed with 1001 (going away), and the engines stop;
+``voxwire serve`` runs it on SIGTERM while still listening, so probes see the 503, and any other runner (a test
+server) through aiohttp's ``on_shutdown`` hook.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ from voxwire.serving.http.voices import add_voice_routes
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    ENGINES_KEY,
     KEYLESS_KEY,
     METRICS_KEY,
-    SERVICE_KEY,
     SESSIONS_KEY,
+    SPEAKER_KEY,
     STATE_KEY,
     VOICES_KEY,
     Phase,
@@ -53,12 +55,12 @@ from voxwire.serving.keys import (
 from voxwire.serving.metrics import BuildInfo, Metrics
 from voxwire.serving.models import load_speech_model
 from voxwire.serving.openapi import add_openapi_routes
-from voxwire.serving.service import Service, SpeechJob, SpeechService
+from voxwire.serving.service import Engines, SpeechJob, SpeechService
 from voxwire.serving.tracing import tracing_from_environment
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
-from voxwire.speech_model import SpeechModel
+from voxwire.speech_model import ModelInfo, SpeechModel
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,9 +106,9 @@ def stop_failed(app: web.Application, reason: str) -> None:
 
 
 def build_app(
-    config: ServerConfig, service: Service, voices: VoiceStore, *, metrics_dir: str | None = None
+    config: ServerConfig, engines: Engines, voices: VoiceStore, *, metrics_dir: str | None = None
 ) -> web.Application:
-    """The application around a service: ``SpeechService`` (one process) or a frontend's ``EngineProxy``.
+    """The application around engines: ``SpeechService`` (one process) or a frontend's ``EngineProxy``.
 
     ``metrics_dir``: the Prometheus multiprocess folder shared by the frontends of ``--workers``."""
     sessions: set[web.WebSocketResponse] = set()
@@ -115,7 +117,8 @@ def build_app(
     middlewares = [request_metrics_middleware, trace_middleware, error_middleware, auth_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG_KEY] = config
-    app[SERVICE_KEY] = service
+    app[ENGINES_KEY] = engines
+    app[SPEAKER_KEY] = engines.speaker
     app[STATE_KEY] = ServerState()
     app[SESSIONS_KEY] = sessions
     app[KEYLESS_KEY] = set()
@@ -123,10 +126,10 @@ def build_app(
     app[VOICES_KEY] = voices
     state = app[STATE_KEY]
     app[METRICS_KEY] = Metrics(
-        service.engine_stats,
+        engines.engine_stats,
         lambda: len(sessions),
         lambda: state.live_utterances,
-        build_info(config, service),
+        build_info(config, engines.speaker.info),
         multiprocess_dir=metrics_dir,
     )
     add_tracing(app, tracing_from_environment())
@@ -148,10 +151,10 @@ def build_app(
     return app
 
 
-def build_info(config: ServerConfig, service: Service) -> BuildInfo:
+def build_info(config: ServerConfig, info: ModelInfo) -> BuildInfo:
     """What ``voxwire_build_info`` reports: this version, the model's public name, the configured device(s)."""
     devices = ",".join(device or "auto" for device in config.engine_devices())
-    return BuildInfo(__version__, service.info.name, devices)
+    return BuildInfo(__version__, info.name, devices)
 
 
 REPLICA_HEADER = "X-Voxwire-Replica"
@@ -212,40 +215,51 @@ def runner_options(config: ServerConfig) -> dict[str, Any]:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    service = app[SERVICE_KEY]
+    """Start the engines and warm them up; at cleanup, after the drain (``on_shutdown``) stopped the engines, end the
+    warm-up if it still runs and the encoder threads."""
     await asyncio.to_thread(app[VOICES_KEY].load)
-    await service.start()
+    await app[ENGINES_KEY].start()
     warm_up = asyncio.create_task(_warm_up(app), name="voxwire-warm-up")
     try:
         yield
     finally:
         warm_up.cancel()
         await asyncio.gather(warm_up, return_exceptions=True)
-        await service.stop()
         app[ENCODERS_KEY].close()
 
 
 async def _warm_up(app: web.Application) -> None:
     """Run one short utterance through each engine, then open for work (unless shutdown began)."""
-    service, state = app[SERVICE_KEY], app[STATE_KEY]
+    state = app[STATE_KEY]
     started = time.perf_counter()
     params = SynthesisParams(seed=0, max_len=2)
     try:
-        for engine in service.per_engine():
-            async for _ in engine.speak(SpeechJob(engine.new_request_id("warm-up"), _WARM_UP_TEXT, params)):
+        for speaker in app[ENGINES_KEY].engine_speakers():
+            async for _ in speaker.speak(SpeechJob(speaker.new_request_id("warm-up"), _WARM_UP_TEXT, params)):
                 pass
     except Exception:
         logger.exception("the warm-up utterance failed: the server stays not ready")
         return
     if state.phase is Phase.STARTING:
         state.phase = Phase.READY
-        info = service.info
+        info = app[SPEAKER_KEY].info
         seconds = time.perf_counter() - started
         logger.info("model %s warmed up in %.1f s; ready (%d Hz)", info.name, seconds, info.sample_rate)
 
 
 async def drain(app: web.Application) -> None:
-    """Graceful shutdown: refuse new work, let live utterances finish (bounded), close sockets, stop the engine."""
+    """Graceful shutdown: refuse new work, let live utterances finish (bounded), close sockets, stop the engines.
+
+    It runs once, however many ask (``run_app`` while still listening, then aiohttp's ``on_shutdown`` as the
+    listener closes; a test): a later call waits for the first one's end. Shielded, so that a caller cancelled
+    meanwhile does not leave the engines running for the next one."""
+    state = app[STATE_KEY]
+    if state.drain is None:
+        state.drain = asyncio.create_task(_drain(app), name="voxwire-drain")
+    await asyncio.shield(state.drain)
+
+
+async def _drain(app: web.Application) -> None:
     state, config = app[STATE_KEY], app[CONFIG_KEY]
     state.phase = Phase.DRAINING
     if not await state.wait_idle(config.limits.drain_timeout_s):
@@ -254,7 +268,7 @@ async def drain(app: web.Application) -> None:
     sockets = [*app[SESSIONS_KEY], *app[KEYLESS_KEY]]
     closing = [ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down") for ws in sockets]
     await asyncio.gather(*closing, return_exceptions=True)
-    await app[SERVICE_KEY].stop()
+    await app[ENGINES_KEY].stop()
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

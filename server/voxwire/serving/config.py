@@ -18,7 +18,7 @@ import socket
 from argparse import ArgumentTypeError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
 from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusSettings
 from voxwire.engine import EngineConfig, ParamLimits, RunnerOptions
@@ -518,9 +518,9 @@ class ServerConfig:
 
 
 _GROUP_OF = {
-    setting.name: group.name
-    for group in dataclasses.fields(ServerConfig)
-    for setting in dataclasses.fields(group.default_factory)  # type: ignore[arg-type]
+    setting.name: group
+    for group, group_class in get_type_hints(ServerConfig).items()
+    for setting in dataclasses.fields(group_class)
 }
 """Each setting's group: ``{"max_connections": "limits", ...}``."""
 

@@ -3,7 +3,9 @@
 Everything a handler needs lives on the ``web.Application`` under one of these keys, set by
 ``voxwire.serving.app.make_app``; nothing is module-global. Read them with ``request.app[KEY]``.
 
-* ``SERVICE_KEY``: the ``SpeechService`` (model, engine, voice encoding).
+* ``SPEAKER_KEY``: the ``Speaker`` the handlers speak and encode voices through (``service``): each utterance on
+  the freest engine. A WebSocket connection takes its own, pinned to one engine (``ENGINES_KEY``'s ``pinned()``).
+* ``ENGINES_KEY``: the ``Engines`` (``service``): their start and stop, their load for admission and metrics.
 * ``CONFIG_KEY``: the ``ServerConfig`` (limits, timeouts, auth settings).
 * ``VOICES_KEY``: the ``VoiceStore`` (saved voices by id).
 * ``METRICS_KEY``: the ``Metrics`` (Prometheus instruments of this app).
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from voxwire.serving.config import ServerConfig
     from voxwire.serving.encoding import EncoderPool
     from voxwire.serving.metrics import Metrics
-    from voxwire.serving.service import Service
+    from voxwire.serving.service import Engines, Speaker
     from voxwire.serving.tracing import Tracing
     from voxwire.serving.voices import VoiceStore
 
@@ -103,6 +105,8 @@ class ServerState:
     and closes (``app.run_app``)."""
     exit_status: int = 0
     """What the server's process exits with once stopped: 1 after a failure it could not recover from."""
+    drain: asyncio.Task[None] | None = field(default=None, repr=False)
+    """The server's one drain (``app.drain``) once begun: whoever asks for the shutdown later waits for it."""
     _idle: asyncio.Event = field(default_factory=_set_event, repr=False)
 
     @property
@@ -139,7 +143,8 @@ class ServerState:
         return True
 
 
-SERVICE_KEY: web.AppKey[Service] = web.AppKey("voxwire.service")
+SPEAKER_KEY: web.AppKey[Speaker] = web.AppKey("voxwire.speaker")
+ENGINES_KEY: web.AppKey[Engines] = web.AppKey("voxwire.engines")
 CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxwire.config")
 VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")

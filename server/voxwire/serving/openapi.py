@@ -34,7 +34,7 @@ from voxwire.serving.http.request_models import (
     VOICE_UPLOAD,
     RequestModel,
 )
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY
+from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY
 from voxwire.serving.ws.elevenlabs_protocol import DEFAULT_OUTPUT_FORMAT, MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
 
 DOCS_PAGE = Path(__file__).resolve().with_name("docs.html")
@@ -239,7 +239,7 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _speech_media(app: web.Application) -> dict[str, Any]:
     """The media types of ``/v1/audio/speech``: each format's encoder's, and SSE."""
-    sample_rate = app[SERVICE_KEY].info.sample_rate
+    sample_rate = app[SPEAKER_KEY].info.sample_rate
     types = {
         make_encoder(fmt, sample_rate, output_rate=rate).content_type.partition(";")[0].strip()
         for fmt, rate in OPENAI_RESPONSE_FORMATS.values()

@@ -140,7 +140,7 @@ def check_persona(personas: PersonaCheck | None, persona: str | None) -> None:
 
     1. before any work starts: a WebSocket ``start`` (``ws.utterance.resolve_settings``) and an HTTP request, so the
        client hears of an unknown name at once, not at its first sentence;
-    2. for each engine request (``service.speech_stream``, every ``Service.speak``): an utterance is one request
+    2. for each engine request (``service.EngineSpeaker.speak``, every topology's): an utterance is one request
        per sentence, and a persona removed after ``start`` refuses the sentences that follow instead of their
        being spoken by the base model;
     3. when a request reaches an engine process (``workers.engine_process``, ``--workers``): its frontend checked

@@ -1,13 +1,23 @@
-"""``SpeechService``: what the HTTP and WebSocket handlers need from the model, in one asyncio-facing object.
+"""The speech service's two contracts, by audience, and ``SpeechService``, the one-process implementation of both.
 
-It owns the ``SpeechModel`` (a loaded VoxCPM or the simulator), the batching ``AsyncEngine`` over its runner,
-and nothing about
-sockets or encodings. Handlers ask it to speak a text (an async stream of ``Chunk`` chunks at the
-model's sample rate) and to encode voice clips; GPU work never runs on the event loop.
+* ``Speaker``: what speaking needs (the WebSocket sessions, the HTTP handlers): the model's info, its personas,
+  request ids, ``speak(job)`` and ``encode_voice(clip)``.
+* ``Engines``: what the process's lifecycle, admission and metrics need: ``start``/``stop``, the engines' load
+  (``available``, ``queue_full``, ``engine_stats``), and the speakers they hand out: ``speaker`` (each utterance
+  on the freest engine), ``pinned()`` (a connection's utterances on one engine), ``engine_speakers()`` (one per
+  engine, for the warm-up).
+
+``EngineSpeaker`` writes ``speak`` once for every topology (the persona check, the typed failures); each says only
+how a request reaches its engine (``_stream``): ``SpeechService`` here, an engine thread in this process; under
+``--workers``, a frontend's ``workers.proxy.EngineProxy`` and its ``PinnedSpeaker``, engine processes over IPC.
+
+``SpeechService`` owns the ``SpeechModel`` (a loaded VoxCPM or the simulator), the batching ``AsyncEngine`` over its
+runner, and nothing about sockets or encodings; GPU work never runs on the event loop.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import itertools
@@ -35,7 +45,7 @@ from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
 from voxwire.serving.recovery import CrashLoop, step_stall_bound_s
-from voxwire.speech_model import ModelInfo, SpeechModel
+from voxwire.speech_model import ModelInfo, PromptLength, SpeechModel
 from voxwire.voice_clip import VoiceClip
 
 logger = logging.getLogger(__name__)
@@ -44,8 +54,8 @@ ENGINE_WATCH_S = 0.5
 """How often ``SpeechService`` looks at its engine thread (dead? stuck?)."""
 
 __all__ = [
-    "ModelInfo", "Service", "SpeechFailure", "SpeechJob", "SpeechService", "UtteranceOptions", "refused",
-    "speech_stream", "typed_failures",
+    "EngineSpeaker", "Engines", "ModelInfo", "Speaker", "SpeechFailure", "SpeechJob", "SpeechService",
+    "UtteranceOptions", "refused", "typed_failures",
 ]  # fmt: skip
 
 
@@ -114,10 +124,10 @@ DEFAULT_OPTIONS = UtteranceOptions()
 
 @dataclass(frozen=True, slots=True)
 class SpeechJob:
-    """One utterance a handler asks a ``Service`` to speak (``Service.speak``)."""
+    """One utterance a handler asks a ``Speaker`` to speak (``Speaker.speak``)."""
 
     request_id: str
-    """Unique among the service's unfinished requests (``Service.new_request_id``); ``abort`` names it."""
+    """Unique among the engines' unfinished requests (``Speaker.new_request_id``)."""
     text: str
     params: SynthesisParams
     voice: VoicePrompt | None = None
@@ -134,8 +144,8 @@ class SpeechJob:
         )  # fmt: skip
 
 
-class Service(Protocol):
-    """What the handlers use: ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``)."""
+class Speaker(Protocol):
+    """What speaking needs, for the WebSocket sessions and the HTTP handlers (``EngineSpeaker`` implements it)."""
 
     # Read-only properties, so that an implementation may hold a narrower kind (a frontend's RemotePersonas).
     @property
@@ -146,13 +156,29 @@ class Service(Protocol):
         """The LoRA personas requests may name (None: none, e.g. the simulator)."""
         ...
 
+    def new_request_id(self, prefix: str = "req") -> str: ...
+
+    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
+
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
+        """Stream one utterance; closing the iterator early aborts it, and every failure raises one
+        ``SpeechFailure`` (see ``EngineSpeaker.speak``)."""
+        ...
+
+    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
+        """Encode a voice clip where the model runs, off the event loop."""
+        ...
+
+
+class Engines(Protocol):
+    """What the process's lifecycle (``app``), admission (``http.admission``) and metrics need of the engines:
+    ``SpeechService`` here, ``EngineProxy`` in a frontend process (``--workers``). Speaking goes through the
+    ``Speaker`` objects it hands out."""
+
     async def start(self) -> None: ...
 
-    async def stop(self) -> None: ...
-
-    @property
-    def queue_full(self) -> bool:
-        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
+    async def stop(self) -> None:
+        """End every stream still open and stop serving (the app's drain calls it, once)."""
         ...
 
     @property
@@ -161,38 +187,27 @@ class Service(Protocol):
         work is then refused with ``engine_restarted``, and ``/ready`` answers 503)."""
         ...
 
-    def pinned(self) -> Service:
-        """The service one WebSocket connection uses: all its utterances on one engine (``--devices``)."""
-        ...
-
-    def per_engine(self) -> list[Service]:
-        """One view per engine (``--devices``), each speaking on its engine only: the warm-up runs on every one."""
-        ...
-
-    def new_request_id(self, prefix: str = "req") -> str: ...
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
-
-    def check_persona(self, persona: str | None) -> None:
-        """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
-        ...
-
-    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
-        """Stream one utterance; every failure raises one ``SpeechFailure`` (see ``speech_stream``)."""
-        ...
-
-    def abort(self, request_id: str) -> None: ...
-
-    async def encode_voice(self, clip: VoiceClip) -> VoicePrompt:
-        """Encode a voice clip where the model runs, off the event loop."""
-        ...
-
-    def stats(self) -> EngineStats:
-        """The engine's load after its latest step (every engine's added up, with ``--devices``)."""
+    @property
+    def queue_full(self) -> bool:
+        """Whether the engine's queue was full after its latest step (a new request would be refused)."""
         ...
 
     def engine_stats(self) -> list[EngineStats]:
         """Each engine's load after its latest step, by engine index (for metrics)."""
+        ...
+
+    @property
+    def speaker(self) -> Speaker:
+        """The speaker of work not tied to an engine (an HTTP request): each utterance on the freest engine."""
+        ...
+
+    def pinned(self) -> Speaker:
+        """The speaker of one WebSocket connection: all its utterances on one engine (``--devices``), so a voice
+        continued from an earlier utterance is spoken where it was."""
+        ...
+
+    def engine_speakers(self) -> list[Speaker]:
+        """One speaker per engine (``--devices``), each speaking on its engine only: the warm-up runs on every one."""
         ...
 
 
@@ -207,23 +222,35 @@ def engine_queue_full(stats: EngineStats, max_waiting: int, max_running: int) ->
     return stats.waiting >= max_waiting + max_running - stats.running
 
 
-def speech_stream(
-    service: Service, job: SpeechJob, run: Callable[[Request], AsyncGenerator[Chunk, None]]
-) -> AsyncGenerator[Chunk, None]:
-    """One job's outputs from ``run`` (an engine's stream of its ``Request``), for every ``Service.speak``.
+class EngineSpeaker(abc.ABC):
+    """A ``Speaker`` over engines: ``speak`` is written here once, for every topology, and each subclass says only
+    how a request reaches its engine (``_stream``)."""
 
-    Its persona is checked first (the persona rule's second check, ``personas.check_persona``: unknown, the
-    stream fails with ``unknown_persona``), and every failure raises one ``SpeechFailure`` (``typed_failures``), so each
-    transport reports it with the same code."""
-    try:
-        service.check_persona(job.options.persona)
-    except UnknownPersonaError as exc:
-        return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-    return typed_failures(run(job.request(service.prefill_tokens(job.text, job.voice))))
+    personas: Personas | None
+    prefill_tokens: PromptLength
+    """The admission budget's estimate of a request's prompt length, in LM positions."""
+
+    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
+        """Stream one utterance; closing the iterator early aborts it (its slot is freed).
+
+        Its persona is checked first (the persona rule's second check, ``personas.check_persona``: unknown, the
+        stream fails with ``unknown_persona``), and every way it can fail (refused, engine gone, ended in error or
+        by shutdown, a persona no longer loaded) raises one ``SpeechFailure`` (``typed_failures``), so each
+        transport reports it with the same code."""
+        try:
+            check_persona(self.personas, job.options.persona)
+        except UnknownPersonaError as exc:
+            return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
+        return typed_failures(self._stream(job.request(self.prefill_tokens(job.text, job.voice))))
+
+    @abc.abstractmethod
+    def _stream(self, request: Request) -> AsyncGenerator[Chunk, None]:
+        """The outputs of ``request`` on an engine; its failures as the engine raises them (``speak`` types them)."""
 
 
-class SpeechService:
-    """Async facade over one model and its engine. Start it inside the event loop that will use it.
+class SpeechService(EngineSpeaker):
+    """Async facade over one model and its engine, both its ``Speaker`` and its ``Engines``. Start it inside the
+    event loop that will use it.
 
     It also keeps the engine thread serving (``recovery``): a thread that dies is replaced by a new ``Engine``
     over the same runner (the model stays loaded) while its streams end with ``engine_restarted``; a crash loop,
@@ -311,10 +338,14 @@ class SpeechService:
         engine's rule, ``max_waiting`` beyond the free slots."""
         return engine_queue_full(self.engine.stats(), self._max_waiting, self._max_running)
 
-    def pinned(self) -> Service:
+    @property
+    def speaker(self) -> Speaker:
         return self  # one engine
 
-    def per_engine(self) -> list[Service]:
+    def pinned(self) -> Speaker:
+        return self
+
+    def engine_speakers(self) -> list[Speaker]:
         return [self]
 
     def new_request_id(self, prefix: str = "req") -> str:
@@ -324,24 +355,8 @@ class SpeechService:
         """The admission budget's estimate of a request's prompt length, in LM positions."""
         return self.model.prompt_length(text, voice)
 
-    def check_persona(self, persona: str | None) -> None:
-        """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
-        check_persona(self.personas, persona)
-
-    def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
-        """Stream one utterance; closing the iterator early aborts it (its slot is freed).
-
-        Every way the utterance can fail (refused, engine gone, ended in error or by shutdown, a persona
-        no longer loaded) raises one ``SpeechFailure`` (``speech_stream``), so the WebSocket and HTTP
-        paths report failures with the same codes.
-        """
-        return speech_stream(self, job, self.engine.stream if self.available else _restarting)
-
-    def abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-
-    def stats(self) -> EngineStats:
-        return self.engine.stats()
+    def _stream(self, request: Request) -> AsyncGenerator[Chunk, None]:
+        return self.engine.stream(request) if self.available else _restarting(request)
 
     def engine_stats(self) -> list[EngineStats]:
         return [self.engine.stats()]

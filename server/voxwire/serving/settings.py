@@ -122,6 +122,8 @@ def _value_type(where: str, hint: Any, flag: Flag) -> type:
     if isinstance(hint, types.UnionType):
         (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
     if typing.get_origin(hint) is not tuple:
+        if not isinstance(hint, type):
+            raise TypeError(f"{where}: a setting's type is a class (int, str, Path...) or a tuple of them, not {hint}")
         return hint
     item = typing.get_args(hint)[0]
     if flag.repeatable and (flag.parse or isinstance(item, type)):

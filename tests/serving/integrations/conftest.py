@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import STREAM_PATH, Done
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 
 TIMEOUT_S = 60.0
@@ -78,7 +78,7 @@ async def solo_audio(server: TestServer, settings: SpeechSettings, text: str, ra
 
 def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """(text, continued from a previous sentence) of every request the server's engine is given."""
-    service = app[SERVICE_KEY]  # type: ignore[index]
+    service = app[SPEAKER_KEY]  # type: ignore[index]
     requests: list[tuple[str, bool]] = []
     speak = service.speak
 

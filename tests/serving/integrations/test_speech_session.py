@@ -10,7 +10,7 @@ import pytest
 from voxwire.client.errors import ServerError
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import AudioFrame, Done, Segment
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -91,7 +91,7 @@ async def test_numbers_cancel_and_late_frames(serve, slow_down) -> None:
 @pytest.mark.parametrize("output_rate", [24000, 32000])
 async def test_the_server_resamples_to_a_rate_it_offers_and_the_session_to_any_other(serve, output_rate) -> None:
     server = await serve()
-    model_rate = server.app[SERVICE_KEY].info.sample_rate
+    model_rate = server.app[SPEAKER_KEY].info.sample_rate
     offered = output_rate == 24000
     url = str(server.make_url("/"))
     async with await SpeechSession.open(url, None, SpeechSettings(seed=3), output_rate=output_rate) as session:

@@ -38,7 +38,16 @@ from voxwire.protocol.wire import (
 )
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, VOICES_KEY, Phase, ServerState
+from voxwire.serving.keys import (
+    CONFIG_KEY,
+    ENGINES_KEY,
+    SESSIONS_KEY,
+    SPEAKER_KEY,
+    STATE_KEY,
+    VOICES_KEY,
+    Phase,
+    ServerState,
+)
 from voxwire.serving.service import ModelInfo, SpeechJob
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.handler import STREAM_PATH, add_ws_routes
@@ -182,7 +191,7 @@ async def engine_idle(app: web.Application, timeout: float = TIMEOUT_S) -> None:
     """Wait until the engine holds no request (every slot free, nothing queued)."""
 
     def idle() -> bool:
-        stats = app[SERVICE_KEY].engine.stats()
+        stats = app[ENGINES_KEY].engine.stats()
         return not (stats.running or stats.waiting)
 
     await until(idle, timeout)
@@ -198,6 +207,8 @@ class ClipService:
     """Never full: every request is played at once."""
     available = True
     """Never restarting: it has no engine to lose."""
+    personas = None
+    """No personas: a request naming one is refused before it reaches the service."""
 
     def __init__(self, clip: np.ndarray, rate: int, patch: int, step_s: float = 0.0) -> None:
         self.clip = clip.astype(np.float32)
@@ -216,9 +227,6 @@ class ClipService:
     def new_request_id(self, prefix: str = "req") -> str:
         self._ids += 1
         return f"{prefix}-{self._ids}"
-
-    def check_persona(self, persona: str | None) -> None:
-        assert persona is None, "the clip service has no personas"
 
     async def speak(self, job: SpeechJob) -> AsyncIterator[Chunk]:
         self.requests.append((job.text, job.params, job.voice))
@@ -244,7 +252,8 @@ def clip_app(service: ClipService, **overrides: Any) -> web.Application:
     app = web.Application()
     config = ws_config(**overrides)
     app[CONFIG_KEY] = config
-    app[SERVICE_KEY] = service  # type: ignore[assignment]
+    app[ENGINES_KEY] = service  # type: ignore[assignment]
+    app[SPEAKER_KEY] = service  # type: ignore[assignment]
     app[VOICES_KEY] = VoiceStore(None, "clip", (2, 4), max_voices=1)
     app[STATE_KEY] = ServerState(phase=Phase.READY)
     app[SESSIONS_KEY] = set()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.app import make_app
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 
 from .conftest import Connect, Serve, with_ws_routes, ws_config
@@ -43,7 +43,7 @@ async def test_an_engine_over_its_step_budget_sheds_new_sessions_busy_and_says_w
     config = ws_config(model="sim", sim_cost="100ms/row", realtime=True)  # --max-step-load 0.9, the default
     server = await serve(app=with_ws_routes(make_app(config)))
     client = await aiohttp_client(server)
-    service = server.app[SERVICE_KEY]
+    service = server.app[SPEAKER_KEY]
     live = service.speak(SpeechJob("live", "A stream that plays on.", SynthesisParams(min_len=10_000, max_len=10_000)))
     try:
         await anext(live)  # running: a second stream would make every step 200 ms, for 160 ms of audio

@@ -222,6 +222,17 @@ def test_each_bad_message_gets_its_code_and_changes_nothing(raw: str, code: Erro
     assert (core.settings, core.utterances, core.phase) == (settings, [], SessionPhase.ACTIVE)
 
 
+def test_a_typed_message_is_handled_as_its_frame_would_be_and_kept_to_the_same_rules() -> None:
+    core = new_core()
+    assert core.handle(Text("One is here. Two"), 0.0) == [
+        OpenUtterance(0, core.settings),
+        SpeakSegment(0, 0, "One is here."),
+    ]
+    assert refusal(core.handle(Start(format="mp3"), 0.0)) is ErrorCode.OUT_OF_RANGE, "a start decode_client refuses"
+    assert refusal(core.handle(Text("x", context_id=""), 0.0)) is ErrorCode.OUT_OF_RANGE
+    assert list(core.contexts) == [None]
+
+
 def test_messages_the_state_does_not_allow_are_refused() -> None:
     gate = Gate()
     core = new_core(gate)

@@ -29,7 +29,7 @@ from voxwire.audio.opus import DEFAULT_BITRATE, OpusEncoder
 from voxwire.audio.pcm import to_s16le
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Start, Text
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 from voxwire.tts import VoxCPM
 
@@ -53,7 +53,7 @@ async def speak(stream: StreamClient, text: str, **settings: object) -> Heard:
 
 
 async def engine_audio(server: TestServer, text: str, seed: int) -> np.ndarray:
-    service = server.app[SERVICE_KEY]
+    service = server.app[SPEAKER_KEY]
     outputs = [output async for output in service.speak(SpeechJob("reference", text, SynthesisParams(seed=seed)))]
     return np.concatenate([output.audio for output in outputs])
 

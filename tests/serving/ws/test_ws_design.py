@@ -14,7 +14,7 @@ from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY, VOICES_KEY
 from voxwire.speech_model import ModelInfo
 from voxwire.tts import VoxCPM
 
@@ -186,7 +186,7 @@ async def test_a_designed_sentence_is_the_models_generate_of_the_designed_text(
     ws_server: Callable, connect: Connect, tiny_tts: VoxCPM
 ) -> None:
     server = await ws_server()
-    assert server.app[SERVICE_KEY].info.voice_design
+    assert server.app[SPEAKER_KEY].info.voice_design
     stream = await connect(server)
     heard = await utterance(stream, "Hello there.", instructions="A warm voice", seed=11, format="pcm_f32le")
     expected = tiny_tts.generate("(A warm voice)Hello there.", SynthesisParams(seed=11))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from voxwire.protocol.wire import End, Ready, Start, Text
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 from voxwire.serving.ws import utterance as utterance_module
 from voxwire.text import normalize as normalize_module
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.asyncio
 
 
 def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    service = app[SERVICE_KEY]  # type: ignore[index]
+    service = app[SPEAKER_KEY]  # type: ignore[index]
     texts: list[str] = []
     speak = service.speak
 

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Segment, Start, Text
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
 from voxwire.serving.personas import OPERATOR
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.tts import VoxCPM
@@ -83,7 +83,7 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
 ) -> None:
     server = await serve(app=with_ws_routes(persona_app()))
     expected = persona_tts.generate(TEXT, SynthesisParams(seed=3), lora="A")
-    runner = server.app[SERVICE_KEY].runner
+    runner = server.app[ENGINES_KEY].runner
     execute = runner.execute
 
     def slow_step(plan: object) -> object:  # so the utterance is surely still running when the persona goes
@@ -99,7 +99,7 @@ async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     await stream.expect(Segment)  # the utterance is under way: its first audio frame follows
 
     assert persona_tts.personas is not None and persona_tts.personas.users("A") == 1  # held by this utterance
-    await server.app[SERVICE_KEY].personas.remove("A", owner=OPERATOR)
+    await server.app[SPEAKER_KEY].personas.remove("A", owner=OPERATOR)
     heard = await stream.heard()
     assert heard.errors == []
     audio = heard.pcm()
@@ -122,7 +122,7 @@ async def test_an_utterance_that_gets_no_persona_slot_in_time_is_busy(
     loras = tuple((name, LORA) for name in names)
     app = persona_app(loras=loras, max_personas=4, max_sessions=5, max_persona_wait_s=0.3)
     server = await serve(app=with_ws_routes(app))
-    service = server.app[SERVICE_KEY]
+    service = server.app[SPEAKER_KEY]
     long = SynthesisParams(min_len=10_000, max_len=10_000)
     holds = [
         service.speak(
@@ -144,6 +144,6 @@ async def test_an_utterance_that_gets_no_persona_slot_in_time_is_busy(
     finally:
         for hold in holds:
             await hold.aclose()
-    while service.stats().running:  # the holds' aborts are applied
+    while service.engine.stats().running:  # the holds' aborts are applied
         await asyncio.sleep(0.02)
     assert (await speak(stream, TEXT)).size > 0

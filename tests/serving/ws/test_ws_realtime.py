@@ -13,7 +13,7 @@ import pytest
 
 from voxwire.engine.cost_model import StepCost
 from voxwire.protocol.wire import AudioFrame, Done, End, Ready, Start, Text
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import ENGINES_KEY
 
 from .conftest import ClipService, Connect, clip_app
 
@@ -67,7 +67,7 @@ async def test_a_continuing_sentence_is_due_when_the_listeners_buffer_runs_dry(
 async def test_the_server_runs_real_time_on_its_measured_step_cost(ws_server: Callable, connect: Connect) -> None:
     # max_ahead_ms: no stream is paced to real time here, the test is that the measured policy serves.
     server = await ws_server(realtime=True, playback_lead_ms=200, max_ahead_ms=60_000)
-    assert isinstance(server.app[SERVICE_KEY].runner.step_cost, StepCost)  # measured at start-up, as asked
+    assert isinstance(server.app[ENGINES_KEY].runner.step_cost, StepCost)  # measured at start-up, as asked
     stream = await connect(server)
     assert stream.ready is not None and stream.ready.playback_lead_ms == 200
     await stream.send(Start(format="pcm_f32le", seed=1))

@@ -39,7 +39,7 @@ RATE, PATCH = 48000, 7680
 
 
 class MemoryTransport:
-    """Keeps what the session sends; ``gate`` closed means the client is not reading."""
+    """Keeps what the session sends, as a client decodes it; ``gate`` closed means the client is not reading."""
 
     def __init__(self, *, reading: bool = True) -> None:
         self.sent: list[ServerMessage | AudioFrame] = []
@@ -48,13 +48,16 @@ class MemoryTransport:
         if reading:
             self.gate.set()
 
-    async def send_str(self, data: str) -> None:
+    async def send(self, message: ServerMessage) -> None:
         await self.gate.wait()
-        self.sent.append(decode_server(data))
+        self.sent.append(decode_server(encode(message)))
 
-    async def send_bytes(self, data: bytes) -> None:
+    async def send_frame(self, frame: AudioFrame, audio_transport: str) -> None:
         await self.gate.wait()
-        self.sent.append(AudioFrame.decode(data))
+        self.sent.append(AudioFrame.decode(frame.encode()))
+
+    async def end_context(self, context_id: str | None) -> None:
+        raise AssertionError("our protocol's contexts end only when the client closes them")
 
     async def close(self, code: CloseCode, reason: str) -> None:
         self.closed = (code, reason)

@@ -14,7 +14,7 @@ import torch
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
-from voxwire.serving.keys import SERVICE_KEY, STATE_KEY
+from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
 from voxwire.serving.service import SpeechJob
 from voxwire.tts import VoxCPM
 
@@ -152,7 +152,7 @@ async def test_the_next_sentence_continues_the_voice_of_the_previous_one(
     audio = heard.pcm()
     cut = heard.segments[1].start_sample
     job = SpeechJob("ref", "First sentence.", SynthesisParams(seed=7))
-    outputs = [o async for o in server.app[SERVICE_KEY].speak(job)]
+    outputs = [o async for o in server.app[SPEAKER_KEY].speak(job)]
     patches = torch.from_numpy(np.stack([o.patch for o in outputs]))
 
     np.testing.assert_array_equal(audio[:cut], np.concatenate([o.audio for o in outputs]))

@@ -271,10 +271,12 @@ async def _measure(connection: Connection, text: str, config: BenchConfig, recor
     started = time.perf_counter()
 
     async def send() -> None:
-        pieces = words(text) if config.words_per_second else [text]
+        rate = config.words_per_second
+        pieces = words(text) if rate else [text]
+        gap_s = 1 / rate if rate else 0.0
         for number, piece in enumerate(pieces):
             if number:
-                await asyncio.sleep(1 / config.words_per_second)  # type: ignore[operator]
+                await asyncio.sleep(gap_s)
             await connection.send(Text(piece))
         await connection.send(End())
 

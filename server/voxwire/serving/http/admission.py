@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
-from voxwire.serving.keys import CONFIG_KEY, KEYLESS_KEY, SERVICE_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.keys import CONFIG_KEY, ENGINES_KEY, KEYLESS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def refusal(app: web.Application, *, connection: bool, keyless: bool = False) ->
         return Refusal(ErrorCode.NOT_READY, "the model is warming up, retry shortly")
     if phase is Phase.DRAINING:
         return Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down, retry on another replica")
-    if not app[SERVICE_KEY].available:
+    if not app[ENGINES_KEY].available:
         return ENGINE_RESTARTING
     if connection and keyless:
         if len(app[KEYLESS_KEY]) >= limits.max_keyless_connections:
@@ -54,7 +54,7 @@ def refusal(app: web.Application, *, connection: bool, keyless: bool = False) ->
             return Refusal(ErrorCode.BUSY, text)
     elif connection and len(app[SESSIONS_KEY]) + state.seats.others() >= limits.max_connections:
         return Refusal(ErrorCode.BUSY, f"the server has its maximum of {limits.max_connections} connections")
-    if app[SERVICE_KEY].queue_full:
+    if app[ENGINES_KEY].queue_full:
         return Refusal(ErrorCode.BUSY, f"the engine queue is full ({config.engine.max_waiting} waiting)")
     return None
 
@@ -66,7 +66,7 @@ def require_accepting(app: web.Application) -> None:
         raise ApiError(ErrorCode.NOT_READY, "the model is warming up, retry shortly", headers={"Retry-After": "1"})
     if phase is Phase.DRAINING:
         raise ApiError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
-    if not app[SERVICE_KEY].available:
+    if not app[ENGINES_KEY].available:
         raise ApiError(ENGINE_RESTARTING.code, ENGINE_RESTARTING.message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 

@@ -17,7 +17,7 @@ from voxwire.audio.clip import load_clip
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
-from voxwire.serving.keys import CONFIG_KEY, SERVICE_KEY, STATE_KEY
+from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY, STATE_KEY
 from voxwire.voice_clip import VoiceClip
 
 
@@ -35,7 +35,7 @@ async def encode_clip(app: web.Application, clip: bytes, transcript: str | None)
     voice-job slot: with its ``transcript``, a continuation prompt; without (None), a reference clip (isolated
     cloning). Raises ``ApiError`` ``busy`` when every slot is taken (before decoding), ``ClipTooLongError`` and
     ``InvalidInputError`` for a clip the decoder or the encoder refuses (each route words its own)."""
-    config, service, state = app[CONFIG_KEY], app[SERVICE_KEY], app[STATE_KEY]
+    config, service, state = app[CONFIG_KEY], app[SPEAKER_KEY], app[STATE_KEY]
     limit = config.voices.max_voice_jobs
     if state.voice_jobs >= limit:
         message = f"{limit} voice clips are being decoded and encoded here; retry shortly"

@@ -10,7 +10,7 @@ from voxwire.serving.http.admission import require_accepting
 from voxwire.serving.http.body import read_json
 from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import LORA
-from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SERVICE_KEY
+from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY
 from voxwire.serving.personas import Personas
 
 
@@ -40,7 +40,7 @@ async def delete_lora(request: web.Request) -> web.Response:
 
 def persona_registry(app: web.Application) -> Personas:
     """The server's personas; 400 ``personas_unavailable`` where there are none (``--model sim``)."""
-    personas = app[SERVICE_KEY].personas
+    personas = app[SPEAKER_KEY].personas
     if personas is None:
         message = "this server cannot serve LoRA personas (they need a checkpoint model)"
         raise ApiError(ErrorCode.PERSONAS_UNAVAILABLE, message)

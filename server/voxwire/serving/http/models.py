@@ -14,7 +14,7 @@ from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.http.errors import ApiError
-from voxwire.serving.keys import SERVICE_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 
 OWNED_BY = "voxwire"
 
@@ -23,7 +23,7 @@ def add_model_routes(app: web.Application) -> None:
     started = int(time.time())
 
     def model_object(app: web.Application) -> dict[str, object]:
-        return {"id": app[SERVICE_KEY].info.name, "object": "model", "created": started, "owned_by": OWNED_BY}
+        return {"id": app[SPEAKER_KEY].info.name, "object": "model", "created": started, "owned_by": OWNED_BY}
 
     async def list_models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [model_object(request.app)]})

@@ -53,7 +53,7 @@ from voxwire.serving.http.loras import persona_registry
 from voxwire.serving.http.request_id import request_id
 from voxwire.serving.http.request_models import ENCODE_LATENTS, GENERATE, NANO_LORA, Problem, RequestModel, Rule
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SERVICE_KEY, STATE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SPEAKER_KEY, STATE_KEY, VOICES_KEY
 from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 
@@ -153,7 +153,7 @@ def _bad(message: str) -> ApiError:
 async def generate(request: web.Request) -> web.StreamResponse:
     app = request.app
     require_admission(app, connection=False)
-    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    config, service = app[CONFIG_KEY], app[SPEAKER_KEY]
     body = await read_json(request, config.limits.body_timeout_s, _body_limit(config))
     fields = {**GENERATE.defaults(), **_parse(body, GENERATE, config)}  # its defaults differ from /v1/audio/speech's
     _check_prompt_fields(fields)
@@ -235,7 +235,7 @@ async def _patches(app: web.Application, fields: dict[str, Any], prefix: str) ->
 
 def _max_patches(app: web.Application) -> int:
     """Patches of latents a prompt may hold: those of a clip of ``max_clip_seconds``, as an upload's."""
-    info = app[SERVICE_KEY].info
+    info = app[SPEAKER_KEY].info
     return math.ceil(app[CONFIG_KEY].voices.max_clip_seconds * info.sample_rate / info.samples_per_patch)
 
 
@@ -262,7 +262,7 @@ async def _encode(app: web.Application, clip: bytes, *, reference: bool) -> Patc
     """A clip (the bytes of an audio file, any format soundfile reads) as latent patches, encoded by the service
     (off the event loop) the way a prompt clip or, with ``reference``, a reference clip is (they are padded to
     whole patches on opposite sides)."""
-    if reference and not app[SERVICE_KEY].info.reference_cloning:
+    if reference and not app[SPEAKER_KEY].info.reference_cloning:
         raise _bad("Reference audio is not supported by the loaded model")
     try:
         # The transcript does not change the latents; the encoder needs one with prompt audio.
@@ -291,7 +291,7 @@ async def encode_latents(request: web.Request) -> web.Response:
             "prompt_latents_base64": base64.b64encode(data).decode("ascii"),
             "feat_dim": int(patches.shape[-1]),
             "latents_dtype": "float32",
-            "sample_rate": app[SERVICE_KEY].info.sample_rate,
+            "sample_rate": app[SPEAKER_KEY].info.sample_rate,
             "channels": 1,
         }
     )
@@ -306,7 +306,7 @@ def _body_limit(config: ServerConfig) -> int:
 
 async def info(request: web.Request) -> web.Response:
     app = request.app
-    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    config, service = app[CONFIG_KEY], app[SPEAKER_KEY]
     registry = service.personas
     infos = await registry.infos() if registry is not None else []
     names = [info.name for info in infos]
@@ -325,7 +325,7 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def list_loras(request: web.Request) -> web.Response:
-    personas = request.app[SERVICE_KEY].personas
+    personas = request.app[SPEAKER_KEY].personas
     return web.json_response([{"name": name} for name in (personas.names() if personas is not None else [])])
 
 

@@ -4,7 +4,7 @@
 request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
 audio, pitch kept (``audio/tempo.py``).
 
-Handlers are thin: they parse (``parse_speech``), hand the work to the ``Service``, and stream the result
+Handlers are thin: they parse (``parse_speech``), hand the work to the ``Speaker``, and stream the result
 (``stream.stream_audio``); nothing here touches the model. A speech request refused before it starts
 (``not_ready``, ``shutting_down``, ``busy``) has ``Retry-After`` (a balancer may retry it elsewhere, see
 ``admission``).
@@ -33,11 +33,11 @@ from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.keys import (
     CONFIG_KEY,
     OWNER_KEY,
-    SERVICE_KEY,
+    SPEAKER_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.personas import client_owner
+from voxwire.serving.personas import check_persona, client_owner
 from voxwire.serving.service import SpeechJob, UtteranceOptions
 from voxwire.text.design import designed_text
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
@@ -89,12 +89,12 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, app[CONFIG_KEY].limits.body_timeout_s)
     speech = parse_speech(body, app[CONFIG_KEY])
     voice = app[VOICES_KEY].resolve(speech.voice)
-    service = app[SERVICE_KEY]
+    service = app[SPEAKER_KEY]
     try:
         control = utterance_control(service.info, speech.voice, voice, speech.instructions)
     except DesignRefused as exc:
         raise ApiError(ErrorCode.UNSUPPORTED, str(exc)) from None
-    service.check_persona(speech.persona)  # the persona rule's first check (``personas.check_persona``)
+    check_persona(service.personas, speech.persona)  # the persona rule's first check
     words = await normalize_in_worker(speech.text) if speech.normalize else speech.text
     text = designed_text(control, words)
     with app[STATE_KEY].utterance():
@@ -126,7 +126,7 @@ async def _stream_speech(
     request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], *, input_tokens: int
 ) -> web.StreamResponse:
     app = request.app
-    service, config = app[SERVICE_KEY], app[CONFIG_KEY]
+    service, config = app[SPEAKER_KEY], app[CONFIG_KEY]
     fmt, rate = OPENAI_RESPONSE_FORMATS[speech.response_format]
     opus = config.audio.opus_settings()
     encoder = make_encoder(

@@ -23,7 +23,7 @@ from voxwire.serving.http.trace_middleware import utterance_trace
 from voxwire.serving.keys import (
     ENCODERS_KEY,
     METRICS_KEY,
-    SERVICE_KEY,
+    SPEAKER_KEY,
 )
 from voxwire.serving.service import SpeechFailure
 from voxwire.serving.tracing import UtteranceTrace
@@ -54,7 +54,7 @@ async def _stream_audio(
 ) -> tuple[web.StreamResponse, int]:
     app = request.app
     metrics, encoders = app[METRICS_KEY], app[ENCODERS_KEY]
-    rate = app[SERVICE_KEY].info.sample_rate
+    rate = app[SPEAKER_KEY].info.sample_rate
     started = time.perf_counter()
     # Refusals (busy, a parameter over a limit, an unusable text) surface with the first output,
     # while a proper error status can still be sent.

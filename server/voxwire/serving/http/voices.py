@@ -28,7 +28,7 @@ from voxwire.serving.http.body import read_within
 from voxwire.serving.http.clips import encode_clip
 from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, resolve
-from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SERVICE_KEY, VOICES_KEY
+from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY, VOICES_KEY
 from voxwire.serving.voices import OPENAI_VOICES, VoiceInfo
 from voxwire.speech_model import ModelInfo
 
@@ -41,7 +41,7 @@ async def create_voice(request: web.Request) -> web.Response:
     """
     app = request.app
     require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
-    config, service = app[CONFIG_KEY], app[SERVICE_KEY]
+    config, service = app[CONFIG_KEY], app[SPEAKER_KEY]
     if request.content_length is not None and request.content_length > config.voices.max_upload_bytes:
         raise _too_large(config.voices.max_upload_bytes)
     fields = await read_within(config.limits.body_timeout_s, _read_upload(request, config))
@@ -100,7 +100,7 @@ def builtin_description(info: ModelInfo, name: str) -> str | None:
 
 async def list_voices(request: web.Request) -> web.Response:
     """``GET /v1/voices``: the built-in voices, then the saved ones (oldest first)."""
-    store, info = request.app[VOICES_KEY], request.app[SERVICE_KEY].info
+    store, info = request.app[VOICES_KEY], request.app[SPEAKER_KEY].info
     listed = [
         {**VoiceInfo(name, name, None, store.model, 0.0, 0).to_json(), "builtin": True,
          "description": builtin_description(info, name)}
@@ -112,7 +112,7 @@ async def list_voices(request: web.Request) -> web.Response:
 
 async def list_audio_voices(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices``: every voice a request may name, ``{"voices": [{id, name, builtin, description}]}``."""
-    info = request.app[SERVICE_KEY].info
+    info = request.app[SPEAKER_KEY].info
     voices = [
         {"id": name, "name": name, "builtin": True, "description": builtin_description(info, name)}
         for name in BUILTIN_VOICES

@@ -4,7 +4,7 @@ It shares the port with the other frontends (``SO_REUSEPORT``), speaks to the en
 and exits 1 once told (SIGUSR1) that the service ends (an engine that never served, a crash loop), so that the
 supervisor's exit path runs. Told (SIGUSR2) that an engine died and is being replaced, or finding it at its next
 beat (``EngineDeaths``), it ends that engine's streams only (``engine_restarted``) and reconnects to the
-successor (``EngineProxy.lost``); while no engine serves, ``/ready`` answers 503 and new work is refused.
+successor (``EngineLinks.lost``); while no engine serves, ``/ready`` answers 503 and new work is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def _frontend(
     pulse.start_heart()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
     proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
-    voices = SharedVoiceStore(proxy, config.voices.voices_dir, config.voices.max_voices)
+    voices = SharedVoiceStore(proxy.links, config.voices.voices_dir, config.voices.max_voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     app[STATE_KEY].seats = pulse  # --max-connections bounds the server, not this frontend
     stall_timeout_s = config.topology.stall_timeout_s
@@ -65,7 +65,7 @@ async def _frontend(
         (streams end with ``unavailable`` now, rather than draining toward an engine nobody minds)."""
         beats = 0
         while os.getppid() == parent:
-            proxy.lost(deaths.read())  # a death told while this loop was not yet watched (no SIGUSR2 then)
+            proxy.links.lost(deaths.read())  # a death told while this loop was not yet watched (no SIGUSR2 then)
             pulse.progressed(Activity.SERVING, stall_timeout_s)
             if beats % _METRICS_EVERY == 0:
                 app[METRICS_KEY].refresh()
@@ -75,7 +75,7 @@ async def _frontend(
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, on_service_end, "the supervisor ended the service (see its log)")
-    loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.lost(deaths.read()))
+    loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.links.lost(deaths.read()))
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
     try:
         return await run_app(app, config, reuse_port=True)

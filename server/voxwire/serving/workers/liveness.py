@@ -37,12 +37,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import multiprocessing.context
+import multiprocessing.synchronize
 import threading
 import time
 from collections.abc import Iterator
-from ctypes import c_double, c_int64
+from ctypes import Array, c_double, c_int64
 from dataclasses import dataclass
-from typing import Any
 
 NOT_STARTED = 0.0
 """The stamp of a child whose heart (``alive``) or loop (``progress``) has not beaten yet."""
@@ -108,17 +108,17 @@ class Hang:
 class _Slots:
     """The shared arrays, one entry per child (``multiprocessing.RawArray``s; picklable when a child starts)."""
 
-    alive: Any
+    alive: Array[c_double]
     """``time.monotonic()`` of each child's latest heart beat (doubles)."""
-    progress: Any
+    progress: Array[c_double]
     """``time.monotonic()`` of each child's latest loop progress (doubles)."""
-    within: Any
+    within: Array[c_double]
     """Seconds each child's loop may take before its next progress stamp (doubles)."""
-    activity: Any
+    activity: Array[c_int64]
     """Each child's ``Activity`` at its latest progress stamp (int64)."""
-    requests: Any
+    requests: Array[c_int64]
     """Each engine's requests (running or waiting) at its latest progress stamp (int64)."""
-    connections: Any
+    connections: Array[c_int64]
     """Each frontend's WebSocket connections, as it last published them (int64; ``Pulse.publish``)."""
 
 
@@ -133,7 +133,7 @@ class Pulse:
 
     slots: _Slots
     index: int
-    seat_lock: Any
+    seat_lock: multiprocessing.synchronize.Lock
     """The frontends' lock around checking and taking a connection seat (``multiprocessing.Lock``)."""
 
     def start_heart(self) -> threading.Thread:
@@ -162,7 +162,7 @@ class Pulse:
 
     def others(self) -> int:
         """Connections the other children hold (as each last published them)."""
-        return sum(self.slots.connections) - self.slots.connections[self.index]
+        return int(sum(self.slots.connections) - self.slots.connections[self.index])
 
     @contextlib.contextmanager
     def taking(self) -> Iterator[None]:
@@ -230,7 +230,7 @@ class Pulses:
 class EngineDeaths:
     """How many times each engine process has died and been replaced (picklable when a child is started)."""
 
-    counts: Any
+    counts: Array[c_int64]
     """The shared array of counts, one per engine (``multiprocessing.RawArray`` of int64); only the supervisor
     writes it."""
 

@@ -1,5 +1,5 @@
 """``RemotePersonas``: the LoRA personas of the engine processes of ``voxwire serve --workers N``, seen from one
-frontend, over the proxy's calls to the engines (``EngineCalls``).
+frontend, over the calls to the engines on its links (``EngineCalls``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCalls(Protocol):
-    """What ``RemotePersonas`` needs of the engines (``EngineProxy``)."""
+    """What ``RemotePersonas`` needs of the engines (``links.EngineLinks``)."""
 
     def engines(self) -> range:
         """The engines' indices."""
@@ -93,7 +93,7 @@ class RemotePersonas:
             raise errors[0]
         await self._publish()
         first = results[0]
-        assert isinstance(first, tuple)
+        assert isinstance(first, tuple) and isinstance(first[0], PersonaInfo)
         return first[0]
 
     async def remove(self, name: str, *, owner: str | None) -> None:

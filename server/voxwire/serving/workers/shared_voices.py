@@ -2,10 +2,10 @@
 
 A voice saved or deleted here is announced to engine 0, the voices' one keeper (``hub.Hub``), which tells the
 other frontends; the save or delete answers its client once every frontend has it (or after
-``proxy.SYNC_TIMEOUT_S``), so the client's next request finds the voice on any frontend. A frontend starts
+``links.SYNC_TIMEOUT_S``), so the client's next request finds the voice on any frontend. A frontend starts
 with every voice saved so far (engine 0's ``Welcome``), so a restarted one resolves them all too.
 
-If engine 0 dies, saves and deletes answer 503 ``unavailable`` until it is back (``EngineProxy.check_hub``); its
+If engine 0 dies, saves and deletes answer 503 ``unavailable`` until it is back (``EngineLinks.check_hub``); its
 successor rebuilds the set from the frontends as they rejoin it: each brings the voices it holds and the ids it
 saw deleted (ids are never reused), and the hub keeps the union less the deleted (``Hub.joined``).
 """
@@ -18,36 +18,37 @@ from pathlib import Path
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.voices import Voice, VoiceInfo, VoiceStore
 from voxwire.serving.workers import ipc
-from voxwire.serving.workers.proxy import EngineProxy
+from voxwire.serving.workers.links import EngineLinks
 
 
 class SharedVoiceStore(VoiceStore):
     """A frontend's ``VoiceStore`` that tells the other frontends (through engine 0) what it saves and deletes."""
 
-    def __init__(self, proxy: EngineProxy, directory: Path | None, max_voices: int) -> None:
-        super().__init__(directory, proxy.info.name, proxy.patch_shape, max_voices)
-        self._proxy = proxy
+    def __init__(self, links: EngineLinks, directory: Path | None, max_voices: int) -> None:
+        welcome = links.welcome
+        super().__init__(directory, welcome.info.name, welcome.patch_shape, max_voices)
+        self._links = links
         self._deleted: set[str] = set()
         """Ids of the voices deleted so far (never reused): what a restarted hub must not take back."""
-        for voice in proxy.initial_voices:
+        for voice in welcome.voices:
             self.adopt(voice)
-        proxy.on_voices = self._apply
-        proxy.voices_held = self._held
+        links.on_voices = self._apply
+        links.voices_held = self._held
 
     async def add(
         self, prompt: VoicePrompt, *, name: str | None, duration_s: float, owner: str | None = None
     ) -> VoiceInfo:
-        self._proxy.check_hub()  # no change the other frontends cannot hear of: 503 while the hub restarts
+        self._links.check_hub()  # no change the other frontends cannot hear of: 503 while the hub restarts
         info = await super().add(prompt, name=name, duration_s=duration_s, owner=owner)
         voice = self.get(info.id)
-        await self._proxy.publish(lambda call_id: ipc.VoiceSaved(call_id, voice))
+        await self._links.publish(lambda call_id: ipc.VoiceSaved(call_id, voice))
         return info
 
     async def delete(self, voice_id: str, owner: str | None = None) -> None:
-        self._proxy.check_hub()
+        self._links.check_hub()
         await super().delete(voice_id, owner)
         self._deleted.add(voice_id)
-        await self._proxy.publish(lambda call_id: ipc.VoiceDeleted(call_id, voice_id))
+        await self._links.publish(lambda call_id: ipc.VoiceDeleted(call_id, voice_id))
 
     def _apply(self, saved: Sequence[Voice], deleted: Sequence[str]) -> None:
         """Another frontend's change, relayed by engine 0 (or what a restarted engine 0 holds)."""

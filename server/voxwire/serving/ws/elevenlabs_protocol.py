@@ -32,9 +32,6 @@ from voxwire.serving.alignment import Alignment
 STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 MULTI_STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
 
-POLICY_VIOLATION = 1008
-"""The close code ElevenLabs uses for a refused key (RFC 6455: a message that violates the server's policy)."""
-
 DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
 """ElevenLabs' default when the query names none."""
 
@@ -159,15 +156,16 @@ def audio_message(audio: bytes, context_id: str | None) -> dict[str, Any]:
                        context_id)  # fmt: skip
 
 
-def alignment_message(written: Alignment, spoken: Alignment, offset_s: float, context_id: str | None) -> dict[str, Any]:
-    """The timings of one spoken sentence (``written``: its text; ``spoken``: its normalized text), with no audio;
-    ``offset_s`` is added to every time (0: relative to the sentence, as the reference describes them).
+def alignment_message(alignment: Alignment, offset_s: float, context_id: str | None) -> dict[str, Any]:
+    """The timings of one spoken sentence, with no audio; ``offset_s`` is added to every time (0: relative to the
+    sentence, as the reference describes them). ``normalizedAlignment`` is the same: this server does not normalize
+    what these endpoints are sent.
 
     The characters are the sentence and a trailing space that covers the silence after the speech, so that a
     message's span (its last character's start plus duration) is the sentence's whole audio: a client that
     keeps its clock by adding each message's span, as the reference's relative times imply, stays exact."""
-    body = {"audio": "", "alignment": _timings(written, offset_s), "normalizedAlignment": _timings(spoken, offset_s)}
-    return _in_context(body, context_id)
+    timings = _timings(alignment, offset_s)
+    return _in_context({"audio": "", "alignment": timings, "normalizedAlignment": timings}, context_id)
 
 
 def final_message(context_id: str | None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ This module only adapts aiohttp to the session: it refuses a connection with HTT
 upgrade while the replica is not ready, draining or full (``admission.py``: a balancer can retry a
 503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
 frame to the ``Session`` (whose ``SessionCore`` holds every rule of the protocol, see ``session_core.py``
-and ``protocol/wire.py``) and gives the session a close that cannot hang on a client that stopped reading.
+and ``protocol/wire.py``), and writes the session's typed events as our protocol's frames (``Socket``, the one
+place that knows their bytes) with a close that cannot hang on a client that stopped reading. ElevenLabs'
+endpoints (``elevenlabs.py``) use the same admission, frame loop and close.
 However the socket ends, its TCP connection is cut and only then does it leave the count (``upgraded``).
 Authentication and the Origin check happen before, in ``auth.auth_middleware``.
 """
@@ -14,20 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from aiohttp import WSMsgType, web
 
-from voxwire.protocol.wire import STREAM_PATH, CloseCode
+from voxwire.protocol.wire import STREAM_PATH, Audio, AudioFrame, CloseCode, ServerMessage, encode
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE
 from voxwire.serving.http.admission import Refusal, refusal, require_admission
 from voxwire.serving.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
+    ENGINES_KEY,
     KEYLESS_KEY,
     METRICS_KEY,
     OWNER_KEY,
-    SERVICE_KEY,
     SESSIONS_KEY,
     STATE_KEY,
     TRACING_KEY,
@@ -142,18 +145,44 @@ def add_ws_routes(app: web.Application) -> None:
     app.router.add_get(STREAM_PATH, stream)
 
 
-class _Socket:
-    """``SessionTransport`` over an aiohttp WebSocket."""
+class FrameReceiver(Protocol):
+    """What takes a socket's client frames (``Session`` fits)."""
+
+    def receive(self, data: str) -> None: ...
+
+    def receive_binary(self) -> None: ...
+
+
+async def receive_frames(ws: web.WebSocketResponse, receiver: FrameReceiver) -> None:
+    """Feed ``ws``'s frames to ``receiver`` until the socket closes."""
+    async for message in ws:
+        if message.type is WSMsgType.TEXT:
+            receiver.receive(message.data)
+        elif message.type is WSMsgType.BINARY:
+            receiver.receive_binary()
+        # Messages already buffered are returned without a suspension: yield, so that a
+        # client sending many at once takes turns with every other connection.
+        await asyncio.sleep(0)
+
+
+class Socket:
+    """A session's typed events as our protocol's frames on an aiohttp WebSocket (``outbox.Transport``)."""
 
     def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.ws = ws
         self.transport = request.transport
 
-    async def send_str(self, data: str) -> None:
-        await self.ws.send_str(data)
+    async def send(self, message: ServerMessage) -> None:
+        await self.ws.send_str(encode(message))
 
-    async def send_bytes(self, data: bytes) -> None:
-        await self.ws.send_bytes(data)
+    async def send_frame(self, frame: AudioFrame, audio_transport: str) -> None:
+        if audio_transport == "json":
+            await self.ws.send_str(encode(Audio.of(frame)))
+        else:
+            await self.ws.send_bytes(frame.encode())
+
+    async def end_context(self, context_id: str | None) -> None:
+        """Nothing to say: on our protocol a context ends only when its client closes it (``close_context``)."""
 
     async def close(self, code: CloseCode, reason: str) -> None:
         await close_and_cut(self.ws, self.transport, code, reason.encode())
@@ -164,9 +193,9 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     config = app[CONFIG_KEY]
     ws = stream_socket(config)
     async with upgraded(request, ws):  # refused before the 101 (503, Retry-After): a balancer can try elsewhere
-        socket = _Socket(ws, request)
+        socket = Socket(ws, request)
         session = Session(
-            app[SERVICE_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
+            app[ENGINES_KEY].pinned(),  # a connection's utterances stay on one engine (voice continuation)
             config,
             app[VOICES_KEY],
             app[STATE_KEY],
@@ -177,12 +206,5 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
             app.get(TRACING_KEY),
         )
         async with session:
-            async for message in ws:
-                if message.type is WSMsgType.TEXT:
-                    session.receive(message.data)
-                elif message.type is WSMsgType.BINARY:
-                    session.receive_binary()
-                # Messages already buffered are returned without a suspension: yield, so that a
-                # client sending many at once takes turns with every other connection.
-                await asyncio.sleep(0)
+            await receive_frames(ws, session)
     return ws

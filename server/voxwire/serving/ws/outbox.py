@@ -15,7 +15,9 @@ waiting; one sender task writes them to the socket in the order they were put. T
 
 Each utterance's ``Delivery`` learns, as its frames are written, how much audio went out and when
 the first frame did; a ``done`` message is built from it when its turn to be sent comes.
-This module knows frames and counters, not engines, encoders or the state machine.
+What is put here are typed events (our ``ServerMessage``s, ``AudioFrame``s, a context's end, a normal close); the
+``Transport`` writes each in its dialect's bytes. This module knows events and counters, not bytes, engines,
+encoders or the state machine.
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voxwire.protocol.wire import Audio, AudioFrame, Segment, ServerMessage, Words, encode
+from voxwire.protocol.wire import AudioFrame, CloseCode, Segment, ServerMessage, Words
 
 
 class Transport(Protocol):
-    """What the session needs from a WebSocket (``aiohttp.web.WebSocketResponse`` fits)."""
+    """The socket as the session sees it: typed events in, its dialect's bytes out (``handler.Socket`` for ours), and
+    a close that never hangs."""
 
-    async def send_str(self, data: str) -> None: ...
+    async def send(self, message: ServerMessage) -> None: ...
 
-    async def send_bytes(self, data: bytes) -> None: ...
+    async def send_frame(self, frame: AudioFrame, audio_transport: str) -> None:
+        """``audio_transport``: how the utterance's ``start`` asked its audio to be carried (``binary``, ``json``)."""
+        ...
+
+    async def end_context(self, context_id: str | None) -> None:
+        """The context is over (``session_core.SendContextEnd``)."""
+        ...
+
+    async def close(self, code: CloseCode, reason: str) -> None: ...
 
 
 class SlowConsumerError(Exception):
@@ -72,7 +83,17 @@ class _Message:
     sent: Callable[[], object] | None = None
 
 
-_Item = _Audio | _Message
+@dataclass
+class _ContextEnd:
+    context_id: str | None
+
+
+@dataclass
+class _Close:
+    """A normal close, once everything before it is sent."""
+
+
+_Item = _Audio | _Message | _ContextEnd | _Close
 
 
 @dataclass
@@ -105,6 +126,14 @@ class Outbox:
         self.peak_unsent_s = max(self.peak_unsent_s, self.unsent_s)
         self._push(_Audio(delivery, blocks, seconds))
 
+    def put_context_end(self, context_id: str | None) -> None:
+        """Tell the client ``context_id`` is over, after what is queued before."""
+        self._push(_ContextEnd(context_id))
+
+    def put_close(self) -> None:
+        """Close the socket normally once everything queued before is sent."""
+        self._push(_Close())
+
     def drop(self, utterance: int) -> None:
         """Forget the unsent audio and segment events of ``utterance``."""
         kept: deque[_Item] = deque()
@@ -126,12 +155,17 @@ class Outbox:
                 item = self._coalesce(item)
             if not self._items:
                 self._ready.clear()
-            if isinstance(item, _Message):
-                await self.transport.send_str(encode(item.build()))
-                if item.sent is not None:
-                    item.sent()
-            else:
-                await self._send_audio(item)
+            match item:
+                case _Message():
+                    await self.transport.send(item.build())
+                    if item.sent is not None:
+                        item.sent()
+                case _Audio():
+                    await self._send_audio(item)
+                case _ContextEnd(context_id):
+                    await self.transport.end_context(context_id)
+                case _Close():
+                    await self.transport.close(CloseCode.NORMAL, "")
 
     def _coalesce(self, first: _Audio) -> _Audio:
         """``first`` joined with the audio of the same utterance queued right behind it."""
@@ -151,10 +185,7 @@ class Outbox:
                     delivery.format, delivery.utterance, delivery.frames, blocks, context_id=delivery.context_id
                 )
                 delivery.frames += 1
-                if delivery.transport == "json":
-                    await self.transport.send_str(encode(Audio.of(frame)))
-                else:
-                    await self.transport.send_bytes(frame.encode())
+                await self.transport.send_frame(frame, delivery.transport)
                 if delivery.first_sent_at is None:
                     delivery.first_sent_at = time.monotonic()
         finally:

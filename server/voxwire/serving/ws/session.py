@@ -1,10 +1,11 @@
-"""``Session``: the asyncio driver of one ``/v1/tts/stream`` connection, independent of aiohttp.
+"""``Session``: the asyncio driver of one WebSocket connection (``/v1/tts/stream``, or ElevenLabs' endpoints through
+their dialect), independent of aiohttp.
 
 Every rule (admission, text buffering, the utterance lifecycle, idleness) lives in ``SessionCore``;
 this module feeds it events with ``time.monotonic()`` and carries out the actions it returns. It
 owns what needs an event loop: the tasks (the outbox's sender, one per segment being spoken or
 utterance being finished), the one timer that wakes the core at its ``deadline``, the engine
-streams, the encoders and the socket (its ``Outbox``, and ``SessionTransport.close``).
+streams, the encoders and the socket (its ``Outbox`` of typed events, and ``Transport.close``).
 
 Each segment is an engine request whose prompt continues the previous segment's voice, or for a designed
 utterance (its control before each sentence, ``text/design.py``) has its first segment's audio as reference
@@ -21,7 +22,7 @@ import math
 import time
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -36,18 +37,22 @@ from voxwire.serving.config import ServerConfig
 from voxwire.serving.encoding import INLINE, EncoderPool
 from voxwire.serving.keys import ServerState
 from voxwire.serving.metrics import Metrics
-from voxwire.serving.service import Service, SpeechFailure, SpeechJob, UtteranceOptions
+from voxwire.serving.service import Speaker, SpeechFailure, SpeechJob, UtteranceOptions
 from voxwire.serving.tracing import SEGMENT_SPAN, Tracing, traced
 from voxwire.serving.voices import VoiceStore
 from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
 from voxwire.serving.ws.session_core import (
     CLIENT_GONE,
+    OUR_PROTOCOL,
     Action,
     Announce,
     CloseSocket,
+    Dialect,
     FinishAudio,
     OpenUtterance,
     Preload,
+    SendClose,
+    SendContextEnd,
     SendDone,
     SendError,
     SessionCore,
@@ -62,12 +67,6 @@ from voxwire.text.design import designed_text
 from voxwire.text.normalize import normalize_in_worker, preload_in_worker
 
 logger = logging.getLogger(__name__)
-
-
-class SessionTransport(Transport, Protocol):
-    """The socket as the session sees it: ``Transport`` plus a close that never hangs."""
-
-    async def close(self, code: CloseCode, reason: str) -> None: ...
 
 
 def session_limits(config: ServerConfig) -> SessionLimits:
@@ -95,18 +94,20 @@ class Session:
 
     def __init__(
         self,
-        service: Service,
+        service: Speaker,
         config: ServerConfig,
         voices: VoiceStore,
         server: ServerState,
-        transport: SessionTransport,
+        transport: Transport,
         metrics: Metrics | None = None,
         encoders: EncoderPool = INLINE,
         owner: str | None = None,
         tracing: Tracing | None = None,
+        dialect: Dialect = OUR_PROTOCOL,
     ) -> None:
         """``owner``: who the connection's persona slots count against (``personas.client_owner``; None: no cap).
-        ``tracing``: each sentence's engine request becomes a ``voxwire.segment`` span (None: traces are off)."""
+        ``tracing``: each sentence's engine request becomes a ``voxwire.segment`` span (None: traces are off).
+        ``dialect``: what the client's frames mean (``transport`` writes the same dialect)."""
         self.service = service
         self.owner = owner
         self.tracing = tracing
@@ -123,7 +124,7 @@ class Session:
                 start, voices, service, limits, config.limits.max_buffer_delay_ms, config.engine.playback_lead_ms
             )
 
-        self.core = SessionCore(session_limits(config), resolve, server, time.monotonic())
+        self.core = SessionCore(session_limits(config), resolve, server, time.monotonic(), dialect)
         self._audio: dict[int, UtteranceAudio] = {}
         """The utterances being spoken or sent, by number."""
         self._work: dict[int, asyncio.Task[None]] = {}
@@ -188,6 +189,10 @@ class Session:
                     self.outbox.drop(number)
                 case SendDone(number, reason):
                     self._send_done(number, reason)
+                case SendContextEnd(context_id):
+                    self.outbox.put_context_end(context_id)
+                case SendClose():
+                    self.outbox.put_close()
                 case StopAll(dropped):
                     self._stop_all(dropped)
                 case CloseSocket(code, reason):
@@ -204,7 +209,7 @@ class Session:
 
         def sent() -> None:
             self._audio.pop(number, None)
-            self.core.done_sent(number)
+            self._apply(self.core.done_sent(number))
 
         self.outbox.put(lambda: self._done(audio, reason), sent=sent)
 

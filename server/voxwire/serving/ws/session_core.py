@@ -1,17 +1,22 @@
-"""``SessionCore``: the rules of one ``/v1/tts/stream`` connection, sans I/O.
+"""``SessionCore``: the rules of one WebSocket connection, sans I/O, whatever dialect its client speaks.
 
 The asyncio driver (``session.py``) feeds it events (a client frame, a segment spoken or failed, an
 utterance's last audio queued, its ``done`` sent, a deadline reached) with the time they happened,
-and carries out the typed actions each event returns, in order. The core owns:
+and carries out the typed actions each event returns, in order. A client frame is read by the connection's
+``Dialect`` into our typed messages (``ClientMessage``, ``protocol/wire.py``): our own protocol's frame is one
+message (``OUR_PROTOCOL``); ElevenLabs' frames are translated (``elevenlabs_dialect.py``). ``handle`` takes one typed
+message. The core owns:
 
-* **Admission**: nothing is taken once closing; every frame spends the per-connection budget
-  (``MessageBudget``; over it the connection is closed); a frame past ``max_message_bytes``, an
-  undecodable one, and a message the state does not allow are refused with an ``error`` that
+* **Admission**: nothing is taken once closing or once the input ended; every frame spends the per-connection
+  budget (``MessageBudget``; over it the connection is closed); a frame past ``max_message_bytes``, an
+  unreadable one, and a message the state does not allow are refused with an ``error`` that
   changes nothing else.
 * **Contexts** (``Context``): every client message addresses one, by its ``context_id`` (none: the
   default context, which always exists). A context has its own settings, text buffer, open
   utterance and cancel; a named one is made by the first ``start`` or ``text`` that names it (at
-  most ``max_contexts`` at once) and forgotten on ``close_context``. Contexts speak side by side.
+  most ``max_contexts`` at once) and forgotten on ``close_context``. Contexts speak side by side. How long a context
+  lives is the dialect's ``ContextLife``: ours speaks utterance after utterance; ElevenLabs' speaks one and ends
+  with it (``SendContextEnd``), and the end of the default context is the end of the input.
 * **Text buffering** on an explicit clock, per context: complete sentences (``SentenceSegmenter``) are
   queued at once, and a ``(description)`` typed at an utterance's start becomes its voice design for
   every sentence (``Settings.design_prefix``); an incomplete rest is spoken on ``flush``, ``end``, or
@@ -21,6 +26,8 @@ and carries out the typed actions each event returns, in order. The core owns:
   one after another, each one segment at a time, in order; ``cancel`` stops every live one of its
   context; each ends with one ``done`` and is released once that is sent.
 * **Idleness**: a connection with no client message and no audio for ``idle_timeout_s`` is closed.
+* **The end of the input** (``EndOfInput``, a dialect's ``close_socket``): nothing more is taken, and once every
+  utterance is released the socket closes normally, after the output queued before (``SendClose``).
 
 It knows no socket, task, engine or encoder: the driver speaks the segments, encodes the audio,
 keeps the voice each segment continues, and writes the messages.
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -70,8 +77,34 @@ class SessionPhase(enum.Enum):
 
     ACTIVE = "active"
     """Messages are accepted, utterances spoken and sent."""
+    ENDING = "ending"
+    """The input ended (``EndOfInput``): nothing more is accepted; the live utterances are spoken and sent, then
+    the socket closes normally."""
     CLOSED = "closed"
     """The connection is ending: nothing more is accepted, spoken or sent."""
+
+
+class ContextLife(enum.Enum):
+    """How long a context lives: a rule of the dialect (``Dialect.contexts``)."""
+
+    MANY_UTTERANCES = "many_utterances"
+    """Ours: a context speaks utterance after utterance until ``close_context`` forgets it."""
+    ONE_UTTERANCE = "one_utterance"
+    """ElevenLabs': a context speaks one utterance. Once that is ended, cancelled or failed (or the context is
+    cancelled with none) it takes no more text (``invalid_message``), and once nothing of it is left to
+    send it is over: ``SendContextEnd``, then a named context is forgotten and the default one's end is the end of
+    the input (it is the connection's one context). Contexts are bounded as the utterances they are
+    (``max_queued_utterances``, ``too_many_utterances``), not by ``max_contexts``."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """The client will send nothing more (ElevenLabs' ``close_socket``): a dialect reads it after ending each
+    context its way."""
+
+
+Input = ClientMessage | EndOfInput
+"""What a dialect reads a client frame as."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +119,31 @@ class SessionLimits:
     idle_timeout_s: float
     max_contexts: int = 16
     """Named contexts at once (the default context not counted)."""
+
+
+class Dialect(Protocol):
+    """What a connection's client frames mean: how one reads as our messages, and how long a context lives."""
+
+    @property
+    def contexts(self) -> ContextLife: ...
+
+    def read(self, data: str, core: SessionCore) -> Iterable[Input]:
+        """The messages a text frame stands for. They are handled one by one as they are produced, so a lazy
+        iterable may ask ``core`` how the ones before left it. Raises ``ProtocolError`` for a frame it cannot read
+        (the messages produced before stay handled)."""
+        ...
+
+
+class OurProtocol:
+    """Our own protocol: a frame is one JSON message (``decode_client``), and a context lives until it is closed."""
+
+    contexts = ContextLife.MANY_UTTERANCES
+
+    def read(self, data: str, core: SessionCore) -> tuple[ClientMessage]:
+        return (decode_client(data),)
+
+
+OUR_PROTOCOL = OurProtocol()
 
 
 class UtteranceGate(Protocol):
@@ -171,6 +229,18 @@ class SendDone:
 
 
 @dataclass(frozen=True, slots=True)
+class SendContextEnd:
+    """Queue word that ``context_id`` is over (``ContextLife.ONE_UTTERANCE``: ElevenLabs' ``isFinal``)."""
+
+    context_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SendClose:
+    """Queue a normal close (1000) behind the output already queued: the input ended and nothing is left to say."""
+
+
+@dataclass(frozen=True, slots=True)
 class StopAll:
     """Stop every utterance's work and the connection's timers and tasks (the core has released them).
     ``dropped``: count the connection as dropped for this reason."""
@@ -187,8 +257,8 @@ class CloseSocket:
 
 
 Action = (
-    Announce | Preload | SendError | OpenUtterance | SpeakSegment | FinishAudio | StopUtterance | SendDone | StopAll
-    | CloseSocket
+    Announce | Preload | SendError | OpenUtterance | SpeakSegment | FinishAudio | StopUtterance | SendDone
+    | SendContextEnd | SendClose | StopAll | CloseSocket
 )  # fmt: skip
 
 
@@ -202,6 +272,10 @@ class Context:
         self.segmenter = SentenceSegmenter()
         self.flush_at: float | None = None
         """When the buffered rest of a sentence is spoken though incomplete; None: nothing waits for it."""
+        self.started = False
+        """A ``start`` set its settings (else they are the server's defaults)."""
+        self.closed = False
+        """``ContextLife.ONE_UTTERANCE``: its one utterance was ended, cancelled or failed; it takes no more text."""
 
 
 class SessionCore:
@@ -209,13 +283,20 @@ class SessionCore:
     a client's mistake."""
 
     def __init__(
-        self, limits: SessionLimits, resolve: Callable[[Start], Settings], gate: UtteranceGate, now: float
+        self,
+        limits: SessionLimits,
+        resolve: Callable[[Start], Settings],
+        gate: UtteranceGate,
+        now: float,
+        dialect: Dialect = OUR_PROTOCOL,
     ) -> None:
         """``resolve`` turns a ``start`` into ``Settings`` (raising ``ProtocolError`` to refuse it); ``now`` is
-        when the connection opened, on the clock every later event uses."""
+        when the connection opened, on the clock every later event uses; ``dialect`` reads the client's frames."""
         self.limits = limits
         self._resolve = resolve
         self._gate = gate
+        self._dialect = dialect
+        self._life = dialect.contexts
         self.phase = SessionPhase.ACTIVE
         self._defaults = resolve(Start())
         """The server's default settings, which a new context starts with."""
@@ -241,6 +322,18 @@ class SessionCore:
         flushes = [context.flush_at for context in self.contexts.values() if context.flush_at is not None]
         return min([self._last_activity + self.limits.idle_timeout_s, *flushes])
 
+    # ---- queries (for a dialect reading a frame) -------------------------------------------------------------------
+
+    def started(self, context_id: str | None) -> bool:
+        """Whether the context exists with the settings of a ``start`` it took."""
+        context = self.contexts.get(context_id)
+        return context is not None and context.started
+
+    def open_utterance(self, context_id: str | None) -> bool:
+        """Whether the context has an utterance taking text."""
+        context = self.contexts.get(context_id)
+        return context is not None and self._open(context) is not None
+
     # ---- events ------------------------------------------------------------------------------------------------
 
     def opened(self) -> list[Action]:
@@ -249,18 +342,23 @@ class SessionCore:
         return self._take()
 
     def receive(self, data: str, now: float) -> list[Action]:
-        """A text frame; a refusal is answered with an ``error`` and changes nothing else."""
+        """A text frame: within ``max_message_bytes``, read by the dialect, its messages handled in order. A refusal
+        is answered with an ``error`` and changes nothing else."""
         if self._admit(now):
-            context_id = None
             try:
                 limit = self.limits.max_message_bytes
                 if len(data.encode(errors="surrogatepass")) > limit:
                     raise ProtocolError(ErrorCode.MESSAGE_TOO_LARGE, f"messages are limited to {limit} bytes")
-                message = decode_client(data)
-                context_id = message.context_id
-                self._handle(message, now)
-            except ProtocolError as exc:
-                self._emit(SendError(exc.code, exc.message, context_id=context_id))
+                for message in self._dialect.read(data, self):
+                    self._take_message(message, now)
+            except ProtocolError as exc:  # the frame is unreadable: nothing it stands for is known
+                self._emit(SendError(exc.code, exc.message))
+        return self._take()
+
+    def handle(self, message: ClientMessage, now: float) -> list[Action]:
+        """One typed message, of a frame already admitted (``receive`` spends the budget once per frame); a refusal
+        is answered with an ``error`` and changes nothing else."""
+        self._take_message(message, now)
         return self._take()
 
     def receive_binary(self, now: float) -> list[Action]:
@@ -314,13 +412,18 @@ class SessionCore:
             self._advance()
         return self._take()
 
-    def done_sent(self, number: int) -> None:
-        """The socket took ``number``'s ``done``: the utterance is released (unless the session stopped first)."""
+    def done_sent(self, number: int) -> list[Action]:
+        """The socket took ``number``'s ``done``: the utterance is released (unless the session stopped first), and
+        its context may be over with it (``ContextLife.ONE_UTTERANCE``)."""
         for utterance in self.utterances:
             if utterance.number == number:
                 utterance.move(UtteranceStatus.RELEASED)
                 self.utterances.remove(utterance)
-                return
+                if (context := self.contexts.get(utterance.context_id)) is not None:
+                    self._end_if_over(context)
+                self._close_if_ended()
+                break
+        return self._take()
 
     def shut(self, code: CloseCode, reason: str, text: str) -> list[Action]:
         """End the connection now (the driver found the client slow or gone, or a bug): stop every utterance and
@@ -331,15 +434,16 @@ class SessionCore:
 
     def disconnected(self) -> list[Action]:
         """The socket is gone: stop everything (counted as dropped when utterances were still being spoken)."""
-        dropped = CLIENT_GONE if self._speaking() and self.phase is SessionPhase.ACTIVE else None
+        dropped = CLIENT_GONE if self._speaking() and self.phase is not SessionPhase.CLOSED else None
         self._stop(dropped)
         return self._take()
 
     # ---- client messages ---------------------------------------------------------------------------------------
 
     def _admit(self, now: float) -> bool:
-        """Whether a client frame is handled: not once closing, and not past the message budget (which closes)."""
-        if self.phase is SessionPhase.CLOSED:
+        """Whether a client frame is handled: not once closing or ended, and not past the message budget (which
+        closes)."""
+        if self.phase is not SessionPhase.ACTIVE:
             return False
         if not self._budget.spend(now):
             limit = self.limits.max_messages_per_s
@@ -348,7 +452,21 @@ class SessionCore:
         self._last_activity = now
         return True
 
-    def _handle(self, message: ClientMessage, now: float) -> None:
+    def _take_message(self, message: Input, now: float) -> None:
+        """Handle one message, or answer its refusal; nothing is taken once the input ended."""
+        if self.phase is not SessionPhase.ACTIVE:
+            return
+        try:
+            self._handle(message, now)
+        except ProtocolError as exc:
+            context_id = None if isinstance(message, EndOfInput) else message.context_id
+            self._emit(SendError(exc.code, exc.message, context_id=context_id))
+
+    def _handle(self, message: Input, now: float) -> None:
+        if isinstance(message, EndOfInput):
+            self._end_input()
+            return
+        message.check()  # a dialect's messages keep our protocol's rules, as decoded ones do
         context = self.contexts.get(message.context_id)
         match message:
             case Start():
@@ -363,17 +481,18 @@ class SessionCore:
                 self._cancel(context, now)
             case CloseContext() if context is not None:
                 self._cancel(context, now)
-                del self.contexts[context.id]
+                self.contexts.pop(context.id, None)  # a context of one utterance may be over already
         # A flush, cancel or close_context of a context that does not exist has nothing to do.
 
     def _new_context(self, context_id: str | None) -> Context:
-        """A named context with the server's default settings, within ``max_contexts`` (the default context always
-        exists, so ``context_id`` is a name)."""
-        limit = self.limits.max_contexts
+        """A named context with the server's default settings, within the limit (the default context always exists,
+        so ``context_id`` is a name)."""
+        if self._life is ContextLife.ONE_UTTERANCE:
+            limit, code = self.limits.max_queued_utterances, ErrorCode.TOO_MANY_UTTERANCES
+        else:
+            limit, code = self.limits.max_contexts, ErrorCode.TOO_MANY_CONTEXTS
         if len(self.contexts) - 1 >= limit:
-            raise ProtocolError(
-                ErrorCode.TOO_MANY_CONTEXTS, f"{limit} contexts of this connection are open; close_context one first"
-            )
+            raise ProtocolError(code, f"{limit} contexts of this connection are open; close_context one first")
         context = self.contexts[context_id] = Context(context_id, self._defaults)
         return context
 
@@ -387,7 +506,7 @@ class SessionCore:
             raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"start.instructions holds at most {limit} characters")
         settings = self._resolve(start)
         context = context or self._new_context(start.context_id)
-        context.settings = settings
+        context.settings, context.started = settings, True
         if context.settings.normalize:
             self._emit(Preload())
         self._emit(Announce(context.settings, context.id))
@@ -399,6 +518,8 @@ class SessionCore:
             raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"a text message holds at most {limit} characters")
         if not text:
             return
+        if context is not None and context.closed:
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, "the context was closed; its text is not taken")
         context = context or self._new_context(message.context_id)
         utterance = self._open(context) or self._open_utterance(context)
         limit = self.limits.max_text_chars_per_utterance
@@ -432,6 +553,12 @@ class SessionCore:
             if utterance.context_id == context.id:
                 self._emit(StopUtterance(utterance.number))
                 self._finish(utterance, FinishReason.CANCELLED, now)
+        self._end_if_over(context)
+
+    def _end_input(self) -> None:
+        if self.phase is SessionPhase.ACTIVE:
+            self.phase = SessionPhase.ENDING
+        self._close_if_ended()
 
     def _open_utterance(self, context: Context) -> Utterance:
         if not self._gate.accepting:
@@ -449,9 +576,11 @@ class SessionCore:
         return utterance
 
     def _close_text(self, context: Context) -> None:
-        """The context's open utterance takes no more text (ended, cancelled or failed); drop what is buffered."""
+        """The context's open utterance takes no more text (ended, cancelled or failed); drop what is buffered. A
+        context of one utterance is closed with it."""
         context.flush_at = None
         context.segmenter = SentenceSegmenter()
+        context.closed = self._life is ContextLife.ONE_UTTERANCE
         if (utterance := self._open(context)) is not None:
             utterance.move(UtteranceStatus.ENDED)
 
@@ -489,6 +618,22 @@ class SessionCore:
         utterance.move(UtteranceStatus.FINISHED)
         self._last_activity = now
         self._emit(SendDone(utterance.number, reason))
+
+    def _end_if_over(self, context: Context) -> None:
+        """A closed context with nothing of it left to send is over (``ContextLife.ONE_UTTERANCE``)."""
+        if not context.closed or any(utterance.context_id == context.id for utterance in self.utterances):
+            return
+        self._emit(SendContextEnd(context.id))
+        if context.id is None:  # the connection's one context: the input ends with it
+            self._end_input()
+        else:
+            del self.contexts[context.id]
+
+    def _close_if_ended(self) -> None:
+        """Once the input ended and every utterance is released, the socket closes after what is queued."""
+        if self.phase is SessionPhase.ENDING and not self.utterances:
+            self.phase = SessionPhase.CLOSED
+            self._emit(SendClose())
 
     def _shut(self, code: CloseCode, reason: str, text: str) -> None:
         if self.phase is SessionPhase.CLOSED:

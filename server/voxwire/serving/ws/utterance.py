@@ -37,8 +37,8 @@ from voxwire.protocol.wire import (
 )
 from voxwire.serving.alignment import SpeakingRate
 from voxwire.serving.design import DesignRefused, design_allowed, utterance_control
-from voxwire.serving.personas import UnknownPersonaError
-from voxwire.serving.service import ModelInfo, Service
+from voxwire.serving.personas import UnknownPersonaError, check_persona
+from voxwire.serving.service import ModelInfo, Speaker
 from voxwire.serving.voices import UnknownVoiceError, VoiceStore
 from voxwire.serving.ws.outbox import Delivery
 from voxwire.text.normalize import EXTRA_HINT, normalizer_available
@@ -85,7 +85,7 @@ class Settings:
 def resolve_settings(
     start: Start,
     voices: VoiceStore,
-    service: Service,
+    service: Speaker,
     limits: ParamLimits,
     default_delay_ms: int,
     default_lead_ms: int,
@@ -97,7 +97,7 @@ def resolve_settings(
     except UnknownVoiceError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, str(exc)) from None
     try:
-        service.check_persona(start.persona)  # the persona rule's first check (``personas.check_persona``)
+        check_persona(service.personas, start.persona)  # the persona rule's first check
     except UnknownPersonaError as exc:
         raise ProtocolError(ErrorCode.UNKNOWN_PERSONA, str(exc)) from None
     given: dict[str, Any] = {
