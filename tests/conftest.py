@@ -27,6 +27,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if holds_module_state(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the slow tests first, so the run ends on short ones
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     skip_gpu_tests_without_cuda(items)
 
 
