@@ -85,6 +85,7 @@ def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM, batch
     np.testing.assert_allclose(solo(tts, req, batch_invariant), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_batch_mixing_personas_gives_each_row_its_solo_audio(tts: VoxCPM) -> None:
     reqs = speakers(tts)
     alone = {req.request_id: solo(tts, req) for req in reqs}

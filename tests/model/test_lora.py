@@ -54,6 +54,7 @@ def cases() -> list:
     return params
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), cases())
 def test_persona_matches_the_reference_with_its_adapter_loaded(name: str, case: dict, tmp_root: str) -> None:

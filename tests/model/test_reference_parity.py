@@ -75,6 +75,7 @@ def assert_relative(ours: torch.Tensor, expected: torch.Tensor, tolerance: float
     assert error <= tolerance * scale, f"max error {error:.3g} exceeds {tolerance:g} x scale {scale:.3g}"
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 @pytest.mark.parametrize("name", NAMES)
 @torch.inference_mode()

@@ -56,6 +56,7 @@ async def error_code(response_body: bytes) -> str:
     return json.loads(response_body)["error"]["code"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_speech_with_a_persona_speaks_with_it(http: TestClient) -> None:
     status, adapted = await speech(http, persona="A")

@@ -156,6 +156,7 @@ async def test_a_settings_update_changes_the_voice_of_the_next_utterance(counted
     assert len(upgrades) == 1 + 2, "one connection for the pipeline (and one for each reference)"
 
 
+@pytest.mark.slow
 async def test_an_unknown_voice_is_one_permanent_error_and_no_reconnect_storm(counted_serve: CountedServe) -> None:
     server, upgrades = await counted_serve()
     settings = VoxwireTTSService.Settings(voice="voice_does_not_exist")

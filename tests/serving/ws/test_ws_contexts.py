@@ -64,6 +64,7 @@ async def solo(ws_server_app: object, connect: Connect, text: str, seed: int) ->
     return (await stream.heard()).pcm()
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 async def test_two_contexts_at_once_each_hear_their_solo_run(ws_server: Callable, connect: Connect) -> None:
     server = await ws_server(batch_invariant=True)

@@ -144,6 +144,7 @@ async def test_the_budget_refills_for_a_steady_client(serve, connect) -> None:
 # ---- D7: a connection's queued utterances are bounded -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_queued_utterances_per_connection_are_capped(serve, connect) -> None:
     server = await serve(app=clip_app(step_service(), max_queued_utterances=2))
