@@ -1,8 +1,9 @@
 """The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, its serving cycle (``EngineLoop``), and the
 threaded ``AsyncEngine``.
 
-Nothing in this package imports torch except the runner and its device modules (``runner``, ``cuda_graphs``,
-``devices``), imported only by whoever builds an engine around a real model.
+Nothing in this package imports torch except the runner and the modules only it imports (``runner``,
+``cuda_graphs``, ``kv_pool``, ``voice_cache``; ``tests/engine/test_no_torch.py`` holds every other module to it),
+imported only by whoever builds an engine around a real model.
 """
 
 from __future__ import annotations

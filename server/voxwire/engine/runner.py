@@ -41,7 +41,7 @@ in any batch, and prompts are prefilled one at a time, so a session's audio is b
 Per step (per timestep bucket of its rows) the host uploads one small array (the batch's slot indices) and reads
 one array back (stop flags, audio and patches of every row together) into a host buffer that is reused once no
 chunk views it; an admission step uploads each prefill's inputs, and the admitted rows' settings, in one copy
-each (``engine.devices``). Every call runs with the runner's CUDA device current (``--devices cuda:0,cuda:1``).
+each (``voxwire.devices``). Every call runs with the runner's CUDA device current (``--devices cuda:0,cuda:1``).
 On CUDA every (bucket, timesteps) step is captured as a CUDA graph at construction (``cuda_graphs.StepGraphs``),
 before the server reports ready; on CPU the same step runs eagerly and reads only the live blocks of the batch's
 longest row.
@@ -57,8 +57,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 import numpy as np
 import torch
 
+from voxwire import devices
 from voxwire.chunk import EMPTY_AUDIO
-from voxwire.engine import calibration, devices
+from voxwire.engine import calibration
 from voxwire.engine.blocks import blocks_for
 from voxwire.engine.config import RunnerOptions
 from voxwire.engine.cost_model import StepCost
@@ -89,7 +90,7 @@ _R = TypeVar("_R")
 
 
 def _on_device(method: Callable[Concatenate[ModelRunner, _P], _R]) -> Callable[Concatenate[ModelRunner, _P], _R]:
-    """Run the method with the runner's CUDA device current in the calling thread (``engine.devices``): the
+    """Run the method with the runner's CUDA device current in the calling thread (``voxwire.devices``): the
     engine thread, and every thread that calls in, starts on cuda:0."""
 
     @functools.wraps(method)
