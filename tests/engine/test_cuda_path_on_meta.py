@@ -283,7 +283,7 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
 
         def admit(rid: str, timesteps: int, prompt: VoicePrompt | None = None, who: str | None = None) -> None:
             params = SynthesisParams(max_len=4, min_len=0, seed=1, inference_timesteps=timesteps)
-            engine.add(Request(rid, "hello there", 4, params, prompt=prompt, persona=who))
+            engine.add(Request(rid, "hello there", params, prompt=prompt, persona=who))
 
         admit("plain", 10)
         admit("voiced", 4, voice(tts, 3), "p" if tts.personas is not None else None)

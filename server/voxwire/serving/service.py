@@ -124,11 +124,11 @@ class SpeechJob:
     """The voice to speak in; None: the model's default voice."""
     options: UtteranceOptions = DEFAULT_OPTIONS
 
-    def request(self, prefill_tokens: int) -> Request:
-        """The engine's ``Request`` for this job, with the admission budget's estimate of its prompt length."""
+    def request(self) -> Request:
+        """The engine's ``Request`` for this job (the engine lays its text out: frontends never tokenize)."""
         options = self.options
         return Request(
-            self.request_id, self.text, prefill_tokens, self.params, self.voice,
+            self.request_id, self.text, self.params, self.voice,
             playback_lead_s=options.playback_lead_s, playback_due=options.playback_due,
             playback_speed=options.playback_speed, persona=options.persona, owner=options.owner,
         )  # fmt: skip
@@ -170,8 +170,6 @@ class Service(Protocol):
         ...
 
     def new_request_id(self, prefix: str = "req") -> str: ...
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
 
     def check_persona(self, persona: str | None) -> None:
         """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""
@@ -219,7 +217,7 @@ def speech_stream(
         service.check_persona(job.options.persona)
     except UnknownPersonaError as exc:
         return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-    return typed_failures(run(job.request(service.prefill_tokens(job.text, job.voice))))
+    return typed_failures(run(job.request()))
 
 
 class SpeechService:
@@ -319,10 +317,6 @@ class SpeechService:
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
-        """The admission budget's estimate of a request's prompt length, in LM positions."""
-        return self.model.prompt_length(text, voice)
 
     def check_persona(self, persona: str | None) -> None:
         """Raise ``UnknownPersonaError`` unless ``persona`` is None or loaded now."""

@@ -170,7 +170,7 @@ class EngineCore:
         self._frontends.add(sender)
         model, voices = self.model, self._hub.voices()
         personas = tuple(self.personas.names()) if self.personas is not None else None
-        self._send(sender, ipc.Welcome(model.info, model.patch_shape, model.prompt_length, voices, personas))
+        self._send(sender, ipc.Welcome(model.info, model.patch_shape, voices, personas))
 
     def _add(self, sender: bytes, add: ipc.Add) -> None:
         request = add.request

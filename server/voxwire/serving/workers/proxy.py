@@ -124,7 +124,6 @@ class EngineProxy:
         welcome = links[0].welcome  # engine 0 keeps the voices
         self.info = welcome.info
         self.patch_shape = welcome.patch_shape
-        self.prefill_tokens = welcome.prompt_length
         self.initial_voices = welcome.voices
         self.personas = RemotePersonas(self, welcome.personas) if welcome.personas is not None else None
         """The engines' LoRA personas (None: a model without LoRA layers)."""
@@ -494,9 +493,6 @@ class _PinnedService:
 
     def new_request_id(self, prefix: str = "req") -> str:
         return self._proxy.new_request_id(prefix)
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
-        return self._proxy.prefill_tokens(text, voice)
 
     def check_persona(self, persona: str | None) -> None:
         self._proxy.check_persona(persona)
