@@ -493,7 +493,7 @@ def same_length_requests(prefix: str, count: int, patches: int, timesteps: int =
         SynthesisParams(seed=10_000 + i, min_len=patches, max_len=patches, inference_timesteps=timesteps)
         for i in range(count)
     ]
-    return [Request(f"{prefix}-{i}", TEXTS[i % len(TEXTS)], 16, params[i]) for i in range(count)]
+    return [Request(f"{prefix}-{i}", TEXTS[i % len(TEXTS)], params[i]) for i in range(count)]
 
 
 def pool_bytes(tts: VoxCPM, slots: int, max_length: int) -> int:
@@ -537,7 +537,7 @@ def mixed_requests(count: int, patches: int) -> dict[int, list[Request]]:
             min_len=length - 2,
             max_len=length,
         )
-        requests.append(Request(f"s{i}", TEXTS[i % len(TEXTS)], 16, params))
+        requests.append(Request(f"s{i}", TEXTS[i % len(TEXTS)], params))
     third = max(count // 3, 1)
     return {0: requests[:third], 1: requests[third : 2 * third], 3: requests[2 * third :]}
 
@@ -1152,7 +1152,7 @@ def time_to_first_audio(runner: ModelRunner, plan: Plan) -> Outcome:
         engine = new_engine(runner, 1)
         params = SynthesisParams(seed=i, min_len=0, max_len=2)
         began = time.perf_counter()
-        engine.add(Request(f"ttfa-{i}", TEXTS[i % len(TEXTS)], 16, params))
+        engine.add(Request(f"ttfa-{i}", TEXTS[i % len(TEXTS)], params))
         steps = 0
         while True:
             outputs = engine.step()

@@ -102,7 +102,7 @@ def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine
 
 def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: FrontendSocket) -> None:
     # A frontend whose list of names is stale (a removal not yet announced) still gets the typed refusal.
-    engine.send(ipc.Add(Request("r-1", "Hello there.", 8, persona="gone")))
+    engine.send(ipc.Add(Request("r-1", "Hello there.", persona="gone")))
     rejected = engine.receive(ipc.Rejected)
     assert isinstance(rejected, ipc.Rejected) and rejected.request_id == "r-1"
     assert isinstance(rejected.error, UnknownPersonaError) and "gone" in str(rejected.error)

@@ -65,7 +65,7 @@ class Core:
         frontend = FrontendSocket(self.endpoint)
         frontend.send(ipc.Hello(1))
         frontend.receive(ipc.Welcome)
-        frontend.send(ipc.Add(Request("a", "Stuck in its first step.", 8, SynthesisParams(max_len=20))))
+        frontend.send(ipc.Add(Request("a", "Stuck in its first step.", SynthesisParams(max_len=20))))
         assert poll(lambda: self.hang() is not None, timeout=10)
         return frontend
 

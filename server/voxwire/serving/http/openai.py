@@ -102,9 +102,24 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         options = UtteranceOptions(speech.persona, playback_speed=speech.speed, owner=owner)
         job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
         outputs = service.speak(job)
-        async with contextlib.aclosing(outputs):
-            input_tokens = service.prefill_tokens(text, voice)
-            return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
+        prompt = _PromptUsage()
+        async with contextlib.aclosing(outputs), contextlib.aclosing(_noting_prompt(outputs, prompt)) as noted:
+            return await _stream_speech(request, speech, noted, prompt)
+
+
+@dataclass
+class _PromptUsage:
+    """The SSE ``usage``'s input count: the prompt positions the engine laid out, as its first chunk reports them."""
+
+    positions: int = 0
+
+
+async def _noting_prompt(outputs: AsyncGenerator[Chunk, None], usage: _PromptUsage) -> AsyncGenerator[Chunk, None]:
+    """``outputs``, noting the prompt's positions as they pass (``Chunk.prompt_positions``)."""
+    async for output in outputs:
+        if output.prompt_positions is not None:
+            usage.positions = output.prompt_positions
+        yield output
 
 
 def _sse_event(event: dict[str, object]) -> bytes:
@@ -123,7 +138,7 @@ def _sse_done(input_tokens: int, output_tokens: int) -> bytes:
 
 
 async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], *, input_tokens: int
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], prompt: _PromptUsage
 ) -> web.StreamResponse:
     app = request.app
     service, config = app[SPEAKER_KEY], app[CONFIG_KEY]
@@ -141,7 +156,7 @@ async def _stream_speech(
     frame = _sse_delta if speech.sse else bytes
     response, patches = await stream_audio(request, outputs, encoder, {hdrs.CONTENT_TYPE: content_type}, frame)
     if speech.sse:
-        await response.write(_sse_done(input_tokens, patches))
+        await response.write(_sse_done(prompt.positions, patches))
     await response.write_eof()
     return response
 

@@ -46,7 +46,6 @@ class EngineProxy(EngineSpeaker):
         self._max_waiting = config.engine.max_waiting
         self._max_running = config.engine.max_sessions
         self.info = links.welcome.info
-        self.prefill_tokens = links.welcome.prompt_length
         self.personas = links.personas
         """The engines' LoRA personas (None: a model without LoRA layers)."""
         self._streams = OutputStreams()
@@ -181,7 +180,6 @@ class PinnedSpeaker(EngineSpeaker):
         self._moves = moves
         self.info = proxy.info
         self.personas = proxy.personas
-        self.prefill_tokens = proxy.prefill_tokens
 
     def new_request_id(self, prefix: str = "req") -> str:
         return self._proxy.new_request_id(prefix)
