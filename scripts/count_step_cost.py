@@ -87,6 +87,7 @@ _NO_LAUNCH = {
     "is_same_size",
 }
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "matmul", "linear"}
+_SCATTERS = {"index_put", "index_put_"}
 
 
 @dataclass(frozen=True)
@@ -222,8 +223,12 @@ def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
     return math.prod(grid)
 
 
-def _aten_ctas(name: str, out: Any) -> int:
-    leaves = [leaf for leaf in tree_flatten(out)[0] if isinstance(leaf, torch.Tensor)]
+def _aten_ctas(name: str, args: tuple[Any, ...], out: Any) -> int:
+    """Programs an aten op launches: a GEMM's or convolution's output tiles, else its output's elements over the
+    elements one program handles. A scatter (``index_put_``: a KV-cache write) runs over the values it writes,
+    not over the whole destination it returns."""
+    written = args[2] if name in _SCATTERS else out
+    leaves = [leaf for leaf in tree_flatten(written)[0] if isinstance(leaf, torch.Tensor)]
     if not leaves:
         return 1
     first = leaves[0]
@@ -273,7 +278,7 @@ class CostCounter(TorchDispatchMode):
             namespace = func.__module__.split(".")[-1]
             moved = _moved_bytes(name, args, kwargs, out)
             fused = func.namespace == "voxwire" if hasattr(func, "namespace") else False
-            ctas = _fused_ctas(name, args) if fused else _aten_ctas(name, out)
+            ctas = _fused_ctas(name, args) if fused else _aten_ctas(name, args, out)
             inputs = [leaf for leaf in tree_flatten(args)[0] if isinstance(leaf, torch.Tensor)]
             fp32 = bool(inputs) and inputs[0].dtype == torch.float32
             flops = _flops(func, args, kwargs, out)
@@ -341,14 +346,16 @@ def paged_kernel_decode(counter: CostCounter) -> Iterator[None]:
 
 def build_model(config: ModelConfig, fused: bool, vae_dtype: torch.dtype) -> VoxCPMModel:
     """The model on meta as a server runs it: bf16 transformers; fused (q/k/v, gate/up) and with the VAE in
-    ``vae_dtype`` on the CUDA path, else unfused with the fp32 VAE (the CPU path)."""
+    ``vae_dtype`` on the CUDA path, else unfused with the fp32 VAE (the CPU path); frozen, as ``LoadedModel`` holds
+    it (a weight that needs no gradient changes ``matmul``'s dispatch: a non-contiguous 3-D input then runs a
+    ``bmm`` against the weight expanded to every row instead of a copy and one ``mm``)."""
     with torch.device("meta"):
         model = VoxCPMModel(config)
     model.cast_transformers(torch.bfloat16)
     if fused:
         model.fuse_projections()
         model.audio_vae.to(vae_dtype)
-    return model
+    return model.eval().requires_grad_(False)
 
 
 @contextmanager

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from voxwire.config import ModelConfig
+from voxwire.tiny.configs import ALL_CONFIGS
 
 ROOT = Path(__file__).parents[2]
 
@@ -63,3 +71,34 @@ def test_roofline_of_the_default_configuration_fits_768_streams(tmp_path: Path) 
     assert float(total_line.split()[-1]) == round(row["step_ms"], 2)
     assert f"time to first audio {document['ttfa_ms']:.2f} ms" in printed
     assert all(term["ms"] > 0 for term in row["roofline"])
+
+
+@pytest.fixture(scope="module")
+def cost() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("count_step_cost", ROOT / "scripts" / "count_step_cost.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["count_step_cost"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kv_writes_are_charged_for_what_they_write(cost: ModuleType) -> None:
+    """A KV-cache write (``index_put_``) runs over the positions it writes: its programs and bytes do not grow with
+    the cache it writes into (they did: 3 ms of a 768-row step at context 256, more at longer ones)."""
+    config = ModelConfig.from_dict(ALL_CONFIGS["voxcpm2"], source="voxcpm2")
+
+    def writes(context: int) -> list[tuple[int, int]]:
+        counter = cost.CostCounter()
+        cost.count_step(config, 2, context, 10, True, counter=counter)
+        return [(launch.ctas, launch.moved) for launch in counter.launches if launch.name == "aten.index_put_"]
+
+    short, long = writes(16), writes(1024)
+    assert short and short == long
+
+
+def test_the_step_is_counted_with_the_weights_frozen_as_served(cost: ModuleType) -> None:
+    """The server's model needs no gradients, which changes how ``matmul`` dispatches some projections."""
+    config = ModelConfig.from_dict(ALL_CONFIGS["voxcpm2"], source="voxcpm2")
+    model = cost.build_model(config, True, torch.float16)
+    assert not model.training and not any(parameter.requires_grad for parameter in model.parameters())
