@@ -253,3 +253,9 @@ def test_the_json_has_both_totals_and_the_rows_that_fit(tmp_path: Path) -> None:
     assert f"best case {row['best_ms']:.2f} ms, realistic {row['realistic_ms']:.2f} ms" in printed
     assert "rows whose step fits 160 ms: best case 64, realistic 64" in printed
     assert document["assumptions"]["workload"]["request_patches"] > 0
+
+
+def test_the_ceilings_follow_the_gpu_name(cost: ModuleType) -> None:
+    assert cost.ceilings_for("NVIDIA H100 80GB HBM3").name == "h100"
+    assert cost.ceilings_for("NVIDIA H200").name == "h200"
+    assert cost.ceilings_for("cpu (no GPU)").name == "h200"
