@@ -35,11 +35,17 @@ def server_threads() -> Iterator[None]:
 class ServerProcess:
     """``voxwire serve <args> --port 0``; ``url`` once it listens; stderr is kept in ``log``.
 
-    ``launcher`` runs before the command and must exec it (e.g. ``unshare``), so ``process`` is the server."""
+    ``launcher`` runs before the command and must exec it (e.g. ``unshare``), so ``process`` is the server.
+
+    Unless a test asks otherwise, the server does not refuse streams ``busy`` for the engine's step time
+    (``--max-step-load 1000``): the suite runs tests in parallel, so a step here is as slow as the machine is busy,
+    and these tests are about other things (tests/engine/test_shedding.py, tests/serving/ws/test_overload.py and
+    tests/workers/test_oversubscribed.py hold the overload rule)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, launcher: Sequence[str] = ()) -> None:
         single = () if "--workers" in args else ("--workers", "0")  # one process unless a test asks for workers
-        command = [*launcher, sys.executable, "-m", "voxwire.cli.main", "serve", *single, *args, "--port", "0"]
+        unshed = () if "--max-step-load" in args else ("--max-step-load", "1000")
+        command = [*launcher, sys.executable, "-m", "voxwire.cli.main", "serve", *single, *unshed, *args, "--port", "0"]
         environment = {**os.environ, "OMP_NUM_THREADS": str(SERVER_THREADS), **(env or {})}
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
         self._lines: list[str] = []

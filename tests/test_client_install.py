@@ -89,6 +89,7 @@ def test_the_framework_extras_resolve_without_torch(client_venv: Path, tmp_path:
     assert "torch" not in resolved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service", ["voxwire.integrations.pipecat", "voxwire.integrations.livekit"])
 def test_the_framework_services_import_without_the_server(service: str) -> None:
     code = f"import json, sys, {service}\nprint(json.dumps(sorted(sys.modules)))"

@@ -43,6 +43,7 @@ def gpu_check() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_path: Path) -> None:
     result = run_as_on_gpu_image("script", "scripts/gpu_check.py", "--smoke", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -198,6 +199,7 @@ print(len(calls))
 """
 
 
+@pytest.mark.slow
 def test_every_recorded_kernel_call_launches_with_its_recorded_arguments() -> None:
     # What kernel_timing launches on CUDA: each call of the step rebuilt from its recorded layouts and arguments.
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "server")}

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import soundfile
 
 ROOT = Path(__file__).parents[1]
@@ -20,11 +21,13 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.slow
 def test_bench_engine_smoke() -> None:
     result = run_script("bench_engine.py", "--patches", "3", "--sessions", "1,2", "--arrival-sessions", "2")
     assert "| 2 |" in result.stdout and "worst" in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_server_smoke() -> None:
     result = run_script("bench_server.py", "--sessions", "1", "--utterances", "1")
     assert "| 1 |" in result.stdout and "| 48000 | 7680 |" in result.stdout
@@ -57,6 +60,7 @@ def test_simulate_load_counts_late_chunks_when_a_step_outlasts_its_audio(tmp_pat
         assert level["late_chunks"] > 0 and level["ttfa_p50_ms"] >= 200
 
 
+@pytest.mark.slow
 def test_count_prefill_cost_counts_less_for_audio_only_locenc_and_cached_voices(tmp_path: Path) -> None:
     out = tmp_path / "prefill.json"
     run_script("count_prefill_cost.py", "--config", "voxcpm2", "--prompt-seconds", "2", "--json", str(out))
@@ -66,11 +70,13 @@ def test_count_prefill_cost_counts_less_for_audio_only_locenc_and_cached_voices(
     assert zero_shot["gflop_locenc_every_position"] > zero_shot["gflop_locenc_audio_only"]
 
 
+@pytest.mark.slow
 def test_bench_lora_smoke() -> None:
     result = run_script("bench_lora.py", "--batch", "2", "--rounds", "1", "--threads", "1")
     assert "| 4 personas |" in result.stdout and "| no personas |" in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_batch_invariant_smoke() -> None:
     result = run_script("bench_batch_invariant.py", "--batches", "1,2", "--rounds", "1")
     assert "| 1 |" in result.stdout and "| 2 |" in result.stdout

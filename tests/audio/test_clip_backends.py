@@ -3,6 +3,7 @@ error that names the missing package, while an array at the model's rate needs n
 
 from __future__ import annotations
 
+import pytest
 from tests.gpu_image import run_as_on_gpu_image
 
 CHECK = """
@@ -26,6 +27,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_clips_without_soundfile_or_soxr_fail_with_a_typed_error_naming_the_package() -> None:
     result = run_as_on_gpu_image("-c", CHECK, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

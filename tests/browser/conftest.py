@@ -5,6 +5,8 @@
 * ``page``: a Playwright page in Debian's ``chromium`` (``CHROMIUM`` overrides the path), with a
   fresh profile and autoplay allowed, so audio starts without a user gesture. Console errors and
   page exceptions are collected in ``page.errors``.
+* ``open_demo(page, server)`` opens the demo page with the API key, recording every ``done`` in
+  ``window.dones``; ``stats(page)`` reads the library's live counters (``window.voxwireStats``).
 
 The tests skip when Playwright or Chromium is missing, except in CI (``CI`` set), where they fail:
 .ci/run installs both.
@@ -23,12 +25,10 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
-import voxwire
 from voxwire.serving.app import make_app
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY
 from voxwire.speech_model import VoxCPMSpeech
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 CHROMIUM_ARGS = [
@@ -43,6 +43,9 @@ CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 READY_TIMEOUT_S = 60.0
+KEY = "browser-test-key"
+OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
+WAIT_MS = 30_000
 
 DemoServer = Callable[..., Awaitable[TestServer]]
 
@@ -60,12 +63,6 @@ def chromium() -> str:
     if path is None:
         _missing("no chromium on PATH (apt-get install chromium)")
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("browser-model") / "voxcpm2", "voxcpm2")
-    return voxwire.load_model(folder, device="cpu")
 
 
 @pytest_asyncio.fixture
@@ -111,3 +108,29 @@ async def page(chromium: str, tmp_path: Path) -> AsyncIterator[Any]:
             yield page
         finally:
             await context.close()
+
+
+async def stats(page: Any) -> dict[str, Any]:
+    return await page.evaluate("() => ({...window.voxwireStats})")  # type: ignore[no-any-return]
+
+
+# Collects every ``done`` message in ``window.dones``, from the moment the page creates its client.
+RECORD_DONE = """
+window.dones = [];
+Object.defineProperty(window, 'voxwireClient', {
+    configurable: true,
+    get() { return this.recordedClient; },
+    set(client) {
+        this.recordedClient = client;
+        client.addEventListener('done', (event) => window.dones.push(event.detail));
+    },
+});
+"""
+
+
+async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
+    await page.add_init_script(RECORD_DONE)
+    await page.goto(str(server.make_url(f"/?token={KEY}")))
+    if lead_ms is not None:
+        await page.fill("#lead", str(lead_ms))
+        await page.dispatch_event("#lead", "change")

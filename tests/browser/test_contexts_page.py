@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import DemoServer
-from .test_demo_page import OPUS_PACKET_SAMPLES, WAIT_MS, open_demo, stats
+from .conftest import OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,6 +26,7 @@ TWO_TURNS = """async () => {
 }"""
 
 
+@pytest.mark.slow
 async def test_a_prepared_context_plays_after_the_current_turn(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
     await open_demo(page, server, lead_ms=300)

@@ -17,18 +17,15 @@ import numpy as np
 import pytest
 import soundfile
 
-from .conftest import DemoServer
+from .conftest import KEY, OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
 
 pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-KEY = "browser-test-key"
 RATE = 48_000
-OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
 FADE_SAMPLES = 240  # the player's 5 ms fade-out on cancel
 QUANTUM = 128  # an AudioWorklet renders in blocks of 128 samples
-WAIT_MS = 30_000
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it takes a well deserved rest."
 PARAGRAPH = " ".join(
@@ -43,24 +40,6 @@ PARAGRAPH = " ".join(
 )
 
 
-async def stats(page: Any) -> dict[str, Any]:
-    return await page.evaluate("() => ({...window.voxwireStats})")  # type: ignore[no-any-return]
-
-
-# Collects every ``done`` message in ``window.dones``, from the moment the page creates its client.
-RECORD_DONE = """
-window.dones = [];
-Object.defineProperty(window, 'voxwireClient', {
-    configurable: true,
-    get() { return this.recordedClient; },
-    set(client) {
-        this.recordedClient = client;
-        client.addEventListener('done', (event) => window.dones.push(event.detail));
-    },
-});
-"""
-
-
 # A slow uplink: the page's `cancel` reaches the server 300 ms late, so frames of the cancelled
 # utterance keep coming meanwhile and the client must drop them by their utterance number.
 DELAY_CANCEL = """
@@ -72,14 +51,7 @@ WebSocket.prototype.send = function (data) {
 """
 
 
-async def open_demo(page: Any, server: Any, *, lead_ms: int | None = None) -> None:
-    await page.add_init_script(RECORD_DONE)
-    await page.goto(str(server.make_url(f"/?token={KEY}")))
-    if lead_ms is not None:
-        await page.fill("#lead", str(lead_ms))
-        await page.dispatch_event("#lead", "change")
-
-
+@pytest.mark.slow
 async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer) -> None:
     server = await demo_server(api_keys=(KEY,))
     public = [("/", 200, "text/html"), ("/client/client.js", 200, "javascript"), ("/client/demo.css", 200, "css")]
@@ -93,6 +65,8 @@ async def test_page_is_public_and_the_api_needs_the_key(demo_server: DemoServer)
             assert response.status == 200
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # real-time playback without an underrun
 async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server(api_keys=(KEY,))
     await open_demo(page, server, lead_ms=500)  # a generous buffer: no underrun is acceptable
@@ -123,6 +97,8 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     assert page.errors == []
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # it times the silence after a click
 async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServer, slow_down) -> None:
     server = await demo_server()
     slow_down(server.app, 0.05)  # 0.16 s of audio a step: generation is still going when Stop is clicked
@@ -152,6 +128,8 @@ async def test_cancel_silences_playback_at_once(page: Any, demo_server: DemoServ
     assert page.errors == []
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # keys typed 15 ms apart
 async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     server = await demo_server()
     await open_demo(page, server)
@@ -171,6 +149,8 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     assert page.errors == []
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # real-time playback without an underrun
 async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer) -> None:
     await page.add_init_script("delete window.AudioDecoder")  # a browser without WebCodecs
     server = await demo_server()
@@ -188,6 +168,7 @@ async def test_pcm_where_webcodecs_is_missing(page: Any, demo_server: DemoServer
     assert page.errors == []
 
 
+@pytest.mark.slow
 async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServer, tmp_path: Path) -> None:
     server = await demo_server(api_keys=(KEY,))
     t = np.arange(16_000) / 16_000
@@ -209,6 +190,7 @@ async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServ
     assert page.errors == []
 
 
+@pytest.mark.slow
 async def test_the_page_lists_personas_and_speaks_with_one(page: Any, demo_server: DemoServer) -> None:
     lora = ROOT / "tests" / "fixtures" / "reference" / "lora" / "voxcpm2"
     server = await demo_server(api_keys=(KEY,), loras=(("narrator", lora),), max_lora_rank=16)

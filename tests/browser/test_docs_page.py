@@ -14,6 +14,7 @@ pytestmark = pytest.mark.asyncio
 WAIT_MS = 30_000
 
 
+@pytest.mark.slow
 async def test_the_docs_page_renders_every_operation_from_this_server_only(demo_server: DemoServer, page: Any) -> None:
     server = await demo_server(max_text_chars_per_utterance=321)
     base = str(server.make_url("")).rstrip("/")

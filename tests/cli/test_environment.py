@@ -91,6 +91,7 @@ def test_a_bad_value_is_a_one_line_error_naming_the_variable(
     assert err.startswith(f"voxwire serve: error: {message}") and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_the_command_prints_no_traceback_for_a_bad_variable() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), "VOXWIRE_PORT": "http"}
     result = subprocess.run(

@@ -15,6 +15,7 @@ from voxwire.text import normalize as normalize_module
 from voxwire.tts import VoxCPM
 
 
+@pytest.mark.slow
 def test_synth_speaks_the_normalized_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spoken: list[str] = []
     generate = VoxCPM.generate

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.serving.conftest import app_factory, persona_app, persona_tts, serve, tiny_tts
+from tests.serving.conftest import app_factory, persona_app, serve
 
-__all__ = ["app_factory", "persona_app", "persona_tts", "serve", "tiny_tts"]
+__all__ = ["app_factory", "persona_app", "serve"]

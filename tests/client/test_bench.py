@@ -158,6 +158,7 @@ def delay_first_chunk(app: Any, delay: dict[str, float]) -> None:
     service.speak = delayed
 
 
+@pytest.mark.slow
 async def test_a_server_side_delay_shows_in_the_printed_ttfa(serve, app_factory, tmp_path: Path) -> None:
     delay = {"s": 0.0}
     app = app_factory()

@@ -83,6 +83,7 @@ async def test_local_without_the_server_extra_fails_before_the_run(tmp_path: Pat
     assert "needs the server extra (torch not installed)" in result.stderr and not report.exists()
 
 
+@pytest.mark.slow
 async def test_failures_past_max_failure_rate_exit_non_zero_and_are_marked(serve, tmp_path: Path) -> None:
     server = await serve()
     report_path = tmp_path / "bench.json"
@@ -105,6 +106,7 @@ async def test_failures_past_max_failure_rate_exit_non_zero_and_are_marked(serve
     assert re.search(r"^1 users: 1/1 s, \d+ utterances, \d+ failed, 0 underruns, 0 live$", tolerated.stderr, re.M)
 
 
+@pytest.mark.slow
 async def test_a_server_killed_mid_run_stops_the_run_and_fails_it(tmp_path: Path) -> None:
     report_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
     with ServerProcess(*SIM_FLAGS) as server:
@@ -137,6 +139,7 @@ async def test_a_server_killed_mid_run_stops_the_run_and_fails_it(tmp_path: Path
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn all the same
 
 
+@pytest.mark.slow
 async def test_local_port_places_the_local_server(tmp_path: Path) -> None:
     port, report_path = free_port(), tmp_path / "bench.json"
     result = await voxwire(

@@ -88,6 +88,7 @@ async def test_a_connection_refused_as_busy_is_retried_until_a_place_frees(serve
     assert "refused the connection for now (HTTP 503: busy)" in notes[0] and "retrying in" in notes[0]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_say_waits_out_a_busy_server_and_gives_up_with_exit_7(serve, aiohttp_client, tiny_tts: VoxCPM) -> None:
     server = await serve(max_connections=1)
@@ -146,6 +147,7 @@ async def test_a_connection_broken_without_a_close_frame_is_a_lost_connection() 
     assert (lost.value.code, lost.value.close_code, lost.value.exit_code) == ("connection_lost", 1006, 6)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_say_reports_a_lost_connection_and_speaks_the_rest_without_replaying(serve, tiny_tts: VoxCPM) -> None:
     server = await serve()
@@ -177,6 +179,8 @@ async def test_say_reports_a_lost_connection_and_speaks_the_rest_without_replayi
 # ---- bench ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # its retries last a few seconds
 @pytest.mark.asyncio
 async def test_bench_visitors_refused_at_the_connection_limit_retry_and_all_succeed(serve) -> None:
     server = await serve(max_connections=1)

@@ -37,6 +37,7 @@ def url(server) -> str:
     return str(server.make_url("/")).replace("http://", "ws://")
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("fmt", ["pcm_f32le", "pcm_s16le"])
 async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: VoxCPM, fmt: str) -> None:
     server = await serve()
@@ -49,6 +50,7 @@ async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: Vox
         assert result.stdout == to_s16le(expected)
 
 
+@pytest.mark.isa
 async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
     server = await serve()
     path = tmp_path / "hello.wav"
@@ -103,6 +105,7 @@ async def test_stdin_lines_are_spoken_as_they_arrive(serve) -> None:
     assert len(first_audio + rest) % 2 == 0 and len(rest) > 0
 
 
+@pytest.mark.slow
 async def test_failures_exit_with_typed_codes(serve) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -120,6 +123,8 @@ async def test_failures_exit_with_typed_codes(serve) -> None:
     assert spoken.returncode == 0 and spoken.stdout[:4] == b"RIFF"
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 async def test_a_persona_speaks_its_own_audio(serve, persona_app, persona_tts: VoxCPM) -> None:
     server = await serve(app=persona_app())
     command = ("say", "--server", url(server), "--seed", str(SEED), "--format", "pcm_f32le", "--out", "-")
@@ -154,6 +159,7 @@ class FakeOutputStream:
         assert self.state == "stopped", "close only after stop (which waits for the audio to play out)"
 
 
+@pytest.mark.isa
 async def test_speakers_play_the_engines_float_audio(serve, tiny_tts: VoxCPM) -> None:
     server = await serve()
     fake = types.SimpleNamespace(RawOutputStream=FakeOutputStream)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.deploy.fleet import DEPLOY, ROOT
-from tests.deploy.test_manifests import dockerfile_instructions, image_environment, serve_variables
+from tests.deploy.shipped import dockerfile_instructions, image_environment, serve_variables
 from tests.server_process import ServerProcess, poll
 
 from voxwire.cli import environment

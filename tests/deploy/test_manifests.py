@@ -4,10 +4,8 @@ accept, and a non-root CUDA image that runs ``voxwire serve``."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient
 from tests.deploy.fleet import DEPLOY, has_binary, load_render
+from tests.deploy.shipped import dockerfile_instructions, image_environment, serve_variables
 
 from voxwire.cli import environment
 from voxwire.cli.main import build_parser
@@ -49,16 +48,6 @@ POD_NAME, SECRET = "voxwire-6d9c8b7f4-x2k9q", "key-from-the-secret"
 VALUE_FROM = {"fieldRef": POD_NAME, "secretKeyRef": SECRET}
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    text = (DEPLOY / "Dockerfile").read_text()
-    return [(keyword.upper(), value) for keyword, value in (line.split(None, 1) for line in _logical_lines(text))]
-
-
-def image_environment() -> dict[str, str]:
-    pairs = [shlex.split(value) for keyword, value in dockerfile_instructions() if keyword == "ENV"]
-    return dict(pair.split("=", 1) for line in pairs for pair in line)
-
-
 def env_file(path: Path) -> dict[str, str]:
     lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
     return dict(line.split("=", 1) for line in lines)
@@ -88,11 +77,6 @@ def pod_config(environ: dict[str, str] | None = None) -> ServerConfig:
     assert command[:2] == ["voxwire", "serve"]
     args = build_parser().parse_args([*command[1:], *voxwire_container().get("args", [])])
     return config_from_args(args, environ=pod_environment() if environ is None else environ)
-
-
-def serve_variables() -> set[str]:
-    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {environment.variable(action) for action in environment.options(subparsers.choices["serve"])}
 
 
 def test_yaml_passes_yamllint() -> None:
@@ -242,9 +226,3 @@ def test_the_dockerfile_builds_a_non_root_cuda_image_running_voxwire_serve() -> 
     if shutil.which("hadolint"):
         result = subprocess.run(["hadolint", str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
-
-
-def _logical_lines(text: str) -> list[str]:
-    """Dockerfile instructions with their backslash continuations joined, comments left out."""
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
-    return [line.strip() for line in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if line.strip()]

@@ -16,6 +16,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -23,6 +24,9 @@ import pytest
 from voxwire.chunk import EMPTY_AUDIO, Audio
 from voxwire.engine import Engine, EngineConfig, Prepared, Request, RunnerOutput, StepPlan, SynthesisParams
 from voxwire.engine.cost_model import StepCost
+
+if TYPE_CHECKING:
+    from voxwire.tts import VoxCPM
 
 PATCH = 4  # samples per chunk in these tests
 
@@ -190,6 +194,12 @@ def build_realtime_engine(
 
 
 # Test modules cannot import this file (pytest's importlib mode), so the helpers travel as fixtures.
+
+
+@pytest.fixture
+def tts(tiny_tts: VoxCPM) -> VoxCPM:
+    """The real (tiny) model of the tests that run one: the session's (tests/conftest.py)."""
+    return tiny_tts
 
 
 @pytest.fixture

@@ -93,6 +93,7 @@ def test_aclose_aborts_and_the_id_can_be_reused(make_engine, make_request):
     _run(main())
 
 
+@pytest.mark.alone  # it times the event loop's gaps
 def test_a_slow_step_never_blocks_the_event_loop(make_engine, make_request):
     engine, _ = make_engine(delay=0.05)
 

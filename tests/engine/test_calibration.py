@@ -10,7 +10,6 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-import voxwire
 from voxwire.engine import Chunk, Engine, EngineConfig, Prepared, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.calibration import (
     CALIBRATION_SLOT,
@@ -25,7 +24,6 @@ from voxwire.engine.cuda_graphs import bucket_sizes
 from voxwire.engine.outputs import PrefillItem
 from voxwire.engine.runner import ModelRunner
 from voxwire.engine.timestep_buckets import bucket_of
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 SHAPES = [(1, 0), (4, 0), (16, 0), (1, 20), (1, 80), (1, 250)]
@@ -147,11 +145,6 @@ def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone()
     assert_close(fitted, StepCost.parse("3ms+0.5ms/row"))
 
 
-@pytest.fixture(scope="module")
-def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
-
-
 def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
     engine = Engine(runner, EngineConfig(max_running=runner.num_slots, realtime=realtime))
     text = "Measured or not, the same words."
@@ -165,6 +158,8 @@ def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
     return outputs
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 def test_a_measured_runner_states_its_cost_and_serves_as_if_never_measured(tts: VoxCPM) -> None:
     measured = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, measure_cost=True))
     cost = measured.step_cost

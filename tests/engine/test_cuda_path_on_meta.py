@@ -259,6 +259,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> TextTokenizer:
     return TextTokenizer.from_dir(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["voxcpm-0.5b-shape", "voxcpm-1.5-shape", "voxcpm2-shape"])
 def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
     name: str, tokenizer: TextTokenizer, monkeypatch: pytest.MonkeyPatch

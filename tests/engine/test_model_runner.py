@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import voxwire
-from voxwire.engine import Chunk, Engine, EngineConfig, FinishReason, Request, RunnerOptions, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, FinishReason, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.runner import ModelRunner
@@ -22,14 +22,9 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-from .test_voice_cache import voice
+from .helpers import audio, crowd, request, run, voice
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
-
-
-@pytest.fixture(scope="module")
-def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
 
 
 def make_engine(
@@ -37,27 +32,6 @@ def make_engine(
 ) -> tuple[Engine, ModelRunner]:
     runner = ModelRunner(tts, RunnerOptions(num_slots=slots, max_length=256, batch_invariant=batch_invariant))
     return Engine(runner, EngineConfig(max_running=slots, **config)), runner
-
-
-def request(rid: str, text: str, **params: object) -> Request:
-    return Request(rid, text, params=SynthesisParams(**params))
-
-
-def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[Chunk]]:
-    """Step until idle; ``arrivals[k]`` are added before step k. Returns each request's outputs."""
-    outputs: dict[str, list[Chunk]] = {}
-    for step in range(limit):
-        for req in arrivals.get(step, []):
-            engine.add(req)
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
-        if step >= max(arrivals, default=0) and not engine.has_work():
-            return outputs
-    raise AssertionError("engine did not finish")
-
-
-def audio(outputs: list[Chunk]) -> np.ndarray:
-    return np.concatenate([o.audio for o in outputs])
 
 
 def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> None:
@@ -86,21 +60,8 @@ def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> 
     assert all(outs[-1].finished for outs in crowded.values())
 
 
-def crowd(tts: VoxCPM, count: int) -> list[Request]:
-    """``count`` different utterances: texts, seeds, guidance, timestep counts, lengths and voices all vary."""
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]
-    made = []
-    for i in range(count):
-        text = f"{words[i % 11]} {words[(5 * i + 3) % 11]}, {i}." + (" 中文句子。" if i % 4 == 1 else "")
-        params = {"seed": 1000 + i, "cfg_value": 1.0 + 0.25 * (i % 7), "max_len": 6 + i % 9, "min_len": 4}
-        if i % 3 == 2:
-            params["inference_timesteps"] = 4 + i % 8
-        made.append(request(f"s{i}", text, **params))
-        if i % 5 == 3:  # a voice prompt: LocEnc in the prefill
-            made[-1] = Request(made[-1].request_id, text, made[-1].params, prompt=voice(tts, seed=i))
-    return made
-
-
+@pytest.mark.slow
+@pytest.mark.isa
 def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> None:
     """Issue 9: with batch-invariant numerics, 24 sessions arriving over several steps (prefills sharing a step,
     rows of different lengths, guidance and timestep counts, voices) each produce exactly the audio they
@@ -116,6 +77,7 @@ def test_batch_invariant_sessions_sound_bit_for_bit_as_alone(tts: VoxCPM) -> Non
         assert np.array_equal(audio(together[req.request_id]), alone[req.request_id]), req.request_id
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
 def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, batch_invariant: bool) -> None:
     """Sessions through the batching engine, side by side, each equal the reference's generate() output (with
@@ -206,6 +168,7 @@ def test_a_request_is_laid_out_once_and_its_first_chunk_reports_its_prompt(
         assert [chunk.prompt_positions for chunk in chunks] == [expected[rid]] + [None] * (len(chunks) - 1)
 
 
+@pytest.mark.slow
 def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
     """Randomly interleaved adds, aborts and natural finishes on the real runner: every request ends exactly
     once, and afterwards no per-request state, slot or queue entry is left."""
@@ -370,6 +333,8 @@ def staggered_arrivals(tts: VoxCPM) -> dict[int, list[Request]]:
     }
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 def test_batch_invariant_graph_replays_equal_eager_bit_for_bit(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """With batch-invariant numerics the CUDA-graph path's padding rows and rounded-up timestep counts change no
     bit of any session's audio (capture emulated on CPU)."""
@@ -402,6 +367,7 @@ def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> Non
     np.testing.assert_allclose(after, alone, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_rows_run_in_their_own_timestep_bucket(tts: VoxCPM, emulated_graph_capture: None) -> None:
     """Issue 21.4: one request asking for many timesteps does not make every row of the step run that many. Each
     timestep bucket's rows replay their own graph (a row with 4 runs the 4-step graph while another runs the
@@ -456,6 +422,7 @@ def test_a_discarded_runner_is_freed_at_once_with_its_kv_pool(tts: VoxCPM, emula
         gc.enable()
 
 
+@pytest.mark.isa
 def test_step_outputs_reuse_one_host_buffer_and_held_chunks_stay_intact(
     tts: VoxCPM, emulated_graph_capture: None
 ) -> None:

@@ -16,6 +16,7 @@ TORCH_MODULES = {"runner", "cuda_graphs", "kv_pool", "voice_cache"}
 """The engine modules that import torch, as ``voxwire/engine/__init__.py`` names them."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "absent"),
     [

@@ -7,28 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-import voxwire
 from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.runner import ModelRunner
 from voxwire.engine.voice_cache import VoiceCache
 from voxwire.prompt import VoicePrompt
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
-
-@pytest.fixture(scope="module")
-def tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("m") / "v2", "voxcpm2"), device="cpu")
-
-
-def voice(tts: VoxCPM, seed: int, audio: int = 5, reference: int = 3) -> VoicePrompt:
-    generator = torch.Generator().manual_seed(seed)
-    shape = (tts.config.patch_size, tts.config.feat_dim)
-    return VoicePrompt(
-        "A transcript of the clip.",
-        torch.randn(audio, *shape, generator=generator),
-        torch.randn(reference, *shape, generator=generator),
-    )
+from .helpers import voice
 
 
 def speak(runner: ModelRunner, *requests: Request) -> dict[str, np.ndarray]:
@@ -64,6 +49,7 @@ class LocEncCalls:
         self._handle.remove()
 
 
+@pytest.mark.isa
 def test_a_second_session_with_the_same_voice_skips_locenc_and_sounds_the_same(tts: VoxCPM) -> None:
     saved = voice(tts, seed=1)  # 3 reference + 5 prompt patches: one LocEnc call of 8 when encoded
     cached, uncached = (

@@ -59,6 +59,7 @@ def assert_every_kernel_compiled(report: dict[str, Any]) -> None:
     assert compiled["_patch_noise_kernel"] == len(NOISE_DTYPES)
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_at_the_models_call_sites(tmp_path: Path) -> None:
     assert_every_kernel_compiled(compile_report(tmp_path))
 

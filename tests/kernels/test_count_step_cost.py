@@ -29,6 +29,7 @@ def count(tmp_path: Path, *flags: str, config: str = "voxcpm2", batch: str = "1,
     return json.loads(out.read_text())["rows"]
 
 
+@pytest.mark.slow
 def test_fused_path_launches_fewer_kernels_and_moves_fewer_bytes(tmp_path: Path) -> None:
     unfused, fused = count(tmp_path), count(tmp_path, "--fused")
     assert [row["batch"] for row in unfused] == [row["batch"] for row in fused] == [1, 4]
@@ -41,6 +42,7 @@ def test_fused_path_launches_fewer_kernels_and_moves_fewer_bytes(tmp_path: Path)
     assert abs(fused[0]["kernels"] - fused[1]["kernels"]) <= 0.02 * fused[0]["kernels"]
 
 
+@pytest.mark.slow
 def test_voxcpm2_step_meets_the_kernel_and_traffic_targets(tmp_path: Path) -> None:
     """The review's targets for the CUDA path at VoxCPM2's shape: <= 2,500 kernels per step, <= 130 MB of
     model and <= 80 MB of VAE non-matmul traffic per row, alone and batched."""
@@ -64,6 +66,7 @@ def roofline(tmp_path: Path, *flags: str) -> tuple[dict, str]:
     return roofline_of(tmp_path, "voxcpm2-shape", "768", *flags)
 
 
+@pytest.mark.slow
 def test_roofline_of_the_default_configuration_fits_768_streams(tmp_path: Path) -> None:
     """The counted best case of the server's default CUDA configuration (bf16 transformers, float16 VAE, fused
     kernels): one step of 768 rows within the 160 ms a 160 ms patch allows, and a lone stream's first audio

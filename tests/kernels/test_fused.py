@@ -40,6 +40,7 @@ def test_rms_norm(dtype: torch.dtype, device: torch.device) -> None:
     assert_matches(on(device, fused.rms_norm, x, weight, eps=1e-5), reference.rms_norm(x, weight, 1e-5))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(dtype: torch.dtype, device: torch.device) -> None:
     x, residual, weight = randn(5, 40, dtype=dtype), randn(5, 40, dtype=dtype, seed=1), randn(40, dtype=dtype, seed=2)
@@ -76,6 +77,7 @@ def test_snake(dtype: torch.dtype, device: torch.device) -> None:
     assert_matches(on(device, fused.snake, x, alpha), reference.snake(x.float(), alpha.float()).to(dtype))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("past_frames", [1, 54, 1100])
 def test_snake_with_past(dtype: torch.dtype, past_frames: int, device: torch.device) -> None:
@@ -90,6 +92,7 @@ def test_snake_with_past(dtype: torch.dtype, past_frames: int, device: torch.dev
     assert_matches(got, expected)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_snake_with_past(dtype: torch.dtype, device: torch.device) -> None:
     """A residual unit's add, returned, and the next unit's first Snake on the sum behind the past frames."""
@@ -106,6 +109,7 @@ def test_add_snake_with_past(dtype: torch.dtype, device: torch.device) -> None:
     assert_matches(extended, reference.snake_with_past(summed.float(), alpha.float(), past.float()).to(dtype))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_transpose_out(dtype: torch.dtype, device: torch.device) -> None:
     """Blocks of 5 samples per frame laid out channels-first, more samples per row than one kernel block;
@@ -125,6 +129,7 @@ def test_conv_transpose_out(dtype: torch.dtype, device: torch.device) -> None:
 ROW_SHAPES = [(3, 37, 1, 6), (2, 45, 5, 18), (1, 7, 60, 54), (2, 3, 1030, 6)]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("batch", "channels", "length", "past_frames"), ROW_SHAPES)
 def test_row_tiled_snake_kernels_at_vae_row_shapes(
     batch: int, channels: int, length: int, past_frames: int, device: torch.device
@@ -142,6 +147,7 @@ def test_row_tiled_snake_kernels_at_vae_row_shapes(
     assert_matches(extended, expected_extended)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("batch", "length", "channels", "stride"), [(3, 1, 37, 5), (2, 2, 40, 8), (1, 1, 5, 256)])
 def test_conv_transpose_out_at_vae_row_shapes(
     batch: int, length: int, channels: int, stride: int, device: torch.device
@@ -224,6 +230,7 @@ class OpNames(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.isa
 def test_cpu_tensors_take_the_plain_torch_path() -> None:
     x, weight = randn(2, 8), randn(8, seed=1)
     with OpNames() as seen:

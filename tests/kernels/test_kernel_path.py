@@ -31,6 +31,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cpu_generation_never_imports_triton() -> None:
     result = run_python(
         """
@@ -48,6 +49,7 @@ def test_cpu_generation_never_imports_triton() -> None:
     assert "leaked" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cpu_server_exits_without_triton_leak_reports() -> None:
     server = ServerProcess("--model", "demo", "--device", "cpu")
     try:

@@ -60,6 +60,7 @@ def run_kernel(case: tuple[torch.Tensor, ...], scale: float, device: torch.devic
 MIXED = [0, 1, 15, 16, 17, 32, 33, 47, 64]
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_kernel_fp32_is_within_float32_error_of_the_exact_result(
@@ -75,6 +76,7 @@ def test_kernel_fp32_is_within_float32_error_of_the_exact_result(
     assert_within(got, *paged_attention_reference(*case, scale))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("block_size", [1, 4, 12, 64])
 def test_kernel_takes_any_block_size(block_size: int, device: torch.device) -> None:
     """Blocks smaller than a tile (several per tile, not a power of two) and larger (several tiles each)."""
@@ -93,6 +95,7 @@ def test_kernel_equals_torch_path_half(dtype: torch.dtype, device: torch.device)
     torch.testing.assert_close(got.float(), expected.float(), atol=2 * resolution, rtol=2 * resolution)
 
 
+@pytest.mark.isa
 def test_seq_len_zero_rows_are_zero(device: torch.device) -> None:
     case = make_case([0, 5, 0], 2, 16, torch.float32)
     got = run_kernel(case, 0.25, device)
@@ -100,6 +103,7 @@ def test_seq_len_zero_rows_are_zero(device: torch.device) -> None:
     assert got[1].abs().sum() > 0
 
 
+@pytest.mark.isa
 def test_kernel_reads_rows_independently(device: torch.device) -> None:
     """A row's output does not depend on the rest of the batch, to the bit: one program per (row, kv head) runs the
     same code on the same data whatever the batch."""

@@ -53,6 +53,7 @@ def expected_calls(
     return torch.from_numpy(cuda_randn_calls(seed, first_call, calls, shape)).to(dtype)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(
     ("seed", "first_call", "calls", "shape"),
     [
@@ -72,6 +73,7 @@ def test_one_launch_draws_the_numbers_of_every_call(
     assert torch.equal(drawn.cpu(), expected_calls(seed, first_call, calls, shape, torch.float32, device).cpu())
 
 
+@pytest.mark.isa
 def test_half_precision_draws_are_the_float_draws_rounded(device: torch.device) -> None:
     # bfloat16 is checked on a GPU only: the interpreter truncates float32 to bfloat16 where CUDA rounds.
     dtypes = (torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float16,)
@@ -125,6 +127,7 @@ def test_plain_torch_kernels_draw_patch_by_patch_without_probing(monkeypatch: py
     assert path.noise_path(torch.device("cpu")) is path.NoisePath.PER_PATCH
 
 
+@pytest.mark.isa
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_streams_noise_taken_at_once_equals_its_draws_one_by_one() -> None:

@@ -86,6 +86,7 @@ def load_fixture(name: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Te
     return tensors, weights
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_encode_and_decode_match_the_reference(name: str) -> None:
     fixture, weights = load_fixture(name)
@@ -101,6 +102,7 @@ def test_encode_and_decode_match_the_reference(name: str) -> None:
     assert 0.02 < fixture["decoded"].std().item() < 0.6  # the comparison is on a real signal
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_published_layout_is_the_one_the_reference_loaded(name: str) -> None:
     _, weights = load_fixture(name)
@@ -115,6 +117,7 @@ def shape_only_vae(name: str) -> AudioVAE:
         return AudioVAE(*(REAL_CONFIGS[name] if name in REAL_CONFIGS else tiny(name)))
 
 
+@pytest.mark.slow
 def test_published_layout_has_the_real_checkpoints_entry_counts() -> None:
     # Counts of audiovae.pth state entries (model spec 2.4): 0.5B 243, 1.5 299, V2 312.
     counts = {name: len(to_published_state_dict(shape_only_vae(name).state_dict())) for name in REAL_CONFIGS}
@@ -135,6 +138,7 @@ def test_fold_normalises_over_all_dims_but_0_also_for_transposed_convs() -> None
     torch.testing.assert_close(weight / g, v / v.flatten(1).norm(dim=1).view(3, 1, 1))
 
 
+@pytest.mark.isa
 def test_fold_inverts_to_published() -> None:
     ours = random_vae("voxcpm2").state_dict()
     published = to_published_state_dict(ours)
@@ -163,6 +167,7 @@ def test_fold_rejects_half_a_pair(suffix: str) -> None:
 # ---- random weights -----------------------------------------------------------------------------
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
 def test_random_weights_are_deterministic_non_trivial_and_audible(name: str) -> None:
     config, variant = tiny(name)
@@ -263,6 +268,8 @@ def test_streaming_equals_full_decode_for_staggered_streams_and_uneven_chunks(na
     assert [b.data_ptr() for b in state.buffers] == pointers  # updated in place, never reallocated
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 def test_streaming_decode_traces_as_one_graph_without_host_syncs() -> None:
     # fullgraph=True fails on any graph break: a .item(), a branch on a tensor value, a data-dependent
     # shape. One graph with in-place state updates is what CUDA-graph capture needs.
@@ -291,6 +298,7 @@ def test_rows_view_and_compaction_keep_streams_exact() -> None:
     assert_streams_match_full_decode(vae, [(latents, torch.cat(streamed))])
 
 
+@pytest.mark.isa
 def test_reset_and_move_touch_only_the_given_rows() -> None:
     vae = random_vae("voxcpm-16k")
     streamer = StreamingVAEDecoder(vae)

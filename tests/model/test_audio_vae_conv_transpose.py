@@ -39,6 +39,7 @@ def as_batched_gemm(conv: CausalConvTranspose1d, x: torch.Tensor) -> torch.Tenso
     return reference.conv_transpose_out(blocks, conv.bias)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize(("batch", "frames"), [(3, 4), (5, 8)])
 def test_one_gemm_gives_the_batched_gemms_samples_bit_for_bit(

@@ -37,6 +37,7 @@ def batches_around(row: torch.Tensor, generator: torch.Generator) -> Iterator[tu
             yield batch, position
 
 
+@pytest.mark.isa
 def test_tiled_linear_rows_do_not_depend_on_the_batch(threads: int) -> None:
     generator = torch.Generator().manual_seed(threads)
     for features_in, features_out, bias in ((256, 2048, True), (1024, 3072, False), (64, 192, True)):
@@ -97,6 +98,7 @@ class _KernelInputs(TorchDispatchMode):
         return out
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(
     ("make", "row_shape", "tile"),
     [

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -82,6 +83,7 @@ def sample(cfm: UnifiedCFM, rows: int, seed: int) -> tuple[torch.Tensor, torch.T
     return together[0], alone[0]
 
 
+@pytest.mark.isa
 @torch.inference_mode()
 def test_a_rows_sample_is_the_same_alone_and_among_16_rows() -> None:
     with bi.batch_invariant(), RowCountOrderedSums() as sums:
@@ -90,6 +92,7 @@ def test_a_rows_sample_is_the_same_alone_and_among_16_rows() -> None:
     assert sums.rows_seen == {bi.TILE}  # every projection was summed over a whole tile
 
 
+@pytest.mark.isa
 @torch.inference_mode()
 def test_without_the_mode_the_stand_in_changes_the_lone_rows_sample() -> None:
     """What the mode prevents: CFG-Zero*'s sums taken over the batch as it is."""
@@ -99,6 +102,7 @@ def test_without_the_mode_the_stand_in_changes_the_lone_rows_sample() -> None:
     assert sums.rows_seen == {1, 16}
 
 
+@pytest.mark.isa
 def test_only_sums_to_one_value_per_row_are_tiled() -> None:
     x = torch.randn(5, 3, 7)
     with bi.batch_invariant(), RowCountOrderedSums() as sums:

@@ -34,6 +34,7 @@ def run(stack: MiniCPMModel) -> torch.Tensor:
     return torch.cat([prefill.flatten(), step.flatten()])
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fusing_changes_no_value(dtype: torch.dtype) -> None:
     stack = make_stack(dtype)
@@ -43,6 +44,7 @@ def test_fusing_changes_no_value(dtype: torch.dtype) -> None:
     assert list(stack.state_dict()) == keys
 
 
+@pytest.mark.isa
 def test_weights_loaded_after_fusing_reach_the_fused_gemm() -> None:
     stack, other = make_stack(torch.float32), make_stack(torch.float32, seed=5)
     stack.fuse_projections()
@@ -50,6 +52,7 @@ def test_weights_loaded_after_fusing_reach_the_fused_gemm() -> None:
     assert torch.equal(run(stack), run(other))
 
 
+@pytest.mark.isa
 def test_a_replaced_projection_is_used_instead_of_the_fused_weights() -> None:
     """A projection swapped after fusing (an adapter wrapping it, say) is what runs."""
     stack = make_stack(torch.float32)
@@ -78,6 +81,7 @@ def fused_layers(stack: MiniCPMModel) -> list[tuple[nn.Module, tuple[nn.Module, 
     return groups
 
 
+@pytest.mark.isa
 def test_casting_keeps_the_fusion_and_frees_the_old_fused_weights() -> None:
     """A model cast after fusing (``LoadedModel.cast``) still runs one GEMM per group, with values equal to a
     model built in the new dtype and fused, and the old fp32 fused tensors are freed, not kept alive beside it."""
@@ -119,6 +123,7 @@ def test_a_cast_after_a_projection_was_replaced_drops_the_stale_fused_weight() -
     )
 
 
+@pytest.mark.isa
 def test_loaded_model_cast_keeps_fused_projections(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``LoadedModel.cast`` (gpu_check's fp32 -> bf16 switch) leaves every transformer fused, and a cast model
     generates what a model loaded in that dtype generates."""

@@ -23,9 +23,9 @@ from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
 
-@pytest.fixture(scope="module")
-def v2(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v2"), "voxcpm2"), device="cpu")
+@pytest.fixture
+def v2(tiny_tts: VoxCPM) -> VoxCPM:
+    return tiny_tts
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def v1(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     return voxwire.load_model(make_tiny_checkpoint(tmp_path_factory.mktemp("v1"), "voxcpm-16k"), device="cpu")
 
 
+@pytest.mark.isa
 def test_same_seed_same_audio_other_seed_other_audio(v2: VoxCPM) -> None:
     first = v2.generate("A seeded sentence.", SynthesisParams(seed=7, max_len=8))
     assert np.array_equal(first, v2.generate("A seeded sentence.", SynthesisParams(seed=7, max_len=8)))
@@ -41,6 +42,7 @@ def test_same_seed_same_audio_other_seed_other_audio(v2: VoxCPM) -> None:
     assert v2.generate("No seed given.", SynthesisParams(max_len=5)).size > 0
 
 
+@pytest.mark.isa
 def test_stream_yields_one_patch_per_chunk_and_equals_generate(v2: VoxCPM) -> None:
     chunks = list(v2.stream("Streaming equals offline.", SynthesisParams(seed=3, max_len=9)))
     assert all(c.audio.shape == (v2.samples_per_patch,) for c in chunks)

@@ -54,6 +54,8 @@ def cases() -> list:
     return params
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), cases())
 def test_persona_matches_the_reference_with_its_adapter_loaded(name: str, case: dict, tmp_root: str) -> None:
     tts = fp32_model(name, tmp_root)
@@ -124,6 +126,7 @@ def test_missing_config_or_weights_are_named(tmp_path: Path, tmp_root: str) -> N
     assert "lora_config.json is missing" in load_error(folder, tmp_root)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "state_dict"])
 def test_ckpt_variant_and_compiled_key_names_load_the_same_weights(
     tmp_path: Path, tmp_root: str, wrapped: bool
@@ -141,6 +144,7 @@ def test_ckpt_variant_and_compiled_key_names_load_the_same_weights(
         assert torch.equal(loaded[path][0], a) and torch.equal(loaded[path][1], b)
 
 
+@pytest.mark.isa
 def test_synth_cli_speaks_with_a_lora_folder(tmp_path: Path, tmp_root: str, capsys: pytest.CaptureFixture) -> None:
     import soundfile
 
@@ -184,6 +188,7 @@ def test_non_finite_or_absurd_alpha_is_refused(tmp_path: Path, tmp_root: str, te
     assert field in message and f"|alpha| <= {MAX_LORA_ALPHA:g}" in message
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
 def test_a_poisoned_slot_never_reaches_another_row(batch_invariant: bool) -> None:
     """Each row's adapter is selected by its slot, never computed for every slot and masked (0 x NaN = NaN): rows

@@ -8,6 +8,7 @@ import torch
 from voxwire.sampling import NoiseStream
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("feat_dim", "patch_size"), [(64, 2), (64, 4), (3, 5)])
 def test_one_draw_of_the_whole_stream_equals_step_by_step_draws(dtype, feat_dim, patch_size) -> None:

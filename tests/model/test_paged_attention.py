@@ -23,6 +23,7 @@ from voxwire.model.paged_attention import (
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("attention", [paged_decode_torch, paged_decode_chunked], ids=["torch", "chunked"])
 @pytest.mark.parametrize(("q_heads", "kv_heads"), [(4, 4), (4, 2), (8, 1), (16, 2)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
@@ -61,6 +62,7 @@ def test_paged_attention_is_within_float32_error_of_the_exact_result(
     assert torch.equal(attention(q, k_cache, v_cache, tables[:, :live], seq_lens, scale), got)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("attention", [paged_decode_torch, paged_decode_chunked], ids=["torch", "chunked"])
 def test_a_row_with_no_positions_attends_to_zeros(attention: PagedDecode) -> None:
     # A batch bucket's padding rows have seq_len 0; their output must be finite (zeros, as the Triton kernel's).
@@ -73,6 +75,7 @@ def test_a_row_with_no_positions_attends_to_zeros(attention: PagedDecode) -> Non
     assert torch.isfinite(got[1]).all()
 
 
+@pytest.mark.isa
 def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
     """FSQ after the base LM turns a 1e-7 difference into a different patch now and then, so a session's
     attention must not depend at all on the other rows of its batch or on how far they reach: every row, short
@@ -97,6 +100,7 @@ def test_a_rows_attention_is_bitwise_the_same_in_any_batch() -> None:
         assert torch.equal(alone[0], together[row]), row
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_attention_of_a_row_is_bitwise_the_same_in_any_batch(dtype: torch.dtype) -> None:
     """Batch-invariant numerics: whatever the other rows' lengths (so however far the batch's table reaches), a
@@ -120,6 +124,7 @@ def test_chunked_attention_of_a_row_is_bitwise_the_same_in_any_batch(dtype: torc
             assert torch.equal(alone[0], together[row]), (batch, row)
 
 
+@pytest.mark.isa
 def test_batch_invariant_numerics_decode_with_the_chunked_path() -> None:
     q, cache = torch.randn(1, 2, 8), torch.randn(3, 4, 1, 8)
     tables, lens = torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
@@ -128,6 +133,7 @@ def test_batch_invariant_numerics_decode_with_the_chunked_path() -> None:
     assert torch.equal(got, paged_decode_chunked(q, cache, cache, tables, lens, 0.3))
 
 
+@pytest.mark.isa
 def test_cpu_decode_uses_the_torch_path() -> None:
     assert attention_path(torch.device("cpu")) == "torch-paged"
     q, cache = torch.randn(1, 2, 8), torch.randn(3, 4, 1, 8)

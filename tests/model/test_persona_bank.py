@@ -36,6 +36,7 @@ def wrapped(tts: VoxCPM) -> set[str]:
     return {path for path, module in linears(tts).items() if isinstance(module, PersonaLinear)}
 
 
+@pytest.mark.isa
 def test_removing_the_last_persona_gives_the_model_its_own_layers_back(tts: VoxCPM) -> None:
     """They stayed ``PersonaLinear`` (slot buffers, a branch per call) after every persona was gone."""
     plain = tts.generate(TEXT, PARAMS)

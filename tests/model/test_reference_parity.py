@@ -75,6 +75,8 @@ def assert_relative(ours: torch.Tensor, expected: torch.Tensor, tolerance: float
     assert error <= tolerance * scale, f"max error {error:.3g} exceeds {tolerance:g} x scale {scale:.3g}"
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 @pytest.mark.parametrize("name", NAMES)
 @torch.inference_mode()
 def test_modules_match_reference_fp32(name: str, tmp_root: str) -> None:
@@ -143,6 +145,7 @@ def make_prompt(model: VoxCPM, name: str, prompt: dict):
     )
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), fixture_cases())
 def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -> None:
     ref, meta = reference(name)
@@ -158,6 +161,7 @@ def test_generate_matches_reference_fp32(name: str, case: dict, tmp_root: str) -
     assert float(np.abs(audio - expected).max()) <= 1e-4
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), fixture_cases(("design",)))
 def test_designed_text_is_the_references(name: str, case: dict) -> None:
     """The ``design`` case's text is what the reference's CLI (``build_final_text``) made of a control and the
@@ -184,6 +188,7 @@ def same_machine_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize(("name", "case"), fixture_cases(TRACE_KEYS))
 @torch.inference_mode()
 def test_bf16_steps_match_reference_teacher_forced(

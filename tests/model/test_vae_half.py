@@ -45,6 +45,7 @@ def test_vae_dtype_option_speaks_float32_audio(tmp_path: Path, vae_dtype: str) -
     assert 0 < np.abs(audio - reference).max() < 0.2
 
 
+@pytest.mark.slow
 def test_half_precision_error_bounds(tmp_path: Path) -> None:
     """Signal-to-error ratios of the streaming decode: float16 >= 40 dB, bfloat16 >= 20 dB."""
     for dtype, floor in (("float16", 40.0), ("bfloat16", 20.0)):

@@ -21,28 +21,18 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import torch
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-import voxwire
 from voxwire.serving.app import make_app, make_runner
 from voxwire.serving.config import ServerConfig
 from voxwire.serving.keys import STATE_KEY
 from voxwire.speech_model import VoxCPMSpeech
-from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 READY_TIMEOUT_S = 60.0
 
 Serve = Callable[..., Awaitable[TestServer]]
-
-
-@pytest.fixture(scope="session")
-def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    """One tiny random voxcpm2 model shared by every app of the session (apps only read it)."""
-    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("serving-model") / "voxcpm2", "voxcpm2")
-    return voxwire.load_model(folder, device="cpu")
 
 
 def _config(**overrides: Any) -> ServerConfig:
@@ -67,13 +57,6 @@ async def wait_ready(app: web.Application, timeout: float = READY_TIMEOUT_S) -> 
 
 LORA = Path(__file__).parents[1] / "fixtures" / "reference" / "lora" / "voxcpm2"
 """A LoRA adapter made by the reference's own code for the tiny voxcpm2 checkpoint (LM, DiT and projections)."""
-
-
-@pytest.fixture(scope="session")
-def persona_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
-    """A tiny voxcpm2 model of its own for persona tests (personas wrap its layers), float32 like the fixture."""
-    folder: Path = make_tiny_checkpoint(tmp_path_factory.mktemp("persona-model") / "voxcpm2", "voxcpm2", seed=0)
-    return voxwire.load_model(folder, device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import soundfile
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
-from prometheus_client.parser import text_string_to_metric_families
+from tests.serving.helpers import scrape
 
 from voxwire import __version__
 from voxwire.engine import SynthesisParams
@@ -30,20 +30,6 @@ async def status_and_code(client: TestClient, method: str, path: str, **kwargs: 
     async with client.request(method, path, **kwargs) as response:
         body = await response.json() if response.content_type == "application/json" else {}
         return response.status, body.get("error", {}).get("code")
-
-
-async def scrape(client: TestClient) -> dict[str, float]:
-    """``/metrics`` as {sample name with labels: value}."""
-    async with client.get("/metrics") as response:
-        assert response.status == 200
-        assert response.content_type == "text/plain"
-        text = await response.text()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
 
 
 async def test_probes_follow_the_lifecycle(client: TestClient) -> None:

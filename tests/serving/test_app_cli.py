@@ -137,6 +137,7 @@ def test_lora_flags_make_the_persona_config(capsys: pytest.CaptureFixture[str]) 
     assert "distinct names" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_voxwire_serve_runs_and_stops_cleanly_on_sigterm(tiny_tts: VoxCPM) -> None:
     command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--model", tiny_tts.name, "--port", "0"]
     command += ["--workers", "0"]  # the single-process server's own shutdown (tests/workers cover --workers N)

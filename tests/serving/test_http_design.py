@@ -15,6 +15,7 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, upload
 
 import voxwire
 from voxwire.engine import SynthesisParams
@@ -27,7 +28,6 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 
 from .conftest import _config
-from .test_voices import clip, upload
 
 pytestmark = pytest.mark.asyncio
 
@@ -91,6 +91,7 @@ async def test_instructions_alone_design_the_default_voice_and_are_cleaned(
     assert [job.text for job in jobs] == [f"(A deep very deep voice){TEXT}", TEXT]
 
 
+@pytest.mark.isa
 async def test_voice_names_are_distinct_designs_fixed_by_the_seed(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +138,7 @@ def v1_tts(tmp_path_factory: pytest.TempPathFactory) -> VoxCPM:
     return voxwire.load_model(folder, device="cpu")
 
 
+@pytest.mark.isa
 async def test_a_model_without_voice_design_refuses_instructions_and_names_stay_default(
     aiohttp_server: Callable, aiohttp_client: Callable, v1_tts: VoxCPM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,6 +175,7 @@ async def test_speed_scales_the_duration_and_streams(client: TestClient, speed: 
     assert np.abs(pcm).max() > 0
 
 
+@pytest.mark.isa
 async def test_speed_one_is_the_bytes_of_no_speed(client: TestClient) -> None:
     plain, _ = await wav(client, voice="default")
     same, _ = await wav(client, voice="default", speed=1.0)

@@ -15,12 +15,11 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import record_engine_texts
 
 from voxwire.engine import SynthesisParams
 from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
 from voxwire.serving.service import SpeechJob
-
-from .ws.test_ws_normalize import record_engine_texts
 
 pytestmark = pytest.mark.asyncio
 
@@ -54,6 +53,8 @@ async def test_wav_streams_as_a_chunked_body_readable_by_soundfile(client: TestC
     assert audio.size > 0 and audio.size % info.samples_per_patch == 0
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 async def test_formats_agree_on_the_audio_of_one_seed(client: TestClient, tmp_path: Path) -> None:
     info = client.server.app[SPEAKER_KEY].info
     _, _, wav = await speech(client, response_format="wav")
@@ -267,6 +268,7 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
     assert status == 200
 
 
+@pytest.mark.slow
 async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClient, monkeypatch) -> None:
     texts = record_engine_texts(client.server.app, monkeypatch)
     sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import openai
 import pytest
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, upload
 
 from voxwire.serving.design import OPENAI_VOICE_DESIGNS
 from voxwire.serving.keys import SPEAKER_KEY
-
-from .test_voices import clip, upload
 
 pytestmark = pytest.mark.asyncio
 
@@ -76,6 +75,7 @@ async def test_each_builtin_voice_speaks_as_listed(client: TestClient) -> None:
         assert await speech(client, voice=name) == as_instructions != await speech(client)
 
 
+@pytest.mark.slow
 async def test_saved_voices_follow_the_builtin_ones_and_are_spoken_in(client: TestClient) -> None:
     status, saved = await upload(client, clip(), transcript="What I say in the clip.", name="Mine")
     assert status == 201

@@ -56,6 +56,7 @@ async def error_code(response_body: bytes) -> str:
     return json.loads(response_body)["error"]["code"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_speech_with_a_persona_speaks_with_it(http: TestClient) -> None:
     status, adapted = await speech(http, persona="A")
@@ -139,6 +140,7 @@ async def test_limits_on_loras(
         assert response.status == 201
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rank_above_the_limit_is_refused_before_its_weights_are_read(
     serve: Serve, aiohttp_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

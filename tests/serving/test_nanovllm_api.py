@@ -87,6 +87,7 @@ def pcm(audio: np.ndarray) -> bytes:
     return to_s16le(audio)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_generate_pcm_is_the_models_audio_with_its_headers(client: NanoVllmClient, persona_tts: VoxCPM) -> None:
     headers, body = await client.generate(target_text=TEXT, seed=7, response_format="pcm", max_generate_length=40)

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, upload
 
 from voxwire.serving.keys import VOICES_KEY
 from voxwire.serving.voices import VoiceInfo
 from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve
-from .test_voices import clip, upload
 
 pytestmark = pytest.mark.asyncio
 

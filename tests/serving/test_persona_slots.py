@@ -109,6 +109,7 @@ async def running(firsts: list[asyncio.Task[Chunk]], count: int) -> None:
     await asyncio.wait_for(asyncio.gather(*firsts[:count]), 60)
 
 
+@pytest.mark.slow
 async def test_six_personas_on_four_slots_all_speak_their_solo_audio(
     app_with: Callable[..., Awaitable[TestClient]],
 ) -> None:

@@ -12,11 +12,9 @@ import logging
 import pytest
 from aiohttp import FormData
 from aiohttp.test_utils import TestClient, TestServer
+from tests.serving.helpers import clip, scrape
 
 from voxwire.serving.keys import METRICS_KEY
-
-from .test_app import scrape
-from .test_voices import clip
 
 pytestmark = pytest.mark.asyncio
 

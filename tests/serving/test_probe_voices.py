@@ -21,13 +21,12 @@ import pytest
 import soundfile
 import torch
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, form, speak_with, upload
 
 from voxwire.audio.clip import ClipTooLongError, load_clip
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import MAX_LATENT_MAGNITUDE, VoicePrompt
 from voxwire.serving.voices import ORPHAN_GRACE_S, VoiceStore
-
-from .test_voices import clip, speak_with, upload
 
 
 def constant_wav(value: float, nbytes: int = 64 * 1024, rate: int = 16000) -> bytes:
@@ -298,8 +297,6 @@ async def test_only_the_key_that_made_a_voice_deletes_it(serve, aiohttp_client) 
 
 
 def _form():
-    from .test_voices import form
-
     return form(clip(0.5))
 
 

@@ -137,6 +137,7 @@ texts = st.builds(
 )
 
 
+@pytest.mark.slow
 @given(st.one_of(starts, texts))
 def test_client_messages_survive_a_round_trip(message):
     assert decode_client(encode(message)) == message

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, form, upload
 
 import voxwire.audio.clip as clip_decoding
 
 from .conftest import Serve
-from .test_voices import clip, form, upload
 
 pytestmark = pytest.mark.asyncio
 

@@ -2,51 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile
 import torch
-from aiohttp import FormData
 from aiohttp.test_utils import TestClient
+from tests.serving.helpers import clip, speak_with, upload
 
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.voices import VOICE_ID_PATTERN, UnknownVoiceError, VoiceLimitError, VoiceStore
 
 pytestmark = pytest.mark.asyncio
-
-
-def clip(seconds: float = 1.0, rate: int = 16000) -> bytes:
-    """A WAV clip: a decaying chirp, enough to run the encoder (the tiny model cannot tell voices apart)."""
-    t = np.arange(int(seconds * rate)) / rate
-    samples = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) * np.exp(-t)
-    buffer = io.BytesIO()
-    soundfile.write(buffer, samples.astype(np.float32), rate, format="WAV")
-    return buffer.getvalue()
-
-
-def form(audio: bytes | None, **fields: str) -> FormData:
-    data = FormData()
-    if audio is not None:
-        data.add_field("file", audio, filename="me.wav", content_type="audio/wav")
-    for name, value in fields.items():
-        data.add_field(name, value)
-    return data
-
-
-async def upload(client: TestClient, audio: bytes | None, **fields: str) -> tuple[int, dict]:
-    async with client.post("/v1/voices", data=form(audio, **fields)) as response:
-        return response.status, await response.json()
-
-
-async def speak_with(client: TestClient, voice: str) -> int:
-    body = {"model": "m", "input": "In my voice.", "voice": voice, "response_format": "pcm", "seed": 1}
-    async with client.post("/v1/audio/speech", json=body) as response:
-        await response.read()
-        return response.status
 
 
 async def test_upload_use_persist_across_restart_delete(serve, aiohttp_client, tmp_path: Path) -> None:

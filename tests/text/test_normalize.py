@@ -35,6 +35,7 @@ FIXED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [text for text in CASES if text not in FIXED])
 def test_reads_as_the_reference_does(text: str) -> None:
     assert normalize(text) == CASES[text]["output"]

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from tests.server_process import ServerProcess, poll
-from tests.workers.test_workers import KEY, frontend_pids, metric, speak, upload_voice, utterance
+from tests.workers.helpers import KEY, frontend_pids, metric, speak, upload_voice, utterance
 
 from voxwire.client.connection import Connection
 from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
@@ -63,6 +63,7 @@ async def watch_engines(server: ServerProcess, samples: list[tuple[float, float]
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.isa
 def test_sessions_spread_over_both_engines_each_equal_to_its_solo_run(server: ServerProcess) -> None:
     solo = [asyncio.run(speak(server.ws_url, text, seed=i))[0] for i, text in enumerate(TEXTS)]
 
@@ -223,6 +224,7 @@ def voices(server: ServerProcess) -> set[str]:
     return {voice["id"] for voice in json.loads(server.get("/v1/voices", KEY))["data"] if not voice["builtin"]}
 
 
+@pytest.mark.isa
 def test_one_engines_death_ends_only_its_sessions_and_its_successor_rejoins() -> None:
     with sim_devices("--max-sessions", "8", "--workers", "2") as server:
         server.wait_ready()

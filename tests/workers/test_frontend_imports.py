@@ -41,7 +41,7 @@ from voxwire.speech_model import public_model_name
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-from .test_workers import utterance
+from .helpers import utterance
 
 TRANSCRIPT = "A clip of the voice."
 TEXT = "The frontend speaks in a saved voice."
@@ -100,6 +100,7 @@ def server(tiny_tts: VoxCPM, modules_dir: Path, tmp_path_factory: pytest.TempPat
         yield process
 
 
+@pytest.mark.isa
 @pytest.mark.slow
 def test_a_frontend_serves_voices_and_speech_without_torch(
     server: ServerProcess, tiny_tts: VoxCPM, modules_dir: Path

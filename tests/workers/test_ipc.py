@@ -28,7 +28,7 @@ from voxwire.serving.workers import ipc
 from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip
 
-from .test_workers import TEXT, speak
+from .helpers import TEXT, speak
 
 PROMPT = VoicePrompt("hi", torch.linspace(-1, 1, 64).reshape(2, 4, 8), torch.ones(1, 4, 8))
 VOICE = Voice(VoiceInfo("voice_0123456789abcdef", "name", "hi", "model", 1.5, 3, "owner"), PROMPT)

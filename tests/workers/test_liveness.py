@@ -21,7 +21,7 @@ from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerError
 from voxwire.protocol.wire import AudioFrame, Done, End, Error, Start, Text
 
-from .test_workers import LONG, TEXT, frontend_pids, speak
+from .helpers import LONG, TEXT, frontend_pids, speak
 
 pytestmark = pytest.mark.slow
 

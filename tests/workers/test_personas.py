@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tests.server_process import ServerProcess, poll, server_threads
 from tests.serving.conftest import LORA
-from tests.workers.test_workers import KEY, metric
+from tests.workers.helpers import KEY, metric
 
 import voxwire
 from voxwire.client.connection import Connection
@@ -131,6 +131,7 @@ def names(server: ServerProcess) -> list[str]:
     return [persona["name"] for persona in listed["data"]]
 
 
+@pytest.mark.isa
 def test_a_persona_from_the_command_line_speaks_as_in_one_process_on_every_frontend(
     server: ServerProcess, reference: VoxCPM
 ) -> None:
@@ -140,6 +141,7 @@ def test_a_persona_from_the_command_line_speaks_as_in_one_process_on_every_front
         np.testing.assert_array_equal(np.frombuffer(audio, "<f4"), expected)
 
 
+@pytest.mark.isa
 def test_a_persona_registered_through_one_frontend_serves_on_every_frontend_until_deleted(
     server: ServerProcess, reference: VoxCPM, other_lora: Path
 ) -> None:

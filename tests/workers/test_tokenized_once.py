@@ -30,7 +30,9 @@ from voxwire.client.connection import Connection
 from voxwire.protocol.wire import Done
 from voxwire.tts import VoxCPM
 
-from .test_workers import utterance
+from .helpers import utterance
+
+pytestmark = pytest.mark.slow  # two servers (one with an engine process), ~45 s on two cores
 
 WS_SENTENCE = "The zebra finch sings to the morning."
 HTTP_SENTENCE = "A wombat answers over plain HTTP."

@@ -21,12 +21,11 @@ from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Start, Text
 from voxwire.tts import VoxCPM
 
+from .helpers import KEY, LONG, TEXT, frontend_pids, metric, speak, upload_voice
+
 pytestmark = pytest.mark.slow
 
-KEY = "secret"
-TEXT = "Two processes speak as one."
 TEXTS = ["The first voice.", "A second, longer sentence follows here.", "Third.", "And the fourth one ends it."]
-LONG = " ".join(["This sentence keeps the simulated engine busy for a while."] * 6)
 
 
 @pytest.fixture(scope="module")
@@ -51,40 +50,10 @@ def listening_frontends(process: ServerProcess) -> set[str]:
     return set(re.findall(r"\[frontend-(\d+)\]: listening on", process.log))
 
 
-async def speak(url: str, text: str, seed: int, fmt: str = "pcm_f32le", token: str | None = KEY) -> tuple[bytes, Done]:
-    async with await Connection.open(url, token) as connection:
-        return await utterance(connection, text, seed, fmt)
-
-
-async def utterance(
-    connection: Connection, text: str, seed: int, fmt: str = "pcm_f32le", voice: str | None = None
-) -> tuple[bytes, Done]:
-    await connection.configure(Start(format=fmt, seed=seed, voice=voice))
-    await connection.send(Text(text))
-    await connection.send(End())
-    audio = []
-    while True:
-        message = await asyncio.wait_for(connection.receive(), 60)
-        if isinstance(message, AudioFrame):
-            audio += message.packets
-        elif isinstance(message, Done):
-            return b"".join(audio), message
-
-
-def metric(text: str, name: str) -> float:
-    """The sum of the samples of ``name`` over every label set (e.g. every engine)."""
-    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-    return sum(float(value) for value in found)
-
-
-def frontend_pids(process: ServerProcess) -> dict[int, int]:
-    """Frontend index -> pid of its latest process, from the supervisor's log."""
-    return {int(i): int(pid) for i, pid in re.findall(r"frontend (\d+) started \(pid (\d+)\)", process.log)}
-
-
 # ---- one shared server: behaviour is the single-process server's -----------------------------------------------
 
 
+@pytest.mark.isa
 def test_pcm_is_generate_alone_and_the_same_in_a_crowd(server: ServerProcess, tiny_tts: VoxCPM) -> None:
     pcm, done = asyncio.run(speak(server.ws_url, TEXT, seed=11))
     assert done.finish_reason in ("stop", "length")
@@ -133,29 +102,6 @@ def test_a_voice_saved_through_one_frontend_is_known_to_every_frontend(server: S
     urllib.request.urlopen(request, timeout=10).close()
     for _ in range(8):
         assert voice not in {v["id"] for v in json.loads(server.get("/v1/voices", KEY))["data"]}
-
-
-def upload_voice(server: ServerProcess, clip: np.ndarray) -> str:
-    import io
-
-    import soundfile
-
-    wav = io.BytesIO()
-    soundfile.write(wav, clip, 48000, format="WAV")
-    boundary = "voxwiretestboundary"
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="v.wav"\r\n'
-            "Content-Type: audio/wav\r\n\r\n"
-        ).encode()
-        + wav.getvalue()
-        + f"\r\n--{boundary}--\r\n".encode()
-    )
-    request = urllib.request.Request(f"{server.url}/v1/voices", data=body, method="POST")
-    request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
-    request.add_header("Authorization", f"Bearer {KEY}")
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return str(json.loads(response.read())["id"])
 
 
 def test_metrics_are_one_view_of_every_frontend(server: ServerProcess) -> None:

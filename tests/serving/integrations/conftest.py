@@ -8,7 +8,6 @@ steps), a saved voice, and the audio a voice speaks when asked alone.
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,10 +21,9 @@ from aiohttp.test_utils import TestServer
 
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import STREAM_PATH, Done
-from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
+from voxwire.serving.keys import SPEAKER_KEY
 from voxwire.serving.service import SpeechJob
 
-STEP_S = 0.1
 TIMEOUT_S = 60.0
 
 CountedServe = Callable[..., Awaitable[tuple[TestServer, list[str]]]]
@@ -90,23 +88,3 @@ def record_requests(app: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
 
     monkeypatch.setattr(service, "speak", recording)
     return requests
-
-
-def engine_busy(app: object) -> bool:
-    stats = app[ENGINES_KEY].engine.stats()  # type: ignore[index]
-    return bool(stats.running or stats.waiting)
-
-
-def record_steps(app: object, step_s: float) -> list[tuple[float, tuple[str, ...]]]:
-    """Slow every engine step to ``step_s`` and log (start time, requests decoded) of each."""
-    runner = app[ENGINES_KEY].runner  # type: ignore[index]
-    execute = runner.execute
-    steps: list[tuple[float, tuple[str, ...]]] = []
-
-    def logged(plan: object) -> object:
-        steps.append((time.perf_counter(), tuple(plan.request_ids)))  # type: ignore[attr-defined]
-        time.sleep(step_s)
-        return execute(plan)
-
-    runner.execute = logged
-    return steps

@@ -30,11 +30,10 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 from pipecat.tests.utils import QueuedFrameProcessor
+from tests.serving.helpers import STEP_S, engine_busy, record_steps
+from tests.serving.integrations.pipelines import PipelineBot, running_pipeline
 
 from voxwire.serving.keys import SESSIONS_KEY
-
-from .test_livekit_tts import STEP_S, engine_busy, record_steps
-from .test_pipecat_tts import PipelineBot, running_pipeline
 
 pytestmark = pytest.mark.asyncio
 

@@ -12,17 +12,15 @@ import pytest
 from livekit.agents import APIStatusError
 from livekit.agents.tts import SynthesizedAudio
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT, TimedString
+from tests.serving.helpers import STEP_S, engine_busy, record_steps
 
 from voxwire.integrations import livekit as voxwire
 from voxwire.integrations.session import SpeechSettings
 
 from .conftest import (
-    STEP_S,
     TIMEOUT_S,
     CountedServe,
-    engine_busy,
     record_requests,
-    record_steps,
     save_voice,
     solo_audio,
 )

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 
 import pytest
 from pipecat.frames.frames import (
-    EndFrame,
     ErrorFrame,
     Frame,
     InterruptionFrame,
@@ -23,23 +22,19 @@ from pipecat.frames.frames import (
     TTSTextFrame,
     TTSUpdateSettingsFrame,
 )
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.utils.errors import ErrorCategory
-from pipecat.workers.runner import WorkerRunner
+from tests.serving.helpers import STEP_S, engine_busy, record_steps
+from tests.serving.integrations.pipelines import PipelineBot, running_pipeline
 
 from voxwire.integrations.pipecat import VoxwireTTSService
 from voxwire.integrations.session import SpeechSettings
 
 from .conftest import (
-    STEP_S,
-    TIMEOUT_S,
     CountedServe,
-    engine_busy,
     record_requests,
-    record_steps,
     save_voice,
     solo_audio,
 )
@@ -52,31 +47,6 @@ RATE = 24000
 def llm_tokens(text: str) -> list[LLMTextFrame]:
     """``text`` word by word, as a language model streams it."""
     return [LLMTextFrame(f"{word} ") for word in text.split(" ")]
-
-
-class PipelineBot:
-    """A pipeline [a TTS service, sink]: ``say`` pushes frames in, ``next_of`` reads what came out."""
-
-    def __init__(self, worker: PipelineWorker, received: asyncio.Queue[Frame]) -> None:
-        self.worker = worker
-        self.received = received
-        self.seen: list[Frame] = []
-
-    async def say(self, *frames: Frame) -> None:
-        for frame in frames:
-            await self.worker.queue_frame(frame, FrameDirection.DOWNSTREAM)
-
-    async def next_of(self, kind: type) -> Frame:
-        while True:
-            frame = await asyncio.wait_for(self.received.get(), TIMEOUT_S)
-            self.seen.append(frame)
-            if isinstance(frame, kind):
-                return frame
-
-    def drain(self) -> list[Frame]:
-        while not self.received.empty():
-            self.seen.append(self.received.get_nowait())
-        return self.seen
 
 
 class Bot(PipelineBot):
@@ -110,29 +80,6 @@ class ErrorSink(QueuedFrameProcessor):
         if direction is FrameDirection.UPSTREAM and isinstance(frame, ErrorFrame):
             self.errors.append(frame)
         await super().process_frame(frame, direction)
-
-
-@asynccontextmanager
-async def running_pipeline(processors: list[FrameProcessor], rate: int) -> AsyncIterator[PipelineWorker]:
-    """``processors`` as a started pipeline at output ``rate``; ended (``EndFrame``) when the block ends."""
-    worker = PipelineWorker(
-        Pipeline(processors), params=PipelineParams(audio_out_sample_rate=rate), cancel_on_idle_timeout=False
-    )
-    started = asyncio.Event()
-
-    @worker.event_handler("on_pipeline_started")
-    async def on_started(worker: PipelineWorker, frame: Frame) -> None:
-        started.set()
-
-    runner = WorkerRunner()
-    await runner.add_workers(worker)
-    running = asyncio.create_task(runner.run())
-    await asyncio.wait_for(started.wait(), TIMEOUT_S)
-    try:
-        yield worker
-    finally:
-        await worker.queue_frame(EndFrame())
-        await asyncio.wait_for(running, TIMEOUT_S)
 
 
 @asynccontextmanager
@@ -209,6 +156,7 @@ async def test_a_settings_update_changes_the_voice_of_the_next_utterance(counted
     assert len(upgrades) == 1 + 2, "one connection for the pipeline (and one for each reference)"
 
 
+@pytest.mark.slow
 async def test_an_unknown_voice_is_one_permanent_error_and_no_reconnect_storm(counted_serve: CountedServe) -> None:
     server, upgrades = await counted_serve()
     settings = VoxwireTTSService.Settings(voice="voice_does_not_exist")

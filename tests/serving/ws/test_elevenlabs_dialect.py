@@ -37,7 +37,7 @@ from voxwire.serving.ws.session_core import (
 )
 from voxwire.serving.ws.utterance import Settings
 
-from .test_session_core import LIMITS, Gate, resolve
+from .helpers import LIMITS, Gate, resolve
 
 
 def new_core(*, multi: bool = True, voice: str = "default", seed: int | None = None, **limits: Any) -> SessionCore:

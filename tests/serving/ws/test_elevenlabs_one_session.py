@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType
 
-from .test_elevenlabs_ws import MULTI, TIMEOUT_S, alignments, receive_until_final
+from .helpers import MULTI, TIMEOUT_S, alignments, receive_until_final
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,16 +16,14 @@ import av
 import numpy as np
 import pytest
 from aiohttp import WSMsgType
+from tests.serving.helpers import STEP_S, clip, engine_busy, form, record_steps
 
-from ..integrations.test_livekit_tts import STEP_S, engine_busy, record_steps
-from ..test_voices import clip, form
+from .helpers import MULTI, TIMEOUT_S, alignments, receive_until_final
 
 pytestmark = pytest.mark.asyncio
 
-TIMEOUT_S = 60.0
 KEY = "sk-test"
 STREAM = "/v1/text-to-speech/default/stream-input"
-MULTI = "/v1/text-to-speech/default/multi-stream-input"
 SENTENCES = ("Hello there.", "How are you today?")
 
 
@@ -35,16 +33,6 @@ async def generated_s(server: Any) -> float:
         text = await response.text()
     (line,) = [line for line in text.splitlines() if line.startswith("voxwire_audio_seconds_total ")]
     return float(line.split()[1])
-
-
-async def receive_until_final(ws: aiohttp.ClientWebSocketResponse, finals: int = 1) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    while finals:
-        message = await asyncio.wait_for(ws.receive(), TIMEOUT_S)
-        assert message.type is WSMsgType.TEXT, message
-        messages.append(json.loads(message.data))
-        finals -= messages[-1].get("isFinal") is True
-    return messages
 
 
 def decode(output_format: str, data: bytes) -> tuple[np.ndarray, int]:
@@ -64,10 +52,6 @@ def decode(output_format: str, data: bytes) -> tuple[np.ndarray, int]:
 
 def audio_of(messages: list[dict[str, Any]]) -> bytes:
     return b"".join(base64.b64decode(message["audio"]) for message in messages if message.get("audio"))
-
-
-def alignments(messages: list[dict[str, Any]], key: str = "alignment") -> list[dict[str, list[Any]]]:
-    return [message[key] for message in messages if message.get(key)]
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from voxwire.serving.ws.session_core import (
 )
 from voxwire.serving.ws.utterance import Settings, UtteranceStatus
 
-from .test_session_core import DELAY_S, LIMITS, Gate, new_core, resolve, send
+from .helpers import DELAY_S, LIMITS, Gate, new_core, resolve, send
 
 
 def test_each_context_has_its_own_settings_and_the_default_context_keeps_its_own() -> None:

@@ -4,17 +4,11 @@ each event returns, and every refusal off its error code."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
 
-from voxwire.engine import SynthesisParams
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import Cancel, CloseCode, End, Flush, ProtocolError, Start, Text, encode
+from voxwire.protocol.wire import Cancel, CloseCode, End, Flush, Start, Text, encode
 from voxwire.serving.ws.session_core import (
     Action,
     Announce,
@@ -24,59 +18,14 @@ from voxwire.serving.ws.session_core import (
     Preload,
     SendDone,
     SendError,
-    SessionCore,
-    SessionLimits,
     SessionPhase,
     SpeakSegment,
     StopAll,
     StopUtterance,
 )
-from voxwire.serving.ws.utterance import Settings, UtteranceStatus
+from voxwire.serving.ws.utterance import UtteranceStatus
 
-LIMITS = SessionLimits(
-    max_message_bytes=1024,
-    max_messages_per_s=100.0,
-    max_text_chars_per_message=100,
-    max_text_chars_per_utterance=150,
-    max_queued_utterances=2,
-    idle_timeout_s=30.0,
-)
-DELAY_S = 0.3
-
-
-@dataclass
-class Gate:
-    """The server's side of an utterance: whether it takes new ones, and how many are live."""
-
-    accepting: bool = True
-    live: int = 0
-
-    @contextlib.contextmanager
-    def utterance(self) -> Iterator[None]:
-        self.live += 1
-        try:
-            yield
-        finally:
-            self.live -= 1
-
-
-def resolve(start: Start) -> Settings:
-    """A ``start`` as the server resolves it, minus voices and personas: only ``default`` is a voice."""
-    if start.voice not in (None, "default"):
-        raise ProtocolError(ErrorCode.UNKNOWN_VOICE, f"no voice {start.voice!r}")
-    delay = round(DELAY_S * 1000) if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
-    params = SynthesisParams(seed=start.seed)
-    return Settings(start.voice, None, start.format or "opus", params, delay, 400, bool(start.normalize))
-
-
-def new_core(gate: Gate | None = None, **limits: Any) -> SessionCore:
-    core = SessionCore(SessionLimits(**{**LIMITS.__dict__, **limits}), resolve, gate or Gate(), now=0.0)
-    assert core.opened() == [Announce(core.settings)]
-    return core
-
-
-def send(core: SessionCore, message: Any, at: float = 0.0) -> list[Action]:
-    return core.receive(encode(message), at)
+from .helpers import DELAY_S, LIMITS, Gate, new_core, send
 
 
 def refusal(actions: list[Action]) -> ErrorCode:

@@ -8,7 +8,7 @@ from voxwire.protocol.wire import Done, End, Text, encode
 from voxwire.serving.ws.utterance import Utterance, UtteranceStatus
 
 from .conftest import ClipService, until
-from .test_ws_session import PATCH, RATE, MemoryTransport, new_session, noise
+from .helpers import PATCH, RATE, MemoryTransport, new_session, noise
 
 
 @pytest.mark.asyncio

@@ -22,18 +22,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soxr
-from aiohttp.test_utils import TestServer
 
 from voxwire.audio.ogg import OggOpusMuxer
 from voxwire.audio.opus import DEFAULT_BITRATE, OpusEncoder
 from voxwire.audio.pcm import to_s16le
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Start, Text
-from voxwire.serving.keys import SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
 from voxwire.tts import VoxCPM
 
 from .conftest import ClipService, Connect, Heard, StreamClient, clip_app, require
+from .helpers import engine_audio, snr_db
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,12 +50,6 @@ async def speak(stream: StreamClient, text: str, **settings: object) -> Heard:
     return await stream.heard()
 
 
-async def engine_audio(server: TestServer, text: str, seed: int) -> np.ndarray:
-    service = server.app[SPEAKER_KEY]
-    outputs = [output async for output in service.speak(SpeechJob("reference", text, SynthesisParams(seed=seed)))]
-    return np.concatenate([output.audio for output in outputs])
-
-
 def decode_packets(packets: list[bytes], pre_skip: int, samples_48k: int, tmp_path: Path) -> np.ndarray:
     """Raw Opus packets -> 48 kHz float32 through ffmpeg (wrapped in Ogg only to give ffmpeg a container)."""
     muxer = OggOpusMuxer(pre_skip=pre_skip, input_rate=48000, serial=1)
@@ -74,10 +66,7 @@ def one_encoder(audio: np.ndarray, rate: int, chunk: int) -> list[bytes]:
     return [packet for piece in chunks for packet in encoder.encode(piece)] + encoder.finish()
 
 
-def snr_db(reference: np.ndarray, decoded: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(reference**2) / np.sum((decoded - reference) ** 2)))
-
-
+@pytest.mark.isa
 @pytest.mark.parametrize(("fmt", "convert"), [("pcm_f32le", None), ("pcm_s16le", to_s16le)])
 async def test_pcm_is_the_engines_audio_for_the_seed(
     ws_server: Callable, connect: Connect, tiny_tts: VoxCPM, fmt: str, convert: Callable | None

@@ -64,6 +64,8 @@ async def solo(ws_server_app: object, connect: Connect, text: str, seed: int) ->
     return (await stream.heard()).pcm()
 
 
+@pytest.mark.slow
+@pytest.mark.isa
 async def test_two_contexts_at_once_each_hear_their_solo_run(ws_server: Callable, connect: Connect) -> None:
     server = await ws_server(batch_invariant=True)
     stream = await connect(server)
@@ -88,6 +90,7 @@ async def test_two_contexts_at_once_each_hear_their_solo_run(ws_server: Callable
     np.testing.assert_array_equal(b.pcm(), await solo(server, connect, TEXT_B, 23))
 
 
+@pytest.mark.isa
 async def test_cancelling_one_context_leaves_the_other_intact(ws_server: Callable, connect: Connect) -> None:
     server = await ws_server(batch_invariant=True)
     stream = await connect(server)

@@ -182,6 +182,7 @@ async def test_speed_one_is_the_audio_of_no_speed(aiohttp_server: Callable, conn
     assert plain.packets == same.packets
 
 
+@pytest.mark.isa
 async def test_a_designed_sentence_is_the_models_generate_of_the_designed_text(
     ws_server: Callable, connect: Connect, tiny_tts: VoxCPM
 ) -> None:

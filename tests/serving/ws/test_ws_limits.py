@@ -5,10 +5,6 @@ and 64 sessions at once."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
-import socket
-import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -22,6 +18,7 @@ from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KE
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import Connect, StreamClient, engine_idle, until
+from .helpers import UPGRADE, masked_text_frame, stalled_client
 
 pytestmark = pytest.mark.asyncio
 
@@ -86,6 +83,7 @@ async def test_a_message_far_over_the_limit_closes_the_connection_unread(ws_serv
     assert code == CloseCode.MESSAGE_TOO_BIG
 
 
+@pytest.mark.isa
 async def test_bad_input_on_one_connection_is_not_noticed_by_another(ws_server: Callable, connect: Connect) -> None:
     server = await ws_server(**LIMITS)
     alone = await connect(server)
@@ -152,14 +150,6 @@ async def refused_upgrade(connect: Connect, server: TestServer, code: str) -> No
         assert (await response.json())["error"]["code"] == code
 
 
-UPGRADE = {
-    "Connection": "Upgrade",
-    "Upgrade": "websocket",
-    "Sec-WebSocket-Version": "13",
-    "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
-}
-
-
 async def test_shutdown_lets_a_live_utterance_finish_then_closes_with_1001(
     ws_server: Callable, connect: Connect
 ) -> None:
@@ -217,31 +207,7 @@ async def test_the_server_pings(ws_server: Callable, connect: Connect) -> None:
 # ---- a client that stops reading -------------------------------------------------------------------------------
 
 
-def masked_text_frame(text: str) -> bytes:
-    """A client's text frame (RFC 6455: clients mask), for a raw socket."""
-    payload = text.encode()
-    mask = os.urandom(4)
-    length = struct.pack("!BH", 0xFE, len(payload)) if len(payload) >= 126 else struct.pack("!B", 0x80 | len(payload))
-    return b"\x81" + length + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
-async def stalled_client(host: str, port: int) -> socket.socket:
-    """A raw WebSocket client with a tiny receive buffer that will never read after the handshake."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, port))
-    key = base64.b64encode(os.urandom(16)).decode()
-    request = (
-        f"GET {STREAM_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    await loop.sock_sendall(sock, request.encode())
-    assert (await loop.sock_recv(sock, 12)).startswith(b"HTTP/1.1 101")
-    return sock
-
-
+@pytest.mark.slow
 async def test_a_client_that_stops_reading_is_cut_off(ws_server: Callable, connect: Connect) -> None:
     server = await ws_server(max_unsent_audio_s=0.5)
     sock = await stalled_client(server.host, server.port)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from tests.serving.helpers import record_engine_texts
 
 from voxwire.protocol.wire import End, Ready, Start, Text
-from voxwire.serving.keys import SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
 from voxwire.serving.ws import utterance as utterance_module
 from voxwire.text import normalize as normalize_module
 
@@ -18,19 +17,7 @@ from .conftest import Connect, until
 pytestmark = pytest.mark.asyncio
 
 
-def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    service = app[SPEAKER_KEY]  # type: ignore[index]
-    texts: list[str] = []
-    speak = service.speak
-
-    def recording(job: SpeechJob) -> object:
-        texts.append(job.text)
-        return speak(job)
-
-    monkeypatch.setattr(service, "speak", recording)
-    return texts
-
-
+@pytest.mark.slow
 async def test_a_number_split_across_messages_is_normalized_whole(
     ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:

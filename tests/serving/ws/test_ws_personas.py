@@ -34,6 +34,7 @@ async def speak(stream: StreamClient, text: str) -> np.ndarray:
     return heard.pcm()
 
 
+@pytest.mark.isa
 async def test_a_session_with_a_persona_hears_exactly_that_persona(
     serve: Serve, persona_app: Callable[..., web.Application], connect: Connect, persona_tts: VoxCPM
 ) -> None:
@@ -74,6 +75,7 @@ async def test_an_unknown_persona_is_refused_and_the_settings_stay(
     assert heard.errors == [] and heard.frames and heard.frames[0].format == "pcm_f32le"
 
 
+@pytest.mark.isa
 async def test_a_removed_persona_finishes_in_flight_then_is_unknown(
     serve: Serve,
     persona_app: Callable[..., web.Application],

@@ -24,7 +24,7 @@ from voxwire.serving.http.probes import health
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import ClipService, clip_app
-from .test_ws_limits import masked_text_frame
+from .helpers import masked_text_frame
 
 STEP_S = 0.1
 """The stand-in engine's step: one chunk per step."""
@@ -50,6 +50,8 @@ def test_parsing_a_message_does_no_reflection(monkeypatch) -> None:
     assert decode_client('{"type":"text","text":"hi"}') == Text("hi")
 
 
+@pytest.mark.alone  # the others' pace is timed
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize("budget", [200.0, ServerConfig().limits.max_messages_per_s])
 async def test_a_flooding_connection_is_closed_and_others_keep_their_pace(
@@ -142,6 +144,7 @@ async def test_the_budget_refills_for_a_steady_client(serve, connect) -> None:
 # ---- D7: a connection's queued utterances are bounded -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_queued_utterances_per_connection_are_capped(serve, connect) -> None:
     server = await serve(app=clip_app(step_service(), max_queued_utterances=2))

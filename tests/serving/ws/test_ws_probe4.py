@@ -21,7 +21,7 @@ from voxwire.serving.keys import KEYLESS_KEY, SESSIONS_KEY
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import ClipService, clip_app, until
-from .test_ws_limits import UPGRADE, masked_text_frame, stalled_client
+from .helpers import UPGRADE, masked_text_frame, stalled_client
 
 pytestmark = pytest.mark.asyncio
 

@@ -18,61 +18,18 @@ from voxwire.protocol.wire import (
     End,
     Ready,
     Segment,
-    ServerMessage,
     Start,
     Text,
     Words,
-    decode_server,
     encode,
 )
-from voxwire.serving.keys import Phase, ServerState
-from voxwire.serving.voices import VoiceStore
-from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import SessionPhase
 from voxwire.serving.ws.utterance import continuation
 
-from .conftest import ClipService, until, ws_config
+from .conftest import ClipService, until
+from .helpers import PATCH, RATE, MemoryTransport, new_session, noise
 
 pytestmark = pytest.mark.asyncio
-
-RATE, PATCH = 48000, 7680
-
-
-class MemoryTransport:
-    """Keeps what the session sends, as a client decodes it; ``gate`` closed means the client is not reading."""
-
-    def __init__(self, *, reading: bool = True) -> None:
-        self.sent: list[ServerMessage | AudioFrame] = []
-        self.closed: tuple[int, str] | None = None
-        self.gate = asyncio.Event()
-        if reading:
-            self.gate.set()
-
-    async def send(self, message: ServerMessage) -> None:
-        await self.gate.wait()
-        self.sent.append(decode_server(encode(message)))
-
-    async def send_frame(self, frame: AudioFrame, audio_transport: str) -> None:
-        await self.gate.wait()
-        self.sent.append(AudioFrame.decode(frame.encode()))
-
-    async def end_context(self, context_id: str | None) -> None:
-        raise AssertionError("our protocol's contexts end only when the client closes them")
-
-    async def close(self, code: CloseCode, reason: str) -> None:
-        self.closed = (code, reason)
-
-    def of(self, kind: type) -> list:
-        return [item for item in self.sent if isinstance(item, kind)]
-
-
-def new_session(service: ClipService, transport: MemoryTransport, **config: object) -> Session:
-    voices = VoiceStore(None, "clip", (2, 4), max_voices=1)
-    return Session(service, ws_config(**config), voices, ServerState(phase=Phase.READY), transport)  # type: ignore[arg-type]
-
-
-def noise(patches: int) -> np.ndarray:
-    return np.random.default_rng(0).uniform(-0.5, 0.5, patches * PATCH).astype(np.float32)
 
 
 async def test_a_client_that_does_not_read_is_closed_before_the_backlog_passes_the_bound() -> None:
@@ -148,6 +105,7 @@ async def test_each_sentence_is_prompted_with_the_previous_one_only() -> None:
     assert [s.start_sample for s in transport.of(Segment)] == [0, 3 * PATCH, 6 * PATCH]
 
 
+@pytest.mark.isa
 @pytest.mark.filterwarnings("ignore:The test <Function")  # a plain function among the module's async tests
 def test_a_saved_voice_is_kept_ahead_of_the_carried_sentence() -> None:
     base = VoicePrompt("Clip words.", torch.zeros(5, 2, 4))

@@ -17,7 +17,7 @@ from aiohttp import WSMsgType
 from voxwire.protocol.wire import Audio, End, Ready, Start, Text, decode_server
 
 from .conftest import Connect, StreamClient, require
-from .test_ws_audio import engine_audio, snr_db
+from .helpers import engine_audio, snr_db
 
 pytestmark = pytest.mark.asyncio
 

@@ -139,6 +139,7 @@ async def test_several_utterances_follow_each_other_on_one_socket(ws_server: Cal
     }
 
 
+@pytest.mark.isa
 async def test_the_next_sentence_continues_the_voice_of_the_previous_one(
     ws_server: Callable, connect: Connect, tiny_tts: VoxCPM
 ) -> None:

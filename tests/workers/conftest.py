@@ -1,3 +1,0 @@
-from tests.serving.conftest import persona_tts, tiny_tts
-
-__all__ = ["persona_tts", "tiny_tts"]
