@@ -61,9 +61,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from voxwire.config import ModelConfig
-from voxwire.engine.config import DEFAULT_BLOCK_SIZE, RunnerOptions
 from voxwire.engine.cuda_graphs import bucket_sizes
+from voxwire.engine.engine_config import DEFAULT_BLOCK_SIZE, RunnerOptions
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import grids, ops
@@ -73,6 +72,7 @@ from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.loaded import LoadedModel
 from voxwire.model.voxcpm import DecodeState, PrefillBatch, VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.configs import ALL_CONFIGS
 from voxwire.tiny.tokenizer_files import write_tiny_tokenizer

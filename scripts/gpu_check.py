@@ -77,11 +77,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from voxwire.config import ModelConfig
 from voxwire.engine import Engine, EngineConfig, FinishReason, ParamLimits, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.blocks import blocks_for
-from voxwire.engine.config import DEFAULT_BLOCK_SIZE
 from voxwire.engine.cuda_graphs import StepGraphs
+from voxwire.engine.engine_config import DEFAULT_BLOCK_SIZE
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
@@ -90,8 +89,9 @@ from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
 from voxwire.model.paged_attention import attention_path
+from voxwire.model_config import ModelConfig
 from voxwire.sampling import NoiseStream
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.checkpoint import random_model_weights

@@ -27,7 +27,7 @@ class EngineStep:
     """One engine step, as its outputs report it: one object per step, shared by every chunk the step made.
 
     Its times are on the host's wall clock (``time.time_ns()``), which the engine's process shares with the
-    frontends, so a frontend can place the step on its own trace (``serving.tracing``).
+    frontends, so a frontend can place the step on its own trace (``serving.runtime.tracing``).
     """
 
     started_ns: int

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voxwire.config import ModelConfig
 from voxwire.errors import InvalidInputError
+from voxwire.model_config import ModelConfig
 from voxwire.prompt import Patches, VoicePrompt
 from voxwire.text.tokenizer import (
     AUDIO_START_ID,

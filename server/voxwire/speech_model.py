@@ -3,7 +3,7 @@
 The service asks a ``SpeechModel`` for its description (``ModelInfo``), the shape of its voice latents,
 voice encoding, and a ``Runner`` for the engine (which lays each request's text out: ``Runner.prepare``).
 The contract lives here, below serving, so that both implementations (``VoxCPMSpeech`` below and
-``voxwire.sim.SimSpeech``) stand under the service that uses them; ``serving.models.load_speech_model``
+``voxwire.sim.SimSpeech``) stand under the service that uses them; ``serving.speech.load.load_speech_model``
 picks one from ``--model``. Nothing here imports torch at module level: frontends unpickle
 ``ModelInfo`` from the engine.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from voxwire.engine.config import RunnerOptions
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.outputs import Runner
 
 if TYPE_CHECKING:

@@ -33,13 +33,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from voxwire import devices
-from voxwire.config import ModelConfig
 from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine import runner as runner_module
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
 from voxwire.model.lora import LoRAAdapter, LoRAConfig, target_layers
 from voxwire.model.voxcpm import VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.prompt import VoicePrompt
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.configs import ALL_CONFIGS

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from voxwire.config import ModelConfig
+from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import ALL_CONFIGS
 
 ROOT = Path(__file__).parents[2]

@@ -12,9 +12,15 @@ import pytest
 from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.persona_registry import open_registry
-from voxwire.serving.personas import OPERATOR, PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import (
+    OPERATOR,
+    PersonaInfo,
+    PersonaLoadError,
+    PersonaOwnerError,
+    UnknownPersonaError,
+)
+from voxwire.serving.speech.persona_registry import open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.remote_personas import RemotePersonas

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from voxwire.engine import SynthesisParams
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
 
 
 def test_the_options_reach_the_engine_request() -> None:

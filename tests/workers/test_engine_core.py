@@ -11,7 +11,7 @@ import pytest
 from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request, SynthesisParams
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.sim.model import SimSpeech

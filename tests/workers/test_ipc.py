@@ -22,8 +22,8 @@ from voxwire.chunk import Chunk, EngineStep
 from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
-from voxwire.serving.voices import Voice, VoiceInfo
+from voxwire.serving.speech.persona_names import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.speech.voice_store import Voice, VoiceInfo
 from voxwire.serving.workers import ipc
 from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip

@@ -18,7 +18,7 @@ from tests.engine_socket import FrontendSocket, running
 from tests.server_process import poll
 
 from voxwire.engine import Engine, Request, RunnerOutput, StepPlan, SynthesisParams
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.liveness import Activity, Hang, HangRule, Pulses

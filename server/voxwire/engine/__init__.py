@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from voxwire.chunk import Chunk
 from voxwire.engine.async_engine import AsyncEngine
-from voxwire.engine.config import EngineConfig, RunnerOptions
 from voxwire.engine.engine import Engine
+from voxwire.engine.engine_config import EngineConfig, RunnerOptions
 from voxwire.engine.errors import (
     DuplicateRequestError,
     EngineDeadError,

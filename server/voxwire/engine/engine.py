@@ -20,8 +20,8 @@ import numpy as np
 
 from voxwire.chunk import EMPTY_AUDIO, Chunk, EngineStep
 from voxwire.engine.blocks import BlockAllocator
-from voxwire.engine.config import EngineConfig
 from voxwire.engine.cost_model import TrackedStepCost
+from voxwire.engine.engine_config import EngineConfig
 from voxwire.engine.outputs import (
     PersonaRunner,
     RealtimeRunner,

@@ -62,9 +62,9 @@ from voxwire import devices
 from voxwire.chunk import EMPTY_AUDIO
 from voxwire.engine import calibration
 from voxwire.engine.blocks import blocks_for
-from voxwire.engine.config import RunnerOptions
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.kv_pool import KVPool, default_kv_bytes
 from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
 from voxwire.engine.request import Prepared, Request

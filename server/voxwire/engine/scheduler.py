@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from itertools import chain, islice
 
 from voxwire.engine.blocks import BlockAllocator
-from voxwire.engine.config import EngineConfig
+from voxwire.engine.engine_config import EngineConfig
 from voxwire.engine.errors import DuplicateRequestError, OverBudgetError, QueueFullError
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.policy import RealtimePolicy, admit_count, playback_deadline

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voxwire.audio.clip import AudioSource, load_clip
-from voxwire.engine.config import RunnerOptions
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.outputs import Runner
 from voxwire.prompt import Patches, VoicePrompt
 from voxwire.sim.runner import SimConfig, SimRunner

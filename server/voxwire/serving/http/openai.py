@@ -1,7 +1,7 @@
 """OpenAI's ``POST /v1/audio/speech``: parse, admit, speak, and stream the audio as a body or as SSE events.
 
-``instructions`` and the voice name design the voice on VoxCPM2 (``serving/design.py``; the whole input is one
-request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
+``instructions`` and the voice name design the voice on VoxCPM2 (``serving/speech/voice_design.py``; the whole input
+is one request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
 audio, pitch kept (``audio/tempo.py``).
 
 Handlers are thin: they parse (``parse_speech``), hand the work to the ``Speaker``, and stream the result
@@ -23,22 +23,22 @@ from aiohttp import hdrs, web
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.engine import Chunk, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.design import DesignRefused, utterance_control
-from voxwire.serving.http.admission import require_admission
+from voxwire.serving.edge.admission import require_admission
+from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_json
-from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import SPEECH
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import (
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     OWNER_KEY,
     SPEAKER_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.personas import check_persona, client_owner
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import check_persona, client_owner
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
+from voxwire.serving.speech.voice_design import DesignRefused, utterance_control
 from voxwire.text.design import designed_text
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
@@ -58,7 +58,7 @@ class SpeechRequest:
     persona: str | None = None
     """A LoRA persona loaded on the server; None is the base model."""
     instructions: str | None = None
-    """OpenAI's voice direction: VoxCPM2's voice design (``serving/design.py``)."""
+    """OpenAI's voice direction: VoxCPM2's voice design (``serving/speech/voice_design.py``)."""
     speed: float = 1.0
     """Speaking speed in [0.25, 4.0], pitch kept."""
 

@@ -23,12 +23,12 @@ import zmq
 
 from voxwire.engine import Chunk, Engine, EngineError
 from voxwire.engine.loop import EngineLoop
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.heap import freeze_startup_heap
-from voxwire.serving.models import load_speech_model
-from voxwire.serving.persona_registry import PersonaRegistry, open_registry
-from voxwire.serving.personas import UnknownPersonaError, check_persona
 from voxwire.serving.recovery import step_stall_bound_s
+from voxwire.serving.runtime.heap import freeze_startup_heap
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.load import load_speech_model
+from voxwire.serving.speech.persona_names import UnknownPersonaError, check_persona
+from voxwire.serving.speech.persona_registry import PersonaRegistry, open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import HUB_MESSAGES, Hub, Letter
 from voxwire.serving.workers.liveness import Activity, Pulse

@@ -30,8 +30,8 @@ from voxwire.chunk import EMPTY_AUDIO, EngineStep, Patch
 from voxwire.engine import Chunk, EngineStats, FinishReason, Request
 from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo
-from voxwire.serving.voices import Voice
+from voxwire.serving.speech.persona_names import PersonaInfo
+from voxwire.serving.speech.voice_store import Voice
 from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip
 
@@ -62,8 +62,8 @@ DATA_TYPES = frozenset(
         ("voxwire.finish_reason", "FinishReason"),
         ("voxwire.params", "SynthesisParams"),
         ("voxwire.prompt", "prompt_from_arrays"),
-        ("voxwire.serving.personas", "PersonaInfo"),
-        ("voxwire.serving.voices", "Voice"), ("voxwire.serving.voices", "VoiceInfo"),
+        ("voxwire.serving.speech.persona_names", "PersonaInfo"),
+        ("voxwire.serving.speech.voice_store", "Voice"), ("voxwire.serving.speech.voice_store", "VoiceInfo"),
         ("voxwire.speech_model", "ModelInfo"),
         ("voxwire.voice_clip", "VoiceClip"),
     }

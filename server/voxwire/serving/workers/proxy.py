@@ -26,8 +26,8 @@ from collections.abc import AsyncGenerator, Sequence
 from voxwire.engine import Chunk, EngineRestartingError, EngineStats, Request
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.service import EngineSpeaker, Speaker, engine_queue_full
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.service import EngineSpeaker, Speaker, engine_queue_full
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.links import EngineLink, EngineLinks, LinkState
 from voxwire.voice_clip import VoiceClip

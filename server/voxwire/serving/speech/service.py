@@ -42,9 +42,9 @@ from voxwire.errors import VoxwireError
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
 from voxwire.serving.recovery import CrashLoop, step_stall_bound_s
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import Personas, UnknownPersonaError, check_persona
 from voxwire.speech_model import ModelInfo, SpeechModel
 from voxwire.voice_clip import VoiceClip
 
