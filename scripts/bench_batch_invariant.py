@@ -37,9 +37,10 @@ def prefilled(tts: VoxCPM, batch: int, steps: int, invariant: bool) -> tuple[Mod
     items = []
     for slot in range(batch):
         params = SynthesisParams(seed=slot, min_len=steps, max_len=steps, inference_timesteps=10)
-        request = Request(f"r{slot}", f"{TEXT}, {slot}.", 16, params)
-        need = -(-runner.kv_positions(request) // runner.block_size)
-        items.append(PrefillItem(request.request_id, slot, request, tuple(next(blocks) for _ in range(need))))
+        request = Request(f"r{slot}", f"{TEXT}, {slot}.", params)
+        prepared = runner.prepare(request)
+        need = -(-prepared.kv_positions // runner.block_size)
+        items.append(PrefillItem(request.request_id, slot, request, prepared, tuple(next(blocks) for _ in range(need))))
     ids = tuple(item.request_id for item in items)
     decode = StepPlan(request_ids=ids, step_indices=(0,) * batch, decode_slots=tuple(range(batch)))
     runner.execute(

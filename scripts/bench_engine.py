@@ -51,7 +51,7 @@ TEXTS = [
 
 def sessions(count: int, patches: int, offset: int = 0) -> list[Request]:
     params = [SynthesisParams(seed=offset + i, min_len=patches, max_len=patches) for i in range(count)]
-    return [Request(f"s{offset + i}", TEXTS[(offset + i) % len(TEXTS)], 12, p) for i, p in enumerate(params)]
+    return [Request(f"s{offset + i}", TEXTS[(offset + i) % len(TEXTS)], p) for i, p in enumerate(params)]
 
 
 def run_all(tts: VoxCPM, requests: list[Request], slots: int) -> float:
@@ -154,7 +154,7 @@ def host_overhead(tts: VoxCPM, sessions_count: int, steps: int) -> dict[str, flo
     for i in range(sessions_count):
         # Long enough a text that the length cap is max_len, not the text's.
         params = SynthesisParams(min_len=patches, max_len=patches, seed=i)
-        engine.add(Request(f"h{i}", "Streams keep talking here. " * 4, 40, params))
+        engine.add(Request(f"h{i}", "Streams keep talking here. " * 4, params))
     engine.step()  # admission and prefill of everyone (not measured)
     engine.step()
     times = []

@@ -31,8 +31,8 @@ import voxwire
 from voxwire.audio.formats import AudioFormat, make_encoder
 from voxwire.protocol import wire as protocol
 from voxwire.serving.app import make_app
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import STATE_KEY
+from voxwire.serving.runtime.keys import STATE_KEY
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 

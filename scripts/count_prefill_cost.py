@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from voxwire.config import ModelConfig
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.prompt import VoicePrompt
 from voxwire.sequence import InputSequence, build_sequence
 from voxwire.text.tokenizer import TextTokenizer

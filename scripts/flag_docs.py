@@ -1,4 +1,5 @@
-"""Write the ``voxwire serve`` flag tables of docs/operations.md from the settings' docstrings (serving/config.py).
+"""Write the ``voxwire serve`` flag tables of docs/operations.md from the settings' docstrings
+(serving/server_config.py).
 
 A setting is described once, by its field's docstring in ``ServerConfig``'s groups; ``--help`` and these tables
 are made from it. The page marks where the tables go, naming the groups each place holds:
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
 
-from voxwire.serving.config import ServerConfig  # noqa: E402
+from voxwire.serving.server_config import ServerConfig  # noqa: E402
 from voxwire.serving.settings import DOCS_PAGE, GroupDoc, Setting, groups  # noqa: E402
 
 PAGE = ROOT / "docs" / DOCS_PAGE

@@ -34,7 +34,8 @@ Phases, each timed and guarded (a failure is recorded and the others still run) 
    to ready split into KV sizing, graph capture (every key, timed) and step-cost measurement; the memory split
    (weights, KV pool, graph pool, free).
 6. ``step_curve``: engine steps of c sessions for c in ``--curve`` (graph replay on CUDA), a linear fit, and
-   the rows whose step fits the 160 ms of audio each step makes.
+   the rows whose step fits the 160 ms of audio each step makes; beside each measured step the prediction of
+   ``scripts/count_step_cost.py``'s step model (realistic and best case, this GPU's ceilings), which it calibrates.
 7. ``timesteps_50``: the step at 50 CFM timesteps, alone and with one such session among the rest.
 8. ``ttfa``: time from adding one request to an idle engine to its first audio.
 9. ``kernel_shapes``: the fused ops' calls of one decode step at ``--rows`` rows, recorded on the meta device
@@ -52,6 +53,7 @@ import argparse
 import enum
 import functools
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -66,6 +68,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -74,11 +77,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from voxwire.config import ModelConfig
 from voxwire.engine import Engine, EngineConfig, FinishReason, ParamLimits, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.blocks import blocks_for
-from voxwire.engine.config import DEFAULT_BLOCK_SIZE
 from voxwire.engine.cuda_graphs import StepGraphs
+from voxwire.engine.engine_config import DEFAULT_BLOCK_SIZE
 from voxwire.engine.kv_pool import bytes_per_position
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
@@ -87,8 +89,9 @@ from voxwire.loader import model_from_weights
 from voxwire.model.audio_vae import fold_weight_norm, random_published_state_dict
 from voxwire.model.minicpm import MiniCPMAttention, MiniCPMMLP
 from voxwire.model.paged_attention import attention_path
+from voxwire.model_config import ModelConfig
 from voxwire.sampling import NoiseStream
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.checkpoint import random_model_weights
@@ -493,7 +496,7 @@ def same_length_requests(prefix: str, count: int, patches: int, timesteps: int =
         SynthesisParams(seed=10_000 + i, min_len=patches, max_len=patches, inference_timesteps=timesteps)
         for i in range(count)
     ]
-    return [Request(f"{prefix}-{i}", TEXTS[i % len(TEXTS)], 16, params[i]) for i in range(count)]
+    return [Request(f"{prefix}-{i}", TEXTS[i % len(TEXTS)], params[i]) for i in range(count)]
 
 
 def pool_bytes(tts: VoxCPM, slots: int, max_length: int) -> int:
@@ -537,7 +540,7 @@ def mixed_requests(count: int, patches: int) -> dict[int, list[Request]]:
             min_len=length - 2,
             max_len=length,
         )
-        requests.append(Request(f"s{i}", TEXTS[i % len(TEXTS)], 16, params))
+        requests.append(Request(f"s{i}", TEXTS[i % len(TEXTS)], params))
     third = max(count // 3, 1)
     return {0: requests[:third], 1: requests[third : 2 * third], 3: requests[2 * third :]}
 
@@ -1103,22 +1106,73 @@ def linear_fit(points: list[tuple[int, float]]) -> dict[str, Any]:
     }
 
 
+def step_cost_model() -> ModuleType:
+    """``scripts/count_step_cost.py``, this script's neighbour, loaded from its path (the folder of a script run by
+    path need not be on ``sys.path``)."""
+    name = "count_step_cost"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class StepPrediction:
+    """What the step model of ``scripts/count_step_cost.py`` predicts for a step of the curve: this runner's model
+    shape and VAE dtype, this GPU's ceilings, no admissions (the timed steps make none)."""
+
+    def __init__(self, runner: ModelRunner, plan: Plan) -> None:
+        cost = step_cost_model()
+        self.device = torch.cuda.get_device_name(plan.device) if plan.cuda else f"{plan.device} (no GPU)"
+        self.ceilings = cost.ceilings_for(self.device)
+        self.model = cost.StepModel(runner.tts.config, runner.tts.model.audio_vae.dtype, self.ceilings)
+
+    def __call__(self, rows: int, context: int) -> Any:
+        """The estimate (``count_step_cost.StepEstimate``) of a step of ``rows`` rows at ``context`` live positions."""
+        return self.model.estimate(rows, context)
+
+
+def curve_context(runner: ModelRunner, requests: list[Request], patches: int) -> int:
+    """Live KV positions per row over a timed run's decode steps, on average: the prompt and half the patches (the
+    requests' texts repeat after ``TEXTS``)."""
+    return round(statistics.mean(runner.prompt_positions(r) for r in requests[: len(TEXTS)])) + (patches + 1) // 2
+
+
 def step_curve(runner: ModelRunner, plan: Plan, report: Report) -> Outcome:
     points, truncated = [], False
+    try:
+        predict: StepPrediction | None = StepPrediction(runner, plan)
+        cost_model: dict[str, Any] = {"device": predict.device, "ceilings": predict.ceilings.name}
+    except Exception as exc:  # the measured curve matters more than the prediction beside it
+        predict, cost_model = None, {"error": f"{type(exc).__name__}: {exc}"}
     for count in (c for c in plan.curve if c <= runner.num_slots):
         if report.remaining() < 10:
             truncated = True
             break
-        point = timed_run(runner, same_length_requests(f"curve{count}", count, plan.patches))
+        requests = same_length_requests(f"curve{count}", count, plan.patches)
+        point = timed_run(runner, requests)
         points.append(point)
+        predicted = ""
+        if predict is not None:
+            try:
+                point["model_context"] = curve_context(runner, requests, plan.patches)
+                estimate = predict(count, point["model_context"])
+                point["model_realistic_ms"], point["model_best_ms"] = estimate.realistic_ms, estimate.best_ms
+                cost_model["largest"] = estimate.as_dict()  # its terms, for the calibration
+                predicted = f"; model {estimate.realistic_ms:.1f} realistic, {estimate.best_ms:.1f} best"
+            except Exception as exc:
+                point["model_error"] = f"{type(exc).__name__}: {exc}"
         print(
             f"  {count:4d} rows: step {point['step_ms_median']:8.1f} ms (min {point['step_ms_min']:.1f}), "
-            f"first step {point['first_step_ms']:.0f} ms",
+            f"first step {point['first_step_ms']:.0f} ms{predicted}",
             flush=True,
         )
     fit = linear_fit([(p["sessions"], p["step_ms_median"]) for p in points])
     captured = sum(p["graph_captures_during_run"] for p in points)
     result = {"patches": plan.patches, "points": points, "fit": fit, "truncated_by_budget": truncated}
+    result["cost_model"] = cost_model
     failures = [f"{captured} graphs captured while serving"] if captured else []
     return Outcome(result, failures)
 
@@ -1152,7 +1206,7 @@ def time_to_first_audio(runner: ModelRunner, plan: Plan) -> Outcome:
         engine = new_engine(runner, 1)
         params = SynthesisParams(seed=i, min_len=0, max_len=2)
         began = time.perf_counter()
-        engine.add(Request(f"ttfa-{i}", TEXTS[i % len(TEXTS)], 16, params))
+        engine.add(Request(f"ttfa-{i}", TEXTS[i % len(TEXTS)], params))
         steps = 0
         while True:
             outputs = engine.step()
@@ -1304,6 +1358,15 @@ def summary(data: dict[str, Any]) -> str:
         lines.append(
             "step curve: " + ", ".join(f"{p['sessions']}: {p['step_ms_median']:.1f}" for p in curve["points"]) + " ms"
         )
+        predicted = [p for p in curve["points"] if "model_realistic_ms" in p]
+        if predicted:
+            lines.append(
+                f"   cost model ({curve['cost_model']['ceilings']} ceilings), realistic / best: "
+                + ", ".join(
+                    f"{p['sessions']}: {p['model_realistic_ms']:.1f} / {p['model_best_ms']:.1f}" for p in predicted
+                )
+                + " ms"
+            )
         if "per_row_ms" in fit:
             lines.append(
                 f"   fit {fit['fixed_ms']:.2f} ms + {fit['per_row_ms']:.4f} ms/row -> {fit['rows_at_160ms_fit']} rows "

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voxwire.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan
+from voxwire.engine import Engine, EngineConfig, Prepared, Request, RunnerOutput, StepPlan
 from voxwire.engine.cost_model import StepCost
 
 CHUNK = np.zeros(1, dtype=np.float32)
@@ -89,15 +89,18 @@ class VirtualRunner:
         self.chunk_seconds = chunk_s
         self.patches: dict[str, int] = {}
         """Per request not yet prefilled: its length in patches (the length cap it reports)."""
+        self.prompts: dict[str, int] = {}
+        """Per request not yet prepared: its prompt's positions."""
         self.last_seconds = 0.0
         self.last_rows = 0
 
-    def kv_positions(self, request: Request) -> int:
-        return request.prefill_tokens + self.patches[request.request_id]
+    def prepare(self, request: Request) -> Prepared:
+        prompt = self.prompts.pop(request.request_id)
+        return Prepared(prompt, prompt + self.patches[request.request_id])
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         rows = len(plan.decode_slots)
-        tokens = sum(item.request.prefill_tokens for item in plan.prefills)
+        tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
         # A plan of housekeeping alone launches no model work.
         self.last_seconds = self.step_cost.seconds(rows, tokens) if rows or tokens else 0.0
         self.last_rows = rows
@@ -176,9 +179,10 @@ def simulate(policy: Policy, cost: StepCost, work: Workload, n_streams: int) -> 
         patches = stream.sentences[stream.sentence]
         rid = f"{sid}.{stream.sentence}"
         runner.patches[rid] = patches
+        runner.prompts[rid] = work.prefill_tokens(patches)
         owner[rid] = sid
         text = "x" * patches  # only its presence matters: the virtual runner reads the drawn length
-        engine.add(Request(rid, text, work.prefill_tokens(patches), playback_lead_s=work.lead_s, playback_due=due))
+        engine.add(Request(rid, text, playback_lead_s=work.lead_s, playback_due=due))
 
     arrivals = _arrivals(n_streams / work.mean_lifetime_s, end, rng)
     next_arrival = next(arrivals, math.inf)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from voxwire.config import ModelConfig
 from voxwire.model.audio_vae import AudioVAE, decode_error, fold_weight_norm, random_published_state_dict
+from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import ALL_CONFIGS
 
 

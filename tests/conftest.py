@@ -64,7 +64,7 @@ def skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 def slow_down() -> Callable[[Any, float], None]:
     """``slow_down(app, seconds)``: every engine step of a served app takes at least ``seconds``, still faster
     than real time but slow enough that an utterance is live when a test acts on it."""
-    from voxwire.serving.keys import ENGINES_KEY
+    from voxwire.serving.runtime.keys import ENGINES_KEY
 
     def apply(app: Any, seconds: float) -> None:
         runner = app[ENGINES_KEY].runner

@@ -81,6 +81,10 @@ def test_smoke_runs_every_phase_without_the_packages_the_gpu_image_lacks(tmp_pat
     assert [p["sessions"] for p in curve["points"]] == [1, 2, 4]
     assert all(p["decode_steps"] >= 1 and p["graph_captures_during_run"] == 0 for p in curve["points"])
     assert {"fixed_ms", "per_row_ms", "rows_at_160ms_fit", "largest_measured_rows_within_160ms"} <= set(curve["fit"])
+    # Beside each measured step, scripts/count_step_cost.py's prediction (the H200's ceilings where there is no GPU).
+    assert curve["cost_model"]["ceilings"] == "h200" and curve["cost_model"]["largest"]["rows"] == 4
+    assert all(p["model_realistic_ms"] >= p["model_best_ms"] > 0 and p["model_context"] > 2 for p in curve["points"])
+    assert "cost model (h200 ceilings), realistic / best: 1: " in result.stdout
     t50 = phases["timesteps_50"]["result"]
     assert t50["rows"] == 4 and all(t50[run] > 0 for run in ("all_rows_t10", "all_rows_t50", "one_t50_among_t10"))
     assert phases["ttfa"]["result"]["ms_median"] > 0

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT / "server"))
 from voxcpm.modules.audiovae import audio_vae as reference_v1  # noqa: E402
 from voxcpm.modules.audiovae import audio_vae_v2 as reference_v2  # noqa: E402
 
-from voxwire.config import ModelConfig  # noqa: E402
 from voxwire.model.audio_vae import random_published_state_dict  # noqa: E402
+from voxwire.model_config import ModelConfig  # noqa: E402
 from voxwire.tiny.configs import TINY_CONFIGS  # noqa: E402
 
 OUT_DIR = ROOT / "tests" / "fixtures" / "reference" / "vae"

@@ -27,7 +27,7 @@ class EngineStep:
     """One engine step, as its outputs report it: one object per step, shared by every chunk the step made.
 
     Its times are on the host's wall clock (``time.time_ns()``), which the engine's process shares with the
-    frontends, so a frontend can place the step on its own trace (``serving.tracing``).
+    frontends, so a frontend can place the step on its own trace (``serving.runtime.tracing``).
     """
 
     started_ns: int
@@ -69,6 +69,9 @@ class Chunk:
     """The engine step whose forward pass made the chunk (the same object on all of that step's chunks). None
     from the one-utterance API, and on an engine chunk no step's forward pass made: a stream aborted or expired
     while it waited, or every stream of a step whose runner failed."""
+    prompt_positions: int | None = None
+    """On a stream's first output with audio from the engine: the LM positions its prompt took (what the engine laid
+    out: the text's tokens and the voice's positions; the SSE ``usage``'s input). None on every other chunk."""
 
     @property
     def finished(self) -> bool:

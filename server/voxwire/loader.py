@@ -19,12 +19,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from voxwire.config import ConfigError, ModelConfig
-from voxwire.engine import devices
+from voxwire import devices
 from voxwire.errors import ModelLoadError
 from voxwire.kernels import path as kernel_path
 from voxwire.model.audio_vae import choose_vae_dtype, fold_weight_norm
 from voxwire.model.voxcpm import VoxCPMModel
+from voxwire.model_config import ConfigError, ModelConfig
 from voxwire.text.tokenizer import TextTokenizer, TokenizerError
 from voxwire.tts import VoxCPM
 

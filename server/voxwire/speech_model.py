@@ -1,11 +1,11 @@
 """``SpeechModel``: what serving needs from a model, whatever runs it (a loaded VoxCPM or the simulator).
 
 The service asks a ``SpeechModel`` for its description (``ModelInfo``), the shape of its voice latents,
-an admission estimate of a request's prompt length, voice encoding, and a ``Runner`` for the engine.
+voice encoding, and a ``Runner`` for the engine (which lays each request's text out: ``Runner.prepare``).
 The contract lives here, below serving, so that both implementations (``VoxCPMSpeech`` below and
-``voxwire.sim.SimSpeech``) stand under the service that uses them; ``serving.models.load_speech_model``
+``voxwire.sim.SimSpeech``) stand under the service that uses them; ``serving.speech.load.load_speech_model``
 picks one from ``--model``. Nothing here imports torch at module level: frontends unpickle
-``ModelInfo`` and ``PromptLength`` from the engine.
+``ModelInfo`` from the engine.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from voxwire.engine.config import RunnerOptions
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.outputs import Runner
-from voxwire.text.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from voxwire.prompt import VoicePrompt
@@ -53,32 +52,6 @@ def public_model_name(source: str) -> str:
     return source
 
 
-class PromptLength(Protocol):
-    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
-        """A request's prompt length in LM positions: its text's tokens and its voice's."""
-        ...
-
-
-def voice_positions(voice: VoicePrompt) -> int:
-    """Positions a voice's latents take in a prompt (each clip has a start and an end position)."""
-    return sum(
-        0 if patches is None else patches.shape[0] + 2 for patches in (voice.audio_patches, voice.reference_patches)
-    )
-
-
-@dataclass(frozen=True)
-class TokenizedPromptLength:
-    """``PromptLength`` by the model's own tokenizer."""
-
-    tokenizer: TextTokenizer
-
-    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
-        tokens = len(self.tokenizer.encode(text)) + 1
-        if voice is not None:
-            tokens += len(self.tokenizer.encode(voice.text)) + voice_positions(voice)
-        return tokens
-
-
 class SpeechModel(Protocol):
     @property
     def info(self) -> ModelInfo: ...
@@ -86,11 +59,6 @@ class SpeechModel(Protocol):
     @property
     def patch_shape(self) -> tuple[int, int]:
         """(patch_size, feat_dim) of a voice's latent patches (the voice store checks saved voices by it)."""
-        ...
-
-    @property
-    def prompt_length(self) -> PromptLength:
-        """The admission budget's estimate of a request's prompt length (picklable: frontends use it too)."""
         ...
 
     def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
@@ -111,7 +79,6 @@ class VoxCPMSpeech:
         self.info = ModelInfo(public_model_name(tts.name), *info)
         self.patch_shape = (tts.config.patch_size, tts.config.feat_dim)
         self.make_prompt = tts.make_prompt
-        self.prompt_length = TokenizedPromptLength(tts.tokenizer)
 
     def new_runner(self, options: RunnerOptions) -> Runner:
         from voxwire.engine.runner import ModelRunner

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from voxwire import devices
 from voxwire.audio.clip import AudioSource, load_clip
 from voxwire.chunk import Chunk
-from voxwire.engine import devices
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.model.cfm import CfmSchedule

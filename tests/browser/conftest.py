@@ -26,8 +26,8 @@ import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
 from voxwire.serving.app import make_app
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import STATE_KEY
+from voxwire.serving.runtime.keys import STATE_KEY
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM
 

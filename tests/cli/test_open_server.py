@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from voxwire.cli.main import main
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from voxwire.client.bench.runner import BenchConfig, LevelResult, find_max
 from voxwire.client.bench.texts import BUILTIN_TEXTS, words
 from voxwire.client.errors import ServerError
 from voxwire.protocol.wire import AudioFrame
-from voxwire.serving.keys import SPEAKER_KEY
+from voxwire.serving.runtime.keys import SPEAKER_KEY
 
 from ..serving.conftest import LORA
 from .helpers import voxwire

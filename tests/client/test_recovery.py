@@ -19,7 +19,7 @@ from voxwire.client.errors import ConnectionLostError, ServerBusyError
 from voxwire.client.retry import RetryPolicy, open_with_retry
 from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import PROTOCOL_VERSION, Error, Ready, Text, encode
-from voxwire.serving.keys import SESSIONS_KEY
+from voxwire.serving.runtime.keys import SESSIONS_KEY
 from voxwire.serving.ws.handler import STREAM_PATH
 from voxwire.tts import VoxCPM
 

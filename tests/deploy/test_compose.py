@@ -23,7 +23,7 @@ from tests.server_process import ServerProcess, poll
 from voxwire.cli import environment
 from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 
 COMPOSE = DEPLOY / "compose.yaml"
 HOST_ENV = {"VOXWIRE_API_KEYS": "k1,k2"}

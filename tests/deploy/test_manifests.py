@@ -21,8 +21,8 @@ from voxwire.cli import environment
 from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
 from voxwire.errors import InvalidInputError
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import STATE_KEY, Phase
+from voxwire.serving.runtime.keys import STATE_KEY, Phase
+from voxwire.serving.server_config import ServerConfig
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("base", "keda")

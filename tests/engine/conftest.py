@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from voxwire.chunk import EMPTY_AUDIO, Audio
-from voxwire.engine import Engine, EngineConfig, Request, RunnerOutput, StepPlan, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, Prepared, Request, RunnerOutput, StepPlan, SynthesisParams
 from voxwire.engine.cost_model import StepCost
 
 if TYPE_CHECKING:
@@ -42,6 +42,11 @@ def text_length_cap(request: Request) -> int:
     return min(len(request.text) * 6 + 10, request.params.max_len)
 
 
+def text_positions(request: Request) -> int:
+    """A prompt's positions with characters standing in for text tokens."""
+    return len(request.text)
+
+
 @dataclass
 class FakeRunner:
     num_slots: int = 8
@@ -51,6 +56,7 @@ class FakeRunner:
     graph_capture_seconds: float = 0.0
     stop: Callable[[str, int], bool] = lambda rid, i: False
     length_cap: Callable[[Request], int] = text_length_cap
+    prompt_positions: Callable[[Request], int] = text_positions
     prefill_error: Callable[[Request], str | None] = lambda request: None
     row_error: Callable[[str, int], str | None] = lambda rid, i: None
     fail: Callable[[StepPlan], bool] = lambda plan: False
@@ -63,6 +69,8 @@ class FakeRunner:
     state: dict[str, int] = field(default_factory=dict)
     # Per running request: the KV blocks its prefill was given.
     blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    prepared: list[str] = field(default_factory=list)
+    """The ids of the requests ``prepare`` laid out, in order."""
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.num_slots
@@ -71,8 +79,10 @@ class FakeRunner:
     def is_empty(self) -> bool:
         return not self.state and all(owner is None for owner in self.rows)
 
-    def kv_positions(self, request: Request) -> int:
-        return request.prefill_tokens + self.length_cap(request)
+    def prepare(self, request: Request) -> Prepared:
+        self.prepared.append(request.request_id)
+        positions = self.prompt_positions(request)
+        return Prepared(positions, positions + self.length_cap(request), payload=request.request_id)
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         assert not plan.is_empty, "the engine passed an empty plan"
@@ -114,7 +124,8 @@ class FakeRunner:
             self.state[item.request_id] = 0
             held = {block for blocks in self.blocks.values() for block in blocks}
             assert not held & set(item.blocks), f"blocks {item.blocks} of {item.request_id} are still in use"
-            assert 0 not in item.blocks and len(item.blocks) * self.block_size >= self.kv_positions(item.request)
+            assert item.prepared.payload == item.request_id, "the prefill does not carry what prepare made"
+            assert 0 not in item.blocks and len(item.blocks) * self.block_size >= item.prepared.kv_positions
             assert max(item.blocks, default=0) < self.num_kv_blocks
             self.blocks[item.request_id] = item.blocks
 
@@ -153,7 +164,6 @@ class RealtimeFakeRunner(FakeRunner):
 def new_request(
     rid: str,
     text: str = "hello world",
-    prefill_tokens: int = 10,
     *,
     playback_lead_s: float | None = None,
     playback_due: float | None = None,
@@ -162,7 +172,7 @@ def new_request(
 ) -> Request:
     synthesis = SynthesisParams(**params)  # type: ignore[arg-type]
     return Request(
-        rid, text, prefill_tokens, synthesis,
+        rid, text, synthesis,
         playback_lead_s=playback_lead_s, playback_due=playback_due, playback_speed=playback_speed,
     )  # fmt: skip
 

@@ -11,9 +11,8 @@ from voxwire.prompt import VoicePrompt
 from voxwire.tts import VoxCPM
 
 
-def request(rid: str, text: str, tts: VoxCPM, **params: object) -> Request:
-    tokens = len(tts.tokenizer.encode(text)) + 1
-    return Request(rid, text, prefill_tokens=tokens, params=SynthesisParams(**params))
+def request(rid: str, text: str, **params: object) -> Request:
+    return Request(rid, text, params=SynthesisParams(**params))
 
 
 def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> dict[str, list[Chunk]]:
@@ -42,9 +41,9 @@ def crowd(tts: VoxCPM, count: int) -> list[Request]:
         params = {"seed": 1000 + i, "cfg_value": 1.0 + 0.25 * (i % 7), "max_len": 6 + i % 9, "min_len": 4}
         if i % 3 == 2:
             params["inference_timesteps"] = 4 + i % 8
-        made.append(request(f"s{i}", text, tts, **params))
+        made.append(request(f"s{i}", text, **params))
         if i % 5 == 3:  # a voice prompt: LocEnc in the prefill
-            made[-1] = Request(made[-1].request_id, text, 48, made[-1].params, prompt=voice(tts, seed=i))
+            made[-1] = Request(made[-1].request_id, text, made[-1].params, prompt=voice(tts, seed=i))
     return made
 
 

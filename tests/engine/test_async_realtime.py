@@ -41,11 +41,11 @@ def test_the_listeners_clock_starts_when_the_first_chunk_is_handed_over(make_rea
             before = time.monotonic()
             stream = driver.stream(make_request("new", max_len=500))
             await anext(stream)
-            session = engine.scheduler.sessions["new"]
+            record = engine.scheduler.records["new"]
             # Stamped by the engine thread just after it posted the step's outputs to this loop.
-            while session.first_sent_at is None:
+            while record.first_sent_at is None:
                 await asyncio.sleep(0.001)
-            assert before <= session.first_sent_at <= time.monotonic()
+            assert before <= record.first_sent_at <= time.monotonic()
             await stream.aclose()
 
     asyncio.run(asyncio.wait_for(main(), timeout=30))

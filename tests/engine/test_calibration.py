@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from voxwire.engine import Chunk, Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
+from voxwire.engine import Chunk, Engine, EngineConfig, Prepared, Request, RunnerOptions, SynthesisParams
 from voxwire.engine.calibration import (
     CALIBRATION_SLOT,
     CostSample,
@@ -24,7 +24,6 @@ from voxwire.engine.cuda_graphs import bucket_sizes
 from voxwire.engine.outputs import PrefillItem
 from voxwire.engine.runner import ModelRunner
 from voxwire.engine.timestep_buckets import bucket_of
-from voxwire.errors import InvalidInputError
 from voxwire.tts import VoxCPM
 
 SHAPES = [(1, 0), (4, 0), (16, 0), (1, 20), (1, 80), (1, 250)]
@@ -104,7 +103,7 @@ class VirtualTarget:
         return graph, step
 
     def admission_step(self, item: PrefillItem) -> Callable[[], object]:
-        tokens = self.prompt_positions(item.request)
+        tokens = item.prepared.prompt_positions
 
         def step() -> None:
             self.admitted.append(item)
@@ -112,10 +111,11 @@ class VirtualTarget:
 
         return step
 
-    def prompt_positions(self, request: Request) -> int:
+    def prepare(self, request: Request) -> Prepared:
         if not self.words_fit:
-            raise InvalidInputError("the input does not fit")
-        return 2 * len(request.text.split()) + 3
+            return Prepared.refused("the input does not fit")
+        positions = 2 * len(request.text.split()) + 3
+        return Prepared(positions, positions + request.params.max_len)
 
 
 def test_calibration_recovers_the_cost_and_each_buckets_row_weight() -> None:
@@ -130,10 +130,10 @@ def test_calibration_recovers_the_cost_and_each_buckets_row_weight() -> None:
 def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks() -> None:
     target = VirtualTarget(StepCost.parse("1ms+1us/token"), max_length=64)
     measure_step_cost(target, clock=target.clock)
-    lengths = {target.prompt_positions(item.request) for item in target.admitted}
+    lengths = {item.prepared.prompt_positions for item in target.admitted}
     assert len(lengths) >= 2 and max(lengths) < 64
     for item in target.admitted:
-        length = target.prompt_positions(item.request)
+        length = item.prepared.prompt_positions
         assert item.slot == CALIBRATION_SLOT and item.blocks[0] == 1  # block 0 is the null block
         assert len(item.blocks) * target.block_size >= length + 1  # the prompt and the patch it decodes
 
@@ -148,7 +148,7 @@ def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone()
 def speak(runner: ModelRunner, realtime: bool = False) -> list[Chunk]:
     engine = Engine(runner, EngineConfig(max_running=runner.num_slots, realtime=realtime))
     text = "Measured or not, the same words."
-    engine.add(Request("r", text, len(runner.tts.tokenizer.encode(text)) + 1, SynthesisParams(seed=7, max_len=12)))
+    engine.add(Request("r", text, SynthesisParams(seed=7, max_len=12)))
     outputs: list[Chunk] = []
     now = 0.0
     while engine.has_work():

@@ -1,6 +1,6 @@
 """The CUDA code path of the runner and engine, run without a GPU: meta tensors stand in for cuda:1.
 
-``engine.devices.cuda_device`` is pointed at cuda:1 for meta tensors, so the runner takes every CUDA branch
+``voxwire.devices.cuda_device`` is pointed at cuda:1 for meta tensors, so the runner takes every CUDA branch
 (graph capture and replay, pinned staging, the KV sizing profile, one sync per step) while nothing is
 computed. ``torch.cuda`` is replaced by a recorder, and every aten op is watched. A run fails on:
 
@@ -32,13 +32,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from voxwire.config import ModelConfig
-from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams, devices
+from voxwire import devices
+from voxwire.engine import Engine, EngineConfig, Request, RunnerOptions, SynthesisParams
 from voxwire.engine import runner as runner_module
 from voxwire.engine.runner import ModelRunner
 from voxwire.kernels import ops
 from voxwire.model.lora import LoRAAdapter, LoRAConfig, target_layers
 from voxwire.model.voxcpm import VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.prompt import VoicePrompt
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.tiny.configs import ALL_CONFIGS
@@ -283,7 +284,7 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
 
         def admit(rid: str, timesteps: int, prompt: VoicePrompt | None = None, who: str | None = None) -> None:
             params = SynthesisParams(max_len=4, min_len=0, seed=1, inference_timesteps=timesteps)
-            engine.add(Request(rid, "hello there", 4, params, prompt=prompt, persona=who))
+            engine.add(Request(rid, "hello there", params, prompt=prompt, persona=who))
 
         admit("plain", 10)
         admit("voiced", 4, voice(tts, 3), "p" if tts.personas is not None else None)

@@ -1,4 +1,4 @@
-"""``engine.devices``: the CUDA device a runner works on, one-copy uploads and reused output buffers (on CPU,
+"""``voxwire.devices``: the CUDA device a runner works on, one-copy uploads and reused output buffers (on CPU,
 with the page-locked allocator stood in for)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from voxwire.engine import devices
+from voxwire import devices
 
 
 def test_only_cuda_devices_take_the_cuda_path() -> None:

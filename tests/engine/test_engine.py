@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from voxwire.engine import Engine, EngineConfig, FinishReason, RunnerOutput, StepPlan
+from voxwire.engine import Engine, EngineConfig, FinishReason, Prepared, RunnerOutput, StepPlan
 
 
 def _drain(engine: Engine, limit: int = 1000) -> list:
@@ -112,6 +112,26 @@ def test_runner_exception_fails_every_session_of_the_step_and_frees_their_slots(
     assert runner.is_empty
 
 
+def test_a_request_is_prepared_once_when_it_is_added_and_its_prefill_carries_that(make_engine, make_request):
+    """The runner lays each request out once (``Runner.prepare``), on ``add``; waiting, admitted and prefilled it is
+    never laid out again (FakeRunner checks that each prefill carries the ``Prepared`` made for its request)."""
+    engine, runner = make_engine(config={"max_running": 1})
+    for rid in "abc":
+        engine.add(make_request(rid, max_len=2))
+    assert runner.prepared == ["a", "b", "c"]
+    outputs = _drain(engine)
+    assert {o.request_id for o in outputs if o.finished} == {"a", "b", "c"}
+    assert runner.prepared == ["a", "b", "c"]
+
+
+def test_a_streams_first_chunk_reports_its_prompt_positions(make_engine, make_request):
+    """What the runner laid out (FakeRunner: a position per character) reaches the caller once, on the first chunk:
+    the frontends report it (the SSE ``usage``) without measuring the text themselves."""
+    engine, _ = make_engine()
+    engine.add(make_request("a", "twelve chars", max_len=3))
+    assert [o.prompt_positions for o in _drain(engine)] == [12, None, None]
+
+
 class _ScriptedRunner:
     """Answers every plan with ``respond(plan)``, right or wrong."""
 
@@ -124,8 +144,8 @@ class _ScriptedRunner:
     def __init__(self, respond) -> None:
         self.respond = respond
 
-    def kv_positions(self, request) -> int:
-        return request.prefill_tokens
+    def prepare(self, request) -> Prepared:
+        return Prepared(10, 10)
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         return self.respond(plan)
@@ -225,8 +245,8 @@ def test_arrivals_never_skip_running_sessions(make_engine, make_request):
     engine.add(make_request("a"))
     engine.step()
     for i in range(6):
-        engine.add(make_request(f"n{i}", prefill_tokens=15))
-        engine.add(make_request(f"m{i}", prefill_tokens=15))
+        engine.add(make_request(f"n{i}", "fifteen letters"))
+        engine.add(make_request(f"m{i}", "fifteen letters"))
         outputs = engine.step()
         assert "a" in {o.request_id for o in outputs}
         assert len(runner.plans[-1].prefills) == 1  # 15 + 15 > 20: one admission per step

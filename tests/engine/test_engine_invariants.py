@@ -53,17 +53,17 @@ class Checked:
         self.events += 1
 
     def abort(self, pick: int) -> None:
-        live = list(self.engine.scheduler.sessions)
+        live = list(self.engine.scheduler.records)
         if live and self.engine.abort(live[pick % len(live)]):
             self.events += 1
 
     def step(self) -> None:
         config, scheduler = self.engine.config, self.engine.scheduler
         running = set(scheduler.slots.owners)
-        waiting = [s.request for s in scheduler.waiting]
+        waiting = list(scheduler.waiting)
         free = self.engine.num_free_slots
         blocks = scheduler.blocks
-        head_fits = bool(scheduler.waiting) and blocks.blocks_for(scheduler.waiting[0].kv_positions) <= blocks.num_free
+        head_fits = bool(waiting) and blocks.blocks_for(waiting[0].prepared.kv_positions) <= blocks.num_free
         ready = self.engine.next_step_at(self.now)
         if self.realtime is not None and ready < math.inf:  # wait, as a server would, until a step has work
             self.now = max(self.now, ready)
@@ -75,11 +75,11 @@ class Checked:
         admitted = [p.request_id for plan in new_plans for p in plan.prefills]
         assert admitted == [r.request_id for r in waiting[: len(admitted)]], "admission is not FIFO"
         if self.realtime is None:
-            tokens = [r.prefill_tokens for r in waiting[: len(admitted)]]
+            tokens = [r.prepared.prompt_positions for r in waiting[: len(admitted)]]
             assert len(admitted) == 1 or sum(tokens) <= config.max_prefill_tokens_per_step
         assert len(admitted) <= free and len(running) + len(admitted) <= config.max_running
         assert admitted or not (waiting and free and head_fits), "a slot stayed idle while a request waited"
-        assert blocks.num_used == sum(len(s.blocks) for s in scheduler.sessions.values()), "a KV block leaked"
+        assert blocks.num_used == sum(len(s.blocks) for s in scheduler.records.values()), "a KV block leaked"
         ids = [o.request_id for o in outputs]
         assert len(ids) == len(set(ids)), "two outputs for one session in one step"
         assert set(admitted) <= set(ids), "an admitted session got no first chunk in its admitting step"
@@ -93,16 +93,16 @@ class Checked:
     def _slacks(self) -> dict[str, float]:
         if self.realtime is None:
             return {}
-        sessions, lead = self.engine.scheduler.sessions, self.engine.config.playback_lead_s
+        records, lead = self.engine.scheduler.records, self.engine.config.playback_lead_s
         return {
-            rid: playback_deadline(sessions[rid].playback_start(lead), sessions[rid].step_index, self.realtime.chunk_s)
+            rid: playback_deadline(records[rid].playback_start(lead), records[rid].step_index, self.realtime.chunk_s)
             - self.now
             for rid in self.engine.scheduler.slots.owners
         }
 
     def _advance_clock(self, plans) -> None:
         if self.realtime is not None and plans:
-            tokens = sum(item.request.prefill_tokens for item in plans[-1].prefills)
+            tokens = sum(item.prepared.prompt_positions for item in plans[-1].prefills)
             self.now += self.realtime.cost.seconds(len(plans[-1].decode_slots), tokens)
             self.engine.mark_sent(self.now)
 
@@ -135,16 +135,18 @@ class Checked:
         assert self.engine.num_running == self.engine.num_waiting == 0
         assert self.engine.num_free_slots == self.engine.config.max_running
         assert self.engine.kv_blocks_used == 0, "every KV block is back in the pool"
-        assert not self.engine.scheduler.sessions
+        assert not self.engine.scheduler.records
         assert self.runner.is_empty, f"runner still holds {self.runner.rows} / {self.runner.state}"
         assert sorted(self.finals.elements()) == sorted(self.accepted), "each request ends exactly once"
 
 
-def _chaotic_engine(make_engine, num_slots: int, budget: int, kv_blocks: int = 1 << 20):
-    """``kv_blocks``: a small pool makes admission wait for blocks (every request here needs <= 5)."""
+def _chaotic_engine(make_engine, num_slots: int, budget: int, kv_blocks: int, prompts: dict[str, int]):
+    """``kv_blocks``: a small pool makes admission wait for blocks (every request here needs <= 5); ``prompts``: each
+    request's prompt positions, by id."""
     return make_engine(
         num_slots=num_slots,
         num_kv_blocks=kv_blocks,
+        prompt_positions=lambda r: prompts[r.request_id],
         stop=lambda rid, i: _pseudo("stop", rid, i) < 10,
         prefill_error=lambda r: "no tokens" if _pseudo("prefill", r.request_id) < 5 else None,
         row_error=lambda rid, i: "bad row" if _pseudo("row", rid, i) < 2 else None,
@@ -153,13 +155,16 @@ def _chaotic_engine(make_engine, num_slots: int, budget: int, kv_blocks: int = 1
     )
 
 
-def _chaotic_realtime_engine(make_realtime_engine, num_slots: int, budget: int, kv_blocks: int = 1 << 20):
+def _chaotic_realtime_engine(
+    make_realtime_engine, num_slots: int, budget: int, kv_blocks: int, prompts: dict[str, int]
+):
     """The same chaos under the real-time policy; ``budget`` sets how many rows fit a step."""
     cost = f"4ms+{150 / budget:.3f}ms/row+0.5ms/token"
     return make_realtime_engine(
         cost,
         num_slots=num_slots,
         num_kv_blocks=kv_blocks,
+        prompt_positions=lambda r: prompts[r.request_id],
         stop=lambda rid, i: _pseudo("stop", rid, i) < 10,
         prefill_error=lambda r: "no tokens" if _pseudo("prefill", r.request_id) < 5 else None,
         row_error=lambda rid, i: "bad row" if _pseudo("row", rid, i) < 2 else None,
@@ -171,10 +176,12 @@ def _chaotic_realtime_engine(make_realtime_engine, num_slots: int, budget: int, 
 @pytest.fixture(params=["fifo", "realtime"])
 def chaotic_engine(request, make_engine, make_realtime_engine):
     if request.param == "fifo":
-        return lambda num_slots, budget, kv_blocks: _chaotic_engine(make_engine, num_slots, budget, kv_blocks)
+        return lambda num_slots, budget, kv_blocks, prompts: _chaotic_engine(
+            make_engine, num_slots, budget, kv_blocks, prompts
+        )
     # Two more slots: with one, nobody can be skipped for anybody else.
-    return lambda num_slots, budget, kv_blocks: _chaotic_realtime_engine(
-        make_realtime_engine, num_slots + 2, budget, kv_blocks
+    return lambda num_slots, budget, kv_blocks, prompts: _chaotic_realtime_engine(
+        make_realtime_engine, num_slots + 2, budget, kv_blocks, prompts
     )
 
 
@@ -182,7 +189,8 @@ def chaotic_engine(request, make_engine, make_realtime_engine):
 def test_thousand_random_events_leak_nothing(seed, chaotic_engine, make_request, chunk_of):
     rng = random.Random(seed)
     num_slots, budget, kv_blocks = rng.randint(1, 6), rng.randint(1, 60), rng.randint(6, 24)
-    engine, runner = chaotic_engine(num_slots, budget, kv_blocks)
+    prompts: dict[str, int] = {}
+    engine, runner = chaotic_engine(num_slots, budget, kv_blocks, prompts)
     checked = Checked(engine, runner, chunk_of)
     serial = 0
     while checked.events < 1000:
@@ -191,8 +199,8 @@ def test_thousand_random_events_leak_nothing(seed, chaotic_engine, make_request,
             serial += 1
             text = "x" * rng.randint(1, 4)
             lead = rng.choice([0.0, 0.3, 1.0, 2.0])
-            tokens = rng.randint(1, 40)
-            checked.add(make_request(f"r{serial}", text, tokens, min_len=rng.randint(0, 4), playback_lead_s=lead))
+            prompts[f"r{serial}"] = rng.randint(1, 40)
+            checked.add(make_request(f"r{serial}", text, min_len=rng.randint(0, 4), playback_lead_s=lead))
         elif roll < 0.55:
             checked.abort(rng.randrange(1000))
         else:
@@ -212,12 +220,14 @@ _ops = st.lists(
 def test_invariants_hold_for_any_interleaving(
     ops, num_slots, budget, kv_blocks, chaotic_engine, make_request, chunk_of
 ):
-    engine, runner = chaotic_engine(num_slots, budget, kv_blocks)
+    prompts: dict[str, int] = {}
+    engine, runner = chaotic_engine(num_slots, budget, kv_blocks, prompts)
     checked = Checked(engine, runner, chunk_of)
     for serial, (op, pick, tokens) in enumerate(ops):
         if op == "add":
             text, lead = "x" * (pick % 4 + 1), (pick % 4) * 0.4
-            checked.add(make_request(f"r{serial}", text, tokens, min_len=pick % 3, playback_lead_s=lead))
+            prompts[f"r{serial}"] = tokens
+            checked.add(make_request(f"r{serial}", text, min_len=pick % 3, playback_lead_s=lead))
         elif op == "abort":
             checked.abort(pick)
         else:

@@ -98,7 +98,7 @@ def test_the_listeners_clock_starts_once_the_first_chunk_is_handed_over(make_eng
     engine.add(make_request("a"))
     started = clock.now
     loop.run_due()
-    assert engine.scheduler.sessions["a"].first_sent_at == started + 2.0
+    assert engine.scheduler.records["a"].first_sent_at == started + 2.0
 
 
 def test_a_step_runs_only_when_one_is_due(make_engine, make_realtime_engine, make_request):

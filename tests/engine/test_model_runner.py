@@ -22,7 +22,7 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-from .helpers import audio, crowd, request, run
+from .helpers import audio, crowd, request, run, voice
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "reference" / "model"
 
@@ -35,10 +35,10 @@ def make_engine(
 
 
 def test_a_session_sounds_the_same_alone_and_among_seven_others(tts: VoxCPM) -> None:
-    target = request("target", "The same words, whoever else is speaking.", tts, seed=42, max_len=14)
+    target = request("target", "The same words, whoever else is speaking.", seed=42, max_len=14)
     alone = run(make_engine(tts)[0], {0: [target]})["target"]
     others = [
-        request(f"o{i}", text, tts, seed=100 + i, cfg_value=cfg, inference_timesteps=steps, max_len=length)
+        request(f"o{i}", text, seed=100 + i, cfg_value=cfg, inference_timesteps=steps, max_len=length)
         for i, (text, cfg, steps, length) in enumerate(
             [
                 ("Short.", 1.0, 10, 6),
@@ -99,7 +99,7 @@ def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, b
                 )
             )
         params = SynthesisParams(seed=case["seed"], max_len=meta["max_len"])
-        requests.append(Request(case["key"], case["text"], prefill_tokens=8, params=params, prompt=voice))
+        requests.append(Request(case["key"], case["text"], params=params, prompt=voice))
     runner = ModelRunner(model, RunnerOptions(num_slots=len(requests), batch_invariant=batch_invariant))
     engine = Engine(runner, EngineConfig(max_running=len(requests)))
     outputs = run(engine, {0: requests})
@@ -112,8 +112,8 @@ def test_engine_reproduces_the_reference_generate(tts: VoxCPM, tmp_path: Path, b
 
 def test_abort_mid_stream_frees_the_slot_and_silences_the_session(tts: VoxCPM) -> None:
     engine, runner = make_engine(tts, slots=2)
-    engine.add(request("a", "This one will be cut off in the middle.", tts, seed=1, min_len=50, max_len=60))
-    engine.add(request("b", "This one keeps going.", tts, seed=2, min_len=8, max_len=10))
+    engine.add(request("a", "This one will be cut off in the middle.", seed=1, min_len=50, max_len=60))
+    engine.add(request("b", "This one keeps going.", seed=2, min_len=8, max_len=10))
     for _ in range(3):
         engine.step()
     assert engine.abort("a")
@@ -133,9 +133,9 @@ def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
         engine,
         {
             0: [
-                request("ok", "Fine text.", tts, seed=3, max_len=5),
-                request("huge", long_text, tts, seed=4),
-                Request("bad-prompt", "Hello.", prefill_tokens=3, prompt="not a voice"),
+                request("ok", "Fine text.", seed=3, max_len=5),
+                request("huge", long_text, seed=4),
+                Request("bad-prompt", "Hello.", prompt="not a voice"),
             ]
         },
     )
@@ -143,6 +143,29 @@ def test_bad_requests_fail_alone(tts: VoxCPM) -> None:
     assert outputs["bad-prompt"][-1].finish_reason is FinishReason.ERROR
     assert outputs["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert not runner.requests
+
+
+def test_a_request_is_laid_out_once_and_its_first_chunk_reports_its_prompt(
+    tts: VoxCPM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: the runner lays a request out when the engine takes it (``prepare``) and its prefill reads that
+    layout. A text in the default voice is tokenized once; one continuing a voice's transcript twice, as the
+    reference does (the target alone for its length cap, the transcript and the target together for the prompt).
+    The first chunk reports the prompt's positions (the SSE ``usage``), no later one does."""
+    encoded: list[str] = []
+    encode = tts.tokenizer.encode
+    monkeypatch.setattr(tts.tokenizer, "encode", lambda text: encoded.append(text) or encode(text))
+    spoken = voice(tts, seed=1)
+    plain = request("plain", "Said once.", seed=1, max_len=4)
+    voiced = Request("voiced", "Said twice.", params=SynthesisParams(seed=2, max_len=4), prompt=spoken)
+    outputs = run(make_engine(tts, slots=2)[0], {0: [plain, voiced]})
+    joined = "A transcript of the clip.Said twice."
+    assert sorted(encoded) == sorted(["Said once.", "Said twice.", joined])
+    assert spoken.audio_patches is not None and spoken.reference_patches is not None
+    clips = spoken.audio_patches.shape[0] + spoken.reference_patches.shape[0] + 2
+    expected = {"plain": len(encode("Said once.")) + 1, "voiced": len(encode(joined)) + 1 + clips}
+    for rid, chunks in outputs.items():
+        assert [chunk.prompt_positions for chunk in chunks] == [expected[rid]] + [None] * (len(chunks) - 1)
 
 
 @pytest.mark.slow
@@ -161,7 +184,6 @@ def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
                 request(
                     rid,
                     rng.choice(["Hi.", "Hello there, friend.", "一二三。"]),
-                    tts,
                     seed=event,
                     max_len=rng.randint(3, 8),
                     inference_timesteps=rng.choice([2, 5, 10]),
@@ -184,13 +206,11 @@ def test_random_traffic_leaves_nothing_behind(tts: VoxCPM) -> None:
 
 def test_patches_continue_the_voice_in_the_next_utterance(tts: VoxCPM) -> None:
     engine, _ = make_engine(tts, slots=2)
-    first = run(engine, {0: [request("one", "The first half of a long text.", tts, seed=5, max_len=6)]})["one"]
+    first = run(engine, {0: [request("one", "The first half of a long text.", seed=5, max_len=6)]})["one"]
     patches = torch.from_numpy(np.stack([o.patch for o in first]))
     assert patches.shape == (len(first), tts.config.patch_size, tts.config.feat_dim)
     voice = voxwire.prompt.VoicePrompt("The first half of a long text.", patches)
-    second = Request(
-        "two", "And the second half.", prefill_tokens=20, params=SynthesisParams(seed=6, max_len=6), prompt=voice
-    )
+    second = Request("two", "And the second half.", params=SynthesisParams(seed=6, max_len=6), prompt=voice)
     through_engine = audio(run(engine, {0: [second]})["two"])
     direct = tts.generate("And the second half.", SynthesisParams(seed=6, max_len=6), prompt=voice)
     np.testing.assert_allclose(through_engine, direct, atol=1e-5, rtol=0)
@@ -215,8 +235,8 @@ def test_more_timesteps_than_the_runner_holds_fail_that_request_alone(tts: VoxCP
         Engine(runner, EngineConfig(max_running=2)),
         {
             0: [
-                request("ok", "Fine.", tts, seed=1, max_len=3, inference_timesteps=8),
-                request("many", "Too many.", tts, inference_timesteps=9),
+                request("ok", "Fine.", seed=1, max_len=3, inference_timesteps=8),
+                request("many", "Too many.", inference_timesteps=9),
             ]
         },
     )
@@ -230,21 +250,21 @@ def test_a_request_longer_than_the_pool_is_refused_at_add(tts: VoxCPM) -> None:
     )
     engine = Engine(runner, EngineConfig(max_running=2))
     with pytest.raises(InvalidInputError, match="KV pool holds 48"):
-        engine.add(request("long", "A sentence long enough to need more than the pool.", tts, seed=1))
+        engine.add(request("long", "A sentence long enough to need more than the pool.", seed=1))
 
 
 def test_admission_waits_for_blocks_and_every_session_sounds_as_alone(tts: VoxCPM) -> None:
     """A pool with room for one of these sessions at a time: the second waits for the first's blocks
     (no running stream ever lacks one), then both sound exactly as they do alone."""
     texts = {"a": "First in line.", "b": "Second, waiting for blocks."}
-    requests = {rid: request(rid, text, tts, seed=i, max_len=10) for i, (rid, text) in enumerate(texts.items())}
+    requests = {rid: request(rid, text, seed=i, max_len=10) for i, (rid, text) in enumerate(texts.items())}
     alone = {rid: audio(run(make_engine(tts)[0], {0: [req]})[rid]) for rid, req in requests.items()}
     runner = ModelRunner(
         tts, RunnerOptions(num_slots=2, max_length=512, kv_cache_bytes=3 * 16 * bytes_per_position(tts))
     )
     engine = Engine(runner, EngineConfig(max_running=2))
     for req in requests.values():
-        assert runner.kv_positions(req) <= 32  # one session fits, two do not
+        assert runner.prepare(req).kv_positions <= 32  # one session fits, two do not
         engine.add(req)
     [first] = engine.step()
     assert (engine.num_running, engine.num_waiting) == (1, 1)
@@ -260,14 +280,15 @@ def test_decode_slots_may_be_any_subset_of_the_occupied_slots(tts: VoxCPM) -> No
     """A scheduler may skip rows: decoding slots {2, 0} only, then all three, gives each session the audio
     of an every-step schedule (state is gathered by slot and scattered back)."""
     texts = ["One voice here.", "Another voice, a bit longer.", "Third."]
-    reqs = [request(f"r{i}", text, tts, seed=10 + i, min_len=6, max_len=6) for i, text in enumerate(texts)]
+    reqs = [request(f"r{i}", text, seed=10 + i, min_len=6, max_len=6) for i, text in enumerate(texts)]
     every_step = run(make_engine(tts, slots=4)[0], {0: list(reqs)})
     runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256))
     blocks = iter(range(1, runner.num_kv_blocks))
     items = []
     for slot, req in enumerate(reqs):
-        need = -(-runner.kv_positions(req) // runner.block_size)
-        items.append(PrefillItem(req.request_id, slot, req, tuple(next(blocks) for _ in range(need))))
+        prepared = runner.prepare(req)
+        need = -(-prepared.kv_positions // runner.block_size)
+        items.append(PrefillItem(req.request_id, slot, req, prepared, tuple(next(blocks) for _ in range(need))))
     ids = tuple(r.request_id for r in reqs)
     got: dict[str, list[np.ndarray]] = {rid: [] for rid in ids}
     first = runner.execute(
@@ -306,9 +327,9 @@ def test_graphs_are_captured_up_front_and_replays_match_eager(tts: VoxCPM, emula
 
 def staggered_arrivals(tts: VoxCPM) -> dict[int, list[Request]]:
     return {
-        0: [request("a", "First speaker here, talking for a while.", tts, seed=1, min_len=12, max_len=14)],
-        3: [request("b", "Second.", tts, seed=2, inference_timesteps=4, max_len=9)],
-        4: [request("c", "Third voice, 第三个。", tts, seed=3, cfg_value=3.0, max_len=7)],
+        0: [request("a", "First speaker here, talking for a while.", seed=1, min_len=12, max_len=14)],
+        3: [request("b", "Second.", seed=2, inference_timesteps=4, max_len=9)],
+        4: [request("c", "Third voice, 第三个。", seed=3, cfg_value=3.0, max_len=7)],
     }
 
 
@@ -335,10 +356,10 @@ def arrivals_ids(arrivals: dict[int, list[Request]]) -> list[str]:
 def test_stale_non_finite_kv_never_reaches_the_next_occupant(tts: VoxCPM) -> None:
     """Issue 8, D1: whatever a slot's previous occupant left in the KV pool (here: NaN everywhere, as a
     poisoned voice leaves it), the next session in that slot sounds exactly as it does alone."""
-    target = request("target", "Hello there.", tts, seed=1, max_len=12)
+    target = request("target", "Hello there.", seed=1, max_len=12)
     alone = audio(run(make_engine(tts)[0], {0: [target]})["target"])
     engine, runner = make_engine(tts)
-    run(engine, {0: [request("before", "A longer sentence that fills more of the slot.", tts, seed=9, max_len=20)]})
+    run(engine, {0: [request("before", "A longer sentence that fills more of the slot.", seed=9, max_len=20)]})
     for pool in (runner.pool.base.tensor, runner.pool.residual.tensor):
         pool.fill_(float("nan"))
     after = audio(run(engine, {0: [target]})["target"])
@@ -376,9 +397,7 @@ def test_rows_run_in_their_own_timestep_bucket(tts: VoxCPM, emulated_graph_captu
 def test_eager_rows_of_different_buckets_sound_as_alone(tts: VoxCPM) -> None:
     """On CPU too, rows of different timestep buckets run as separate sub-steps, each as it would alone."""
     texts = {"few": ("Quick one.", 4), "many": ("A longer sentence with more steps.", 16)}
-    reqs = [
-        request(rid, text, tts, seed=5, max_len=6, inference_timesteps=steps) for rid, (text, steps) in texts.items()
-    ]
+    reqs = [request(rid, text, seed=5, max_len=6, inference_timesteps=steps) for rid, (text, steps) in texts.items()]
     runner = ModelRunner(tts, RunnerOptions(num_slots=4, max_length=256, max_timesteps=16, graph_timesteps=(4,)))
     together = run(Engine(runner, EngineConfig(max_running=4)), {0: reqs})
     for req in reqs:
@@ -411,11 +430,11 @@ def test_step_outputs_reuse_one_host_buffer_and_held_chunks_stay_intact(
     page-locked block per step), and never while a chunk of it is still held."""
     runner = ModelRunner(tts, RunnerOptions(num_slots=2, max_length=256, cuda_graphs=True))
     runner.capture_graphs()
-    req = request("a", "Hold on to this one for a moment.", tts, seed=3, min_len=8, max_len=8)
-    blocks = tuple(range(1, 1 + -(-runner.kv_positions(req) // runner.block_size)))
-    first = runner.execute(
-        StepPlan(prefills=(PrefillItem("a", 0, req, blocks),), request_ids=("a",), step_indices=(0,), decode_slots=(0,))
-    )
+    req = request("a", "Hold on to this one for a moment.", seed=3, min_len=8, max_len=8)
+    prepared = runner.prepare(req)
+    blocks = tuple(range(1, 1 + -(-prepared.kv_positions // runner.block_size)))
+    admit = PrefillItem("a", 0, req, prepared, blocks)
+    first = runner.execute(StepPlan(prefills=(admit,), request_ids=("a",), step_indices=(0,), decode_slots=(0,)))
     del first
     for step in range(1, 3):
         runner.execute(StepPlan(request_ids=("a",), step_indices=(step,), decode_slots=(0,)))

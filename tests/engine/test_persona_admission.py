@@ -56,7 +56,7 @@ def persona_engine(slots: int = 4, rows: int = 8, **config: object) -> tuple[Eng
 
 def persona_request(rid: str, persona: str | None, owner: str | None = None, patches: int = 5) -> Request:
     """A request of exactly ``patches`` steps (``min_len`` keeps the stop flag out of it)."""
-    return Request(rid, "hello world", 10, SynthesisParams(max_len=patches), persona=persona, owner=owner)
+    return Request(rid, "hello world", SynthesisParams(max_len=patches), persona=persona, owner=owner)
 
 
 def admitted_at(runner: PersonaFakeRunner) -> dict[str, int]:

@@ -59,14 +59,14 @@ def engine(tts: VoxCPM, slots: int = 4, batch_invariant: bool = False) -> tuple[
 
 
 def with_persona(req: Request, persona: str | None) -> Request:
-    return Request(req.request_id, req.text, req.prefill_tokens, req.params, persona=persona)
+    return Request(req.request_id, req.text, req.params, persona=persona)
 
 
 def speakers(tts: VoxCPM) -> list[Request]:
     texts = ["Hello world, this is a test.", "A second voice says this.", "第三个人说话。", "And one more."]
     personas = [None, "A", "B", "A"]
     return [
-        with_persona(request(f"r{i}", text, tts, seed=11 + i, max_len=10 + i), persona)
+        with_persona(request(f"r{i}", text, seed=11 + i, max_len=10 + i), persona)
         for i, (text, persona) in enumerate(zip(texts, personas, strict=True))
     ]
 
@@ -80,7 +80,7 @@ def solo(tts: VoxCPM, req: Request, batch_invariant: bool = False) -> np.ndarray
 def test_engine_persona_equals_the_reference_with_its_adapter(tts: VoxCPM, batch_invariant: bool) -> None:
     meta = json.loads((LORA / "meta.json").read_text(encoding="utf-8"))
     case = next(c for c in meta["generate"] if c["key"] == "en")
-    req = with_persona(request("ref", case["text"], tts, seed=case["seed"], max_len=meta["max_len"]), "A")
+    req = with_persona(request("ref", case["text"], seed=case["seed"], max_len=meta["max_len"]), "A")
     expected = load_file(str(LORA / "fixture.safetensors"))["generate.en"].numpy()
     np.testing.assert_allclose(solo(tts, req, batch_invariant), expected, atol=1e-4, rtol=0)
 
@@ -153,13 +153,13 @@ def test_removing_a_persona_lets_its_requests_finish_and_refuses_new_ones(
     model = persona_model(tmp_path_factory, adapters, max_personas=2)
     bank = model.personas
     assert bank is not None
-    first = with_persona(request("first", "Speaking while removed.", model, seed=5, max_len=9), "B")
+    first = with_persona(request("first", "Speaking while removed.", seed=5, max_len=9), "B")
     expected = solo(model, first)
     eng, _ = engine(model)
     eng.add(first)
     outputs = [o for _ in range(3) for o in eng.step()]
     bank.remove("B")
-    later = with_persona(request("later", "Too late.", model, seed=6, max_len=5), "B")
+    later = with_persona(request("later", "Too late.", seed=6, max_len=5), "B")
     eng.add(later)
     while eng.has_work():
         outputs += eng.step()
@@ -240,7 +240,7 @@ def test_after_capture_an_adapter_of_unreserved_layers_is_refused_not_captured(
     runner.capture_graphs()
     plain.enable_personas(max_personas=2, max_rank=16)
     plain.load_persona("A", LORA)
-    req = with_persona(request("late", "Too late for the graphs.", plain, seed=3, max_len=4), "A")
+    req = with_persona(request("late", "Too late for the graphs.", seed=3, max_len=4), "A")
     last = run(Engine(runner, EngineConfig(max_running=2)), {0: [req]})[req.request_id][-1]
     assert last.finish_reason is FinishReason.ERROR and "after this engine captured" in (last.error or "")
 
@@ -272,8 +272,8 @@ def test_a_nan_persona_fails_its_own_request_at_once_and_touches_no_other_row(
     model = persona_model(tmp_path_factory, adapters, max_personas=4)
     poisoned(model, "poison", value)
     bystanders = [with_persona(req, persona) for req, persona in zip(speakers(model)[:2], (None, "A"), strict=True)]
-    bad = with_persona(request("bad", "A poisoned voice.", model, seed=9, max_len=40), "poison")
-    healthy = with_persona(request("bad", "A poisoned voice.", model, seed=9, max_len=1, min_len=0), "A")
+    bad = with_persona(request("bad", "A poisoned voice.", seed=9, max_len=40), "poison")
+    healthy = with_persona(request("bad", "A poisoned voice.", seed=9, max_len=1, min_len=0), "A")
 
     beside_healthy = run(engine(model, batch_invariant=batch_invariant)[0], {0: [healthy, *bystanders]})
     eng, _ = engine(model, batch_invariant=batch_invariant)
@@ -327,7 +327,6 @@ def test_voiced_rows_with_different_personas_share_a_prefill(tts: VoxCPM) -> Non
         Request(
             f"v{i}",
             text,
-            prefill_tokens=40,
             params=SynthesisParams(seed=5 + i, max_len=6),
             prompt=voice,
             persona=persona,
@@ -340,8 +339,6 @@ def test_voiced_rows_with_different_personas_share_a_prefill(tts: VoxCPM) -> Non
         assert together[req.request_id][-1].finish_reason is not FinishReason.ERROR
         np.testing.assert_allclose(audio(together[req.request_id]), alone[req.request_id], atol=1e-4, rtol=0)
     # The persona reaches the voiced prompt: the same request with A and without a persona differ.
-    plain = solo(
-        tts, Request("p", "One voice.", prefill_tokens=40, params=SynthesisParams(seed=5, max_len=6), prompt=voice)
-    )
+    plain = solo(tts, Request("p", "One voice.", params=SynthesisParams(seed=5, max_len=6), prompt=voice))
     n = min(plain.size, alone["v0"].size)
     assert float(np.abs(plain[:n] - alone["v0"][:n]).max()) > 0.05

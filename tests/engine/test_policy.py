@@ -145,7 +145,7 @@ class Clock:
         outputs = self.engine.step(self.now)
         if len(runner.plans) > before:
             plan = runner.plans[-1]
-            tokens = sum(item.request.prefill_tokens for item in plan.prefills)
+            tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
             self.now += runner.step_cost.seconds(len(plan.decode_slots), tokens)
         self.engine.mark_sent(self.now)
         return outputs
@@ -153,10 +153,10 @@ class Clock:
 
 def slacks(engine: Engine, now: float) -> dict[str, float]:
     """Per running session: audio its listener has left before it needs the next chunk."""
-    sessions = engine.scheduler.sessions
+    records = engine.scheduler.records
     lead = engine.config.playback_lead_s
     return {
-        rid: playback_deadline(sessions[rid].playback_start(lead), sessions[rid].step_index, CHUNK_S) - now
+        rid: playback_deadline(records[rid].playback_start(lead), records[rid].step_index, CHUNK_S) - now
         for rid in engine.scheduler.slots.owners
     }
 
@@ -281,9 +281,9 @@ def test_a_failed_step_also_fails_the_sessions_that_skipped_it(make_realtime_eng
 def test_a_request_waiting_for_kv_blocks_does_not_stall_the_running_ones(make_realtime_engine, make_request):
     # One row fits the budget and the pool holds one request's blocks: "second" waits for blocks,
     # and its place in the budget must not keep "first" from running (it would spin forever).
-    engine, _ = make_realtime_engine("4ms+150ms/row", num_kv_blocks=6, block_size=16)
-    engine.add(make_request("first", "xx", 11, playback_lead_s=0.4))
-    engine.add(make_request("second", "xx", 11, playback_lead_s=0.4))
+    engine, _ = make_realtime_engine("4ms+150ms/row", num_kv_blocks=6, block_size=16, prompt_positions=lambda r: 11)
+    engine.add(make_request("first", "xx", playback_lead_s=0.4))
+    engine.add(make_request("second", "xx", playback_lead_s=0.4))
     clock, finished = Clock(engine), []
     for _ in range(200):
         finished += [o.request_id for o in clock.step() if o.finished]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from voxwire.engine import EngineConfig, ParamLimits, Request, RequestStatus, SynthesisParams
-from voxwire.engine.request import FINISH_REASONS, Session
+from voxwire.engine.request import FINISH_REASONS, Prepared, RequestRecord
 from voxwire.protocol.wire import MAX_SEED, ProtocolError, Start
 
 
@@ -42,7 +42,7 @@ def test_invalid_params_name_the_field(kwargs, field):
 )
 def test_invalid_playback_inputs_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field}="):
-        Request("r", "hello", 4, **kwargs)
+        Request("r", "hello", **kwargs)
 
 
 def test_the_seed_bound_is_the_wire_protocols():
@@ -84,9 +84,8 @@ def test_limits_are_configurable():
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        pytest.param(("", "hi", 3), "request_id", id="empty id"),
-        pytest.param(("r", "   ", 3), "text", id="blank text"),
-        pytest.param(("r", "hi", 0), "prefill_tokens", id="no prefill tokens"),
+        pytest.param(("", "hi"), "request_id", id="empty id"),
+        pytest.param(("r", "   "), "text", id="blank text"),
     ],
 )
 def test_invalid_request_names_the_field(args, field):
@@ -107,10 +106,10 @@ def test_status_order_and_finish_reasons():
     assert [r.value for r in FINISH_REASONS.values()] == ["stop", "length", "aborted", "error", "busy"]
 
 
-def _session(min_len: int, cap: int, step_index: int) -> Session:
-    session = Session(Request("r", "hi", 3, SynthesisParams(min_len=min_len)))
-    session.length_cap, session.step_index = cap, step_index
-    return session
+def _record(min_len: int, cap: int, step_index: int) -> RequestRecord:
+    record = RequestRecord(Request("r", "hi", SynthesisParams(min_len=min_len)), Prepared(3, 3 + cap))
+    record.length_cap, record.step_index = cap, step_index
+    return record
 
 
 @pytest.mark.parametrize(
@@ -126,4 +125,4 @@ def _session(min_len: int, cap: int, step_index: int) -> Session:
     ],
 )
 def test_finish_rule(min_len, cap, i, stop, expected):
-    assert _session(min_len, cap, i).status_after(stop) is expected
+    assert _record(min_len, cap, i).status_after(stop) is expected

@@ -41,7 +41,7 @@ class Machine:
         seconds = 0.0
         if len(runner.plans) > plans:
             plan = runner.plans[-1]
-            tokens = sum(item.request.prefill_tokens for item in plan.prefills)
+            tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
             seconds = self.slowdown * runner.step_cost.seconds(len(plan.decode_slots), tokens)
         self.now += seconds
         self.engine.step_took(seconds)

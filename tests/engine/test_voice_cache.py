@@ -29,7 +29,7 @@ def speak(runner: ModelRunner, *requests: Request) -> dict[str, np.ndarray]:
 
 
 def say(rid: str, text: str, prompt: VoicePrompt | None, seed: int) -> Request:
-    return Request(rid, text, prefill_tokens=40, params=SynthesisParams(seed=seed, max_len=6), prompt=prompt)
+    return Request(rid, text, params=SynthesisParams(seed=seed, max_len=6), prompt=prompt)
 
 
 class LocEncCalls:

@@ -34,7 +34,6 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from voxwire.config import ModelConfig
 from voxwire.kernels import fused, noise, ops, paged_decode
 from voxwire.kernels.path import NOISE_DTYPES
 from voxwire.model import minicpm
@@ -42,6 +41,7 @@ from voxwire.model.audio_vae import StreamingVAEDecoder
 from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.voxcpm import DecodeState, PrefillBatch, VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import RELEASE_SHAPES
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 from tests.bounds import assert_within, weight_norm_fold_bound
 
-from voxwire.config import AudioVAEConfig, AudioVAEVariant, ModelConfig
 from voxwire.model.audio_vae import (
     AudioVAE,
     StreamingVAEDecoder,
@@ -19,6 +18,7 @@ from voxwire.model.audio_vae import (
     random_published_state_dict,
     to_published_state_dict,
 )
+from voxwire.model_config import AudioVAEConfig, AudioVAEVariant, ModelConfig
 from voxwire.tiny.configs import TINY_CONFIGS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "vae"

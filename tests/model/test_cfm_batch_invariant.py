@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from voxwire.config import ModelConfig
 from voxwire.kernels import batch_invariant as bi
 from voxwire.model.cfm import CfmSchedule, UnifiedCFM
 from voxwire.model.local_dit import VoxCPMLocDiT
+from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import TINY_CONFIGS
 
 CONFIG = ModelConfig.from_dict(TINY_CONFIGS["voxcpm2"])

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from voxwire.config import ModelConfig
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.minicpm import MiniCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.params import SynthesisParams
 from voxwire.tiny.configs import ALL_CONFIGS
 

@@ -148,7 +148,7 @@ def test_no_sdpa_call_on_the_decode_path_has_both_a_mask_and_enable_gqa(tmp_path
     tts = voxwire.load_model(make_tiny_checkpoint(tmp_path / "v2", "voxcpm2"), device="cpu")
     engine = Engine(ModelRunner(tts, RunnerOptions(num_slots=2, max_length=128)), EngineConfig(max_running=2))
     for rid, text in (("a", "Short."), ("b", "A rather longer sentence than the first.")):
-        engine.add(Request(rid, text, prefill_tokens=8, params=SynthesisParams(seed=1, max_len=4)))
+        engine.add(Request(rid, text, params=SynthesisParams(seed=1, max_len=4)))
     engine.step()  # both prefilled, first patches decoded
     calls: list[tuple[bool, bool]] = []
     original = F.scaled_dot_product_attention

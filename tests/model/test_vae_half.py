@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import voxwire
-from voxwire.config import ModelConfig
 from voxwire.model.audio_vae import (
     MIN_HALF_VAE_SNR_DB,
     AudioVAE,
@@ -25,6 +24,7 @@ from voxwire.model.audio_vae import (
     half_precision_check,
     random_published_state_dict,
 )
+from voxwire.model_config import ModelConfig
 from voxwire.params import SynthesisParams
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tiny.configs import ALL_CONFIGS

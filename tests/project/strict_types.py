@@ -29,7 +29,7 @@ _REASON = re.compile(r"\s*#\s*\S")
 
 
 def module_name(path: Path) -> str:
-    """``server/voxwire/serving/http/auth.py`` -> ``voxwire.serving.http.auth``; a package is its ``__init__``."""
+    """``server/voxwire/serving/edge/auth.py`` -> ``voxwire.serving.edge.auth``; a package is its ``__init__``."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from voxwire.cli.main import build_parser
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.settings import groups
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,9 +35,20 @@ APPLICATIONS = ("voxwire.serving", "voxwire.cli", "voxwire.client", "voxwire.int
 CLIENT_SIDE = ("voxwire.client", "voxwire.integrations")
 SERVER_SIDE = ("voxwire.serving", "voxwire.model", "voxwire.engine")
 
+TRANSPORTS = ("voxwire.serving.http", "voxwire.serving.ws")
+
 RULES = [
     Rule("the model stack stands below every application", MODEL_STACK, APPLICATIONS),
     Rule("clients speak the protocol, never the server or the model", CLIENT_SIDE, SERVER_SIDE),
+    Rule("the model's layers never drive the engine", ("voxwire.model",), ("voxwire.engine",)),
+    Rule("the transports never reach the process topology", TRANSPORTS, ("voxwire.serving.workers",)),
+    Rule("HTTP never reaches the WebSocket transport", ("voxwire.serving.http",), ("voxwire.serving.ws",)),
+    Rule("the WebSocket transport never reaches HTTP", ("voxwire.serving.ws",), ("voxwire.serving.http",)),
+    Rule(
+        "what both transports share stands below them",
+        ("voxwire.serving.speech", "voxwire.serving.edge", "voxwire.serving.runtime"),
+        (*TRANSPORTS, "voxwire.serving.workers", "voxwire.serving.app"),
+    ),
 ]
 
 

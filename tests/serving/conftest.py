@@ -25,8 +25,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from voxwire.serving.app import make_app, make_runner
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import STATE_KEY
+from voxwire.serving.runtime.keys import STATE_KEY
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM
 

@@ -13,8 +13,8 @@ from aiohttp import FormData
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import ENGINES_KEY, SPEAKER_KEY
+from voxwire.serving.speech.service import SpeechJob
 
 STEP_S = 0.1
 """An engine step's duration under ``record_steps``: long enough to see which step an event lands in."""

@@ -15,8 +15,8 @@ from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import STREAM_PATH
-from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY, Phase
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import SPEAKER_KEY, STATE_KEY, Phase
+from voxwire.serving.speech.service import SpeechJob
 
 TEXT = "Hello from the test."
 SPEECH = {"model": "tts-1", "input": TEXT}

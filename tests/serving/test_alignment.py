@@ -1,11 +1,11 @@
-"""``serving/alignment.py``: character and word timings estimated from the audio a segment actually produced."""
+"""``serving/speech/alignment.py``: character and word timings estimated from the audio a segment actually produced."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from voxwire.serving.alignment import (
+from voxwire.serving.speech.alignment import (
     DEFAULT_SPEAKING_RATE,
     SETTLE_MARGIN_S,
     Alignment,

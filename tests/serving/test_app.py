@@ -18,8 +18,16 @@ from voxwire import __version__
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import ErrorCode
 from voxwire.serving.app import drain, run_app
-from voxwire.serving.keys import CONFIG_KEY, ENGINES_KEY, METRICS_KEY, SESSIONS_KEY, SPEAKER_KEY, STATE_KEY, Phase
-from voxwire.serving.service import SpeechFailure, SpeechJob
+from voxwire.serving.runtime.keys import (
+    CONFIG_KEY,
+    ENGINES_KEY,
+    METRICS_KEY,
+    SESSIONS_KEY,
+    SPEAKER_KEY,
+    STATE_KEY,
+    Phase,
+)
+from voxwire.serving.speech.service import SpeechFailure, SpeechJob
 
 pytestmark = pytest.mark.asyncio
 

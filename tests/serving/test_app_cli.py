@@ -22,7 +22,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
     """Limits in the Limits table, the other settings in the Flags tables (scripts/flag_docs.py writes both)."""
     from pathlib import Path
 
-    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.server_config import ServerConfig
     from voxwire.serving.settings import groups
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()

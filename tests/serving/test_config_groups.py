@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from voxwire.cli.main import build_parser
-from voxwire.serving.config import Limits, ServerConfig, Topology
+from voxwire.serving.server_config import Limits, ServerConfig, Topology
 from voxwire.serving.settings import groups, plain
 
 

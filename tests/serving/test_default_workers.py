@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from voxwire.serving import config as server_config
-from voxwire.serving.config import ServerConfig, spare_cores
+from voxwire.serving import server_config
+from voxwire.serving.server_config import ServerConfig, spare_cores
 
 
 @pytest.mark.parametrize(

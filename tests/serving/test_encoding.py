@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from voxwire.audio.formats import make_encoder
-from voxwire.serving.encoding import EncoderPool
+from voxwire.serving.runtime.encoding import EncoderPool
 from voxwire.sim.model import speech_clip
 
 CHUNK = 7680

@@ -17,9 +17,9 @@ from voxwire.engine.outputs import RunnerOutput
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.app import make_app, run_app
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
-from voxwire.serving.service import SpeechFailure, SpeechJob, SpeechService
+from voxwire.serving.runtime.keys import SPEAKER_KEY, STATE_KEY
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.service import SpeechFailure, SpeechJob, SpeechService
 from voxwire.sim.model import SimSpeech, speech_clip
 from voxwire.sim.runner import SimConfig, SimRunner
 

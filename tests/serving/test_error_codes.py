@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import ApiError, as_api_error
-from voxwire.serving.service import SpeechFailure
+from voxwire.serving.edge.api_errors import ApiError, as_api_error
+from voxwire.serving.speech.service import SpeechFailure
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 HTTP_API = (DOCS / "http-api.md").read_text()

@@ -14,8 +14,8 @@ import pytest
 from voxwire.chunk import Chunk
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH, End, Error, Ready, Text
-from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
-from voxwire.serving.service import SpeechFailure, SpeechJob
+from voxwire.serving.runtime.keys import ENGINES_KEY, SPEAKER_KEY
+from voxwire.serving.speech.service import SpeechFailure, SpeechJob
 
 from .ws.conftest import StreamClient
 

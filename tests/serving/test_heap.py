@@ -1,4 +1,4 @@
-"""A warmed-up serving process takes its startup heap out of garbage collection (``serving/heap.py``)."""
+"""A warmed-up serving process takes its startup heap out of garbage collection (``serving/runtime/heap.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from tests.server_process import ServerProcess, poll
 
-from voxwire.serving.heap import freeze_startup_heap
+from voxwire.serving.runtime.heap import freeze_startup_heap
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from tests.serving.helpers import clip, upload
 import voxwire
 from voxwire.engine import SynthesisParams
 from voxwire.serving.app import make_app
-from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY
+from voxwire.serving.speech.service import SpeechJob
+from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM

@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient
 from tests.serving.helpers import record_engine_texts
 
 from voxwire.engine import SynthesisParams
-from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import SPEAKER_KEY, STATE_KEY
+from voxwire.serving.speech.service import SpeechJob
 
 pytestmark = pytest.mark.asyncio
 

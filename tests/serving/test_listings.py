@@ -10,8 +10,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 from tests.serving.helpers import clip, upload
 
-from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import SPEAKER_KEY
+from voxwire.serving.runtime.keys import SPEAKER_KEY
+from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,7 +19,7 @@ import voxwire
 import voxwire.model.lora
 from voxwire.errors import InvalidInputError
 from voxwire.serving.app import make_app
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
 from voxwire.tts import VoxCPM
@@ -257,7 +257,7 @@ async def test_loras_need_an_api_key_like_voices(
 
 
 def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.Application]) -> None:
-    from voxwire.serving.personas import PersonaLoadError
+    from voxwire.serving.speech.persona_names import PersonaLoadError
 
     with pytest.raises(PersonaLoadError, match=r"lora_config\.json"):
         persona_app(loras=(("A", LORA.parent),))
@@ -265,7 +265,7 @@ def test_a_bad_lora_at_startup_stops_the_server(persona_app: Callable[..., web.A
 
 @pytest.mark.asyncio
 async def test_a_server_without_personas_says_so(serve: Serve, aiohttp_client: Client) -> None:
-    from voxwire.serving.models import load_speech_model
+    from voxwire.serving.speech.load import load_speech_model
 
     config = ServerConfig.of(port=0, model="sim", max_sessions=2, drain_timeout_s=5.0)
     with pytest.raises(InvalidInputError, match="--lora needs a checkpoint"):

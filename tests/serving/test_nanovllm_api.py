@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from voxwire.audio.pcm import to_s16le
 from voxwire.params import SynthesisParams
-from voxwire.serving.keys import VOICES_KEY
+from voxwire.serving.runtime.keys import VOICES_KEY
 from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve

@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 import pytest
 from tests.server_process import ServerProcess
 
-from voxwire.serving.http.auth import OPENAPI_PATH
+from voxwire.serving.edge.auth import OPENAPI_PATH
 from voxwire.serving.openapi import OPERATIONS
 
 pytestmark = pytest.mark.slow

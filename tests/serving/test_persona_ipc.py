@@ -12,9 +12,15 @@ import pytest
 from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.persona_registry import open_registry
-from voxwire.serving.personas import OPERATOR, PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import (
+    OPERATOR,
+    PersonaInfo,
+    PersonaLoadError,
+    PersonaOwnerError,
+    UnknownPersonaError,
+)
+from voxwire.serving.speech.persona_registry import open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.remote_personas import RemotePersonas
@@ -102,7 +108,7 @@ def test_the_requesters_key_travels_with_the_calls_and_the_engine_decides(engine
 
 def test_the_engine_refuses_a_request_naming_a_persona_it_lacks(engine: FrontendSocket) -> None:
     # A frontend whose list of names is stale (a removal not yet announced) still gets the typed refusal.
-    engine.send(ipc.Add(Request("r-1", "Hello there.", 8, persona="gone")))
+    engine.send(ipc.Add(Request("r-1", "Hello there.", persona="gone")))
     rejected = engine.receive(ipc.Rejected)
     assert isinstance(rejected, ipc.Rejected) and rejected.request_id == "r-1"
     assert isinstance(rejected.error, UnknownPersonaError) and "gone" in str(rejected.error)

@@ -20,8 +20,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from tests.serving.helpers import clip, upload
 
-from voxwire.serving.keys import VOICES_KEY
-from voxwire.serving.voices import VoiceInfo
+from voxwire.serving.runtime.keys import VOICES_KEY
+from voxwire.serving.speech.voice_store import VoiceInfo
 from voxwire.tts import VoxCPM
 
 from .conftest import LORA, Serve

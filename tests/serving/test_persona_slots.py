@@ -23,10 +23,10 @@ from safetensors.torch import load_file, save_file
 
 from voxwire.chunk import Chunk
 from voxwire.params import SynthesisParams
-from voxwire.serving.http.auth import key_owner
-from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
-from voxwire.serving.personas import client_owner
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.edge.auth import key_owner
+from voxwire.serving.runtime.keys import ENGINES_KEY, SPEAKER_KEY
+from voxwire.serving.speech.persona_names import client_owner
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
 
 from .conftest import LORA, Serve
 

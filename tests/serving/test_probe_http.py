@@ -14,7 +14,7 @@ from aiohttp import FormData
 from aiohttp.test_utils import TestClient, TestServer
 from tests.serving.helpers import clip, scrape
 
-from voxwire.serving.keys import METRICS_KEY
+from voxwire.serving.runtime.keys import METRICS_KEY
 
 pytestmark = pytest.mark.asyncio
 

@@ -26,7 +26,7 @@ from tests.serving.helpers import clip, form, speak_with, upload
 from voxwire.audio.clip import ClipTooLongError, load_clip
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import MAX_LATENT_MAGNITUDE, VoicePrompt
-from voxwire.serving.voices import ORPHAN_GRACE_S, VoiceStore
+from voxwire.serving.speech.voice_store import ORPHAN_GRACE_S, VoiceStore
 
 
 def constant_wav(value: float, nbytes: int = 64 * 1024, rate: int = 16000) -> bytes:

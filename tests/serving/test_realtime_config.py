@@ -6,7 +6,7 @@ import pytest
 
 from voxwire.cli.main import build_parser
 from voxwire.cli.serve import config_from_args
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 
 
 def engine_config_of(*flags: str):

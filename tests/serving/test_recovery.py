@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from voxwire.serving.config import ServerConfig
 from voxwire.serving.recovery import CrashLoop
+from voxwire.serving.server_config import ServerConfig
 
 
 def test_deaths_are_a_crash_loop_only_within_the_window() -> None:

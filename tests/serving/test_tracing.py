@@ -33,8 +33,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.server_process import ServerProcess, poll
 
 from voxwire.serving.app import drain, runner_options
-from voxwire.serving.keys import CONFIG_KEY, STATE_KEY, TRACING_KEY, Phase
-from voxwire.serving.tracing import Tracing, tracing_requested
+from voxwire.serving.runtime.keys import CONFIG_KEY, STATE_KEY, TRACING_KEY, Phase
+from voxwire.serving.runtime.tracing import Tracing, tracing_requested
 
 from .conftest import wait_ready
 
@@ -323,7 +323,7 @@ SERVED = textwrap.dedent(
     import asyncio, json, sys
     from aiohttp.test_utils import TestClient, TestServer
     from voxwire.serving.app import make_app, runner_options
-    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.server_config import ServerConfig
 
     async def main():
         config = ServerConfig.of(model="sim", port=0, realtime=False)

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 from tests.serving.helpers import clip, speak_with, upload
 
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.voices import VOICE_ID_PATTERN, UnknownVoiceError, VoiceLimitError, VoiceStore
+from voxwire.serving.speech.voice_store import VOICE_ID_PATTERN, UnknownVoiceError, VoiceLimitError, VoiceStore
 
 pytestmark = pytest.mark.asyncio
 

@@ -9,7 +9,7 @@ from voxwire.cli.main import build_parser, main
 from voxwire.cli.serve import config_from_args
 from voxwire.engine import RunnerOptions
 from voxwire.engine.cost_model import StepCost
-from voxwire.serving.models import load_speech_model
+from voxwire.serving.speech.load import load_speech_model
 from voxwire.sim.model import SimSpeech
 
 

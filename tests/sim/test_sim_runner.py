@@ -45,11 +45,11 @@ def test_each_step_sleeps_for_the_cost_of_its_rows_and_prefill_tokens() -> None:
     fake = FakeTime()
     config = SimConfig(cost=StepCost.parse(COST))
     engine = engine_over(SimRunner(speech_clip(48000), 8, config, sleep=fake.sleep, clock=fake.clock))
-    engine.add(Request("a", "Hello there, how are you?", 7, SynthesisParams(seed=1)))
-    engine.add(Request("b", "Fine.", 3, SynthesisParams(seed=2)))
-    engine.step()  # both prefilled and decoded: 10 ms + 2 rows + 10 tokens
+    engine.add(Request("a", "Hello there, how are you?", SynthesisParams(seed=1)))  # 25 bytes: 9 simulated tokens
+    engine.add(Request("b", "Fine.", SynthesisParams(seed=2)))  # 2 tokens
+    engine.step()  # both prefilled and decoded: 10 ms + 2 rows + 11 tokens
     engine.step()  # both decode
-    assert fake.sleeps == pytest.approx([0.010 + 0.002 + 0.005, 0.010 + 0.002])
+    assert fake.sleeps == pytest.approx([0.010 + 0.002 + 0.0055, 0.010 + 0.002])
 
 
 def test_the_runners_own_time_counts_against_the_step() -> None:
@@ -63,7 +63,7 @@ def test_the_runners_own_time_counts_against_the_step() -> None:
         speech_clip(48000), 1, SimConfig(cost=StepCost.parse("20ms")), sleep=fake.sleep, clock=slow_clock
     )
     engine = engine_over(runner, 1)
-    engine.add(Request("a", "Hello.", 2, SynthesisParams(seed=1)))
+    engine.add(Request("a", "Hello.", SynthesisParams(seed=1)))
     engine.step()
     assert fake.sleeps == pytest.approx([0.016])
 
@@ -75,8 +75,8 @@ def test_utterances_are_the_looped_clip_in_chunks_and_their_length_follows_the_t
     runner = SimRunner(clip, 4, config, sleep=fake.sleep, clock=fake.clock)
     engine = engine_over(runner, 4)
     short, long = "Yes, I think so.", "This sentence is a good deal longer than the other one, so it lasts longer."
-    engine.add(Request("short", short, 5, SynthesisParams(seed=3)))
-    engine.add(Request("long", long, 25, SynthesisParams(seed=3)))
+    engine.add(Request("short", short, SynthesisParams(seed=3)))
+    engine.add(Request("long", long, SynthesisParams(seed=3)))
     audio = run_to_end(engine)
     assert {chunk.size for chunks in audio.values() for chunk in chunks} == {config.samples_per_patch}
     seconds = {rid: sum(c.size for c in chunks) / config.sample_rate for rid, chunks in audio.items()}
@@ -96,7 +96,7 @@ def test_the_same_seed_gives_the_same_utterance_and_another_seed_another() -> No
     def speak(seed: int) -> np.ndarray:
         fake = FakeTime()
         engine = engine_over(SimRunner(speech_clip(48000), 1, sleep=fake.sleep, clock=fake.clock), 1)
-        engine.add(Request("a", "A sentence of medium length, spoken once.", 9, SynthesisParams(seed=seed)))
+        engine.add(Request("a", "A sentence of medium length, spoken once.", SynthesisParams(seed=seed)))
         return np.concatenate(run_to_end(engine)["a"])
 
     assert np.array_equal(speak(5), speak(5))
@@ -118,4 +118,8 @@ def test_sim_voices_are_latents_shaped_like_voxcpm2s_and_cost_prefill() -> None:
     clip = speech_clip(48000)[: 48000 * 2]
     voice = model.make_prompt(VoiceClip(reference_audio=clip, reference_sample_rate=48000))
     assert voice.reference_patches is not None and tuple(voice.reference_patches.shape[1:]) == model.patch_shape
-    assert model.prompt_length("Hello.", voice) > model.prompt_length("Hello.", None)
+    runner = SimRunner(clip, 1)
+    voiced = runner.prepare(Request("v", "Hello.", prompt=voice))
+    plain = runner.prepare(Request("p", "Hello."))
+    assert voiced.prompt_positions == plain.prompt_positions + voice.reference_patches.shape[0] + 2
+    assert voiced.kv_positions - voiced.prompt_positions == plain.kv_positions - plain.prompt_positions

@@ -24,7 +24,7 @@ SEED = 11
 def expected_audio() -> np.ndarray:
     """What the simulated model says for ``TEXT`` and ``SEED``, without a server."""
     engine = Engine(SimRunner(speech_clip(48000), 1, SimConfig(), sleep=lambda _: None), EngineConfig(max_running=1))
-    engine.add(Request("a", TEXT, 10, SynthesisParams(seed=SEED)))
+    engine.add(Request("a", TEXT, SynthesisParams(seed=SEED)))
     chunks = []
     while engine.has_unfinished():
         chunks += [output.audio for output in engine.step()]

@@ -11,7 +11,7 @@ import pytest
 from tests.engine_socket import FrontendSocket, running
 
 from voxwire.engine import Engine, Request, SynthesisParams
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.sim.model import SimSpeech
@@ -47,9 +47,9 @@ def endpoint(tmp_path: Path) -> Iterator[str]:
 def test_a_new_streams_first_chunk_leads_its_step_message(endpoint: str) -> None:
     frontend = Frontend(endpoint)
     long = SynthesisParams(max_len=200)
-    frontend.send(ipc.Add(Request("a", "A long utterance that keeps playing.", 8, long)))
+    frontend.send(ipc.Add(Request("a", "A long utterance that keeps playing.", long)))
     assert frontend.request_ids() == ["a"]
-    frontend.send(ipc.Add(Request("b", "Another one.", 4, long)))
+    frontend.send(ipc.Add(Request("b", "Another one.", long)))
     while (ids := frontend.request_ids()) == ["a"]:
         pass
     assert ids == ["b", "a"]  # the engine's rows are a, b: b's first chunk goes first

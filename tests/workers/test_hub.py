@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.voices import Voice, VoiceInfo
+from voxwire.serving.speech.voice_store import Voice, VoiceInfo
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import Hub
 

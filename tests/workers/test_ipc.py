@@ -22,12 +22,10 @@ from voxwire.chunk import Chunk, EngineStep
 from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
-from voxwire.serving.voices import Voice, VoiceInfo
+from voxwire.serving.speech.persona_names import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.speech.voice_store import Voice, VoiceInfo
 from voxwire.serving.workers import ipc
-from voxwire.sim.model import SimPromptLength
-from voxwire.speech_model import ModelInfo, TokenizedPromptLength
-from voxwire.tts import VoxCPM
+from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip
 
 from .helpers import TEXT, speak
@@ -40,9 +38,9 @@ STEP = EngineStep(1_796_000_000_000_000_000, 42_000_000, 2)
 PERSONA = PersonaInfo("A", "a", 4, 8.0, True, True, False, 0, {"target_modules_lm": ("q_proj",)}, "key-digest")
 
 
-def every_message(tts: VoxCPM) -> list[object]:
+def every_message() -> list[object]:
     """One of each message of the protocol, every field filled as the server fills it."""
-    request = Request("r1", "hello", 5, SynthesisParams(seed=3), PROMPT, 0.3, 1.0, "A")
+    request = Request("r1", "hello", SynthesisParams(seed=3), PROMPT, 0.3, 1.0, "A")
     info = ModelInfo("model", 16000, 640, True, True)
     patch = np.ones((4, 8), np.float32)
     messages = [
@@ -51,10 +49,10 @@ def every_message(tts: VoxCPM) -> list[object]:
         ipc.VoiceSaved(1, VOICE), ipc.VoiceDeleted(1, "voice_0123456789abcdef"), ipc.Applied((b"frontend-0", 1)),
         ipc.AddPersona(1, "A", "a", "key-digest"), ipc.RemovePersona(1, "A", "key-digest"), ipc.ListPersonas(1),
         ipc.PersonasPublished(1),
-        ipc.Welcome(info, (4, 8), TokenizedPromptLength(tts.tokenizer), (VOICE,), ("A",)),
-        ipc.Welcome(info, (4, 8), SimPromptLength(), (), None),
-        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch, 0.25, STEP), ("r2", 0, None, "oops", None, None, None)],
-                    STATS),
+        ipc.Welcome(info, (4, 8), (VOICE,), ("A",)),
+        ipc.Welcome(info, (4, 8), (), None),
+        ipc.Outputs([("r1", 3, FinishReason.STOP, None, patch, 0.25, STEP, 12),
+                     ("r2", 0, None, "oops", None, None, None, None)], STATS),
         ipc.Rejected("r1", QueueFullError("full")), ipc.Rejected("r1", ValueError("bad")), ipc.Heartbeat(STATS),
         ipc.VoiceEncoded(1, PROMPT), ipc.VoiceEncoded(1, None, InvalidInputError("not audio")),
         ipc.VoicesChanged((b"frontend-0", 1), (VOICE,), ("voice_0123456789abcdef",)),
@@ -68,8 +66,6 @@ def every_message(tts: VoxCPM) -> list[object]:
 
 def plain(value: object) -> object:
     """``value`` as comparable plain data: dataclasses by type and fields, tensors and arrays as lists."""
-    if isinstance(value, (TokenizedPromptLength, SimPromptLength)):
-        return type(value).__name__, value(TEXT, PROMPT)  # the same estimate
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return type(value).__name__, {field.name: plain(getattr(value, field.name)) for field in fields}
@@ -96,9 +92,9 @@ def named_globals(data: bytes) -> set[tuple[str, str]]:
     return names
 
 
-def test_every_message_round_trips_and_names_only_what_it_holds(tiny_tts: VoxCPM) -> None:
+def test_every_message_round_trips_and_names_only_what_it_holds() -> None:
     used: set[tuple[str, str]] = set()
-    for message in every_message(tiny_tts):
+    for message in every_message():
         data = ipc.dumps(message)
         decoded = ipc.loads(data)
         assert plain(decoded) == plain(message)  # the same value, field for field
@@ -201,7 +197,7 @@ def test_a_live_engine_drops_foreign_frames_and_keeps_serving(tmp_path: Path) ->
 def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
     patch = np.ones((2, 4), dtype=np.float32)
     sent = [
-        Chunk("r1", np.arange(3, dtype=np.float32), patch=patch, queued_s=0.25, step=STEP),
+        Chunk("r1", np.arange(3, dtype=np.float32), patch=patch, queued_s=0.25, step=STEP, prompt_positions=12),
         Chunk("r3", np.arange(2, dtype=np.float32), FinishReason.STOP, step=STEP),
         Chunk("r2", np.zeros(0, dtype=np.float32), FinishReason.ERROR, "oops"),
     ]
@@ -213,6 +209,7 @@ def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
         assert (after.request_id, after.finish_reason, after.error, after.queued_s, after.step) == (
             before.request_id, before.finish_reason, before.error, before.queued_s, before.step,
         )  # fmt: skip
+        assert after.prompt_positions == before.prompt_positions
         assert np.array_equal(after.audio, before.audio)
     assert received[0].patch is not None and np.array_equal(received[0].patch, patch) and received[2].patch is None
     assert received[0].step is received[1].step  # the step's rows share one object after the trip too

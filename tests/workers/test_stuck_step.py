@@ -18,7 +18,7 @@ from tests.engine_socket import FrontendSocket, running
 from tests.server_process import poll
 
 from voxwire.engine import Engine, Request, RunnerOutput, StepPlan, SynthesisParams
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.engine_process import EngineCore
 from voxwire.serving.workers.liveness import Activity, Hang, HangRule, Pulses
@@ -65,7 +65,7 @@ class Core:
         frontend = FrontendSocket(self.endpoint)
         frontend.send(ipc.Hello(1))
         frontend.receive(ipc.Welcome)
-        frontend.send(ipc.Add(Request("a", "Stuck in its first step.", 8, SynthesisParams(max_len=20))))
+        frontend.send(ipc.Add(Request("a", "Stuck in its first step.", SynthesisParams(max_len=20))))
         assert poll(lambda: self.hang() is not None, timeout=10)
         return frontend
 

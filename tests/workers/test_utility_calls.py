@@ -11,7 +11,7 @@ import numpy as np
 
 from voxwire.engine import QueueFullError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.http.errors import as_api_error
+from voxwire.serving.edge.api_errors import as_api_error
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.utility import UtilityCalls
 from voxwire.sim.model import SimSpeech

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from voxwire.cli import environment
 
 if TYPE_CHECKING:
-    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.server_config import ServerConfig
     from voxwire.serving.settings import Setting
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -27,7 +27,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 def register(parser: argparse.ArgumentParser) -> None:
     """One option per ``ServerConfig`` setting, in its group, its help made from the setting's docstring."""
-    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.server_config import ServerConfig
     from voxwire.serving.settings import groups, plain
 
     parser.description = (
@@ -72,7 +72,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
 def _config(args: argparse.Namespace) -> ServerConfig:
     """The ``ServerConfig`` of arguments that ``with_environment`` has completed: each setting's option is named
     after it (``dest``); a repeatable option's values are kept once each, in order."""
-    from voxwire.serving.config import ServerConfig
+    from voxwire.serving.server_config import ServerConfig
     from voxwire.serving.settings import groups
 
     values: dict[str, Any] = {}

@@ -1,16 +1,17 @@
 """The streaming micro-batcher: sans-I/O ``Engine``, its scheduler, its serving cycle (``EngineLoop``), and the
 threaded ``AsyncEngine``.
 
-Nothing in this package imports torch except the runner and its device modules (``runner``, ``cuda_graphs``,
-``devices``), imported only by whoever builds an engine around a real model.
+Nothing in this package imports torch except the runner and the modules only it imports (``runner``,
+``cuda_graphs``, ``kv_pool``, ``voice_cache``; ``tests/engine/test_no_torch.py`` holds every other module to it),
+imported only by whoever builds an engine around a real model.
 """
 
 from __future__ import annotations
 
 from voxwire.chunk import Chunk
 from voxwire.engine.async_engine import AsyncEngine
-from voxwire.engine.config import EngineConfig, RunnerOptions
 from voxwire.engine.engine import Engine
+from voxwire.engine.engine_config import EngineConfig, RunnerOptions
 from voxwire.engine.errors import (
     DuplicateRequestError,
     EngineDeadError,
@@ -22,7 +23,7 @@ from voxwire.engine.errors import (
 from voxwire.engine.latency import LATENCY_BUCKETS_S, LatencyHistogram
 from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
-from voxwire.engine.request import ParamLimits, Request, RequestStatus
+from voxwire.engine.request import ParamLimits, Prepared, Request, RequestStatus
 from voxwire.engine.slots import SlotMove
 from voxwire.finish_reason import FinishReason
 from voxwire.params import SynthesisParams
@@ -43,6 +44,7 @@ __all__ = [
     "OverBudgetError",
     "ParamLimits",
     "PrefillItem",
+    "Prepared",
     "QueueFullError",
     "Request",
     "RequestStatus",

@@ -52,7 +52,7 @@ class AsyncEngine:
     ) -> None:
         """``death_error``: what the open streams raise if the engine thread dies (``EngineRestartingError``
         where the owner replaces a dead engine)."""
-        # Only the engine thread touches _engine (and _cycle, which steps it) once start() has run.
+        # Only the engine thread touches _engine (and _engine_loop, which steps it) once start() has run.
         self._engine = engine
         self._death_error = death_error
         self.stepping_since: float | None = None
@@ -61,14 +61,14 @@ class AsyncEngine:
         self.death: BaseException | None = None
         """What ended the engine thread, once it died (set on the event loop)."""
         self._abandoned = False
-        self._cycle = EngineLoop(engine, self._deliver)
+        self._engine_loop = EngineLoop(engine, self._deliver)
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         # _commands and _stopping are shared with the engine thread, guarded by _wakeup.
         self._wakeup = threading.Condition()
         self._commands: deque[Callable[[], object]] = deque()
         self._stopping = False
         # Loop-side state, touched only on the event loop thread.
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._streams = OutputStreams()
 
     async def __aenter__(self) -> AsyncEngine:
@@ -82,14 +82,14 @@ class AsyncEngine:
 
     def start(self) -> None:
         """Start the engine thread. Call it from the event loop that will consume the streams."""
-        if self._loop is not None:
+        if self._event_loop is not None:
             raise RuntimeError("AsyncEngine.start() was already called")
-        self._loop = asyncio.get_running_loop()
+        self._event_loop = asyncio.get_running_loop()
         self._thread.start()
 
     async def stop(self) -> None:
         """Abort every request, deliver their final outputs, and join the engine thread."""
-        if self._loop is None or self._abandoned:
+        if self._event_loop is None or self._abandoned:
             return
         if self._streams.closed_reason is None:
             self._streams.closed_reason = "the engine is stopped"
@@ -124,7 +124,7 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         """The load after the most recent step; safe to call from any thread."""
-        return self._cycle.stats
+        return self._engine_loop.stats
 
     def abort(self, request_id: str) -> None:
         """Abort a request from the event loop; its stream ends with an ``aborted`` output."""
@@ -132,9 +132,9 @@ class AsyncEngine:
             self._submit(lambda: self._engine.abort(request_id))
 
     def _open(self, request: Request) -> asyncio.Queue[Chunk | BaseException]:
-        if self._loop is None:
+        if self._event_loop is None:
             raise EngineDeadError("the engine is not started")
-        if self._streams.closed_reason is None and asyncio.get_running_loop() is not self._loop:
+        if self._streams.closed_reason is None and asyncio.get_running_loop() is not self._event_loop:
             raise RuntimeError("AsyncEngine.stream() must run on the event loop that called start()")
         # A channel stays registered until its final output, so this also refuses the id of an
         # aborted request whose abort the engine thread has not applied yet.
@@ -163,7 +163,7 @@ class AsyncEngine:
         """Apply pending commands, then run one step if one is due; False once stopped (after the drain)."""
         with self._wakeup:
             while not (self._commands or self._stopping):
-                wait_s = self._cycle.wait_s()
+                wait_s = self._engine_loop.wait_s()
                 if wait_s <= 0:
                     break
                 self._wakeup.wait(None if wait_s == math.inf else wait_s)
@@ -173,16 +173,16 @@ class AsyncEngine:
         for command in commands:
             command()
         if stopping:
-            self._cycle.drain()
+            self._engine_loop.drain()
             return False
         self.stepping_since = time.monotonic()
-        self._cycle.run_due()
+        self._engine_loop.run_due()
         self.stepping_since = None
         return True
 
     def _add(self, request: Request) -> None:
         try:
-            self._cycle.add(request)
+            self._engine_loop.add(request)
         except (EngineError, ValueError) as exc:
             self._post(self._reject, request.request_id, exc)
 
@@ -190,8 +190,8 @@ class AsyncEngine:
         self._post(self._dispatch, outputs)
 
     def _post(self, callback: Callable[..., object], *args: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(callback, *args)
+        assert self._event_loop is not None
+        self._event_loop.call_soon_threadsafe(callback, *args)
 
     # ---- event loop ----------------------------------------------------------------------
 

@@ -27,9 +27,8 @@ import numpy as np
 from voxwire.engine.blocks import blocks_for
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.outputs import PrefillItem
-from voxwire.engine.request import Request
+from voxwire.engine.request import Prepared, Request
 from voxwire.engine.timestep_buckets import bucket_of
-from voxwire.errors import InvalidInputError
 from voxwire.params import SynthesisParams
 
 CALIBRATION_SLOT = 0
@@ -69,12 +68,8 @@ class CalibrationTarget(Protocol):
         """The admission of ``item`` as the engine runs it: its prefill, then its row's first decode step."""
         ...
 
-    def prompt_positions(self, request: Request) -> int:
-        """The request's prompt length in LM positions.
-
-        Raises:
-            InvalidInputError: the prompt does not fit the runner.
-        """
+    def prepare(self, request: Request) -> Prepared:
+        """The request laid out as the engine's ``add`` has it laid out (``Runner.prepare``)."""
         ...
 
 
@@ -106,25 +101,22 @@ def _admissions(target: CalibrationTarget, timesteps: int) -> list[tuple[Prefill
     with its prompt length; none when even a short prompt does not fit (decode samples only)."""
     params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
 
-    def admission(words: int) -> tuple[Request, int]:
-        made = Request("calibration", " ".join(["calibrate"] * words), 1, params)
-        return made, target.prompt_positions(made)
+    def admission(words: int) -> tuple[Request, Prepared]:
+        made = Request("calibration", " ".join(["calibrate"] * words), params)
+        return made, target.prepare(made)
 
-    try:
-        (_, short), (_, longer) = admission(8), admission(16)
-    except InvalidInputError:
+    (_, short), (_, longer) = admission(8), admission(16)
+    if short.error is not None or longer.error is not None:
         return []
-    per_word = max((longer - short) / 8, 1e-9)
+    per_word = max((longer.prompt_positions - short.prompt_positions) / 8, 1e-9)
     room = min(target.max_length, (target.num_kv_blocks - 1) * target.block_size) - 1
     items = []
-    for wanted in spread(short, min(_LONGEST_PROMPT, room)):
-        try:
-            made, length = admission(max(1, round(8 + (wanted - short) / per_word)))
-        except InvalidInputError:
-            continue
-        if length <= room:
+    for wanted in spread(short.prompt_positions, min(_LONGEST_PROMPT, room)):
+        made, prepared = admission(max(1, round(8 + (wanted - short.prompt_positions) / per_word)))
+        length = prepared.prompt_positions
+        if prepared.error is None and length <= room:
             blocks = tuple(range(1, 1 + blocks_for(length + 1, target.block_size)))
-            items.append((PrefillItem("calibration", CALIBRATION_SLOT, made, blocks), length))
+            items.append((PrefillItem("calibration", CALIBRATION_SLOT, made, prepared, blocks), length))
     return items
 
 

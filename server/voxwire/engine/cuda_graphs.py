@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from voxwire.engine import devices
+from voxwire import devices
 
 StepFunction = Callable[[int, int], torch.Tensor]
 """step(bucket, timesteps) -> the step's packed output (bucket, F)."""

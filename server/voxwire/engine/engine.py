@@ -20,8 +20,8 @@ import numpy as np
 
 from voxwire.chunk import EMPTY_AUDIO, Chunk, EngineStep
 from voxwire.engine.blocks import BlockAllocator
-from voxwire.engine.config import EngineConfig
 from voxwire.engine.cost_model import TrackedStepCost
+from voxwire.engine.engine_config import EngineConfig
 from voxwire.engine.outputs import (
     PersonaRunner,
     RealtimeRunner,
@@ -31,7 +31,7 @@ from voxwire.engine.outputs import (
     TimestepWeightedRunner,
 )
 from voxwire.engine.policy import RealtimePolicy
-from voxwire.engine.request import FINISH_REASONS, Request, RequestStatus, Session
+from voxwire.engine.request import FINISH_REASONS, Request, RequestRecord, RequestStatus
 from voxwire.engine.scheduler import Scheduler
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
@@ -61,12 +61,13 @@ class Engine:
         policy = None if realtime is None else realtime[1]
         self.scheduler = Scheduler(self.config, blocks, policy, _persona_slots(runner))
         # Sessions whose first chunk the last step produced, until mark_sent stamps them.
-        self._unsent: list[Session] = []
+        self._unsent: list[RequestRecord] = []
         # The last step's model work, (weighted decode rows, prefill positions), until step_took times it.
         self._untimed: tuple[float, int] | None = None
 
     def add(self, request: Request) -> None:
-        """Queue ``request``; its outputs appear in later ``step()`` results.
+        """Queue ``request``, laid out by the runner now (``Runner.prepare``), once; its outputs appear in later
+        ``step()`` results.
 
         Raises:
             ValueError: a synthesis parameter is outside ``config.limits`` (the message names it).
@@ -76,15 +77,15 @@ class Engine:
                 stream (``engine.policy``, rule 7).
         """
         self.config.limits.check(request.params)
-        positions = self.runner.kv_positions(request)
-        blocks = self.scheduler.blocks
+        prepared = self.runner.prepare(request)  # the request's one layout, kept until its prefill
+        positions, blocks = prepared.kv_positions, self.scheduler.blocks
         if blocks.blocks_for(positions) > blocks.num_total:
             raise InvalidInputError(
                 f"request {request.request_id!r} can reach {positions} KV positions but the whole KV pool holds "
                 f"{blocks.num_total * blocks.block_size}: lower max_len, shorten the text, or give the KV cache "
                 "more memory (--kv-cache-gb)"
             )
-        self.scheduler.add(request, positions)
+        self.scheduler.add(request, prepared)
 
     def abort(self, request_id: str) -> bool:
         """Abort a waiting or running request; its final ``aborted`` output comes with the next step.
@@ -95,7 +96,7 @@ class Engine:
 
     def abort_all(self) -> int:
         """Abort every unfinished request; returns how many were aborted."""
-        return sum(self.scheduler.abort(rid) for rid in list(self.scheduler.sessions))
+        return sum(self.scheduler.abort(rid) for rid in list(self.scheduler.records))
 
     def has_unfinished(self) -> bool:
         """Whether some request still owes its final output."""
@@ -184,20 +185,20 @@ class Engine:
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return outputs
-        rows = [self.scheduler.sessions[rid] for rid in plan.request_ids]
+        rows = [self.scheduler.records[rid] for rid in plan.request_ids]
         try:
             result = self.runner.execute(plan)
             _check_output(plan, result)
         except Exception as exc:
             # TGI's rule: after a failed forward pass no row's state can be trusted, including the
             # rows that skipped this step.
-            holding = [self.scheduler.sessions[rid] for rid in self.scheduler.slots.owners]
+            holding = [self.scheduler.records[rid] for rid in self.scheduler.slots.owners]
             logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
             return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
         step = EngineStep(started_ns, time.time_ns() - started_ns, len(rows))
         if rows or plan.prefills:
-            tokens = sum(item.request.prefill_tokens for item in plan.prefills)
-            self._untimed = (sum(session.row_weight for session in rows), tokens)
+            tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
+            self._untimed = (sum(record.row_weight for record in rows), tokens)
         return outputs + self._update(plan, rows, result, step)
 
     def mark_sent(self, now: float) -> None:
@@ -205,47 +206,50 @@ class Engine:
 
         Call it after each step (the real-time policy treats a first chunk not yet marked as due now).
         """
-        for session in self._unsent:
-            session.first_sent_at = now
+        for record in self._unsent:
+            record.first_sent_at = now
         self._unsent.clear()
 
-    def _busy_message(self, session: Session) -> str:
-        wait = session.persona_wait
+    def _busy_message(self, record: RequestRecord) -> str:
+        wait = record.persona_wait
         why = f" ({wait.value})" if wait is not None else ""
         return (
-            f"request {session.request_id!r} waited {self.config.max_persona_wait_s:g} s for a slot for persona "
-            f"{session.request.persona!r} and got none{why}; retry later"
+            f"request {record.request_id!r} waited {self.config.max_persona_wait_s:g} s for a slot for persona "
+            f"{record.request.persona!r} and got none{why}; retry later"
         )
 
-    def _fail(self, rows: list[Session], message: str) -> list[Chunk]:
-        self.scheduler.finish((session, RequestStatus.FINISHED_ERROR) for session in rows)
+    def _fail(self, rows: list[RequestRecord], message: str) -> list[Chunk]:
+        self.scheduler.finish((record, RequestStatus.FINISHED_ERROR) for record in rows)
         return [Chunk(s.request_id, EMPTY_AUDIO, FinishReason.ERROR, message) for s in rows]
 
-    def _update(self, plan: StepPlan, rows: list[Session], result: RunnerOutput, step: EngineStep) -> list[Chunk]:
+    def _update(self, plan: StepPlan, rows: list[RequestRecord], result: RunnerOutput, step: EngineStep) -> list[Chunk]:
         for rid, cap in result.length_caps.items():
-            self.scheduler.sessions[rid].length_cap = cap
+            self.scheduler.records[rid].length_cap = cap
         outputs: list[Chunk] = []
-        finished: list[tuple[Session, RequestStatus]] = []
+        finished: list[tuple[RequestRecord, RequestStatus]] = []
         patches = result.patches or (None,) * len(rows)
         errors, running = result.errors, RequestStatus.RUNNING
         # The per-row loop is the engine's host cost per step: kept to a few attribute reads per row.
-        for session, rid, audio, stop_flag, patch in zip(
+        for record, rid, audio, stop_flag, patch in zip(
             rows, plan.request_ids, result.audio, result.stop_flags, patches, strict=True
         ):
             error = errors.get(rid) if errors else None
             if error is not None:
-                finished.append((session, RequestStatus.FINISHED_ERROR))
+                finished.append((record, RequestStatus.FINISHED_ERROR))
                 outputs.append(Chunk(rid, EMPTY_AUDIO, FinishReason.ERROR, error, None, None, step))
                 continue
-            status = session.status_after(stop_flag)
-            if session.step_index == 0:
-                self._unsent.append(session)
-            session.step_index += 1
+            status = record.status_after(stop_flag)
+            # A stream's first chunk reports its prompt's size (the SSE ``usage``): the frontends never measure it.
+            prompt = None
+            if record.step_index == 0:
+                self._unsent.append(record)
+                prompt = record.prepared.prompt_positions
+            record.step_index += 1
             if status is running:
-                outputs.append(Chunk(rid, audio, None, None, patch, None, step))
+                outputs.append(Chunk(rid, audio, None, None, patch, None, step, prompt))
             else:
-                finished.append((session, status))
-                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch, None, step))
+                finished.append((record, status))
+                outputs.append(Chunk(rid, audio, FINISH_REASONS[status], None, patch, None, step, prompt))
         self.scheduler.finish(finished)
         return outputs
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voxwire.engine import devices
+from voxwire import devices
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.loaded import LoadedModel
 

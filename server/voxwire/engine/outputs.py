@@ -12,13 +12,13 @@ from typing import Protocol, runtime_checkable
 
 from voxwire.chunk import Audio, Patch
 from voxwire.engine.cost_model import StepCost
-from voxwire.engine.request import Request
+from voxwire.engine.request import Prepared, Request
 from voxwire.engine.slots import SlotMove
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillItem:
-    """A request admitted this step: reset row ``slot`` and prefill it with ``request``.
+    """A request admitted this step: reset row ``slot`` and prefill it with ``request``, as ``prepared``.
 
     ``blocks`` are the KV blocks the request owns from now until it is released, in position order
     (position p lives in ``blocks[p // block_size]``): every position it can reach, prompt included."""
@@ -26,6 +26,7 @@ class PrefillItem:
     request_id: str
     slot: int
     request: Request
+    prepared: Prepared
     blocks: tuple[int, ...] = ()
 
 
@@ -119,9 +120,10 @@ class Runner(Protocol):
         """Wall time those captures took (0 where none are used)."""
         ...
 
-    def kv_positions(self, request: Request) -> int:
-        """KV positions ``request`` can reach: its prompt plus its length cap. A request the runner will
-        refuse at prefill may report 1 (its prefill then fails with the reason)."""
+    def prepare(self, request: Request) -> Prepared:
+        """Lay ``request`` out for its prefill, once, when the engine takes it (between steps, on the engine's
+        thread). Never raises for a request it cannot serve: it returns ``Prepared.refused`` (its prefill then
+        fails with the reason)."""
         ...
 
     def execute(self, plan: StepPlan) -> RunnerOutput: ...

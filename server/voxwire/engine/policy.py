@@ -73,7 +73,7 @@ def admit_count(prefill_tokens: Iterable[int], free_slots: int, token_budget: in
     exceeds the budget, so a long prompt cannot starve. Stop at the first request that does not fit.
 
     Args:
-        prefill_tokens: The ``prefill_tokens`` estimate of each waiting request, queue head first.
+        prefill_tokens: The prompt positions of each waiting request (``Prepared.prompt_positions``), queue head first.
         free_slots: Slots left under ``max_running`` after this step's releases.
         token_budget: ``EngineConfig.max_prefill_tokens_per_step``.
     """
@@ -171,7 +171,7 @@ class RealtimePolicy:
         Args:
             now: The current time, on the clock the deadlines are on.
             deadlines: Per running session, its next chunk's deadline, in arrival (FIFO) order.
-            waiting_tokens: The ``prefill_tokens`` of each waiting request, queue head first.
+            waiting_tokens: The prompt positions of each waiting request, queue head first.
             free_slots: How many waiting requests, from the head, have a slot and KV blocks free.
             weights: Per running session (as ``deadlines``), the rows its row costs (``weights``); default 1.
             waiting_weights: The same for each waiting request (as ``waiting_tokens``); default 1.

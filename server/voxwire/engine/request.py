@@ -1,10 +1,11 @@
 """What a synthesis request is, and the per-request state the engine keeps while serving it.
 
 ``Request`` and ``SynthesisParams`` (defined in the leaf module ``voxwire.params``) are immutable
-values a caller builds and validates up front; ``Session`` is the engine's mutable record of one
-request (status, slot, step counter, KV blocks). The finish
-rule of a decode step lives here (``Session.status_after``) because it depends only on the request.
-This module does not tokenize (the runner reports each session's length cap) and does not schedule.
+values a caller builds and validates up front; ``Prepared`` is what the runner made of one when the engine took it
+(``Runner.prepare``: its sizes and layout), and ``RequestRecord`` the engine's mutable record of one request
+(status, slot, step counter, KV blocks). The finish rule of a decode step lives here
+(``RequestRecord.status_after``) because it depends only on the request. This module does not tokenize (the
+runner prepares each request and reports its length cap) and does not schedule.
 """
 
 from __future__ import annotations
@@ -92,8 +93,6 @@ class Request:
     request_id: str
     """Unique among the engine's unfinished requests."""
     text: str
-    prefill_tokens: int
-    """The caller's estimate of the prompt length in LM positions; only the admission budget reads it."""
     params: SynthesisParams = field(default_factory=SynthesisParams)
     prompt: Any = None
     """Voice prompt (e.g. cached prompt latents); opaque to the engine, interpreted by the runner."""
@@ -117,8 +116,6 @@ class Request:
         rid = self.request_id
         require(isinstance(rid, str) and rid != "", "request_id", rid, "must be a non-empty str")
         require(isinstance(self.text, str) and self.text.strip() != "", "text", self.text, "must be non-empty")
-        tokens = self.prefill_tokens
-        require(is_int(tokens) and tokens >= 1, "prefill_tokens", tokens, "must be an int >= 1")
         lead = self.playback_lead_s
         lead_ok = lead is None or (_is_number(lead) and 0 <= lead < math.inf)
         require(lead_ok, "playback_lead_s", lead, "must be None or a finite number >= 0")
@@ -134,18 +131,43 @@ class Request:
         require(owner is None or (isinstance(owner, str) and owner != ""), "owner", owner, "must be a non-empty str")
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What the runner made of a request when the engine took it (``Runner.prepare``, once per request): its sizes,
+    which the scheduler budgets with, and its layout, which the runner's prefill reads instead of laying the request
+    out again (nano-vllm's and vLLM's token ids, made once at ``add``)."""
+
+    prompt_positions: int
+    """LM positions its prompt takes: what its prefill computes (``EngineConfig.max_prefill_tokens_per_step`` and
+    the real-time step cost count these), reported on its first chunk (``Chunk.prompt_positions``)."""
+    kv_positions: int
+    """KV positions it can reach: its prompt and its length cap (its KV blocks hold them)."""
+    payload: object = None
+    """The runner's own layout of the request (``ModelRunner``: its token ids and length cap); opaque to the
+    engine."""
+    error: str | None = None
+    """Why the runner cannot serve the request (a text with no tokens, a voice of the wrong shape); None: it can.
+    Such a request is still queued and admitted, and its prefill fails with this message (``RunnerOutput.errors``),
+    so it ends like any failed request."""
+
+    @classmethod
+    def refused(cls, error: str) -> Prepared:
+        """A request the runner cannot serve: it takes one position until its prefill fails with ``error``."""
+        return cls(1, 1, None, error)
+
+
 @dataclass(slots=True, eq=False)
-class Session:
+class RequestRecord:
     """The engine's mutable record of one request, from ``add`` to its final output."""
 
     request: Request
+    prepared: Prepared
+    """What the runner made of it on ``add`` (``Runner.prepare``): its sizes and its layout."""
     status: RequestStatus = RequestStatus.WAITING
     step_index: int = 0
     """Index of the next patch to generate (the ``i`` of the finish rule)."""
     length_cap: int | None = None
     """Set by the runner at prefill: min(text-length bound, max_len)."""
-    kv_positions: int = 1
-    """KV positions the request can reach (prompt + length cap), as the runner reported on ``add``."""
     blocks: tuple[int, ...] = ()
     """The KV blocks it owns while running."""
     serial: int = 0

@@ -41,7 +41,7 @@ in any batch, and prompts are prefilled one at a time, so a session's audio is b
 Per step (per timestep bucket of its rows) the host uploads one small array (the batch's slot indices) and reads
 one array back (stop flags, audio and patches of every row together) into a host buffer that is reused once no
 chunk views it; an admission step uploads each prefill's inputs, and the admitted rows' settings, in one copy
-each (``engine.devices``). Every call runs with the runner's CUDA device current (``--devices cuda:0,cuda:1``).
+each (``voxwire.devices``). Every call runs with the runner's CUDA device current (``--devices cuda:0,cuda:1``).
 On CUDA every (bucket, timesteps) step is captured as a CUDA graph at construction (``cuda_graphs.StepGraphs``),
 before the server reports ready; on CPU the same step runs eagerly and reads only the live blocks of the batch's
 longest row.
@@ -52,20 +52,22 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
 
+from voxwire import devices
 from voxwire.chunk import EMPTY_AUDIO
-from voxwire.engine import calibration, devices
+from voxwire.engine import calibration
 from voxwire.engine.blocks import blocks_for
-from voxwire.engine.config import RunnerOptions
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.cuda_graphs import StepGraphs, bucket_sizes
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.kv_pool import KVPool, default_kv_bytes
 from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
-from voxwire.engine.request import Request
+from voxwire.engine.request import Prepared, Request
 from voxwire.engine.timestep_buckets import bucket_of, timestep_buckets
 from voxwire.engine.voice_cache import VoiceCache
 from voxwire.errors import InvalidInputError
@@ -78,7 +80,7 @@ from voxwire.model.personas import PersonaBank, PersonaError
 from voxwire.model.voxcpm import DecodeState, PrefillBatch
 from voxwire.prompt import VoicePrompt
 from voxwire.sampling import NoiseStream, random_seed
-from voxwire.sequence import InputSequence, build_sequence, sequence_length_cap
+from voxwire.sequence import InputSequence, PromptLayout, lay_out, sequence_length_cap
 
 NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
 
@@ -89,7 +91,7 @@ _R = TypeVar("_R")
 
 
 def _on_device(method: Callable[Concatenate[ModelRunner, _P], _R]) -> Callable[Concatenate[ModelRunner, _P], _R]:
-    """Run the method with the runner's CUDA device current in the calling thread (``engine.devices``): the
+    """Run the method with the runner's CUDA device current in the calling thread (``voxwire.devices``): the
     engine thread, and every thread that calls in, starts on cuda:0."""
 
     @functools.wraps(method)
@@ -294,9 +296,6 @@ class ModelRunner:
 
         return admit
 
-    def prompt_positions(self, request: Request) -> int:
-        return self._sequence(request)[0].length
-
     # ---- sizes ----
     @property
     def num_slots(self) -> int:
@@ -339,23 +338,24 @@ class ModelRunner:
         self.zero_init_table = torch.cat([torch.ones_like(full.zero_init[:1]), full.zero_init])
 
     # ---- admission ----
-    def kv_positions(self, request: Request) -> int:
+    def prepare(self, request: Request) -> Prepared:
+        """Lay ``request`` out (``sequence.lay_out``: its one tokenization) and cap its length; its prefill reads
+        both from the ``Prepared`` (``_Layout``)."""
         try:
-            sequence, cap = self._sequence(request)
-        except InvalidInputError:
-            return 1  # the prefill fails with the reason
-        return sequence.length + cap
-
-    def _sequence(self, request: Request) -> tuple[InputSequence, int]:
-        prompt = request.prompt
-        if prompt is not None and not isinstance(prompt, VoicePrompt):
-            raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
-        steps = request.params.inference_timesteps
-        if steps > self.max_timesteps:
-            # The CFM grid tables (and the graphs) stop there; the engine's limits should be no higher.
-            raise InvalidInputError(f"inference_timesteps={steps} is invalid: the runner holds <= {self.max_timesteps}")
-        sequence = build_sequence(self.tts.tokenizer, self.tts.config, request.text, prompt)
-        return sequence, sequence_length_cap(sequence, request.params.max_len, self.max_length)
+            prompt = request.prompt
+            if prompt is not None and not isinstance(prompt, VoicePrompt):
+                raise InvalidInputError(f"a request's prompt must be a VoicePrompt, got {type(prompt).__name__}")
+            steps = request.params.inference_timesteps
+            if steps > self.max_timesteps:
+                # The CFM grid tables (and the graphs) stop there; the engine's limits should be no higher.
+                raise InvalidInputError(
+                    f"inference_timesteps={steps} is invalid: the runner holds <= {self.max_timesteps}"
+                )
+            layout = lay_out(self.tts.tokenizer, self.tts.config, request.text, prompt)
+            cap = sequence_length_cap(layout, request.params.max_len, self.max_length)
+        except InvalidInputError as exc:
+            return Prepared.refused(str(exc))
+        return Prepared(layout.length, layout.length + cap, _Layout(layout, cap))
 
     # ---- plan phases ----
     @_on_device
@@ -400,15 +400,15 @@ class ModelRunner:
         ready: list[tuple[PrefillItem, InputSequence, int]] = []  # with each request's persona slot
         for item in items:
             try:
-                sequence, cap = self._sequence(item.request)
-                if sequence.length + cap > len(item.blocks) * self.block_size:
+                layout, cap = _Layout.of(item)
+                if layout.length + cap > len(item.blocks) * self.block_size:
                     raise InvalidInputError(f"request {item.request_id!r} was given too few KV blocks")
                 persona = self.personas.acquire(item.request_id, item.request.persona)  # last
             except InvalidInputError as exc:  # PersonaError included
                 errors[item.request_id] = str(exc)
                 continue
             caps[item.request_id] = cap
-            ready.append((item, sequence, persona))
+            ready.append((item, layout.tensors(self.tts.config), persona))
         if not ready:
             return caps, errors
         with invariant_numerics(self.batch_invariant):
@@ -629,6 +629,29 @@ class ModelRunner:
             pool.index_copy_(0, index, rows)
             pool[self.pad_slot].zero_()  # padding rows start every step from zeros
         return stop_logits.argmax(dim=-1) == 1, audio, patch
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """``ModelRunner``'s payload of a ``Prepared`` request: its layout and length cap, made once on ``add``."""
+
+    layout: PromptLayout
+    length_cap: int
+
+    @staticmethod
+    def of(item: PrefillItem) -> tuple[PromptLayout, int]:
+        """The layout and length cap ``prepare`` made for ``item``.
+
+        Raises:
+            InvalidInputError: ``prepare`` refused the request (the reason), or it was prepared by another runner.
+        """
+        prepared = item.prepared
+        if prepared.error is not None:
+            raise InvalidInputError(prepared.error)
+        payload = prepared.payload
+        if not isinstance(payload, _Layout):
+            raise InvalidInputError(f"request {item.request_id!r} was not prepared by this runner")
+        return payload.layout, payload.length_cap
 
 
 def _non_finite_rows(audio: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from itertools import chain, islice
 
 from voxwire.engine.blocks import BlockAllocator
-from voxwire.engine.config import EngineConfig
+from voxwire.engine.engine_config import EngineConfig
 from voxwire.engine.errors import DuplicateRequestError, OverBudgetError, QueueFullError
 from voxwire.engine.outputs import PrefillItem, StepPlan
 from voxwire.engine.policy import RealtimePolicy, admit_count, playback_deadline
-from voxwire.engine.request import PersonaWait, Request, RequestStatus, Session
+from voxwire.engine.request import PersonaWait, Prepared, Request, RequestRecord, RequestStatus
 from voxwire.engine.slots import SlotMove, SlotTable
 
 
@@ -67,19 +67,19 @@ class Scheduler:
         self.persona_slots = persona_slots
         self._serial = 0
         self.slots = SlotTable(config.max_running)
-        self.waiting: deque[Session] = deque()
+        self.waiting: deque[RequestRecord] = deque()
         # Every request whose final output has not been emitted yet (waiting, running, aborted).
-        self.sessions: dict[str, Session] = {}
+        self.records: dict[str, RequestRecord] = {}
         # Aborted since the last step; their final outputs are due at the next one.
-        self._aborted: list[Session] = []
+        self._aborted: list[RequestRecord] = []
         # Housekeeping for the runner, delivered with the next plan.
         self._released: list[str] = []
         self._moves: list[SlotMove] = []
         self.sessions_shed = 0
         """New streams refused by the real-time policy's step budget (``engine.policy``, rule 7) since start."""
 
-    def add(self, request: Request, kv_positions: int = 1) -> None:
-        """Append ``request`` to the waiting queue; ``kv_positions``: the KV positions it can reach.
+    def add(self, request: Request, prepared: Prepared) -> None:
+        """Append ``request`` to the waiting queue, as the runner ``prepared`` it (its prompt and KV positions).
 
         Raises:
             DuplicateRequestError: a request with the same id has not finished yet.
@@ -87,7 +87,7 @@ class Scheduler:
             OverBudgetError: a new stream the real-time policy sheds (``engine.policy``, rule 7).
         """
         rid = request.request_id
-        if rid in self.sessions:
+        if rid in self.records:
             raise DuplicateRequestError(f"request id {rid!r} is already in use by an unfinished request")
         # Requests that the next step will hand a free slot are not waiting for one: only the rest count
         # against max_waiting, so a request is never refused while a slot is free.
@@ -98,59 +98,59 @@ class Scheduler:
             )
         policy = self.realtime
         weight = 1.0 if policy is None else policy.weight(request.params.inference_timesteps)
-        session = Session(request, kv_positions=kv_positions, row_weight=weight)
+        record = RequestRecord(request, prepared, row_weight=weight)
         if policy is not None and request.playback_due is None:
             committed = self.committed_demand()
-            if policy.sheds(committed, session.demand):
+            if policy.sheds(committed, record.demand):
                 self.sessions_shed += 1
-                step_ms = policy.cost.seconds(committed + session.demand) * 1e3
+                step_ms = policy.cost.seconds(committed + record.demand) * 1e3
                 raise OverBudgetError(
                     f"request {rid!r} refused: the engine is at its real-time budget (a step of its committed streams "
                     f"and this one would take {step_ms:.0f} ms, over its {policy.step_budget_s * 1e3:.0f} ms); "
                     "retry later"
                 )
         self._serial += 1
-        session.serial = self._serial
-        self.waiting.append(session)
-        self.sessions[rid] = session
+        record.serial = self._serial
+        self.waiting.append(record)
+        self.records[rid] = record
 
     def committed_demand(self) -> float:
         """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the running ones and
         the waiting ones the free slots will take; 0 when none is committed."""
-        running = (self.sessions[rid] for rid in self.slots.owners)
-        return sum(session.demand for session in chain(running, islice(self.waiting, self.slots.num_free)))
+        running = (self.records[rid] for rid in self.slots.owners)
+        return sum(record.demand for record in chain(running, islice(self.waiting, self.slots.num_free)))
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` as aborted, freeing its slot; False if it is unknown or finished."""
-        session = self.sessions.get(request_id)
-        if session is None or session.status.is_finished:
+        record = self.records.get(request_id)
+        if record is None or record.status.is_finished:
             return False
-        if session.status is RequestStatus.WAITING:
-            self.waiting.remove(session)
+        if record.status is RequestStatus.WAITING:
+            self.waiting.remove(record)
         else:
-            self._release(session)
-        session.status = RequestStatus.FINISHED_ABORTED
-        self._aborted.append(session)
+            self._release(record)
+        record.status = RequestStatus.FINISHED_ABORTED
+        self._aborted.append(record)
         return True
 
-    def take_aborted(self) -> list[Session]:
-        """The sessions aborted since the last call, whose final outputs the caller now emits."""
+    def take_aborted(self) -> list[RequestRecord]:
+        """The requests aborted since the last call, whose final outputs the caller now emits."""
         aborted, self._aborted = self._aborted, []
-        for session in aborted:
-            del self.sessions[session.request_id]
+        for record in aborted:
+            del self.records[record.request_id]
         return aborted
 
-    def take_expired(self, now: float | None) -> list[Session]:
+    def take_expired(self, now: float | None) -> list[RequestRecord]:
         """The waiting requests that have waited ``max_persona_wait_s`` for a persona slot by ``now`` (rule P4):
         they leave the queue ``FINISHED_BUSY``, and the caller emits their final outputs. None: no clock, none."""
         if now is None:
             return []
         bound = self.config.max_persona_wait_s
         expired = [s for s in self.waiting if s.persona_wait_since is not None and now - s.persona_wait_since >= bound]
-        for session in expired:
-            self.waiting.remove(session)
-            session.status = RequestStatus.FINISHED_BUSY
-            del self.sessions[session.request_id]
+        for record in expired:
+            self.waiting.remove(record)
+            record.status = RequestStatus.FINISHED_BUSY
+            del self.records[record.request_id]
         return expired
 
     def schedule(self, now: float | None = None) -> StepPlan:
@@ -164,29 +164,29 @@ class Scheduler:
         self._moves.clear()
         admissible = self._admissible(now)
         admitted, decode = self._decide(now, admissible)
-        for session in admissible[:admitted]:
-            self.waiting.remove(session)  # the head, unless rule P3 passed over requests before it
-        prefills = tuple(self._admit(session) for session in admissible[:admitted])
+        for record in admissible[:admitted]:
+            self.waiting.remove(record)  # the head, unless rule P3 passed over requests before it
+        prefills = tuple(self._admit(record) for record in admissible[:admitted])
         # Admitted rows take the slots after the running ones, so the slots stay ascending.
         slots = decode + tuple(item.slot for item in prefills)
         owners = self.slots.owners
         request_ids = tuple(owners[slot] for slot in slots)
-        step_indices = tuple(self.sessions[rid].step_index for rid in request_ids)
+        step_indices = tuple(self.records[rid].step_index for rid in request_ids)
         return StepPlan(released, moves, prefills, request_ids, step_indices, slots)
 
-    def _decide(self, now: float | None, admissible: list[Session]) -> tuple[int, tuple[int, ...]]:
+    def _decide(self, now: float | None, admissible: list[RequestRecord]) -> tuple[int, tuple[int, ...]]:
         """How many of the ``admissible`` requests to admit (a prefix), and which used slots decode (ascending)."""
         free = len(admissible)
-        tokens = (session.request.prefill_tokens for session in admissible)
+        tokens = (record.prepared.prompt_positions for record in admissible)
         if self.realtime is None:
             return admit_count(tokens, free, self.config.max_prefill_tokens_per_step), tuple(range(self.slots.num_used))
         if now is None:
             raise ValueError("the real-time policy schedules by the clock: pass schedule(now)")
-        running = sorted((self.sessions[rid] for rid in self.slots.owners), key=lambda s: s.serial)
-        deadlines = [self._deadline(session, self.realtime) for session in running]
+        running = sorted((self.records[rid] for rid in self.slots.owners), key=lambda s: s.serial)
+        deadlines = [self._deadline(record, self.realtime) for record in running]
         policy = self.realtime
-        weights = policy.weights(session.request.params.inference_timesteps for session in running)
-        waiting = policy.weights(session.request.params.inference_timesteps for session in admissible)
+        weights = policy.weights(record.request.params.inference_timesteps for record in running)
+        waiting = policy.weights(record.request.params.inference_timesteps for record in admissible)
         decision = policy.decide(now, deadlines, tokens, free, weights, waiting)
         return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
 
@@ -205,43 +205,43 @@ class Scheduler:
         if self.realtime is None:
             return now
         policy = self.realtime
-        earliest = min(self._deadline(self.sessions[rid], policy) for rid in self.slots.owners)
+        earliest = min(self._deadline(self.records[rid], policy) for rid in self.slots.owners)
         return max(now, min(policy.runs_from(earliest), expiry))
 
-    def _deadline(self, session: Session, policy: RealtimePolicy) -> float:
-        start = session.playback_start(self.config.playback_lead_s)
-        return playback_deadline(start, session.step_index, policy.chunk_s / session.request.playback_speed)
+    def _deadline(self, record: RequestRecord, policy: RealtimePolicy) -> float:
+        start = record.playback_start(self.config.playback_lead_s)
+        return playback_deadline(start, record.step_index, policy.chunk_s / record.request.playback_speed)
 
-    def finish(self, results: Iterable[tuple[Session, RequestStatus]]) -> None:
+    def finish(self, results: Iterable[tuple[RequestRecord, RequestStatus]]) -> None:
         """Record the final status of running sessions and free their slots."""
         # Highest slot first, so no session that is leaving gets moved (see SlotTable.release).
-        for session, status in sorted(results, key=lambda r: self.slots.slot_of(r[0].request_id), reverse=True):
-            self._release(session)
-            session.status = status
-            del self.sessions[session.request_id]
+        for record, status in sorted(results, key=lambda r: self.slots.slot_of(r[0].request_id), reverse=True):
+            self._release(record)
+            record.status = status
+            del self.records[record.request_id]
 
     def has_unfinished(self) -> bool:
         """Whether some request still owes its final output."""
-        return bool(self.sessions)
+        return bool(self.records)
 
     def has_housekeeping(self) -> bool:
         """Whether released ids or slot moves are waiting to be delivered to the runner."""
         return bool(self._released or self._moves)
 
-    def _admit(self, session: Session) -> PrefillItem:
-        session.status = RequestStatus.RUNNING
-        slot = self.slots.allocate(session.request_id)
-        session.blocks = self.blocks.allocate(self.blocks.blocks_for(session.kv_positions))
-        return PrefillItem(session.request_id, slot, session.request, session.blocks)
+    def _admit(self, record: RequestRecord) -> PrefillItem:
+        record.status = RequestStatus.RUNNING
+        slot = self.slots.allocate(record.request_id)
+        record.blocks = self.blocks.allocate(self.blocks.blocks_for(record.prepared.kv_positions))
+        return PrefillItem(record.request_id, slot, record.request, record.prepared, record.blocks)
 
     # ---- the admission gate: slots, persona slots and KV blocks (see blocks.py) ----
-    def _admissible(self, now: float | None) -> list[Session]:
+    def _admissible(self, now: float | None) -> list[RequestRecord]:
         """The waiting requests that have a free slot, their persona and their KV blocks, in FIFO order: the
         policy admits a prefix of them, so the gate never undoes a decision it budgeted a step on."""
         candidates = self._with_personas(now)
         return candidates[: self._fit_blocks(candidates)]
 
-    def _with_personas(self, now: float | None) -> list[Session]:
+    def _with_personas(self, now: float | None) -> list[RequestRecord]:
         """The first waiting requests, one per free slot, in FIFO order, passing over those whose persona cannot
         have a device slot now (rules P1-P3); those are stamped with why, and since when (rule P4's clock)."""
         free = self.slots.num_free
@@ -249,41 +249,41 @@ class Scheduler:
         if slots is None or not free:
             return list(islice(self.waiting, free))
         gate: _PersonaGate | None = None
-        candidates: list[Session] = []
-        for session in self.waiting:
-            request = session.request
+        candidates: list[RequestRecord] = []
+        for record in self.waiting:
+            request = record.request
             if request.persona is not None:
                 if gate is None:
-                    running = (self.sessions[rid].request for rid in self.slots.owners)
+                    running = (self.records[rid].request for rid in self.slots.owners)
                     gate = _PersonaGate(running, slots, self.config.persona_slots_per_owner)
                 wait = gate.wait(request)
                 if wait is not None:
-                    session.persona_wait = wait
-                    if session.persona_wait_since is None:
-                        session.persona_wait_since = now
+                    record.persona_wait = wait
+                    if record.persona_wait_since is None:
+                        record.persona_wait_since = now
                     continue
                 gate.take(request)
-            session.persona_wait_since = None  # it can have its persona: it waits for nothing of P1-P2 now
-            candidates.append(session)
+            record.persona_wait_since = None  # it can have its persona: it waits for nothing of P1-P2 now
+            candidates.append(record)
             if len(candidates) == free:
                 break
         return candidates
 
-    def _fit_blocks(self, candidates: list[Session]) -> int:
+    def _fit_blocks(self, candidates: list[RequestRecord]) -> int:
         """How many of ``candidates``, in order, the free KV blocks hold."""
         free = self.blocks.num_free
-        for fitted, session in enumerate(candidates):
-            need = self.blocks.blocks_for(session.kv_positions)
+        for fitted, record in enumerate(candidates):
+            need = self.blocks.blocks_for(record.prepared.kv_positions)
             if need > free:
                 return fitted
             free -= need
         return len(candidates)
 
-    def _release(self, session: Session) -> None:
-        self.blocks.free(session.blocks)
-        session.blocks = ()
-        move = self.slots.release(session.request_id)
-        self._released.append(session.request_id)
+    def _release(self, record: RequestRecord) -> None:
+        self.blocks.free(record.blocks)
+        record.blocks = ()
+        move = self.slots.release(record.request_id)
+        self._released.append(record.request_id)
         if move is not None:
             self._moves.append(move)
 

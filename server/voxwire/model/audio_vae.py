@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from voxwire.config import AudioVAEConfig, AudioVAEVariant
 from voxwire.kernels import ops
+from voxwire.model_config import AudioVAEConfig, AudioVAEVariant
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voxwire.config import MiniCPM4Config
+from voxwire.model_config import MiniCPM4Config
 
 NULL_BLOCK = 0
 """Block id that belongs to no session (padding writes land here)."""

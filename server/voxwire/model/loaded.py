@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from voxwire.config import ModelConfig
 from voxwire.model.audio_vae import StreamingVAEDecoder
 from voxwire.model.personas import PersonaBank
 from voxwire.model.voxcpm import VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.text.tokenizer import TextTokenizer
 
 

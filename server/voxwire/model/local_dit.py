@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.config import MiniCPM4Config
 from voxwire.model.minicpm import MiniCPMModel
+from voxwire.model_config import MiniCPM4Config
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:

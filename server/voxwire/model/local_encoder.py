@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxwire.config import MiniCPM4Config
 from voxwire.model.minicpm import MiniCPMModel
+from voxwire.model_config import MiniCPM4Config
 
 
 class VoxCPMLocEnc(nn.Module):

@@ -28,7 +28,7 @@ With ``max_rank`` the rank is checked before any weight is read: the config's ``
 
 Every refusal is a ``LoRALoadError``: its text names the folder and everything wrong, for whoever owns the files;
 its ``public`` form says what is wrong without the folder's path, the operating system's reasons, or the values
-and unknown keys of ``lora_config.json``, for a server's clients (``serving.personas``).
+and unknown keys of ``lora_config.json``, for a server's clients (``serving.speech.persona_names``).
 """
 
 from __future__ import annotations

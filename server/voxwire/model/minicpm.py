@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.config import MiniCPM4Config
 from voxwire.kernels import ops
 from voxwire.kernels.reference import apply_rope
 from voxwire.model.kv_cache import PagedKV
 from voxwire.model.paged_attention import decode_attention
+from voxwire.model_config import MiniCPM4Config
 
 
 class MiniCPMRMSNorm(nn.Module):

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.config import ModelConfig
 from voxwire.model.audio_vae import AudioVAE
 from voxwire.model.cfm import CfmSchedule, UnifiedCFM
 from voxwire.model.fsq import ScalarQuantizationLayer
@@ -28,6 +27,7 @@ from voxwire.model.kv_cache import PagedKV
 from voxwire.model.local_dit import VoxCPMLocDiT
 from voxwire.model.local_encoder import VoxCPMLocEnc
 from voxwire.model.minicpm import MiniCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.sequence import InputSequence
 
 

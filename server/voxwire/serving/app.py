@@ -23,23 +23,23 @@ from aiohttp import WSCloseCode, web
 
 from voxwire import __version__
 from voxwire.engine import SynthesisParams
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.encoding import EncoderPool
-from voxwire.serving.heap import freeze_startup_heap
+from voxwire.serving.edge.api_errors import error_middleware
+from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
+from voxwire.serving.edge.request_id import add_request_id_header
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
-from voxwire.serving.http.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxwire.serving.http.connections import ConnectionGuard, GuardedRunner, static_file
-from voxwire.serving.http.errors import error_middleware
 from voxwire.serving.http.loras import add_lora_routes
-from voxwire.serving.http.models import add_model_routes
+from voxwire.serving.http.model_listing import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
 from voxwire.serving.http.openai import add_openai_routes
 from voxwire.serving.http.probes import add_probe_routes
-from voxwire.serving.http.request_id import add_request_id_header
 from voxwire.serving.http.request_metrics import request_metrics_middleware
 from voxwire.serving.http.trace_middleware import add_tracing, trace_middleware
 from voxwire.serving.http.voices import add_voice_routes
-from voxwire.serving.keys import (
+from voxwire.serving.openapi import add_openapi_routes
+from voxwire.serving.runtime.encoding import EncoderPool
+from voxwire.serving.runtime.heap import freeze_startup_heap
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
     ENGINES_KEY,
@@ -52,12 +52,12 @@ from voxwire.serving.keys import (
     Phase,
     ServerState,
 )
-from voxwire.serving.metrics import BuildInfo, Metrics
-from voxwire.serving.models import load_speech_model
-from voxwire.serving.openapi import add_openapi_routes
-from voxwire.serving.service import Engines, SpeechJob, SpeechService
-from voxwire.serving.tracing import tracing_from_environment
-from voxwire.serving.voices import VoiceStore
+from voxwire.serving.runtime.metrics import BuildInfo, Metrics
+from voxwire.serving.runtime.tracing import tracing_from_environment
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.load import load_speech_model
+from voxwire.serving.speech.service import Engines, SpeechJob, SpeechService
+from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
 from voxwire.speech_model import ModelInfo, SpeechModel
@@ -85,7 +85,7 @@ def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.A
     (tests, benchmarks)."""
     # The model's side, imported here: a --workers frontend imports this module for ``build_app`` and must not
     # load the model's code (torch).
-    from voxwire.serving.persona_registry import LocalPersonas, open_registry
+    from voxwire.serving.speech.persona_registry import LocalPersonas, open_registry
 
     model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens

@@ -8,7 +8,7 @@ processes (``serving.workers``), each frontend running the same app over an ``En
 from __future__ import annotations
 
 from voxwire.serving.app import make_app, run_app, run_loop
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers.supervisor import supervise
 
 

@@ -22,7 +22,7 @@ from voxwire import __version__
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH
-from voxwire.serving.http.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, DEMO_PAGE, DOCS_PATH, OPENAPI_PATH
+from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, DEMO_PAGE, DOCS_PATH, OPENAPI_PATH
 from voxwire.serving.http.connections import static_file
 from voxwire.serving.http.request_models import (
     ENCODE_LATENTS,
@@ -34,7 +34,7 @@ from voxwire.serving.http.request_models import (
     VOICE_UPLOAD,
     RequestModel,
 )
-from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY
+from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY
 from voxwire.serving.ws.elevenlabs_protocol import DEFAULT_OUTPUT_FORMAT, MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
 
 DOCS_PAGE = Path(__file__).resolve().with_name("docs.html")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from voxwire.engine import Runner
 from voxwire.engine.outputs import RealtimeRunner
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 
 
 def step_stall_bound_s(runner: Runner, config: ServerConfig) -> float:

@@ -1,6 +1,6 @@
 """What a ``voxwire serve`` setting is: a field of a config group, described once, by its docstring.
 
-``ServerConfig`` (serving/config.py) is made of groups: frozen dataclasses whose fields are the settings. A
+``ServerConfig`` (serving/server_config.py) is made of groups: frozen dataclasses whose fields are the settings. A
 field's docstring, the string under it, is the setting's only description: ``voxwire serve --help`` shows it as
 the flag's help (``plain``) and ``python scripts/flag_docs.py`` writes it into docs/operations.md's tables. It is
 written in the docs' markdown: ``code`` spans and [links](page.md#anchor) relative to docs/operations.md.

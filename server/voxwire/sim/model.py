@@ -10,11 +10,11 @@ import numpy as np
 import numpy.typing as npt
 
 from voxwire.audio.clip import AudioSource, load_clip
-from voxwire.engine.config import RunnerOptions
+from voxwire.engine.engine_config import RunnerOptions
 from voxwire.engine.outputs import Runner
 from voxwire.prompt import Patches, VoicePrompt
-from voxwire.sim.runner import SimConfig, SimRunner, text_tokens
-from voxwire.speech_model import SIM_MODEL, ModelInfo, voice_positions
+from voxwire.sim.runner import SimConfig, SimRunner
+from voxwire.speech_model import SIM_MODEL, ModelInfo
 from voxwire.voice_clip import VoiceClip
 
 SPEECH_CLIP = Path(__file__).with_name("speech.opus")
@@ -29,15 +29,6 @@ def speech_clip(sample_rate: int) -> npt.NDArray[np.float32]:
     return load_clip(SPEECH_CLIP, sample_rate)
 
 
-class SimPromptLength:
-    """``PromptLength`` on the simulated tokenizer (``text_tokens``)."""
-
-    def __call__(self, text: str, voice: VoicePrompt | None) -> int:
-        if voice is None:
-            return text_tokens(text)
-        return text_tokens(text) + (text_tokens(voice.text) if voice.text else 0) + voice_positions(voice)
-
-
 class SimSpeech:
     """No weights: steps sleep per ``config.cost`` and speak the packaged clip. Voices are accepted and
     stored (zero latents of the clip's length, so they cost prefill like real ones) but do not change the audio."""
@@ -48,7 +39,6 @@ class SimSpeech:
             SIM_MODEL, self.config.sample_rate, self.config.samples_per_patch, reference_cloning=True, voice_design=True
         )
         self.patch_shape = PATCH_SHAPE
-        self.prompt_length = SimPromptLength()
 
     def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
         return VoicePrompt(

@@ -22,7 +22,8 @@ import numpy.typing as npt
 
 from voxwire.engine.cost_model import StepCost
 from voxwire.engine.outputs import PrefillItem, RunnerOutput, StepPlan
-from voxwire.engine.request import Request
+from voxwire.engine.request import Prepared, Request
+from voxwire.prompt import VoicePrompt
 
 _BLOCK_SIZE = 16
 DEFAULT_SIM_COST = "4ms+0.17ms/row+9.2us/token"
@@ -62,6 +63,16 @@ class SimConfig:
 def text_tokens(text: str) -> int:
     """The simulated tokenizer's count: about one token per 3 bytes of UTF-8, like a BPE on English."""
     return len(text.encode()) // 3 + 1
+
+
+def prompt_positions(text: str, voice: VoicePrompt | None) -> int:
+    """A prompt's positions by the simulated tokenizer: the text's, and a voice's transcript's and latents' (each
+    clip with a start and an end position)."""
+    if voice is None:
+        return text_tokens(text)
+    clips = (voice.audio_patches, voice.reference_patches)
+    latents = sum(0 if patches is None else patches.shape[0] + 2 for patches in clips)
+    return text_tokens(text) + (text_tokens(voice.text) if voice.text else 0) + latents
 
 
 @dataclass(slots=True)
@@ -134,8 +145,11 @@ class SimRunner:
     def chunk_seconds(self) -> float:
         return self.config.chunk_seconds
 
-    def kv_positions(self, request: Request) -> int:
-        return min(request.prefill_tokens + self._length_cap(request), self.max_length)
+    def prepare(self, request: Request) -> Prepared:
+        """The simulated layout's sizes: the text's simulated tokens and its voice's (``prompt_positions``)."""
+        voice = request.prompt if isinstance(request.prompt, VoicePrompt) else None  # anything else takes no positions
+        positions = prompt_positions(request.text, voice)
+        return Prepared(positions, min(positions + self._length_cap(request), self.max_length))
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
         started = self._clock()
@@ -150,7 +164,7 @@ class SimRunner:
             start = (row.offset + index * spp) % self._clip_size
             chunks.append(self._looped[start : start + spp])
             stops.append(index + 1 >= row.chunks)
-        prefill_tokens = sum(item.request.prefill_tokens for item in plan.prefills)
+        prefill_tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
         remaining = started + self.config.cost.seconds(len(plan.request_ids), prefill_tokens) - self._clock()
         if remaining > 0:
             self._sleep(remaining)

@@ -50,15 +50,9 @@ class TextTokenizer:
         self._vocab = tokenizer.get_vocab(with_added_tokens=True)
         if unk_token not in self._vocab:
             raise TokenizerError(f"the unknown token {unk_token!r} is not in the vocabulary")
-        self._unk_token = unk_token
         self._unk_id = self._vocab[unk_token]
         self._cjk_words = frozenset(piece for piece in self._vocab if _is_cjk_word(piece))
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def __reduce__(self) -> tuple[object, tuple[str, str]]:
-        # Pickled (frontends estimate prompt lengths with it) as the pipeline's JSON, rebuilt by
-        # ``tokenizer_from_json``: the tokenizers package's own pickles name its internal classes.
-        return tokenizer_from_json, (self._tokenizer.to_str(), self._unk_token)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TextTokenizer:
@@ -98,11 +92,3 @@ class TextTokenizer:
             pieces = list(bare) if bare in self._cjk_words else [token]
             ids.extend(self._vocab.get(piece, self._unk_id) for piece in pieces)
         return ids
-
-
-def tokenizer_from_json(spec: str, unk_token: str) -> TextTokenizer:
-    """A ``TextTokenizer`` from its pipeline's JSON (``Tokenizer.to_str``): how one is unpickled."""
-    try:
-        return TextTokenizer(Tokenizer.from_str(spec), unk_token)
-    except Exception as error:  # the tokenizers package raises its own exception types for a bad pipeline
-        raise TokenizerError(f"not a tokenizer pipeline: {error}") from error

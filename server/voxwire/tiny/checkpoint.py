@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from voxwire.config import ModelConfig
 from voxwire.model.audio_vae import random_published_state_dict
 from voxwire.model.voxcpm import VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import ALL_CONFIGS
 from voxwire.tiny.tokenizer_files import write_tiny_tokenizer
 

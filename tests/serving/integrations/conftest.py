@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestServer
 
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import STREAM_PATH, Done
-from voxwire.serving.keys import SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import SPEAKER_KEY
+from voxwire.serving.speech.service import SpeechJob
 
 TIMEOUT_S = 60.0
 

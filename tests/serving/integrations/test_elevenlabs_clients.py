@@ -33,7 +33,7 @@ from pipecat.tests.utils import QueuedFrameProcessor
 from tests.serving.helpers import STEP_S, engine_busy, record_steps
 from tests.serving.integrations.pipelines import PipelineBot, running_pipeline
 
-from voxwire.serving.keys import SESSIONS_KEY
+from voxwire.serving.runtime.keys import SESSIONS_KEY
 
 pytestmark = pytest.mark.asyncio
 

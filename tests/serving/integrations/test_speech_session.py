@@ -10,7 +10,7 @@ import pytest
 from voxwire.client.errors import ServerError
 from voxwire.integrations.session import Audio, SpeechSession, SpeechSettings
 from voxwire.protocol.wire import AudioFrame, Done, Segment
-from voxwire.serving.keys import SPEAKER_KEY
+from voxwire.serving.runtime.keys import SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
 

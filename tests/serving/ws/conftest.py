@@ -37,8 +37,7 @@ from voxwire.protocol.wire import (
     encode,
 )
 from voxwire.serving.app import make_app
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import (
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     ENGINES_KEY,
     SESSIONS_KEY,
@@ -48,8 +47,9 @@ from voxwire.serving.keys import (
     Phase,
     ServerState,
 )
-from voxwire.serving.service import ModelInfo, SpeechJob
-from voxwire.serving.voices import VoiceStore
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.service import ModelInfo, SpeechJob
+from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.handler import STREAM_PATH, add_ws_routes
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tts import VoxCPM

@@ -31,9 +31,9 @@ from voxwire.protocol.wire import (
     decode_server,
     encode,
 )
-from voxwire.serving.keys import SPEAKER_KEY, Phase, ServerState
-from voxwire.serving.service import SpeechJob
-from voxwire.serving.voices import VoiceStore
+from voxwire.serving.runtime.keys import SPEAKER_KEY, Phase, ServerState
+from voxwire.serving.speech.service import SpeechJob
+from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.handler import STREAM_PATH
 from voxwire.serving.ws.session import Session
 from voxwire.serving.ws.session_core import (

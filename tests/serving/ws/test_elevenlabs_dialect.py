@@ -15,7 +15,7 @@ import pytest
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import AudioFrame, CloseCode, Done, Error, Ready, Segment, Start, Words
-from voxwire.serving.encoding import INLINE
+from voxwire.serving.runtime.encoding import INLINE
 from voxwire.serving.ws.elevenlabs import ElevenLabsSocket, Endpoint
 from voxwire.serving.ws.elevenlabs_dialect import SESSION_FORMAT, ElevenLabsDialect
 from voxwire.serving.ws.elevenlabs_protocol import parse_output_format

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from voxwire.engine import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.app import make_app
-from voxwire.serving.keys import SPEAKER_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import SPEAKER_KEY
+from voxwire.serving.speech.service import SpeechJob
 
 from .conftest import Connect, Serve, with_ws_routes, ws_config
 

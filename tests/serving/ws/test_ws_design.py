@@ -13,8 +13,8 @@ from aiohttp import web
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.wire import End, Ready, Start, Text
-from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY, VOICES_KEY
+from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY, VOICES_KEY
+from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
 from voxwire.speech_model import ModelInfo
 from voxwire.tts import VoxCPM
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from voxwire.protocol.wire import CLIENT_MESSAGES, FRAME_FORMATS, Error, ErrorCode, Ready
-from voxwire.serving.keys import SESSIONS_KEY, STATE_KEY
+from voxwire.serving.runtime.keys import SESSIONS_KEY, STATE_KEY
 
 from .conftest import Connect, engine_idle, until
 

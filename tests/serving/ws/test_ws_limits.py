@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from voxwire.protocol.wire import CloseCode, Done, End, Ready, Segment, Start, Text, encode
 from voxwire.serving.app import drain
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.runtime.keys import CONFIG_KEY, METRICS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import Connect, StreamClient, engine_idle, until

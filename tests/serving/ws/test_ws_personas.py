@@ -13,9 +13,9 @@ from aiohttp import web
 
 from voxwire.params import SynthesisParams
 from voxwire.protocol.wire import End, Ready, Segment, Start, Text
-from voxwire.serving.keys import ENGINES_KEY, SPEAKER_KEY
-from voxwire.serving.personas import OPERATOR
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.runtime.keys import ENGINES_KEY, SPEAKER_KEY
+from voxwire.serving.speech.persona_names import OPERATOR
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
 from voxwire.tts import VoxCPM
 
 from ..conftest import LORA, Serve

@@ -19,8 +19,8 @@ from aiohttp import WSMsgType
 
 from voxwire.protocol import wire as protocol
 from voxwire.protocol.wire import AudioFrame, CloseCode, Done, End, Error, Start, Text, decode_client, encode
-from voxwire.serving.config import ServerConfig
 from voxwire.serving.http.probes import health
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import ClipService, clip_app

@@ -17,7 +17,7 @@ from aiohttp import WSMsgType
 from aiohttp.test_utils import TestServer
 
 from voxwire.protocol.wire import CloseCode, End, Start, Text, encode
-from voxwire.serving.keys import KEYLESS_KEY, SESSIONS_KEY
+from voxwire.serving.runtime.keys import KEYLESS_KEY, SESSIONS_KEY
 from voxwire.serving.ws.handler import STREAM_PATH
 
 from .conftest import ClipService, clip_app, until

@@ -13,7 +13,7 @@ import pytest
 
 from voxwire.engine.cost_model import StepCost
 from voxwire.protocol.wire import AudioFrame, Done, End, Ready, Start, Text
-from voxwire.serving.keys import ENGINES_KEY
+from voxwire.serving.runtime.keys import ENGINES_KEY
 
 from .conftest import ClipService, Connect, clip_app
 

@@ -14,8 +14,8 @@ import torch
 from voxwire.engine import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.wire import AudioFrame, Cancel, Done, End, Flush, Ready, Segment, Start, Text
-from voxwire.serving.keys import SPEAKER_KEY, STATE_KEY
-from voxwire.serving.service import SpeechJob
+from voxwire.serving.runtime.keys import SPEAKER_KEY, STATE_KEY
+from voxwire.serving.speech.service import SpeechJob
 from voxwire.tts import VoxCPM
 
 from .conftest import Connect, StreamClient, engine_idle

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from voxwire.protocol.wire import AudioFrame, Done, End, Ready, Segment, ServerMessage, Start, Text, Words
-from voxwire.serving.alignment import DEFAULT_SPEAKING_RATE, char_weight
+from voxwire.serving.speech.alignment import DEFAULT_SPEAKING_RATE, char_weight
 
 from .conftest import ClipService, Connect, StreamClient, clip_app
 

@@ -15,7 +15,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from voxwire.serving.http.request_id import request_id
+from voxwire.serving.edge.request_id import request_id
 
 ACCESS_LOGGER = logging.getLogger("voxwire.access")
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import ApiError
+from voxwire.serving.edge.api_errors import ApiError
 
 T = TypeVar("T")
 

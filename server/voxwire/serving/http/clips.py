@@ -16,8 +16,8 @@ from aiohttp import hdrs, web
 from voxwire.audio.clip import load_clip
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
-from voxwire.serving.keys import CONFIG_KEY, SPEAKER_KEY, STATE_KEY
+from voxwire.serving.edge.api_errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY, STATE_KEY
 from voxwire.voice_clip import VoiceClip
 
 

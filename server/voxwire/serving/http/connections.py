@@ -43,9 +43,9 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import Limits
-from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError, ResponseCut
-from voxwire.serving.http.request_id import REQUEST_ID_HEADER, new_request_id
+from voxwire.serving.edge.api_errors import RETRY_AFTER_S, ApiError, ResponseCut
+from voxwire.serving.edge.request_id import REQUEST_ID_HEADER, new_request_id
+from voxwire.serving.server_config import Limits
 
 logger = logging.getLogger(__name__)
 

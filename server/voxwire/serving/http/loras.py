@@ -1,17 +1,17 @@
 """LoRA personas over HTTP: ``POST /v1/loras`` (load a folder inside ``--lora-root``), list, delete (the persona's
-owner only: ``serving.personas``)."""
+owner only: ``serving.speech.persona_names``)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.admission import require_accepting
+from voxwire.serving.edge.admission import require_accepting
+from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_json
-from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import LORA
-from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY
-from voxwire.serving.personas import Personas
+from voxwire.serving.runtime.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY
+from voxwire.serving.speech.persona_names import Personas
 
 
 async def create_lora(request: web.Request) -> web.Response:

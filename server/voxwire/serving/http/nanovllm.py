@@ -44,18 +44,18 @@ from voxwire.engine import SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import Patches, VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.http.admission import require_accepting, require_admission
+from voxwire.serving.edge.admission import require_accepting, require_admission
+from voxwire.serving.edge.api_errors import ApiError, as_api_error
+from voxwire.serving.edge.request_id import request_id
 from voxwire.serving.http.body import read_json
 from voxwire.serving.http.clips import encode_clip
-from voxwire.serving.http.errors import ApiError, as_api_error
 from voxwire.serving.http.loras import persona_registry
-from voxwire.serving.http.request_id import request_id
 from voxwire.serving.http.request_models import ENCODE_LATENTS, GENERATE, NANO_LORA, Problem, RequestModel, Rule
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SPEAKER_KEY, STATE_KEY, VOICES_KEY
-from voxwire.serving.personas import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.runtime.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SPEAKER_KEY, STATE_KEY, VOICES_KEY
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import PersonaLoadError, UnknownPersonaError, client_owner, persona_targets
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,7 +1,7 @@
 """OpenAI's ``POST /v1/audio/speech``: parse, admit, speak, and stream the audio as a body or as SSE events.
 
-``instructions`` and the voice name design the voice on VoxCPM2 (``serving/design.py``; the whole input is one
-request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
+``instructions`` and the voice name design the voice on VoxCPM2 (``serving/speech/voice_design.py``; the whole input
+is one request, the designed text the reference's ``(control)text``); ``speed`` changes the tempo of the encoded
 audio, pitch kept (``audio/tempo.py``).
 
 Handlers are thin: they parse (``parse_speech``), hand the work to the ``Speaker``, and stream the result
@@ -23,22 +23,22 @@ from aiohttp import hdrs, web
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.engine import Chunk, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.design import DesignRefused, utterance_control
-from voxwire.serving.http.admission import require_admission
+from voxwire.serving.edge.admission import require_admission
+from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_json
-from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import SPEECH
 from voxwire.serving.http.stream import stream_audio
-from voxwire.serving.keys import (
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     OWNER_KEY,
     SPEAKER_KEY,
     STATE_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.personas import check_persona, client_owner
-from voxwire.serving.service import SpeechJob, UtteranceOptions
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import check_persona, client_owner
+from voxwire.serving.speech.service import SpeechJob, UtteranceOptions
+from voxwire.serving.speech.voice_design import DesignRefused, utterance_control
 from voxwire.text.design import designed_text
 from voxwire.text.normalize import EXTRA_HINT, normalize_in_worker, normalizer_available
 
@@ -58,7 +58,7 @@ class SpeechRequest:
     persona: str | None = None
     """A LoRA persona loaded on the server; None is the base model."""
     instructions: str | None = None
-    """OpenAI's voice direction: VoxCPM2's voice design (``serving/design.py``)."""
+    """OpenAI's voice direction: VoxCPM2's voice design (``serving/speech/voice_design.py``)."""
     speed: float = 1.0
     """Speaking speed in [0.25, 4.0], pitch kept."""
 
@@ -102,9 +102,24 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         options = UtteranceOptions(speech.persona, playback_speed=speech.speed, owner=owner)
         job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
         outputs = service.speak(job)
-        async with contextlib.aclosing(outputs):
-            input_tokens = service.prefill_tokens(text, voice)
-            return await _stream_speech(request, speech, outputs, input_tokens=input_tokens)
+        prompt = _PromptUsage()
+        async with contextlib.aclosing(outputs), contextlib.aclosing(_noting_prompt(outputs, prompt)) as noted:
+            return await _stream_speech(request, speech, noted, prompt)
+
+
+@dataclass
+class _PromptUsage:
+    """The SSE ``usage``'s input count: the prompt positions the engine laid out, as its first chunk reports them."""
+
+    positions: int = 0
+
+
+async def _noting_prompt(outputs: AsyncGenerator[Chunk, None], usage: _PromptUsage) -> AsyncGenerator[Chunk, None]:
+    """``outputs``, noting the prompt's positions as they pass (``Chunk.prompt_positions``)."""
+    async for output in outputs:
+        if output.prompt_positions is not None:
+            usage.positions = output.prompt_positions
+        yield output
 
 
 def _sse_event(event: dict[str, object]) -> bytes:
@@ -123,7 +138,7 @@ def _sse_done(input_tokens: int, output_tokens: int) -> bytes:
 
 
 async def _stream_speech(
-    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], *, input_tokens: int
+    request: web.Request, speech: SpeechRequest, outputs: AsyncGenerator[Chunk, None], prompt: _PromptUsage
 ) -> web.StreamResponse:
     app = request.app
     service, config = app[SPEAKER_KEY], app[CONFIG_KEY]
@@ -141,7 +156,7 @@ async def _stream_speech(
     frame = _sse_delta if speech.sse else bytes
     response, patches = await stream_audio(request, outputs, encoder, {hdrs.CONTENT_TYPE: content_type}, frame)
     if speech.sse:
-        await response.write(_sse_done(input_tokens, patches))
+        await response.write(_sse_done(prompt.positions, patches))
     await response.write_eof()
     return response
 

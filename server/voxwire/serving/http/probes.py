@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import hdrs, web
 
-from voxwire.serving.http.admission import require_accepting
-from voxwire.serving.keys import (
+from voxwire.serving.edge.admission import require_accepting
+from voxwire.serving.runtime.keys import (
     METRICS_KEY,
 )
 

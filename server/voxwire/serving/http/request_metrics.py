@@ -14,8 +14,8 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from voxwire.serving.http.errors import CLIENT_CLOSED_STATUS
-from voxwire.serving.keys import METRICS_KEY
+from voxwire.serving.edge.api_errors import CLIENT_CLOSED_STATUS
+from voxwire.serving.runtime.keys import METRICS_KEY
 
 UNMATCHED_ROUTE = "unmatched"
 """The ``route`` label of a request no route matches (a 404, or a 405 for a method no route takes)."""

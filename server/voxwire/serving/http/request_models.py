@@ -18,8 +18,8 @@ from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.http.errors import ApiError
+from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.server_config import ServerConfig
 
 Bound = int | float | Callable[[ServerConfig], int | float]
 """A numeric bound fixed here, or read from the server's configuration."""

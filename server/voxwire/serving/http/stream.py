@@ -18,15 +18,15 @@ from aiohttp import web
 
 from voxwire.audio.formats import StreamEncoder
 from voxwire.engine import Chunk, FinishReason
-from voxwire.serving.http.errors import ResponseCut
+from voxwire.serving.edge.api_errors import ResponseCut
 from voxwire.serving.http.trace_middleware import utterance_trace
-from voxwire.serving.keys import (
+from voxwire.serving.runtime.keys import (
     ENCODERS_KEY,
     METRICS_KEY,
     SPEAKER_KEY,
 )
-from voxwire.serving.service import SpeechFailure
-from voxwire.serving.tracing import UtteranceTrace
+from voxwire.serving.runtime.tracing import UtteranceTrace
+from voxwire.serving.speech.service import SpeechFailure
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import asyncio
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
-from voxwire.serving.http.request_id import request_id
+from voxwire.serving.edge.request_id import request_id
 from voxwire.serving.http.request_metrics import UNMATCHED_ROUTE, route_template
-from voxwire.serving.keys import CONFIG_KEY, TRACING_KEY
-from voxwire.serving.tracing import UNTRACED, Tracing, UtteranceTrace
+from voxwire.serving.runtime.keys import CONFIG_KEY, TRACING_KEY
+from voxwire.serving.runtime.tracing import UNTRACED, Tracing, UtteranceTrace
 
 
 def add_tracing(app: web.Application, tracing: Tracing | None) -> None:

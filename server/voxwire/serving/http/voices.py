@@ -1,12 +1,12 @@
 """Voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete; ``GET /v1/audio/voices``.
 
-Both listings start with the built-in voices, which every request may name without an upload, marked
-``"builtin": true``: ``default`` (the model's own voice) and OpenAI's voice names, each a designed voice on a model
-with voice design (its ``description``, ``serving/design.py``) and the model's own voice elsewhere. Every entry has
+Both listings start with the built-in voices, which every request may name without an upload, marked ``"builtin":
+true``: ``default`` (the model's own voice) and OpenAI's voice names, each a designed voice on a model with voice
+design (its ``description``, ``serving/speech/voice_design.py``) and the model's own voice elsewhere. Every entry has
 a ``description`` (null but for a designed voice). In ``GET /v1/voices`` the built-in voices have the fields of a
-saved voice (no clip: ``transcript`` null, ``duration_s`` and ``created_at`` 0), so its clients read both alike;
-``GET /v1/audio/voices`` is the shape voice pickers of OpenAI-compatible servers read (Open WebUI:
-``{"voices": [{"id", "name"}]}``).
+saved voice (no clip: ``transcript`` null, ``duration_s`` and ``created_at`` 0), so its clients read both alike; ``GET
+/v1/audio/voices`` is the shape voice pickers of OpenAI-compatible servers read (Open WebUI: ``{"voices": [{"id",
+"name"}]}``).
 
 Cheap checks come first: sizes while the body is read, the text fields, then the clip's header (its
 duration) before it is decoded; the ``VoiceStore`` keeps the result.
@@ -21,15 +21,15 @@ from aiohttp import BodyPartReader, MultipartReader, web
 from voxwire.audio.clip import ClipTooLongError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.design import OPENAI_VOICE_DESIGNS
-from voxwire.serving.http.admission import require_accepting
+from voxwire.serving.edge.admission import require_accepting
+from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_within
 from voxwire.serving.http.clips import encode_clip
-from voxwire.serving.http.errors import ApiError
 from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, resolve
-from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY, VOICES_KEY
-from voxwire.serving.voices import OPENAI_VOICES, VoiceInfo
+from voxwire.serving.runtime.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY, VOICES_KEY
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
+from voxwire.serving.speech.voice_store import OPENAI_VOICES, VoiceInfo
 from voxwire.speech_model import ModelInfo
 
 

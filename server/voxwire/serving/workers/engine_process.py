@@ -23,12 +23,12 @@ import zmq
 
 from voxwire.engine import Chunk, Engine, EngineError
 from voxwire.engine.loop import EngineLoop
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.heap import freeze_startup_heap
-from voxwire.serving.models import load_speech_model
-from voxwire.serving.persona_registry import PersonaRegistry, open_registry
-from voxwire.serving.personas import UnknownPersonaError, check_persona
 from voxwire.serving.recovery import step_stall_bound_s
+from voxwire.serving.runtime.heap import freeze_startup_heap
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.load import load_speech_model
+from voxwire.serving.speech.persona_names import UnknownPersonaError, check_persona
+from voxwire.serving.speech.persona_registry import PersonaRegistry, open_registry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import HUB_MESSAGES, Hub, Letter
 from voxwire.serving.workers.liveness import Activity, Pulse
@@ -69,7 +69,7 @@ class EngineCore:
         self.model = model
         self.engine = engine
         self.personas = personas
-        self._loop = EngineLoop(engine, self._deliver)
+        self._engine_loop = EngineLoop(engine, self._deliver)
         self._hub = Hub(personas)
         self._calls = UtilityCalls(model, personas, max_voice_jobs)
         self._context = zmq.Context()
@@ -99,13 +99,13 @@ class EngineCore:
                     logger.error("the supervisor is gone: stopping")
                     break
                 self._progressed(Activity.WAITING)
-                self._receive(wait_s=self._loop.wait_s())
+                self._receive(wait_s=self._engine_loop.wait_s())
                 self._post(self._calls.finished())
                 self._progressed(Activity.STEPPING)
-                self._loop.run_due()
+                self._engine_loop.run_due()
                 self._heartbeat()
             self._progressed(Activity.DRAINING)
-            self._loop.drain()
+            self._engine_loop.drain()
         finally:
             self._calls.close()
             self._socket.close(linger=100)
@@ -170,13 +170,13 @@ class EngineCore:
         self._frontends.add(sender)
         model, voices = self.model, self._hub.voices()
         personas = tuple(self.personas.names()) if self.personas is not None else None
-        self._send(sender, ipc.Welcome(model.info, model.patch_shape, model.prompt_length, voices, personas))
+        self._send(sender, ipc.Welcome(model.info, model.patch_shape, voices, personas))
 
     def _add(self, sender: bytes, add: ipc.Add) -> None:
         request = add.request
         try:
             check_persona(self.personas, request.persona)  # the persona rule's third check: this registry decides
-            self._loop.add(request)
+            self._engine_loop.add(request)
         except (EngineError, ValueError, UnknownPersonaError) as exc:
             self._send(sender, ipc.Rejected(request.request_id, exc))
             return
@@ -201,7 +201,7 @@ class EngineCore:
         now = time.monotonic()
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
-            data = ipc.dumps(ipc.Heartbeat(self._loop.stats))
+            data = ipc.dumps(ipc.Heartbeat(self._engine_loop.stats))
             for identity in self._frontends:
                 self._socket.send_multipart([identity, data])
 
@@ -216,7 +216,7 @@ class EngineCore:
             if owner is not None:
                 by_frontend.setdefault(owner, []).append(output)
         for identity, owned in by_frontend.items():
-            meta, audio = ipc.pack_outputs(owned, self._loop.stats)
+            meta, audio = ipc.pack_outputs(owned, self._engine_loop.stats)
             self._socket.send_multipart([identity, meta, audio.data], copy=False)
 
 

@@ -15,8 +15,8 @@ import os
 import signal
 
 from voxwire.serving.app import build_app, run_app, run_loop, stop_failed
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.keys import METRICS_KEY, STATE_KEY
+from voxwire.serving.runtime.keys import METRICS_KEY, STATE_KEY
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers.liveness import Activity, EngineDeaths, Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
-from voxwire.serving.persona_registry import PersonaRegistry
-from voxwire.serving.voices import Voice
+from voxwire.serving.speech.persona_registry import PersonaRegistry
+from voxwire.serving.speech.voice_store import Voice
 from voxwire.serving.workers import ipc
 
 Letter = tuple[bytes, object]

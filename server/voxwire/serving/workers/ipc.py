@@ -30,9 +30,9 @@ from voxwire.chunk import EMPTY_AUDIO, EngineStep, Patch
 from voxwire.engine import Chunk, EngineStats, FinishReason, Request
 from voxwire.errors import VoxwireError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.personas import PersonaInfo
-from voxwire.serving.voices import Voice
-from voxwire.speech_model import ModelInfo, PromptLength
+from voxwire.serving.speech.persona_names import PersonaInfo
+from voxwire.serving.speech.voice_store import Voice
+from voxwire.speech_model import ModelInfo
 from voxwire.voice_clip import VoiceClip
 
 
@@ -62,11 +62,9 @@ DATA_TYPES = frozenset(
         ("voxwire.finish_reason", "FinishReason"),
         ("voxwire.params", "SynthesisParams"),
         ("voxwire.prompt", "prompt_from_arrays"),
-        ("voxwire.serving.personas", "PersonaInfo"),
-        ("voxwire.serving.voices", "Voice"), ("voxwire.serving.voices", "VoiceInfo"),
-        ("voxwire.sim.model", "SimPromptLength"),
-        ("voxwire.speech_model", "ModelInfo"), ("voxwire.speech_model", "TokenizedPromptLength"),
-        ("voxwire.text.tokenizer", "tokenizer_from_json"),
+        ("voxwire.serving.speech.persona_names", "PersonaInfo"),
+        ("voxwire.serving.speech.voice_store", "Voice"), ("voxwire.serving.speech.voice_store", "VoiceInfo"),
+        ("voxwire.speech_model", "ModelInfo"),
         ("voxwire.voice_clip", "VoiceClip"),
     }
 )  # fmt: skip
@@ -198,7 +196,6 @@ class Welcome:
 
     info: ModelInfo
     patch_shape: tuple[int, int]
-    prompt_length: PromptLength
     voices: tuple[Voice, ...]
     personas: tuple[str, ...] | None
     """The registered personas' names; None: the model has no LoRA layers (the simulator)."""
@@ -207,16 +204,22 @@ class Welcome:
 @dataclass(frozen=True, slots=True)
 class Outputs:
     """One engine step's outputs for the requests of one frontend (and the engine's load after it), but
-    their audio: per row (request id, samples, finish reason, error, patch, queue wait, step); the samples follow in
-    a frame. The rows of one step share its ``EngineStep``, which pickles once (pickle's memo refers back to it)."""
+    their audio: per row (request id, samples, finish reason, error, patch, queue wait, step, prompt positions); the
+    samples follow in a frame. The rows of one step share its ``EngineStep``, which pickles once (pickle's memo
+    refers back to it)."""
 
-    rows: list[tuple[str, int, FinishReason | None, str | None, Patch | None, float | None, EngineStep | None]]
+    rows: list[
+        tuple[str, int, FinishReason | None, str | None, Patch | None, float | None, EngineStep | None, int | None]
+    ]
     stats: EngineStats
 
 
 def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.NDArray[np.float32]]:
     """The two frames of an ``Outputs`` message."""
-    rows = [(o.request_id, o.audio.size, o.finish_reason, o.error, o.patch, o.queued_s, o.step) for o in outputs]
+    rows = [
+        (o.request_id, o.audio.size, o.finish_reason, o.error, o.patch, o.queued_s, o.step, o.prompt_positions)
+        for o in outputs
+    ]
     audio = np.concatenate([o.audio for o in outputs]) if outputs else EMPTY_AUDIO
     return dumps(Outputs(rows, stats)), audio
 
@@ -224,8 +227,9 @@ def pack_outputs(outputs: list[Chunk], stats: EngineStats) -> tuple[bytes, npt.N
 def unpack_outputs(message: Outputs, audio: bytes) -> list[Chunk]:
     samples = np.frombuffer(audio, dtype=np.float32)
     outputs, start = [], 0
-    for request_id, size, finish_reason, error, patch, queued_s, step in message.rows:
-        outputs.append(Chunk(request_id, samples[start : start + size], finish_reason, error, patch, queued_s, step))
+    for request_id, size, finish_reason, error, patch, queued_s, step, prompt in message.rows:
+        row = samples[start : start + size]
+        outputs.append(Chunk(request_id, row, finish_reason, error, patch, queued_s, step, prompt))
         start += size
     return outputs
 

@@ -33,7 +33,7 @@ import zmq.asyncio
 
 from voxwire.chunk import Chunk
 from voxwire.engine import EngineDeadError, EngineRestartingError, EngineStats
-from voxwire.serving.voices import Voice
+from voxwire.serving.speech.voice_store import Voice
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.remote_personas import RemotePersonas
 

@@ -26,8 +26,8 @@ from collections.abc import AsyncGenerator, Sequence
 from voxwire.engine import Chunk, EngineRestartingError, EngineStats, Request
 from voxwire.engine.streams import OutputStreams
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.service import EngineSpeaker, Speaker, engine_queue_full
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.service import EngineSpeaker, Speaker, engine_queue_full
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.links import EngineLink, EngineLinks, LinkState
 from voxwire.voice_clip import VoiceClip
@@ -46,7 +46,6 @@ class EngineProxy(EngineSpeaker):
         self._max_waiting = config.engine.max_waiting
         self._max_running = config.engine.max_sessions
         self.info = links.welcome.info
-        self.prefill_tokens = links.welcome.prompt_length
         self.personas = links.personas
         """The engines' LoRA personas (None: a model without LoRA layers)."""
         self._streams = OutputStreams()
@@ -181,7 +180,6 @@ class PinnedSpeaker(EngineSpeaker):
         self._moves = moves
         self.info = proxy.info
         self.personas = proxy.personas
-        self.prefill_tokens = proxy.prefill_tokens
 
     def new_request_id(self, prefix: str = "req") -> str:
         return self._proxy.new_request_id(prefix)

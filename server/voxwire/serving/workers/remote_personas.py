@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from voxwire.engine.errors import EngineDeadError
-from voxwire.serving.personas import OPERATOR, PersonaInfo, PersonaLoadError, UnknownPersonaError
+from voxwire.serving.speech.persona_names import OPERATOR, PersonaInfo, PersonaLoadError, UnknownPersonaError
 from voxwire.serving.workers import ipc
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.voices import Voice, VoiceInfo, VoiceStore
+from voxwire.serving.speech.voice_store import Voice, VoiceInfo, VoiceStore
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.links import EngineLinks
 

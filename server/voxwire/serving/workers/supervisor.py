@@ -42,9 +42,9 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.metrics import register_process
 from voxwire.serving.recovery import CrashLoop
+from voxwire.serving.runtime.metrics import register_process
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers.frontend import run_frontend
 from voxwire.serving.workers.liveness import EngineDeaths, Pulses
 

@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from voxwire.engine import QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.persona_registry import PersonaRegistry
-from voxwire.serving.personas import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.speech.persona_names import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.speech.persona_registry import PersonaRegistry
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.hub import Letter
 from voxwire.speech_model import SpeechModel

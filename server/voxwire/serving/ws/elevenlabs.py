@@ -48,11 +48,10 @@ from voxwire.protocol.wire import (
     ServerMessage,
     Words,
 )
-from voxwire.serving.alignment import Alignment, WordTiming
-from voxwire.serving.encoding import INLINE, EncoderPool
-from voxwire.serving.http.auth import key_in_first_message, key_matches
-from voxwire.serving.http.errors import ApiError
-from voxwire.serving.keys import (
+from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.edge.auth import key_in_first_message, key_matches
+from voxwire.serving.runtime.encoding import INLINE, EncoderPool
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
     ENGINES_KEY,
@@ -62,7 +61,8 @@ from voxwire.serving.keys import (
     TRACING_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.voices import UnknownVoiceError
+from voxwire.serving.speech.alignment import Alignment, WordTiming
+from voxwire.serving.speech.voice_store import UnknownVoiceError
 from voxwire.serving.ws.elevenlabs_dialect import ElevenLabsDialect
 from voxwire.serving.ws.elevenlabs_protocol import (
     DEFAULT_OUTPUT_FORMAT,

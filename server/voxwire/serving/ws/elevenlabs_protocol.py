@@ -27,7 +27,7 @@ from voxwire.audio.formats import AudioFormat, StreamEncoder, make_encoder
 from voxwire.audio.mp3 import Mp3Stream
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_CONTEXT_ID_BYTES, ProtocolError, is_unicode
-from voxwire.serving.alignment import Alignment
+from voxwire.serving.speech.alignment import Alignment
 
 STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 MULTI_STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"

@@ -1,7 +1,7 @@
 """The WebSocket endpoint ``/v1/tts/stream``: admission, then frames in and out of a ``Session``.
 
 This module only adapts aiohttp to the session: it refuses a connection with HTTP 503 before the
-upgrade while the replica is not ready, draining or full (``admission.py``: a balancer can retry a
+upgrade while the replica is not ready, draining or full (``edge/admission.py``: a balancer can retry a
 503 elsewhere, not a socket it has upgraded), registers the socket for shutdown, feeds each client
 frame to the ``Session`` (whose ``SessionCore`` holds every rule of the protocol, see ``session_core.py``
 and ``protocol/wire.py``), and writes the session's typed events as our protocol's frames (``Socket``, the one
@@ -21,10 +21,9 @@ from typing import Protocol
 from aiohttp import WSMsgType, web
 
 from voxwire.protocol.wire import STREAM_PATH, Audio, AudioFrame, CloseCode, ServerMessage, encode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.encoding import INLINE
-from voxwire.serving.http.admission import Refusal, refusal, require_admission
-from voxwire.serving.keys import (
+from voxwire.serving.edge.admission import Refusal, refusal, require_admission
+from voxwire.serving.runtime.encoding import INLINE
+from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
     ENGINES_KEY,
@@ -36,7 +35,8 @@ from voxwire.serving.keys import (
     TRACING_KEY,
     VOICES_KEY,
 )
-from voxwire.serving.personas import client_owner
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import client_owner
 from voxwire.serving.ws.frames import StreamSocket
 from voxwire.serving.ws.session import Session
 

@@ -32,14 +32,14 @@ from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import CloseCode, Done, Error, Segment, Start, Words
-from voxwire.serving.alignment import WordTimer, WordTiming
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.encoding import INLINE, EncoderPool
-from voxwire.serving.keys import ServerState
-from voxwire.serving.metrics import Metrics
-from voxwire.serving.service import Speaker, SpeechFailure, SpeechJob, UtteranceOptions
-from voxwire.serving.tracing import SEGMENT_SPAN, Tracing, traced
-from voxwire.serving.voices import VoiceStore
+from voxwire.serving.runtime.encoding import INLINE, EncoderPool
+from voxwire.serving.runtime.keys import ServerState
+from voxwire.serving.runtime.metrics import Metrics
+from voxwire.serving.runtime.tracing import SEGMENT_SPAN, Tracing, traced
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.alignment import WordTimer, WordTiming
+from voxwire.serving.speech.service import Speaker, SpeechFailure, SpeechJob, UtteranceOptions
+from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.outbox import Outbox, SlowConsumerError, Transport
 from voxwire.serving.ws.session_core import (
     CLIENT_GONE,

@@ -35,11 +35,11 @@ from voxwire.protocol.wire import (
     Ready,
     Start,
 )
-from voxwire.serving.alignment import SpeakingRate
-from voxwire.serving.design import DesignRefused, design_allowed, utterance_control
-from voxwire.serving.personas import UnknownPersonaError, check_persona
-from voxwire.serving.service import ModelInfo, Speaker
-from voxwire.serving.voices import UnknownVoiceError, VoiceStore
+from voxwire.serving.speech.alignment import SpeakingRate
+from voxwire.serving.speech.persona_names import UnknownPersonaError, check_persona
+from voxwire.serving.speech.service import ModelInfo, Speaker
+from voxwire.serving.speech.voice_design import DesignRefused, design_allowed, utterance_control
+from voxwire.serving.speech.voice_store import UnknownVoiceError, VoiceStore
 from voxwire.serving.ws.outbox import Delivery
 from voxwire.text.normalize import EXTRA_HINT, normalizer_available
 
@@ -66,7 +66,7 @@ class Settings:
     persona: str | None = None
     """The LoRA persona every segment speaks with; None is the base model."""
     control: str | None = None
-    """The voice design every sentence is spoken with (``serving/design.py``); None: none."""
+    """The voice design every sentence is spoken with (``serving/speech/voice_design.py``); None: none."""
     design_prefix: bool = False
     """Whether a ``(description)`` typed at an utterance's start is taken as its control (VoxCPM2, a voice
     without a continuation prompt)."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from aiohttp import hdrs, web
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import RETRY_AFTER_S, ApiError
-from voxwire.serving.keys import CONFIG_KEY, ENGINES_KEY, KEYLESS_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.serving.edge.api_errors import RETRY_AFTER_S, ApiError
+from voxwire.serving.runtime.keys import CONFIG_KEY, ENGINES_KEY, KEYLESS_KEY, SESSIONS_KEY, STATE_KEY, Phase
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import ApiError
-from voxwire.serving.keys import CONFIG_KEY, OWNER_KEY
+from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.runtime.keys import CONFIG_KEY, OWNER_KEY
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
 """Probes that load balancers and orchestrators call without credentials."""

@@ -6,12 +6,13 @@ personas may adapt are reserved before the engine captures its graphs (``reserve
 targets, attention q/k/v/o of both LMs and the DiT plus the projections, and every layer a ``--lora`` persona
 adapts), and from then on a persona is loaded by copying its weights into them. A persona adapting any other
 layer is refused (``invalid_lora``); a server started with neither has no adapted layers (nothing slows its
-steps). ``POST /v1/loras`` needs ``--lora-root`` (see ``serving.personas`` for owners and what clients read).
+steps). ``POST /v1/loras`` needs ``--lora-root`` (see ``serving.speech.persona_names`` for owners and what clients
+read).
 
 ``PersonaRegistry`` is plain blocking code: the single-process server wraps it in ``LocalPersonas`` (loads on
 a worker thread, never on the event loop); with ``--workers`` each engine process owns one, and the frontends
 reach it over IPC (``workers.remote_personas.RemotePersonas``). Only processes that hold the model import this
-module (it imports the model's code, hence torch); the handlers use ``serving.personas``.
+module (it imports the model's code, hence torch); the handlers use ``serving.speech.persona_names``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 from voxwire.errors import InvalidInputError
 from voxwire.model.lora import CKPT_FILE, CONFIG_FILE, SAFETENSORS_FILE, LoRAConfig, LoRALoadError, LoRATooLargeError
 from voxwire.model.personas import PersonaError, PersonaInUseError, RankTooLargeError, UnreservedLayersError
-from voxwire.serving.config import ServerConfig, is_persona_name
-from voxwire.serving.personas import (
+from voxwire.serving.server_config import ServerConfig, is_persona_name
+from voxwire.serving.speech.persona_names import (
     OPERATOR,
     TARGET_KEYS,
     PersonaInfo,

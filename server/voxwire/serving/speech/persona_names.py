@@ -1,6 +1,6 @@
 """LoRA personas as the handlers see them: ``Personas``, the names requests may use, their errors and their
 listing (``PersonaInfo``). No model code: a ``--workers`` frontend checks names and relays calls without torch.
-The model's side, ``PersonaRegistry`` over one model's bank, is ``serving.persona_registry``.
+The model's side, ``PersonaRegistry`` over one model's bank, is ``serving.speech.persona_registry``.
 
 Every transport checks a persona's name before it starts work, and again where a removal may have raced the
 request (the persona rule, stated once at ``check_persona``: an unknown name is an ``UnknownPersonaError``, the

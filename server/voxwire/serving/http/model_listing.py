@@ -13,8 +13,8 @@ import time
 from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.errors import ApiError
-from voxwire.serving.keys import SPEAKER_KEY
+from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.runtime.keys import SPEAKER_KEY
 
 OWNED_BY = "voxwire"
 

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from voxwire.serving.config import ServerConfig
-    from voxwire.serving.encoding import EncoderPool
-    from voxwire.serving.metrics import Metrics
-    from voxwire.serving.service import Engines, Speaker
-    from voxwire.serving.tracing import Tracing
-    from voxwire.serving.voices import VoiceStore
+    from voxwire.serving.runtime.encoding import EncoderPool
+    from voxwire.serving.runtime.metrics import Metrics
+    from voxwire.serving.runtime.tracing import Tracing
+    from voxwire.serving.server_config import ServerConfig
+    from voxwire.serving.speech.service import Engines, Speaker
+    from voxwire.serving.speech.voice_store import VoiceStore
 
 
 class Phase(enum.Enum):
@@ -145,7 +145,7 @@ class ServerState:
 
 SPEAKER_KEY: web.AppKey[Speaker] = web.AppKey("voxwire.speaker")
 ENGINES_KEY: web.AppKey[Engines] = web.AppKey("voxwire.engines")
-CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxwire.config")
+CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxwire.model_config")
 VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxwire.state")

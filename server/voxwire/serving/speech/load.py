@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from voxwire.engine.cost_model import StepCost
-from voxwire.serving.config import ServerConfig
+from voxwire.serving.server_config import ServerConfig
 from voxwire.speech_model import SIM_MODEL, SpeechModel, VoxCPMSpeech
 
 

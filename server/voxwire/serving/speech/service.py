@@ -42,10 +42,10 @@ from voxwire.errors import VoxwireError
 from voxwire.finish_reason import FinishReason
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.config import ServerConfig
-from voxwire.serving.personas import Personas, UnknownPersonaError, check_persona
 from voxwire.serving.recovery import CrashLoop, step_stall_bound_s
-from voxwire.speech_model import ModelInfo, PromptLength, SpeechModel
+from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.persona_names import Personas, UnknownPersonaError, check_persona
+from voxwire.speech_model import ModelInfo, SpeechModel
 from voxwire.voice_clip import VoiceClip
 
 logger = logging.getLogger(__name__)
@@ -134,11 +134,11 @@ class SpeechJob:
     """The voice to speak in; None: the model's default voice."""
     options: UtteranceOptions = DEFAULT_OPTIONS
 
-    def request(self, prefill_tokens: int) -> Request:
-        """The engine's ``Request`` for this job, with the admission budget's estimate of its prompt length."""
+    def request(self) -> Request:
+        """The engine's ``Request`` for this job (the engine lays its text out: frontends never tokenize)."""
         options = self.options
         return Request(
-            self.request_id, self.text, prefill_tokens, self.params, self.voice,
+            self.request_id, self.text, self.params, self.voice,
             playback_lead_s=options.playback_lead_s, playback_due=options.playback_due,
             playback_speed=options.playback_speed, persona=options.persona, owner=options.owner,
         )  # fmt: skip
@@ -157,8 +157,6 @@ class Speaker(Protocol):
         ...
 
     def new_request_id(self, prefix: str = "req") -> str: ...
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int: ...
 
     def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; closing the iterator early aborts it, and every failure raises one
@@ -227,8 +225,6 @@ class EngineSpeaker(abc.ABC):
     how a request reaches its engine (``_stream``)."""
 
     personas: Personas | None
-    prefill_tokens: PromptLength
-    """The admission budget's estimate of a request's prompt length, in LM positions."""
 
     def speak(self, job: SpeechJob) -> AsyncGenerator[Chunk, None]:
         """Stream one utterance; closing the iterator early aborts it (its slot is freed).
@@ -241,7 +237,7 @@ class EngineSpeaker(abc.ABC):
             check_persona(self.personas, job.options.persona)
         except UnknownPersonaError as exc:
             return refused(SpeechFailure(ErrorCode.UNKNOWN_PERSONA, str(exc)))
-        return typed_failures(self._stream(job.request(self.prefill_tokens(job.text, job.voice))))
+        return typed_failures(self._stream(job.request()))
 
     @abc.abstractmethod
     def _stream(self, request: Request) -> AsyncGenerator[Chunk, None]:
@@ -350,10 +346,6 @@ class SpeechService(EngineSpeaker):
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
-
-    def prefill_tokens(self, text: str, voice: VoicePrompt | None) -> int:
-        """The admission budget's estimate of a request's prompt length, in LM positions."""
-        return self.model.prompt_length(text, voice)
 
     def _stream(self, request: Request) -> AsyncGenerator[Chunk, None]:
         return self.engine.stream(request) if self.available else _restarting(request)

@@ -49,7 +49,7 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
 """OpenAI's built-in voice names; none has a prompt: each is the model's default voice, designed by the name's
-description on a model with voice design (``serving/design.py``)."""
+description on a model with voice design (``serving/speech/voice_design.py``)."""
 
 DEFAULT_VOICE_NAMES = OPENAI_VOICES | {"default"}
 

@@ -20,13 +20,13 @@ from aiohttp.typedefs import Handler
 from voxwire.engine import EngineDeadError, EngineRestartingError, QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.serving.http.request_id import request_id
-from voxwire.serving.keys import (
+from voxwire.serving.edge.request_id import request_id
+from voxwire.serving.runtime.keys import (
     METRICS_KEY,
 )
-from voxwire.serving.personas import PersonaLoadError, PersonaOwnerError, UnknownPersonaError
-from voxwire.serving.service import SpeechFailure
-from voxwire.serving.voices import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
+from voxwire.serving.speech.persona_names import PersonaLoadError, PersonaOwnerError, UnknownPersonaError
+from voxwire.serving.speech.service import SpeechFailure
+from voxwire.serving.speech.voice_store import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""What the running server keeps: its state keys, metrics, tracing, encoding threads, heap."""
