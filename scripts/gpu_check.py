@@ -1137,7 +1137,8 @@ class StepPrediction:
 def curve_context(runner: ModelRunner, requests: list[Request], patches: int) -> int:
     """Live KV positions per row over a timed run's decode steps, on average: the prompt and half the patches (the
     requests' texts repeat after ``TEXTS``)."""
-    return round(statistics.mean(runner.prompt_positions(r) for r in requests[: len(TEXTS)])) + (patches + 1) // 2
+    prompts = (runner.prepare(r).prompt_positions for r in requests[: len(TEXTS)])
+    return round(statistics.mean(prompts)) + (patches + 1) // 2
 
 
 def step_curve(runner: ModelRunner, plan: Plan, report: Report) -> Outcome:
