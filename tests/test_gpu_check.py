@@ -4,7 +4,6 @@ measures is built from the server's defaults."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from tests.gpu_image import ROOT, run_as_on_gpu_image
+from tests.script_modules import load_script
 
 PHASES = [
     "env",
@@ -35,12 +35,7 @@ PHASES = [
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "gpu_check.py", "gpu_check")
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from tests.script_modules import load_script
 from tests.server_process import http_status
 
 from voxwire.client.connection import Connection
@@ -36,12 +36,7 @@ START_TIMEOUT_S = 120.0
 
 def load_render() -> ModuleType:
     """``scripts/deploy/render.py`` as a module (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location("voxwire_deploy_render", DEPLOY / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DEPLOY / "render.py", "voxwire_deploy_render")
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@ the best case and a realistic column whose every term follows its stated rule.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.script_modules import load_script
 
 from voxwire.model_config import ModelConfig
 from voxwire.tiny.configs import ALL_CONFIGS
@@ -93,12 +93,7 @@ def test_roofline_of_the_default_configuration_fits_768_streams(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def cost() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("count_step_cost", ROOT / "scripts" / "count_step_cost.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["count_step_cost"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "count_step_cost.py", "count_step_cost")
 
 
 def step_model(cost: ModuleType, config: str = "voxcpm2", vae_dtype: torch.dtype = torch.float16, **workload: Any):

@@ -4,13 +4,13 @@ setting is described once: change a docstring, a default or a flag, and this fai
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.script_modules import load_script
 
 from voxwire.cli.main import build_parser
 from voxwire.serving.server_config import ServerConfig
@@ -21,11 +21,7 @@ SCRIPT = ROOT / "scripts" / "flag_docs.py"
 
 
 def flag_docs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("voxwire_flag_docs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "voxwire_flag_docs")
 
 
 def serve_options() -> list[str]:

@@ -5,13 +5,13 @@ its full run is in docs/performance.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.script_modules import load_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # it makes the machine busy itself
 
@@ -22,14 +22,9 @@ SCRIPTS = Path(__file__).parents[2] / "scripts"
 def soak() -> ModuleType:
     sys.path.insert(0, str(SCRIPTS))  # the script imports its neighbour bench_workers, as when run as a script
     try:
-        spec = importlib.util.spec_from_file_location("soak", SCRIPTS / "soak.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["soak"] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
+        return load_script(SCRIPTS / "soak.py", "soak")
     finally:
         sys.path.remove(str(SCRIPTS))
-    return module
 
 
 def test_an_oversubscribed_server_refuses_busy_but_ends_no_process_and_every_finisher_is_done(
