@@ -3,7 +3,7 @@ samples the batched-GEMM formulation it replaced gave."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,14 +12,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from voxwire.kernels import reference
 from voxwire.model.audio_vae import CausalConvTranspose1d
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
 
 
 def layer(dtype: torch.dtype = torch.float32, device: str = "cpu") -> CausalConvTranspose1d:

@@ -20,14 +20,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from voxwire.kernels import batch_invariant as bi
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
-
-
 def batches_around(row: torch.Tensor, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, int]]:
     """Batches of random rows holding ``row`` at some position: sizes around and across tile boundaries."""
     for size in (1, 2, 3, bi.TILE - 1, bi.TILE, bi.TILE + 1, 3 * bi.TILE + 5, 100):
