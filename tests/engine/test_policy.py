@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from voxwire.engine import Engine, EngineConfig, FinishReason
 from voxwire.engine.cost_model import StepCost
-from voxwire.engine.policy import DUE_NOW, RealtimePolicy, playback_deadline
+from voxwire.engine.policy import (
+    DUE_NOW,
+    RealtimeDecision,
+    RealtimePolicy,
+    RunningRows,
+    WaitingRequests,
+    playback_deadline,
+)
 
 CHUNK_S = 0.16
 
@@ -20,11 +27,24 @@ def _policy(cost: str = "10ms+10ms/row+0.1ms/token", max_ahead_s: float = 1.0) -
     return RealtimePolicy(StepCost.parse(cost), CHUNK_S, max_ahead_s)
 
 
+def decide(
+    policy: RealtimePolicy,
+    now: float,
+    deadlines: list[float],
+    tokens: list[int],
+    free_slots: int,
+    weights: list[float] | None = None,
+    waiting_weights: list[float] | None = None,
+) -> RealtimeDecision:
+    """Real-time rows only (no batch), each with the policy's lead bound."""
+    return policy.decide(now, RunningRows(deadlines, weights), WaitingRequests(tokens, waiting_weights), free_slots)
+
+
 def test_rows_furthest_ahead_skip_first_when_the_budget_is_short():
     # 10 ms + 10 ms/row: 15 rows fit 160 ms; slacks 0.4-0.9 s are all optional (not yet due).
     policy = _policy()
     deadlines = [0.9, 0.4, 0.8, 0.5, 0.7, 0.6] * 4  # 24 rows
-    decision = policy.decide(0.0, deadlines, [], free_slots=0)
+    decision = decide(policy, 0.0, deadlines, [], free_slots=0)
     decoded = [deadlines[i] for i in decision.decode]
     skipped = [deadlines[i] for i in range(len(deadlines)) if i not in decision.decode]
     assert len(decoded) == 15
@@ -34,28 +54,28 @@ def test_rows_furthest_ahead_skip_first_when_the_budget_is_short():
 
 def test_fifo_among_equals():
     policy = _policy("10ms+50ms/row")  # two rows fit
-    decision = policy.decide(0.0, [0.5] * 5, [], free_slots=0)
+    decision = decide(policy, 0.0, [0.5] * 5, [], free_slots=0)
     assert decision.decode == (0, 1)  # the two that arrived first
 
 
 def test_due_rows_decode_even_over_budget():
     policy = _policy("10ms+50ms/row")  # two rows fit the budget, but all five are due
-    decision = policy.decide(10.0, [10.1, 9.0, DUE_NOW, 10.2, 10.3], [], free_slots=0)
+    decision = decide(policy, 10.0, [10.1, 9.0, DUE_NOW, 10.2, 10.3], [], free_slots=0)
     assert decision.decode == (0, 1, 2, 3, 4)
 
 
 def test_rows_more_than_max_ahead_in_front_skip_even_when_they_fit():
-    decision = _policy(max_ahead_s=1.0).decide(0.0, [0.5, 1.01, 3.0], [], free_slots=0)
+    decision = decide(_policy(max_ahead_s=1.0), 0.0, [0.5, 1.01, 3.0], [], free_slots=0)
     assert decision.decode == (0,)
 
 
 def test_admission_is_budgeted_by_step_time_not_tokens():
     # 10 ms + 10 ms/row + 0.1 ms/token: 100-token requests cost 20 ms each: 7 fit with no rows running.
-    assert _policy().decide(0.0, [], [100] * 10, free_slots=10).admit == 7
+    assert decide(_policy(), 0.0, [], [100] * 10, free_slots=10).admit == 7
     # Cheap prefill admits everyone a slot allows, however many tokens.
-    assert _policy("10ms+1ms/row").decide(0.0, [], [5000] * 10, free_slots=8).admit == 8
+    assert decide(_policy("10ms+1ms/row"), 0.0, [], [5000] * 10, free_slots=8).admit == 8
     # Due rows use the budget first: the head is still admitted (no starvation), nothing more.
-    assert _policy().decide(0.0, [DUE_NOW] * 20, [100] * 10, free_slots=10).admit == 1
+    assert decide(_policy(), 0.0, [DUE_NOW] * 20, [100] * 10, free_slots=10).admit == 1
 
 
 def test_a_row_costs_what_its_timestep_count_costs():
@@ -63,13 +83,13 @@ def test_a_row_costs_what_its_timestep_count_costs():
     default row. 10 ms + 10 ms/row: 15 rows fit the 160 ms budget, so three rows weighing five each do."""
     weights = {10: 1.0, 50: 5.0}
     policy = RealtimePolicy(StepCost.parse("10ms+10ms/row"), CHUNK_S, 1.0, weights.__getitem__)
-    assert policy.decide(0.0, [], [0] * 6, free_slots=6).admit == 6
-    assert policy.decide(0.0, [], [0] * 6, 6, waiting_weights=policy.weights([50] * 6)).admit == 3
+    assert decide(policy, 0.0, [], [0] * 6, free_slots=6).admit == 6
+    assert decide(policy, 0.0, [], [0] * 6, 6, waiting_weights=policy.weights([50] * 6)).admit == 3
     # Running rows weigh the same: ten default rows that are ahead and one heavy due row fill the budget.
     deadlines = [DUE_NOW] + [0.5] * 10
-    decision = policy.decide(0.0, deadlines, [], 0, weights=policy.weights([50] + [10] * 10))
+    decision = decide(policy, 0.0, deadlines, [], 0, weights=policy.weights([50] + [10] * 10))
     assert decision.decode == tuple(range(11))
-    decision = policy.decide(0.0, deadlines, [], 0, weights=policy.weights([50] + [50] * 10))
+    decision = decide(policy, 0.0, deadlines, [], 0, weights=policy.weights([50] + [50] * 10))
     assert decision.decode == (0, 1, 2)
 
 
@@ -91,7 +111,7 @@ def test_the_engine_budgets_rows_by_the_runners_row_weight(make_realtime_engine,
 
 def test_admission_does_not_let_a_later_request_overtake():
     # 10 ms + 10 ms/row + 0.1 ms/token; 160 ms budget: after the 20 ms head, a 1,300-token one does not fit.
-    assert _policy().decide(0.0, [], [100, 1300, 1], free_slots=5).admit == 1
+    assert decide(_policy(), 0.0, [], [100, 1300, 1], free_slots=5).admit == 1
 
 
 @given(
@@ -105,7 +125,7 @@ def test_admission_does_not_let_a_later_request_overtake():
 def test_rules_hold_for_any_state(deadlines, tokens, free, per_row_ms, per_token_us, max_ahead_s):
     policy = RealtimePolicy(StepCost(0.004, per_row_ms / 1e3, per_token_us / 1e6), CHUNK_S, max_ahead_s)
     now = 0.0
-    decision = policy.decide(now, deadlines, tokens, free)
+    decision = decide(policy, now, deadlines, tokens, free)
     decoded = set(decision.decode)
     assert list(decision.decode) == sorted(decoded)
     rank = sorted(range(len(deadlines)), key=lambda i: (deadlines[i], i))

@@ -23,7 +23,7 @@ from voxwire.engine.errors import (
 from voxwire.engine.latency import LATENCY_BUCKETS_S, LatencyHistogram
 from voxwire.engine.loop import EngineStats
 from voxwire.engine.outputs import PrefillItem, Runner, RunnerOutput, StepPlan
-from voxwire.engine.request import ParamLimits, Prepared, Request, RequestStatus
+from voxwire.engine.request import ParamLimits, Prepared, Priority, Request, RequestStatus
 from voxwire.engine.slots import SlotMove
 from voxwire.finish_reason import FinishReason
 from voxwire.params import SynthesisParams
@@ -45,6 +45,7 @@ __all__ = [
     "ParamLimits",
     "PrefillItem",
     "Prepared",
+    "Priority",
     "QueueFullError",
     "Request",
     "RequestStatus",

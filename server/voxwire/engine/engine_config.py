@@ -36,7 +36,14 @@ class EngineConfig:
     """The audio a listener buffers before it starts playing, for requests that do not state their own
     (``Request.playback_lead_s``); real-time policy only."""
     max_ahead_s: float = 1.0
-    """Sessions with this much audio buffered ahead of their listener skip steps; real-time policy only."""
+    """How far ahead of its listener a stream may run, for requests that state no bound of their own
+    (``Request.max_ahead_s``); real-time policy only."""
+    max_batch_running: int | None = None
+    """Most slots batch requests (``Priority.BATCH``) hold at once, so that real-time requests always find the rest;
+    None: no cap but ``max_running``."""
+    max_batch_gap_s: float = 1.0
+    """The batch guarantee (``policy``, rules B1-B2): a running batch row decodes at least once this often, and a
+    batch request that has waited this long queues as a real-time one would."""
     max_step_load: float | None = None
     """The share of a chunk's duration a step of every committed stream may take, at the measured step cost, before
     new streams are refused (``OverBudgetError``; ``policy``, rule 7); None: none is refused. Real-time policy only."""
@@ -56,13 +63,16 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be an int >= 1")
         if not (self.playback_lead_s >= 0 and math.isfinite(self.playback_lead_s)):
             raise ValueError(f"EngineConfig.playback_lead_s={self.playback_lead_s!r} is invalid: must be >= 0")
-        for name in ("max_ahead_s", "max_persona_wait_s"):
+        for name in ("max_ahead_s", "max_persona_wait_s", "max_batch_gap_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"EngineConfig.{name}={value!r} is invalid: must be a finite number > 0")
         load = self.max_step_load
         if load is not None and not (load > 0 and math.isfinite(load)):
             raise ValueError(f"EngineConfig.max_step_load={load!r} is invalid: must be None or a finite number > 0")
+        batch = self.max_batch_running
+        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
+            raise ValueError(f"EngineConfig.max_batch_running={batch!r} is invalid: must be None or an int >= 1")
         cap = self.persona_slots_per_owner
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"EngineConfig.persona_slots_per_owner={cap!r} is invalid: must be None or an int >= 1")

@@ -18,35 +18,55 @@ free, and nothing overtakes a request that does not fit.
    audio its listener still has buffered. A first chunk produced but not yet marked sent has no start
    yet and counts as due now (slack -inf).
 2. *Real-time budget.* A step should take at most one chunk duration ``chunk_s``, as estimated by the
-   runner's ``StepCost`` over its decode rows and prefill tokens. A row counts as what its timestep count
+   runner's ``StepCost`` over its decode rows and prefill tokens, and should not end after the earliest
+   deadline of a row it must run (rule 3) when rows it merely may run make it longer: the *step limit* is
+   ``min(chunk_s, earliest finite deadline of a must-run row - now)``. A row counts as what its timestep count
    costs, in rows at the default count (the runner's ``row_weight``, when it states one): a session asking
    for 50 CFM timesteps takes the room of about five.
 3. *Due rows always run.* A session with slack up to ``2 * chunk_s`` (skipped now, its next chance
    ends one more step later, and it would run late) decodes this step whatever the budget: skipping
    it would guarantee a late chunk, so overload shows as longer steps, not as starved streams.
 4. *Admission.* The waiting queue is FIFO: requests are admitted in order while a slot (and the
-   scheduler's KV blocks) is free and the step's estimated cost stays within the budget; nothing
+   scheduler's KV blocks) is free and the step's estimated cost stays within the step limit; nothing
    overtakes one that does not fit, and the head is admitted whenever a slot is free (no
    starvation). An admitted session decodes in the step that admits it, so its first chunk comes
    with that step.
-5. *Rows ahead yield first.* The other running sessions join in order of slack, least first (FIFO by
-   arrival among equal slack), while the cost stays within the budget and their slack is at most
-   ``max_ahead_s``. The walk stops at the first that does not fit, so the decoded running sessions
-   are always a prefix of the slack order: a session further ahead never decodes while one that is
-   behind it skips. Rows more than ``max_ahead_s`` ahead skip anyway: steps stay short (a new
-   session's first chunk waits for less) and a barge-in discards less audio.
-6. *No starvation.* A skipped session's slack shrinks as time passes, so it reaches rule 3 within
-   ``max_ahead_s`` and then decodes every step until it is ahead again.
-7. *Shedding.* With ``max_step_load`` set (the server's ``--max-step-load``), a request that starts a new stream
-   (no ``playback_due``; a continuing sentence belongs to a stream already playing and is never shed) is refused
-   when it arrives (``OverBudgetError``: busy, retry later) if streams are committed and a step decoding every
-   committed stream and it once would take longer than the *step budget*, ``max_step_load * chunk_s``. The
-   committed streams are the running ones and the waiting ones the free slots will take (one waiting for a slot
-   replaces a stream that ends). A stream counts as its row weight times its listener's playback speed: the rows
-   it needs per chunk duration. Whichever rows a step skips, every stream needs that many on average, so a batch
-   whose full step is over budget makes every listener underrun; refusing the newcomer keeps the live streams on
-   time. Prefill is left out (paid once, the listeners' buffers absorb it), and with nothing committed a request
-   is never shed: the engine learns how fast it runs only by running.
+5. *Work-conserving, rows ahead yield first.* The step is then filled with the other running sessions, in
+   order of slack, least first (FIFO by arrival among equal slack), while the cost stays within the step limit:
+   an idle engine runs every row every step, a loaded one degrades to playback pacing for the rows that have
+   slack. A session joins only while its slack is at most its own lead bound (``Request.max_ahead_s``, else the
+   engine's ``max_ahead_s``): a WebSocket listener buffers what it gets, so its stream stays that close (a short
+   step for a new session's first chunk, little audio discarded on a barge-in); an HTTP response has no bound
+   (``math.inf``), its reader's TCP window bounds what is in flight. The walk passes over rows beyond their bound
+   and stops at the first that does not fit, so among the rows within their bounds the decoded ones are a prefix
+   of the slack order: a session further ahead never decodes while one behind it skips.
+6. *No starvation.* A skipped session's slack shrinks as time passes, so it reaches rule 3 and then decodes
+   every step until it is ahead again.
+7. *Shedding.* With ``max_step_load`` set (the server's ``--max-step-load``), a real-time request that starts a new
+   stream (no ``playback_due``; a continuing sentence belongs to a stream already playing and is never shed) is
+   refused when it arrives (``OverBudgetError``: busy, retry later) if streams are committed and a step decoding
+   every committed stream and it once would take longer than the *step budget*, ``max_step_load * chunk_s``. The
+   committed streams are the real-time running ones and the real-time waiting ones the free slots will take (one
+   waiting for a slot replaces a stream that ends). A stream counts as its row weight times its listener's playback
+   speed: the rows it needs per chunk duration. Whichever rows a step skips, every stream needs that many on
+   average, so a batch whose full step is over budget makes every listener underrun; refusing the newcomer keeps
+   the live streams on time. Prefill is left out (paid once, the listeners' buffers absorb it), and with nothing
+   committed a request is never shed: the engine learns how fast it runs only by running.
+
+**Batch priority** (``Request.priority``: ``Priority.BATCH``, an offline job nobody listens to live). Batch requests
+take only the capacity real-time ones leave, and never starve (``EngineConfig.max_batch_gap_s``, ``G``):
+
+B1. *Queue.* Real-time waiting requests are admitted before batch ones; a batch request is admitted, in order,
+    only while the step stays within the step limit after every real-time row of rules 3-5 is placed (and the
+    scheduler caps the slots batch requests hold, ``EngineConfig.max_batch_running``). A batch request that has
+    waited ``G`` queues as a real-time request would have (by arrival): it is admitted when it reaches the head.
+    Batch requests are never shed (rule 7 counts only real-time streams); they wait.
+B2. *Rows.* A running batch row has no listener; its deadline is ``G`` after the start of its last step. Batch
+    rows fill the step last, least recently decoded first, while the step stays within the step limit; a batch
+    row at its deadline runs whatever the budget, as a due row does.
+B3. *Guarantee.* So a running batch row decodes at least once every ``G`` (plus one step), and a waiting batch
+    request waits at most ``G`` longer than a real-time one would; what the real-time rows can lose to batch is
+    each running batch row's cost once per ``G`` (a step's forced batch rows), which rule 7 does not count.
 
 The cost of rules 2-5 and 7 is the measured one (``cost_model.TrackedStepCost``): the start-up fit, scaled by how
 much slower the machine's steps run now.
@@ -57,7 +77,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 from voxwire.engine.cost_model import CostModel
 
@@ -92,12 +111,40 @@ def playback_deadline(start: float | None, chunks_produced: int, chunk_s: float)
 
 
 @dataclass(frozen=True, slots=True)
+class RunningRows:
+    """The running sessions as the policy sees them: index-aligned sequences, in arrival (FIFO) order."""
+
+    deadlines: Sequence[float]
+    """A real-time row's next chunk's deadline (rule 1); a batch row's, when it must decode again (rule B2)."""
+    weights: Sequence[float] | None = None
+    """The rows each one's row costs (rule 2); None: one each."""
+    lead_bounds: Sequence[float | None] | None = None
+    """How far ahead of its listener each real-time row may run (rule 5; None or an absent sequence: the policy's
+    ``max_ahead_s``; ``math.inf``: no bound)."""
+    batch: frozenset[int] = frozenset()
+    """The indices of the batch rows (rule B2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRequests:
+    """The requests the free slots can take, in the order they may be admitted (a prefix is): the real-time ones
+    (and batch ones that have waited ``max_batch_gap_s``) first, then the batch ones (rule B1)."""
+
+    tokens: Sequence[int]
+    """Each one's prompt positions."""
+    weights: Sequence[float] | None = None
+    """The rows each one's row costs (rule 2); None: one each."""
+    realtime: int | None = None
+    """How many, from the head, queue as real-time requests; None: all of them."""
+
+
+@dataclass(frozen=True, slots=True)
 class RealtimeDecision:
     """One step's choice: admit the first ``admit`` waiting requests and decode these running ones."""
 
     admit: int
     decode: tuple[int, ...]
-    """Indices into the ``deadlines`` given to ``RealtimePolicy.decide``, in ascending order."""
+    """Indices into the ``RunningRows`` given to ``RealtimePolicy.decide``, in ascending order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +156,7 @@ class RealtimePolicy:
     chunk_s: float
     """Seconds of audio per chunk: the real-time budget of one step."""
     max_ahead_s: float
-    """Sessions with more slack than this skip the step even when the budget would fit them."""
+    """Rule 5's lead bound of a row that states none (``Request.max_ahead_s``)."""
     row_weight: Callable[[int], float] | None = None
     """What a row asking for so many CFM timesteps costs, in rows (rule 2); None: every row costs one."""
     max_step_load: float | None = None
@@ -140,14 +187,22 @@ class RealtimePolicy:
         """Rule 3: slack up to this and a session decodes whatever the budget."""
         return 2 * self.chunk_s
 
-    def runs_from(self, deadline: float) -> float:
-        """The earliest time a session with this deadline decodes in a step that has nothing else to do."""
+    def lead_bound(self, bound: float | None) -> float:
+        """Rule 5: a row's own lead bound, or the policy's when it states none."""
+        return self.max_ahead_s if bound is None else bound
+
+    def runs_from(self, deadline: float, lead_bound: float | None = None, batch: bool = False) -> float:
+        """The earliest time a row with this deadline (and lead bound, for a real-time row) decodes in a step that
+        has nothing else to do."""
+        if batch:
+            return -math.inf if self.fits(1, 0) else deadline  # rule B2: it fills any step, or waits until due
         if self.fits(1, 0):
-            return deadline - max(self.max_ahead_s, self.due_within_s)
+            return deadline - max(self.lead_bound(lead_bound), self.due_within_s)
         return deadline - self.due_within_s  # one row alone is over budget: it runs only once due
 
-    def fits(self, rows: float, prefill_tokens: int) -> bool:
-        return self.cost.seconds(rows, prefill_tokens) <= self.chunk_s
+    def fits(self, rows: float, prefill_tokens: int, limit_s: float | None = None) -> bool:
+        """Whether a step of ``rows`` and ``prefill_tokens`` stays within ``limit_s`` (default: ``chunk_s``)."""
+        return self.cost.seconds(rows, prefill_tokens) <= (self.chunk_s if limit_s is None else limit_s)
 
     def weight(self, timesteps: int) -> float:
         """The rows a row asking for ``timesteps`` CFM timesteps costs (rule 2)."""
@@ -157,48 +212,69 @@ class RealtimePolicy:
         """The rows each of these timestep counts costs (rule 2); None when every row costs one."""
         return None if self.row_weight is None else [self.weight(count) for count in timesteps]
 
-    def decide(
-        self,
-        now: float,
-        deadlines: Sequence[float],
-        waiting_tokens: Iterable[int],
-        free_slots: int,
-        weights: Sequence[float] | None = None,
-        waiting_weights: Iterable[float] | None = None,
-    ) -> RealtimeDecision:
-        """Apply rules 3-5.
+    def decide(self, now: float, running: RunningRows, waiting: WaitingRequests, free_slots: int) -> RealtimeDecision:
+        """Apply rules 2-5 and B1-B2.
 
         Args:
             now: The current time, on the clock the deadlines are on.
-            deadlines: Per running session, its next chunk's deadline, in arrival (FIFO) order.
-            waiting_tokens: The prompt positions of each waiting request, queue head first.
-            free_slots: How many waiting requests, from the head, have a slot and KV blocks free.
-            weights: Per running session (as ``deadlines``), the rows its row costs (``weights``); default 1.
-            waiting_weights: The same for each waiting request (as ``waiting_tokens``); default 1.
+            running: The running sessions.
+            waiting: The waiting requests the free slots could take, in admission order.
+            free_slots: How many of them, from the head, have a slot and KV blocks free.
         """
+        deadlines = running.deadlines
+        weights, bounds, batch = running.weights, running.lead_bounds, running.batch
         weight = weights.__getitem__ if weights is not None else lambda index: 1.0
-        # Stable sort: equal deadlines keep arrival order.
-        order = sorted(range(len(deadlines)), key=deadlines.__getitem__)
+        # Stable sorts: equal deadlines keep arrival order.
+        by_deadline = sorted(range(len(deadlines)), key=deadlines.__getitem__)
+        live = [index for index in by_deadline if index not in batch] if batch else by_deadline
+        offline = [index for index in by_deadline if index in batch] if batch else []
+        # Rule 3 and B2: the rows that run whatever the budget. Written as "deadline - threshold <= now" everywhere,
+        # so that the time runs_from names is exactly the time the row runs, float rounding included.
         due = 0
-        # Written as "deadline - threshold <= now" everywhere, so that the time runs_from names is
-        # exactly the time the row runs, float rounding included.
-        while due < len(order) and deadlines[order[due]] - self.due_within_s <= now:
+        while due < len(live) and deadlines[live[due]] - self.due_within_s <= now:
             due += 1
-        rows, tokens, admit = sum(weight(index) for index in order[:due]), 0, 0
-        for request_tokens, row in zip(
-            waiting_tokens, repeat(1.0) if waiting_weights is None else waiting_weights, strict=False
-        ):
-            if admit == free_slots or (admit > 0 and not self.fits(rows + row, tokens + request_tokens)):
-                break
-            admit += 1
-            rows += row
-            tokens += request_tokens
-        end = due
-        while (
-            end < len(order)
-            and deadlines[order[end]] - self.max_ahead_s <= now
-            and self.fits(rows + weight(order[end]), tokens)
-        ):
-            rows += weight(order[end])
-            end += 1
-        return RealtimeDecision(admit, tuple(sorted(order[:end])))
+        batch_due = 0
+        while batch_due < len(offline) and deadlines[offline[batch_due]] <= now:
+            batch_due += 1
+        decode = live[:due] + offline[:batch_due]
+        rows = sum(weight(index) for index in decode)
+        # Rule 2's step limit: the earliest deadline a must-run row has (DUE_NOW rows are late whatever runs).
+        earliest = min((deadlines[index] for index in live[:due] if deadlines[index] > DUE_NOW), default=math.inf)
+        limit = min(self.chunk_s, earliest - now)
+        tokens_in = waiting.tokens
+        waiting_weight = waiting.weights.__getitem__ if waiting.weights is not None else lambda index: 1.0
+        realtime = len(tokens_in) if waiting.realtime is None else waiting.realtime
+        candidates = min(free_slots, len(tokens_in))
+        tokens = admit = 0
+
+        def admit_while_fits(end: int, head_forced: bool) -> None:
+            """Rule 4 / B1: admit in order while the step fits (the head, index 0, whatever the budget if forced)."""
+            nonlocal admit, rows, tokens
+            while admit < end:
+                row, request_tokens = waiting_weight(admit), tokens_in[admit]
+                forced = head_forced and admit == 0
+                if not forced and not self.fits(rows + row, tokens + request_tokens, limit):
+                    return
+                admit, rows, tokens = admit + 1, rows + row, tokens + request_tokens
+
+        def fill(order: Sequence[int], eligible: Callable[[int], bool]) -> bool:
+            """Rules 5 and B2: add the eligible rows of ``order`` while the step fits; False once one did not."""
+            nonlocal rows
+            for index in order:
+                if not eligible(index):
+                    continue
+                if not self.fits(rows + weight(index), tokens, limit):
+                    return False
+                rows += weight(index)
+                decode.append(index)
+            return True
+
+        admitted_live = min(realtime, candidates)
+        admit_while_fits(admitted_live, head_forced=True)
+        lead = [self.max_ahead_s] * len(deadlines) if bounds is None else [self.lead_bound(bound) for bound in bounds]
+        live_all_placed = fill(live[due:], lambda index: deadlines[index] - lead[index] <= now)
+        if live_all_placed and admit == admitted_live:
+            # Rule B1: batch requests and then batch rows only in what every real-time row left.
+            admit_while_fits(candidates, head_forced=False)
+            fill(offline[batch_due:], lambda index: True)
+        return RealtimeDecision(admit, tuple(sorted(decode)))

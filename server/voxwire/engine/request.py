@@ -45,6 +45,16 @@ FINISH_REASONS: dict[RequestStatus, FinishReason] = {
 }
 
 
+class Priority(enum.Enum):
+    """Which capacity a request runs in (``engine.policy``, rules B1-B3)."""
+
+    REALTIME = "realtime"
+    """Someone is listening: its chunks have playback deadlines (the default)."""
+    BATCH = "batch"
+    """An offline job (an audiobook, a dataset, a cache warm-up): it runs in the capacity the real-time requests
+    leave, and never starves."""
+
+
 class PersonaWait(enum.Enum):
     """Why a waiting request cannot take a free slot yet: its persona cannot have a device slot now."""
 
@@ -111,6 +121,12 @@ class Request:
     playback_speed: float = 1.0
     """How fast the listener plays the model's audio: at 2.0 (a tempo change after decoding, ``audio/tempo.py``)
     a chunk plays in half its duration, so its deadlines come twice as often. Only the real-time policy reads it."""
+    max_ahead_s: float | None = None
+    """How far ahead of its listener the stream may run (``engine.policy``, rule 5): a WebSocket listener buffers
+    what it gets, so it has a bound; ``math.inf`` for a response whose reader's TCP window bounds what is in flight
+    (HTTP); None: the engine's ``EngineConfig.max_ahead_s``. Only the real-time policy reads it."""
+    priority: Priority = Priority.REALTIME
+    """Real-time (someone listens) or batch (an offline job: only the capacity real-time requests leave)."""
 
     def __post_init__(self) -> None:
         rid = self.request_id
@@ -125,6 +141,10 @@ class Request:
         speed = self.playback_speed
         speed_ok = _is_number(speed) and 0 < speed < math.inf
         require(speed_ok, "playback_speed", speed, "must be a finite number > 0")
+        ahead = self.max_ahead_s
+        ahead_ok = ahead is None or (_is_number(ahead) and ahead > 0 and not math.isnan(ahead))
+        require(ahead_ok, "max_ahead_s", ahead, "must be None or a number > 0 (math.inf: no bound)")
+        require(isinstance(self.priority, Priority), "priority", self.priority, "must be a Priority")
         persona = self.persona
         require(persona is None or (isinstance(persona, str) and persona != ""), "persona", persona, "must be a name")
         owner = self.owner
@@ -181,6 +201,16 @@ class RequestRecord:
     once it waited ``EngineConfig.max_persona_wait_s``."""
     row_weight: float = 1.0
     """What its row costs, in rows at the default timestep count (``policy.RealtimePolicy.weight``, rule 2)."""
+    queued_since: float | None = None
+    """When a step first found it waiting (the clock of ``Engine.step``): a batch request queues as a real-time one
+    once it has waited ``EngineConfig.max_batch_gap_s`` (``engine.policy``, rule B1)."""
+    decoded_at: float | None = None
+    """When its last step began (admission included; the clock of ``Engine.step``): a batch row that has not
+    decoded for ``EngineConfig.max_batch_gap_s`` must (``engine.policy``, rule B2)."""
+
+    @property
+    def is_batch(self) -> bool:
+        return self.request.priority is Priority.BATCH
 
     @property
     def request_id(self) -> str:

@@ -18,8 +18,8 @@ from voxwire.engine.blocks import BlockAllocator
 from voxwire.engine.engine_config import EngineConfig
 from voxwire.engine.errors import DuplicateRequestError, OverBudgetError, QueueFullError
 from voxwire.engine.outputs import PrefillItem, StepPlan
-from voxwire.engine.policy import RealtimePolicy, admit_count, playback_deadline
-from voxwire.engine.request import PersonaWait, Prepared, Request, RequestRecord, RequestStatus
+from voxwire.engine.policy import RealtimePolicy, RunningRows, WaitingRequests, admit_count, playback_deadline
+from voxwire.engine.request import PersonaWait, Prepared, Priority, Request, RequestRecord, RequestStatus
 from voxwire.engine.slots import SlotMove, SlotTable
 
 
@@ -35,6 +35,12 @@ class Scheduler:
 
     KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
     the first waiting request whose blocks are not free (it waits; nothing overtakes it).
+
+    Priorities (``Request.priority``; the rules are ``engine.policy``'s B1-B3): the free slots go to the real-time
+    waiting requests first, in arrival order, then to the batch ones, which hold at most
+    ``EngineConfig.max_batch_running`` slots; a batch request that has waited ``max_batch_gap_s`` takes its place
+    among the real-time ones by arrival. Each class has its own ``max_waiting``, so a batch job that fills its queue
+    never refuses a live request. Under ``--no-realtime`` (FIFO) the classes only order admission.
 
     LoRA personas (when the runner has a bounded number of persona slots, ``PersonaRunner``), the rules of
     persona admission, stated here once:
@@ -90,16 +96,18 @@ class Scheduler:
         if rid in self.records:
             raise DuplicateRequestError(f"request id {rid!r} is already in use by an unfinished request")
         # Requests that the next step will hand a free slot are not waiting for one: only the rest count
-        # against max_waiting, so a request is never refused while a slot is free.
-        if len(self.waiting) >= self.config.max_waiting + self.slots.num_free:
+        # against max_waiting, so a request is never refused while a slot is free. Each priority has its own queue.
+        priority = request.priority
+        queued = sum(record.request.priority is priority for record in self.waiting)
+        if queued >= self.config.max_waiting + self.slots.num_free:
             raise QueueFullError(
-                f"request {rid!r} rejected: the waiting queue is full "
+                f"request {rid!r} rejected: the {'batch ' if priority is Priority.BATCH else ''}waiting queue is full "
                 f"({self.config.max_waiting} requests waiting behind {self.slots.num_used} running, no slot free)"
             )
         policy = self.realtime
         weight = 1.0 if policy is None else policy.weight(request.params.inference_timesteps)
         record = RequestRecord(request, prepared, row_weight=weight)
-        if policy is not None and request.playback_due is None:
+        if policy is not None and request.playback_due is None and priority is Priority.REALTIME:
             committed = self.committed_demand()
             if policy.sheds(committed, record.demand):
                 self.sessions_shed += 1
@@ -115,10 +123,12 @@ class Scheduler:
         self.records[rid] = record
 
     def committed_demand(self) -> float:
-        """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the running ones and
-        the waiting ones the free slots will take; 0 when none is committed."""
+        """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the real-time running
+        ones and the real-time waiting ones the free slots will take; 0 when none is committed."""
         running = (self.records[rid] for rid in self.slots.owners)
-        return sum(record.demand for record in chain(running, islice(self.waiting, self.slots.num_free)))
+        waiting = (record for record in self.waiting if not record.is_batch)
+        committed = chain(running, islice(waiting, self.slots.num_free))
+        return sum(record.demand for record in committed if not record.is_batch)
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` as aborted, freeing its slot; False if it is unknown or finished."""
@@ -162,53 +172,93 @@ class Scheduler:
         released, moves = tuple(self._released), tuple(self._moves)
         self._released.clear()
         self._moves.clear()
+        if now is not None:
+            for record in self.waiting:
+                if record.queued_since is None:
+                    record.queued_since = now
         admissible = self._admissible(now)
         admitted, decode = self._decide(now, admissible)
         for record in admissible[:admitted]:
-            self.waiting.remove(record)  # the head, unless rule P3 passed over requests before it
+            self.waiting.remove(record)  # the head, unless rule P3 (or B1) passed over requests before it
         prefills = tuple(self._admit(record) for record in admissible[:admitted])
         # Admitted rows take the slots after the running ones, so the slots stay ascending.
         slots = decode + tuple(item.slot for item in prefills)
         owners = self.slots.owners
         request_ids = tuple(owners[slot] for slot in slots)
-        step_indices = tuple(self.records[rid].step_index for rid in request_ids)
+        records = [self.records[rid] for rid in request_ids]
+        if now is not None:
+            for record in records:
+                record.decoded_at = now
+        step_indices = tuple(record.step_index for record in records)
         return StepPlan(released, moves, prefills, request_ids, step_indices, slots)
 
     def _decide(self, now: float | None, admissible: list[RequestRecord]) -> tuple[int, tuple[int, ...]]:
         """How many of the ``admissible`` requests to admit (a prefix), and which used slots decode (ascending)."""
         free = len(admissible)
-        tokens = (record.prepared.prompt_positions for record in admissible)
+        tokens = [record.prepared.prompt_positions for record in admissible]
         if self.realtime is None:
             return admit_count(tokens, free, self.config.max_prefill_tokens_per_step), tuple(range(self.slots.num_used))
         if now is None:
             raise ValueError("the real-time policy schedules by the clock: pass schedule(now)")
-        running = sorted((self.records[rid] for rid in self.slots.owners), key=lambda s: s.serial)
-        deadlines = [self._deadline(record, self.realtime) for record in running]
         policy = self.realtime
-        weights = policy.weights(record.request.params.inference_timesteps for record in running)
-        waiting = policy.weights(record.request.params.inference_timesteps for record in admissible)
-        decision = policy.decide(now, deadlines, tokens, free, weights, waiting)
+        running = sorted((self.records[rid] for rid in self.slots.owners), key=lambda s: s.serial)
+        rows = RunningRows(
+            deadlines=[self._deadline(record, policy, now) for record in running],
+            weights=policy.weights(record.request.params.inference_timesteps for record in running),
+            lead_bounds=[record.request.max_ahead_s for record in running],
+            batch=frozenset(index for index, record in enumerate(running) if record.is_batch),
+        )
+        waiting = WaitingRequests(
+            tokens,
+            policy.weights(record.request.params.inference_timesteps for record in admissible),
+            realtime=sum(not self._queues_as_batch(record, now) for record in admissible),
+        )
+        decision = policy.decide(now, rows, waiting, free)
         return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
 
     def next_step_at(self, now: float) -> float:
         """When a step would next do any work: ``now`` if it would now, ``inf`` if only new requests can
         make it. Under the real-time policy a step whose running sessions are all far enough ahead
         decodes nothing; the caller should wait until this time instead."""
-        if self._released or self._moves or self._aborted or self._admissible(now):
+        if self._released or self._moves or self._aborted:
             return now
+        admissible = self._admissible(now)
+        policy = self.realtime
+        # A waiting request the next step admits: a real-time one always (rule 4), a batch one when it fits (B1).
+        starts = [self._admitted_from(record, policy, now) for record in admissible[:1]]
         # A request waiting for a persona slot ends busy once its wait is over (rule P4): a step is due then.
         bound = self.config.max_persona_wait_s
-        waits = (s.persona_wait_since for s in self.waiting if s.persona_wait_since is not None)
-        expiry = min((since + bound for since in waits), default=math.inf)
-        if not self.slots.num_used:
-            return max(now, expiry)
-        if self.realtime is None:
+        starts += [since + bound for since in (s.persona_wait_since for s in self.waiting) if since is not None]
+        if self.slots.num_used and policy is None:
             return now
-        policy = self.realtime
-        earliest = min(self._deadline(self.records[rid], policy) for rid in self.slots.owners)
-        return max(now, min(policy.runs_from(earliest), expiry))
+        if policy is not None:
+            running = (self.records[rid] for rid in self.slots.owners)
+            starts += [
+                policy.runs_from(self._deadline(record, policy, now), record.request.max_ahead_s, record.is_batch)
+                for record in running
+            ]
+        return max(now, min(starts, default=math.inf))
 
-    def _deadline(self, record: RequestRecord, policy: RealtimePolicy) -> float:
+    def _admitted_from(self, record: RequestRecord, policy: RealtimePolicy | None, now: float) -> float:
+        """When the next step would admit ``record``, the head of the admissible requests (rules 4 and B1)."""
+        if policy is None or not self._queues_as_batch(record, now):
+            return now
+        if policy.fits(record.row_weight, record.prepared.prompt_positions):
+            return now
+        since = now if record.queued_since is None else record.queued_since
+        return since + self.config.max_batch_gap_s
+
+    def _queues_as_batch(self, record: RequestRecord, now: float | None) -> bool:
+        """Rule B1: a batch request queues behind the real-time ones until it has waited ``max_batch_gap_s``."""
+        if not record.is_batch:
+            return False
+        since = record.queued_since
+        return now is None or since is None or now - since < self.config.max_batch_gap_s
+
+    def _deadline(self, record: RequestRecord, policy: RealtimePolicy, now: float) -> float:
+        """Rule 1's playback deadline of a real-time row; rule B2's of a batch row."""
+        if record.is_batch:
+            return (now if record.decoded_at is None else record.decoded_at) + self.config.max_batch_gap_s
         start = record.playback_start(self.config.playback_lead_s)
         return playback_deadline(start, record.step_index, policy.chunk_s / record.request.playback_speed)
 
@@ -241,16 +291,38 @@ class Scheduler:
         candidates = self._with_personas(now)
         return candidates[: self._fit_blocks(candidates)]
 
+    def _queue_order(self, now: float | None) -> list[RequestRecord]:
+        """The waiting requests in admission order (rule B1): the real-time ones (and batch ones that have waited
+        ``max_batch_gap_s``) by arrival, then the other batch ones by arrival; batch ones only as many as the batch
+        cap (``max_batch_running``) has slots left for, the earliest first."""
+        waiting = self.waiting
+        if not any(record.is_batch for record in waiting):
+            return list(waiting)
+        cap = self.config.max_batch_running
+        room = math.inf if cap is None else cap - sum(self.records[rid].is_batch for rid in self.slots.owners)
+        first: list[RequestRecord] = []
+        later: list[RequestRecord] = []
+        for record in waiting:
+            if record.is_batch:
+                if room <= 0:
+                    continue  # it waits for a batch slot
+                room -= 1
+                if self._queues_as_batch(record, now):
+                    later.append(record)
+                    continue
+            first.append(record)
+        return first + later
+
     def _with_personas(self, now: float | None) -> list[RequestRecord]:
-        """The first waiting requests, one per free slot, in FIFO order, passing over those whose persona cannot
-        have a device slot now (rules P1-P3); those are stamped with why, and since when (rule P4's clock)."""
+        """The first waiting requests, one per free slot, in admission order, passing over those whose persona
+        cannot have a device slot now (rules P1-P3); those are stamped with why, and since when (rule P4's clock)."""
         free = self.slots.num_free
         slots = self.persona_slots()
         if slots is None or not free:
-            return list(islice(self.waiting, free))
+            return self._queue_order(now)[:free]
         gate: _PersonaGate | None = None
         candidates: list[RequestRecord] = []
-        for record in self.waiting:
+        for record in self._queue_order(now):
             request = record.request
             if request.persona is not None:
                 if gate is None:

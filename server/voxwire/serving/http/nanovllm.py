@@ -40,7 +40,7 @@ from aiohttp import hdrs, web
 from voxwire.audio.clip import ClipTooLongError
 from voxwire.audio.formats import AudioFormat, make_encoder
 from voxwire.audio.mp3 import MP3_BITRATE
-from voxwire.engine import SynthesisParams
+from voxwire.engine import Priority, SynthesisParams
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import Patches, VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
@@ -50,6 +50,7 @@ from voxwire.serving.edge.request_id import request_id
 from voxwire.serving.http.body import read_json
 from voxwire.serving.http.clips import encode_clip
 from voxwire.serving.http.loras import persona_registry
+from voxwire.serving.http.priority import request_priority
 from voxwire.serving.http.request_models import ENCODE_LATENTS, GENERATE, NANO_LORA, Problem, RequestModel, Rule
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.runtime.keys import CONFIG_KEY, METRICS_KEY, OWNER_KEY, SPEAKER_KEY, STATE_KEY, VOICES_KEY
@@ -181,7 +182,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         "X-Audio-Encoding": "s16le" if pcm else "mp3",
     }
     with app[STATE_KEY].utterance():  # a drain lets it finish, as it does a /v1/audio/speech request
-        options = UtteranceOptions(lora, owner=client_owner(request.get(OWNER_KEY), request.protocol))
+        owner = client_owner(request.get(OWNER_KEY), request.protocol)
+        priority = request_priority(request, None if "priority" not in fields else Priority(fields["priority"]))
+        # No lead bound: the response's reader (its TCP window) bounds what is in flight (engine.policy, rule 5).
+        options = UtteranceOptions(lora, owner=owner, max_ahead_s=math.inf, priority=priority)
         job = SpeechJob(service.new_request_id("generate"), text, params, voice, options)
         outputs = service.speak(job)
         async with contextlib.aclosing(outputs):

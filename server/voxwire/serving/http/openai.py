@@ -15,17 +15,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
-from voxwire.engine import Chunk, SynthesisParams
+from voxwire.engine import Chunk, Priority, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.admission import require_admission
 from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_json
+from voxwire.serving.http.priority import request_priority
 from voxwire.serving.http.request_models import SPEECH
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.runtime.keys import (
@@ -61,6 +63,8 @@ class SpeechRequest:
     """OpenAI's voice direction: VoxCPM2's voice design (``serving/speech/voice_design.py``)."""
     speed: float = 1.0
     """Speaking speed in [0.25, 4.0], pitch kept."""
+    priority: Priority | None = None
+    """The body's ``priority``; None: it names none (the ``Voxwire-Priority`` header may, ``http/priority.py``)."""
 
 
 def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
@@ -78,7 +82,7 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
     return SpeechRequest(
         fields["input"], fields.get("voice"), fields["response_format"], params, sse=fields["stream_format"] == "sse",
         normalize=normalize, persona=fields.get("persona"), instructions=fields.get("instructions"),
-        speed=float(fields["speed"]),
+        speed=float(fields["speed"]), priority=None if "priority" not in given else Priority(given["priority"]),
     )  # fmt: skip
 
 
@@ -99,7 +103,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     text = designed_text(control, words)
     with app[STATE_KEY].utterance():
         owner = client_owner(request.get(OWNER_KEY), request.protocol)
-        options = UtteranceOptions(speech.persona, playback_speed=speech.speed, owner=owner)
+        priority = request_priority(request, speech.priority)
+        # No lead bound: the response's reader (its TCP window) bounds what is in flight (engine.policy, rule 5).
+        options = UtteranceOptions(
+            speech.persona, playback_speed=speech.speed, owner=owner, max_ahead_s=math.inf, priority=priority
+        )
         job = SpeechJob(service.new_request_id("http"), text, speech.params, voice, options)
         outputs = service.speak(job)
         prompt = _PromptUsage()

@@ -19,6 +19,7 @@ from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
 from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.http.priority import PRIORITY_CHOICES, PRIORITY_DESCRIPTION
 from voxwire.serving.server_config import ServerConfig
 
 Bound = int | float | Callable[[ServerConfig], int | float]
@@ -276,6 +277,9 @@ def _max_timesteps(config: ServerConfig) -> int:
 _ENGINE_DEFAULTS = SynthesisParams()
 """What an utterance gets for the settings a request leaves out."""
 
+_PRIORITY = Field(JsonType.STRING, PRIORITY_DESCRIPTION, choices=PRIORITY_CHOICES, code=ErrorCode.INVALID_PARAMETER)
+"""A speech request's ``priority`` (``http/priority.py``); absent: the header's, else real-time."""
+
 SPEECH = RequestModel(
     "SpeechRequest",
     "OpenAI's speech request, with voxwire's extras (seed, cfg_value, inference_timesteps, normalize, persona).",
@@ -353,6 +357,7 @@ SPEECH = RequestModel(
             default=False,
         ),
         "persona": Field(JsonType.STRING, "A LoRA persona loaded on this server (404 unknown_persona otherwise)."),
+        "priority": _PRIORITY,
     },
 )
 
@@ -438,6 +443,7 @@ GENERATE = RequestModel(
         "response_format": Field(
             JsonType.STRING, "mp3, or pcm (s16le at the model's rate).", choices=("mp3", "pcm"), default="mp3"
         ),
+        "priority": _PRIORITY,
     },
     ExtraFields.IGNORED,
 )

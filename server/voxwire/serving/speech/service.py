@@ -34,6 +34,7 @@ from voxwire.engine import (
     EngineDeadError,
     EngineRestartingError,
     EngineStats,
+    Priority,
     QueueFullError,
     Request,
     SynthesisParams,
@@ -114,6 +115,11 @@ class UtteranceOptions:
     playback_due: float | None = None
     playback_speed: float = 1.0
     """The listener's playback rate of the model's audio (``start.speed``): its chunks are due that much sooner."""
+    max_ahead_s: float | None = None
+    """How far ahead of its listener the stream may run (``Request.max_ahead_s``): a WebSocket session's bound,
+    ``math.inf`` for an HTTP response; None: the engine's ``--max-ahead-ms``."""
+    priority: Priority = Priority.REALTIME
+    """Real-time (someone listens) or batch (``Request.priority``)."""
     owner: str | None = None
     """Who asks (``personas.client_owner``: an API key's digest, else the connection): one owner's requests hold
     at most ``--persona-slots-per-client`` persona slots at once. None: no cap (the warm-up)."""
@@ -141,6 +147,7 @@ class SpeechJob:
             self.request_id, self.text, self.params, self.voice,
             playback_lead_s=options.playback_lead_s, playback_due=options.playback_due,
             playback_speed=options.playback_speed, persona=options.persona, owner=options.owner,
+            max_ahead_s=options.max_ahead_s, priority=options.priority,
         )  # fmt: skip
 
 
