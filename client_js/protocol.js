@@ -98,6 +98,7 @@ const CLIENT_MESSAGES = Object.freeze({
     max_buffer_delay_ms: optInt,
     normalize: optBool,
     playback_lead_ms: optInt,
+    max_ahead_ms: optInt,
     persona: optStr,
     instructions: optStr,
     speed: optFloat,
@@ -371,6 +372,8 @@ function checkStartRanges(start) {
   checkRange(steps == null || steps >= 1, 'inference_timesteps', '>= 1');
   checkRange(delay == null || (delay >= 0 && delay <= MAX_BUFFER_DELAY_MS), 'max_buffer_delay_ms', 'in [0, 60000]');
   checkRange(lead == null || (lead >= 0 && lead <= MAX_PLAYBACK_LEAD_MS), 'playback_lead_ms', 'in [0, 10000]');
+  const ahead = start.max_ahead_ms;
+  checkRange(ahead == null || ahead >= 1, 'max_ahead_ms', '>= 1');
   const speed = start.speed;
   checkRange(speed == null || (speed >= MIN_SPEED && speed <= MAX_SPEED), 'speed', `in [${MIN_SPEED}, ${MAX_SPEED}]`);
   const { sample_rate: rate, audio_transport: transport } = start;

@@ -298,6 +298,10 @@ declare const CLIENT_MESSAGES: Readonly<{
             type: "int";
             optional: true;
         }>;
+        max_ahead_ms: Readonly<{
+            type: "int";
+            optional: true;
+        }>;
         persona: Readonly<{
             type: "string";
             optional: true;

@@ -33,7 +33,11 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
 
     per_machine = {"workers": "one per spare core"}  # defaults computed from the machine, shown as their rule
     by_memory = {"kv_cache_gb": "by memory"}  # None: the free memory decides
-    by_rule = {"persona_slots_per_client": "half of --max-personas"}  # None: derived from another setting
+    # None: derived from another setting
+    by_rule = {
+        "persona_slots_per_client": "half of --max-personas",
+        "max_batch_sessions": "a quarter of --max-sessions",
+    }
     for group in groups(ServerConfig):
         table = section("Limits" if group.name == "limits" else "Flags")
         for setting in group.settings:

@@ -167,6 +167,9 @@ class Start:
     playback_lead_ms: int | None = None
     """Audio the client buffers before it starts playing an utterance; the server's real-time scheduler
     keeps each stream ahead of the playback this implies (default: the server's ``--playback-lead-ms``)."""
+    max_ahead_ms: int | None = None
+    """How far ahead of the playback the server may generate (the audio the client must be able to buffer);
+    default: the server's ``--max-ahead-ms``, at most its ``--max-ahead-limit-ms``."""
     persona: str | None = None
     """A LoRA persona loaded on the server (``GET /v1/loras``); omitted means the base model."""
     instructions: str | None = None
@@ -190,6 +193,7 @@ class Start:
         _check_range(delay is None or 0 <= delay <= MAX_BUFFER_DELAY_MS, "max_buffer_delay_ms", "in [0, 60000]")
         lead = self.playback_lead_ms
         _check_range(lead is None or 0 <= lead <= MAX_PLAYBACK_LEAD_MS, "playback_lead_ms", "in [0, 10000]")
+        _check_range(self.max_ahead_ms is None or self.max_ahead_ms >= 1, "max_ahead_ms", ">= 1")
         speed = self.speed
         _check_range(speed is None or MIN_SPEED <= speed <= MAX_SPEED, "speed", f"in [{MIN_SPEED}, {MAX_SPEED}]")
         rate = self.sample_rate

@@ -104,7 +104,17 @@ class EngineSettings:
     """Audio a listener buffers before playing, for clients that announce no ``playback_lead_ms`` (at most
     10000)."""
     max_ahead_ms: int = 1000
-    """A stream this far ahead of its listener skips engine steps (real-time)."""
+    """How far ahead of its listener a WebSocket stream may be generated, for clients that send no
+    ``start.max_ahead_ms`` (real-time; [scheduling](#scheduling)). HTTP responses have no such bound: their reader's
+    TCP window bounds what is in flight."""
+    max_ahead_limit_ms: int = 30000
+    """The most a WebSocket client may ask for as ``start.max_ahead_ms`` (``out_of_range`` above)."""
+    max_batch_sessions: int | None = field(default=None, metadata=flag(shown_default="a quarter of --max-sessions"))
+    """Engine slots ``batch`` requests (the ``priority`` field or the ``Voxwire-Priority`` header) may hold at once,
+    so that real-time requests always find the rest ([scheduling](#scheduling)); at least 1."""
+    max_batch_gap_ms: int = 1000
+    """The ``batch`` guarantee: a batch request decodes at least once this often, and one that has waited this long
+    for a slot queues as a real-time request would."""
     max_step_load: float = 0.9
     """Real-time: a new stream is refused ``busy`` (HTTP 503 with ``Retry-After``) while one engine step of the
     streams the engine runs and the new one, at the step time measured over its last steps, would take more than
@@ -145,7 +155,12 @@ class EngineSettings:
         lead = self.playback_lead_ms
         ok = _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS
         _check(self, "playback_lead_ms", lead, ok, f"an int in [0, {MAX_PLAYBACK_LEAD_MS}]")
-        _positive_ints(self, "max_ahead_ms")
+        _positive_ints(self, "max_ahead_ms", "max_ahead_limit_ms", "max_batch_gap_ms")
+        ok = self.max_ahead_limit_ms >= self.max_ahead_ms
+        _check(self, "max_ahead_limit_ms", self.max_ahead_limit_ms, ok, f">= --max-ahead-ms ({self.max_ahead_ms})")
+        batch = self.max_batch_sessions
+        ok = batch is None or (_is_int(batch) and 1 <= batch <= self.max_sessions)
+        _check(self, "max_batch_sessions", batch, ok, f"None or an int in [1, --max-sessions ({self.max_sessions})]")
         _positive_numbers(self, "max_step_load")
         for name in ("realtime", "batch_invariant"):
             _check(self, name, getattr(self, name), isinstance(getattr(self, name), bool), "a bool")
@@ -157,6 +172,11 @@ class EngineSettings:
     @property
     def kv_cache_bytes(self) -> int | None:
         return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
+
+    @property
+    def batch_sessions(self) -> int:
+        """``--max-batch-sessions``, or its default: a quarter of ``--max-sessions``, at least 1."""
+        return max(1, self.max_sessions // 4) if self.max_batch_sessions is None else self.max_batch_sessions
 
     @property
     def voice_cache_bytes(self) -> int:
@@ -171,6 +191,8 @@ class EngineSettings:
             realtime=self.realtime,
             playback_lead_s=self.playback_lead_ms / 1000,
             max_ahead_s=self.max_ahead_ms / 1000,
+            max_batch_running=self.batch_sessions,
+            max_batch_gap_s=self.max_batch_gap_ms / 1000,
             max_step_load=self.max_step_load,
             limits=ParamLimits(max_inference_timesteps=self.max_inference_timesteps),
         )

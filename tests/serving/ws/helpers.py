@@ -80,7 +80,7 @@ def resolve(start: Start) -> Settings:
         raise ProtocolError(ErrorCode.UNKNOWN_VOICE, f"no voice {start.voice!r}")
     delay = round(DELAY_S * 1000) if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
     params = SynthesisParams(seed=start.seed)
-    return Settings(start.voice, None, start.format or "opus", params, delay, 400, bool(start.normalize))
+    return Settings(start.voice, None, start.format or "opus", params, delay, 400, 1000, bool(start.normalize))
 
 
 def new_core(gate: Gate | None = None, **limits: Any) -> SessionCore:

@@ -62,7 +62,7 @@ from voxwire.serving.ws.session_core import (
     StopUtterance,
     sayable,
 )
-from voxwire.serving.ws.utterance import Settings, UtteranceAudio, ready_message, resolve_settings
+from voxwire.serving.ws.utterance import Settings, StartDefaults, UtteranceAudio, ready_message, resolve_settings
 from voxwire.text.design import designed_text
 from voxwire.text.normalize import normalize_in_worker, preload_in_worker
 
@@ -118,11 +118,10 @@ class Session:
         self.metrics = metrics
         self.outbox = Outbox(transport, config.limits.max_unsent_audio_s)
         limits = config.engine.engine_config().limits
+        defaults = StartDefaults.of(config)
 
         def resolve(start: Start) -> Settings:
-            return resolve_settings(
-                start, voices, service, limits, config.limits.max_buffer_delay_ms, config.engine.playback_lead_ms
-            )
+            return resolve_settings(start, voices, service, limits, defaults)
 
         self.core = SessionCore(session_limits(config), resolve, server, time.monotonic(), dialect)
         self._audio: dict[int, UtteranceAudio] = {}
@@ -299,9 +298,11 @@ class Session:
         # A sentence after the first continues a stream already playing: its deadline is where the
         # listener's buffer runs dry, not a fresh lead after its own first chunk.
         lead, due = audio.playback_lead_s, audio.playback_due()
+        settings = audio.settings
         options = UtteranceOptions(
-            audio.settings.persona, playback_lead_s=lead, playback_due=due, playback_speed=audio.speed, owner=self.owner
-        )
+            settings.persona, playback_lead_s=lead, playback_due=due, playback_speed=audio.speed,
+            max_ahead_s=settings.max_ahead_ms / 1000, owner=self.owner,
+        )  # fmt: skip
         job = SpeechJob(request_id, designed_text(turn.control, spoken), params, audio.prompt, options)
         speech = self.service.speak(job)
         if self.tracing is not None:

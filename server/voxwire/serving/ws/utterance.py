@@ -35,6 +35,7 @@ from voxwire.protocol.wire import (
     Ready,
     Start,
 )
+from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.speech.alignment import SpeakingRate
 from voxwire.serving.speech.persona_names import UnknownPersonaError, check_persona
 from voxwire.serving.speech.service import ModelInfo, Speaker
@@ -61,6 +62,8 @@ class Settings:
     playback_lead_ms: int
     """Audio the listener buffers before it plays (announced, else the server's default): the real-time
     scheduler's deadline for each stream."""
+    max_ahead_ms: int
+    """How far ahead of its playback the stream may be generated (asked for, else the server's default)."""
     normalize: bool = False
     """Each sentence is normalized (numbers, dates, money as words) before it is spoken."""
     persona: str | None = None
@@ -82,13 +85,26 @@ class Settings:
         return self.params if seed is None else replace(self.params, seed=(seed + index) % MAX_SEED)
 
 
+@dataclass(frozen=True)
+class StartDefaults:
+    """What a ``start`` gets for the timing fields it leaves out, and the server's bound on one it sets."""
+
+    max_buffer_delay_ms: int
+    playback_lead_ms: int
+    max_ahead_ms: int
+    max_ahead_limit_ms: int
+    """The most ``start.max_ahead_ms`` may ask for (``--max-ahead-limit-ms``)."""
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> StartDefaults:
+        engine = config.engine
+        return cls(
+            config.limits.max_buffer_delay_ms, engine.playback_lead_ms, engine.max_ahead_ms, engine.max_ahead_limit_ms
+        )
+
+
 def resolve_settings(
-    start: Start,
-    voices: VoiceStore,
-    service: Speaker,
-    limits: ParamLimits,
-    default_delay_ms: int,
-    default_lead_ms: int,
+    start: Start, voices: VoiceStore, service: Speaker, limits: ParamLimits, defaults: StartDefaults
 ) -> Settings:
     """The settings a ``start`` asks for. Raises ``ProtocolError`` (unknown voice or persona, values past the
     limits)."""
@@ -110,10 +126,14 @@ def resolve_settings(
         limits.check(params)
     except ValueError as exc:
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, str(exc)) from None
-    delay = default_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
+    delay = defaults.max_buffer_delay_ms if start.max_buffer_delay_ms is None else start.max_buffer_delay_ms
     if start.normalize and not normalizer_available():
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.normalize is not available on this server: {EXTRA_HINT}")
-    lead = default_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
+    lead = defaults.playback_lead_ms if start.playback_lead_ms is None else start.playback_lead_ms
+    ahead = defaults.max_ahead_ms if start.max_ahead_ms is None else start.max_ahead_ms
+    if ahead > defaults.max_ahead_limit_ms:
+        limit = defaults.max_ahead_limit_ms
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.max_ahead_ms={ahead} is over this server's limit, {limit}")
     fmt = start.format or DEFAULT_FORMAT
     try:
         control = utterance_control(service.info, start.voice, prompt, start.instructions)
@@ -122,7 +142,7 @@ def resolve_settings(
     speed = 1.0 if start.speed is None else start.speed
     transport = start.audio_transport or DEFAULT_AUDIO_TRANSPORT
     return Settings(
-        start.voice, prompt, fmt, params, delay, lead, bool(start.normalize), start.persona,
+        start.voice, prompt, fmt, params, delay, lead, ahead, bool(start.normalize), start.persona,
         control, design_allowed(service.info, prompt), speed, start.sample_rate, transport,
     )  # fmt: skip
 
