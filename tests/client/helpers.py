@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -36,3 +37,11 @@ async def launch(*args: str, env: dict[str, str] | None = None) -> asyncio.subpr
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+def free_port() -> int:
+    """A port nothing listens on (for now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from voxwire.client.bench.runner import LevelOutcome, LevelResult, level_outcome
 from voxwire.client.errors import ServerUnreachableError
 
 from ..server_process import ServerProcess
-from .helpers import TIMEOUT_S, Completed, launch, voxwire
+from .helpers import TIMEOUT_S, Completed, free_port, launch, voxwire
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,13 +26,6 @@ SIM_FLAGS = ("--model", "sim", "--sim-cost", "5ms+0.1ms/row", "--opus-complexity
 
 def url(server) -> str:
     return str(server.make_url("/")).replace("http://", "ws://")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def voxwire_without(module: str, *args: str) -> Completed:

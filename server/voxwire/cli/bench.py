@@ -11,6 +11,8 @@ from typing import Any
 
 LEVEL_FAILED_EXIT = 1
 """The exit status when a level failed more utterances than ``--max-failure-rate`` allows."""
+HTTP_MODES = {"file": "HTTP_FILE", "stream": "HTTP_STREAM"}
+"""``--http`` choices -> ``RequestKind`` member names."""
 
 _EPILOG = """examples:
   voxwire bench --server ws://gpu-box:8000 --concurrency 1,4,16 --duration 30 --json bench.json --plot bench.png
@@ -18,10 +20,15 @@ _EPILOG = """examples:
   voxwire bench --server URL --rate 0.5,1,2 --duration 60            # open loop: Poisson arrivals per second
   voxwire bench --server URL --find-max --slo-p99-ttfa-ms 500        # highest concurrency within the SLO
   voxwire bench --server URL --words-per-second 8                    # text streamed like a language model
+  voxwire bench --server URL --http file --concurrency 1,8,32        # whole files over POST /v1/audio/speech
+  voxwire bench --server URL --http stream --rate 2,4                # HTTP streams, Poisson arrivals
+  voxwire bench --server URL --concurrency 64 --files 8              # 64 live sessions + 8 file users at once
 
 metrics per utterance: TTFA (first text sent -> first audio frame), TTFD (-> first decodable frame),
 RTF = (wall - TTFA) / audio seconds (as Nano-vLLM), wall / audio, gaps between frames, and underruns of a
-player that starts after --player-buffer-ms of audio and plays in real time.
+player that starts after --player-buffer-ms of audio and plays in real time. Over HTTP (--http, --files): TTFB
+(request sent -> first response byte), RTF = wall / audio seconds (wall: to the body's last byte), requests per
+second and audio seconds per wall second; streams also gaps and underruns.
 
 exit status: 0 every level passed; 1 a level failed more utterances than --max-failure-rate (table: FAILED);
 2 bad arguments or a missing optional dependency (checked before the run); 3 the server is unreachable
@@ -30,14 +37,16 @@ Once levels have run, the table, --json and --plot are written whatever the exit
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    from voxwire.client.bench.measure import BENCH_FORMATS
+    from voxwire.client.bench.http_speech import Priority
+    from voxwire.client.bench.measure import BENCH_FORMATS, HTTP_FORMATS
     from voxwire.client.bench.runner import DEFAULT_MAX_FAILURE_RATE
     from voxwire.client.connection import DEFAULT_SERVER, TOKEN_ENV
     from voxwire.client.retry import RetryPolicy
 
     parser.description = (
-        "Drive concurrent WebSocket sessions against a voxwire server and report time to first "
-        "audio, real-time factor, chunk gaps and player underruns (p50/p90/p99) per load level."
+        "Drive concurrent WebSocket sessions (or HTTP speech requests, or both at once) against a voxwire server "
+        "and report time to first audio, real-time factor, chunk gaps, player underruns (p50/p90/p99) and "
+        "throughput per load level."
     )
     parser.epilog = _EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -64,6 +73,28 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="LoRA persona loaded on the server (repeatable: users take them in turn, mixing personas in a batch)",
     )
     parser.add_argument("--seed", type=int, help="synthesis seed")
+    http = parser.add_mutually_exclusive_group()
+    http.add_argument(
+        "--http",
+        choices=tuple(HTTP_MODES),
+        help="POST /v1/audio/speech requests instead of WebSocket sessions: file (the whole body, as a batch job "
+        "wants it) or stream (played as it arrives)",
+    )
+    http.add_argument(
+        "--files",
+        type=_count,
+        default=0,
+        help="a mixed run: this many users requesting whole files over HTTP, back to back, beside each level's live "
+        "WebSocket sessions",
+    )
+    parser.add_argument(
+        "--response-format", choices=HTTP_FORMATS, help="HTTP requests' response_format (default pcm: 24 kHz s16le)"
+    )
+    parser.add_argument(
+        "--priority",
+        choices=tuple(priority.value for priority in Priority),
+        help="HTTP requests' scheduling class (default realtime, not sent; batch: the body's \"priority\" field)",
+    )
     parser.add_argument(
         "--ramp-up-s",
         type=float,
@@ -101,6 +132,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError("an integer >= 1")
+    return count
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -123,9 +161,11 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from voxwire.client.bench.http_speech import Priority
     from voxwire.client.bench.local import LocalServer
+    from voxwire.client.bench.measure import RequestKind
     from voxwire.client.bench.plan import BenchPlan, run_plan
-    from voxwire.client.bench.report import level_label, plot, require_matplotlib, table, write_json
+    from voxwire.client.bench.report import plot, require_matplotlib, summary_label, table, write_json
     from voxwire.client.bench.runner import BenchConfig, LevelOutcome
     from voxwire.client.bench.texts import load_texts
     from voxwire.client.connection import token_from_env
@@ -146,6 +186,15 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.find_max and args.slo_p99_ttfa_ms is None:
         raise InvalidInputError("--find-max needs --slo-p99-ttfa-ms")
+    kind = RequestKind.WEBSOCKET if args.http is None else RequestKind[HTTP_MODES[args.http]]
+    if kind is not RequestKind.WEBSOCKET:
+        for flag, given in (("--find-max", args.find_max), ("--words-per-second", args.words_per_second)):
+            if given:
+                raise InvalidInputError(f"{flag} is for live WebSocket sessions; --http sends each text whole")
+    elif not args.files:
+        for flag, given in (("--response-format", args.response_format), ("--priority", args.priority)):
+            if given:
+                raise InvalidInputError(f"{flag} is for HTTP requests: add --http or --files")
     texts = load_texts(args.texts)
     try:
         retry = RetryPolicy(retries=args.retries)
@@ -171,6 +220,10 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
                 retry=retry,
                 ramp_up_s=args.ramp_up_s,
+                kind=kind,
+                files=args.files,
+                response_format=args.response_format or "pcm",
+                priority=Priority(args.priority or Priority.REALTIME.value),
             )
             plan = BenchPlan(
                 config,
@@ -208,8 +261,7 @@ def run(args: argparse.Namespace) -> int:
     failed = [level for level in report["levels"] if level["outcome"] != LevelOutcome.PASSED.value]
     if failed:
         described = ", ".join(
-            f"{level_label(level['mode'], level['concurrency'] or level['rate_per_s'])} "
-            f"({level['failed']} of {level['utterances']}: {level['failure_rate']:.1%})"
+            f"{summary_label(level)} ({level['failed']} of {level['utterances']}: {level['failure_rate']:.1%})"
             for level in failed
         )
         print(

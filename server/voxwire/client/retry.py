@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from voxwire.client.connection import Connection
 from voxwire.client.errors import ServerBusyError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,21 @@ async def open_with_retry(
     log: Callable[[str], None] | None = None,
 ) -> Connection:
     """``Connection.open``, retried per ``policy`` while the server refuses for now; raises the last refusal."""
+    return await retry_while_busy(lambda: Connection.open(server, token), policy, log=log)
+
+
+async def retry_while_busy(
+    attempt: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> T:
+    """``attempt()`` (opening a connection, sending a request), retried per ``policy`` while it raises
+    ``ServerBusyError``; raises the last refusal."""
     retry = 0
     while True:
         try:
-            return await Connection.open(server, token)
+            return await attempt()
         except ServerBusyError as exc:
             if retry == policy.retries:
                 raise ServerBusyError(f"{exc} (gave up after {retry + 1} attempt(s))", exc.retry_after_s) from None

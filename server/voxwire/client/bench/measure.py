@@ -1,13 +1,16 @@
 """What one utterance's audio arrivals say: latencies, real-time factors, gaps and a simulated player's underruns.
 
-Every time is in seconds from the utterance's first ``text`` sent (the server's ``ttfa_s`` origin). Audio
-durations come from the frames themselves: PCM byte counts, Opus packets' TOC bytes, Ogg granule positions.
+Every time is in seconds from the utterance's first ``text`` sent (the server's ``ttfa_s`` origin), or over HTTP
+from the request sent. Audio durations come from the frames themselves: PCM byte counts, Opus packets' TOC bytes,
+Ogg granule positions; over HTTP the body's PCM byte count (after a WAV header).
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +22,24 @@ from voxwire.protocol.wire import AudioFrame
 OPUS_RATE = 48000
 _PCM_BYTES = {"pcm_s16le": 2, "pcm_f32le": 4}
 BENCH_FORMATS = ("opus", "ogg_opus", "pcm_s16le", "pcm_f32le")
+HTTP_FORMATS = ("pcm", "wav")
+"""``--response-format`` over HTTP: the formats whose duration the byte count gives (both s16le mono)."""
+OPENAI_PCM_RATE = 24000
+"""OpenAI's ``pcm`` is 24 kHz s16le mono (the server's ``audio.formats.OPENAI_RESPONSE_FORMATS``, which the client
+side cannot import: it loads PyAV)."""
+_WAV_HEADER = struct.Struct("<4sI4s4sIHHIIHH4sI")
+"""The canonical 44-byte RIFF/WAVE header of mono s16le PCM, as the server streams it (sizes unknown)."""
+
+
+class RequestKind(str, enum.Enum):
+    """How an utterance was asked for, which says what its record measures."""
+
+    WEBSOCKET = "websocket"
+    """A live session: text in, audio frames out, played as they come (gaps and a simulated player's underruns)."""
+    HTTP_STREAM = "http_stream"
+    """``POST /v1/audio/speech``, the body played as it arrives (gaps and underruns, as a live session's)."""
+    HTTP_FILE = "http_file"
+    """``POST /v1/audio/speech``, the body wanted whole (a file): time to the last byte, no player."""
 
 
 class AudioMeter:
@@ -41,6 +62,33 @@ class AudioMeter:
             return seconds, self._granule > 0
         width = _PCM_BYTES[self.format]
         return len(payload) // width / self.sample_rate, len(payload) >= width
+
+
+class BodyMeter:
+    """Per chunk of an HTTP response body (``pcm`` or ``wav``): the seconds of audio it completes; a chunk may end
+    mid-sample or mid-header."""
+
+    def __init__(self, response_format: str) -> None:
+        if response_format not in HTTP_FORMATS:
+            raise ValueError(f"response_format={response_format!r} is invalid: must be one of {HTTP_FORMATS}")
+        self._header = b"" if response_format == "wav" else None
+        self._rate = OPENAI_PCM_RATE
+        self._data_bytes = 0
+
+    def feed(self, chunk: bytes) -> float:
+        """Seconds of audio ``chunk`` completes; raises ``ValueError`` on a WAV header that is not s16le mono."""
+        if self._header is not None and len(self._header) < _WAV_HEADER.size:
+            missing = _WAV_HEADER.size - len(self._header)
+            self._header, chunk = self._header + chunk[:missing], chunk[missing:]
+            if len(self._header) < _WAV_HEADER.size:
+                return 0.0
+            riff, _, wave, _, _, pcm, channels, rate, _, _, bits, _, _ = _WAV_HEADER.unpack(self._header)
+            if (riff, wave, pcm, channels, bits) != (b"RIFF", b"WAVE", 1, 1, 16):
+                raise ValueError("the body's WAV header is not mono s16le PCM")
+            self._rate = rate
+        before = self._data_bytes // 2
+        self._data_bytes += len(chunk)
+        return (self._data_bytes // 2 - before) / self._rate
 
 
 def _ogg_granules(data: bytes) -> list[int]:
@@ -122,9 +170,16 @@ class UtteranceRecord:
     engine_ttfc_ms: float | None = None
     """Of ``server_ttfa_ms``, the engine's time to first chunk (``done.engine_ttfc_s``): the rest is waiting for
     a complete sentence and encoding and sending the first chunk."""
+    kind: RequestKind = RequestKind.WEBSOCKET
+    ttfb_ms: float | None = None
+    """HTTP: request sent to the response's first byte (its status line; voxwire answers once the first audio is
+    ready). Its ``wall_s`` ends with the body's last byte, and its ``ttfa_ms`` is the body's first chunk."""
 
-    def complete(self, arrivals: Sequence[tuple[float, float]], decodable_at: float | None, lead_s: float) -> None:
-        """Fill the derived fields from the frames' ``(arrival, seconds)`` once ``done`` came at ``wall_s``."""
+    def complete(
+        self, arrivals: Sequence[tuple[float, float]], decodable_at: float | None, lead_s: float | None
+    ) -> None:
+        """Fill the derived fields from the frames' ``(arrival, seconds)`` once ``done`` came at ``wall_s``;
+        ``lead_s`` None: the audio is not played as it arrives (a file), so no gaps and no player."""
         if not arrivals or self.wall_s is None:
             return
         first = arrivals[0][0]
@@ -134,6 +189,8 @@ class UtteranceRecord:
         if self.audio_s > 0:
             self.rtf = (self.wall_s - first) / self.audio_s
             self.rtf_wall = self.wall_s / self.audio_s
+        if lead_s is None:
+            return
         times = [at for at, _ in arrivals]
         self.chunk_gaps_ms = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
         player = simulate_player(arrivals, lead_s)

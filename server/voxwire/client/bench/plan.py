@@ -1,4 +1,5 @@
-"""A whole bench run: every level in turn (or the SLO search), summarized into one report dictionary."""
+"""A whole bench run: every level in turn (or the SLO search), summarized into one report dictionary; the same for
+live sessions, HTTP requests and mixed levels (``BenchConfig.kind``, ``BenchConfig.files``)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ async def run_plan(plan: BenchPlan) -> dict[str, Any]:
         results = done
         stopped = (
             f"the server at {config.server} is unreachable: no session of level "
-            f"{level_label(gone.result.mode, gone.result.level)} could connect, so the run stopped there"
+            f"{level_label(gone.result.mode, gone.result.level, gone.result.files)} could connect, so the run stopped "
+            "there"
         )
     return _report(plan, results, found, stopped)
 
