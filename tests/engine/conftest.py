@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from voxwire.chunk import EMPTY_AUDIO, Audio
-from voxwire.engine import Engine, EngineConfig, Prepared, Request, RunnerOutput, StepPlan, SynthesisParams
+from voxwire.engine import Engine, EngineConfig, Prepared, Priority, Request, RunnerOutput, StepPlan, SynthesisParams
 from voxwire.engine.cost_model import StepCost
 
 if TYPE_CHECKING:
@@ -168,12 +168,15 @@ def new_request(
     playback_lead_s: float | None = None,
     playback_due: float | None = None,
     playback_speed: float = 1.0,
+    max_ahead_s: float | None = None,
+    priority: Priority = Priority.REALTIME,
     **params: object,
 ) -> Request:
     synthesis = SynthesisParams(**params)  # type: ignore[arg-type]
     return Request(
         rid, text, synthesis,
         playback_lead_s=playback_lead_s, playback_due=playback_due, playback_speed=playback_speed,
+        max_ahead_s=max_ahead_s, priority=priority,
     )  # fmt: skip
 
 

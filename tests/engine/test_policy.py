@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.engine.virtual_clock import Clock
 
 from voxwire.engine import Engine, EngineConfig, FinishReason
 from voxwire.engine.cost_model import StepCost
@@ -149,26 +150,6 @@ def test_rules_hold_for_any_state(deadlines, tokens, free, per_row_ms, per_token
 
 
 # ---- an engine in virtual time --------------------------------------------------------------------------------
-
-
-class Clock:
-    """Virtual time: a step lasts what the runner's cost model says, and its chunks leave at its end."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine, self.now = engine, 0.0
-
-    def step(self):
-        """Wait until the engine has work (as a server would), then run one step."""
-        self.now = max(self.now, self.engine.next_step_at(self.now))
-        runner = self.engine.runner
-        before = len(runner.plans)
-        outputs = self.engine.step(self.now)
-        if len(runner.plans) > before:
-            plan = runner.plans[-1]
-            tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
-            self.now += runner.step_cost.seconds(len(plan.decode_slots), tokens)
-        self.engine.mark_sent(self.now)
-        return outputs
 
 
 def slacks(engine: Engine, now: float) -> dict[str, float]:

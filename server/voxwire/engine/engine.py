@@ -31,7 +31,7 @@ from voxwire.engine.outputs import (
     TimestepWeightedRunner,
 )
 from voxwire.engine.policy import RealtimePolicy
-from voxwire.engine.request import FINISH_REASONS, Request, RequestRecord, RequestStatus
+from voxwire.engine.request import FINISH_REASONS, Priority, Request, RequestRecord, RequestStatus
 from voxwire.engine.scheduler import Scheduler
 from voxwire.errors import InvalidInputError
 from voxwire.finish_reason import FinishReason
@@ -64,6 +64,8 @@ class Engine:
         self._unsent: list[RequestRecord] = []
         # The last step's model work, (weighted decode rows, prefill positions), until step_took times it.
         self._untimed: tuple[float, int] | None = None
+        self.rows_decoded = dict.fromkeys(Priority, 0)
+        """Rows decoded since start, by the priority of their requests (what each class got of the steps)."""
 
     def add(self, request: Request) -> None:
         """Queue ``request``, laid out by the runner now (``Runner.prepare``), once; its outputs appear in later
@@ -119,6 +121,17 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    @property
+    def num_running_batch(self) -> int:
+        """Of the running requests, the batch ones."""
+        records = self.scheduler.records
+        return sum(records[rid].is_batch for rid in self.scheduler.slots.owners)
+
+    @property
+    def num_waiting_batch(self) -> int:
+        """Of the waiting requests, the batch ones."""
+        return sum(record.is_batch for record in self.scheduler.waiting)
 
     @property
     def num_free_slots(self) -> int:
@@ -196,6 +209,9 @@ class Engine:
             logger.exception("runner failed a step of %d sessions (%d holding rows)", len(rows), len(holding))
             return outputs + self._fail(holding, f"runner failed: {type(exc).__name__}: {exc}")
         step = EngineStep(started_ns, time.time_ns() - started_ns, len(rows))
+        batch_rows = sum(record.is_batch for record in rows)
+        self.rows_decoded[Priority.BATCH] += batch_rows
+        self.rows_decoded[Priority.REALTIME] += len(rows) - batch_rows
         if rows or plan.prefills:
             tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
             self._untimed = (sum(record.row_weight for record in rows), tokens)

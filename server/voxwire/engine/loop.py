@@ -19,7 +19,7 @@ from voxwire.chunk import Chunk
 from voxwire.engine.engine import Engine
 from voxwire.engine.errors import OverBudgetError
 from voxwire.engine.latency import NO_LATENCIES, LatencyHistogram
-from voxwire.engine.request import Request
+from voxwire.engine.request import Priority, Request
 
 Deliver = Callable[[list[Chunk]], None]
 """Hands one step's outputs (never empty) to their consumers; ``EngineLoop.stats`` is already this step's."""
@@ -57,6 +57,14 @@ class EngineStats:
     without the real-time policy."""
     sessions_shed: int = 0
     """New streams refused by that budget since start."""
+    batch_running: int = 0
+    """Of the requests holding a slot, those of ``Priority.BATCH``."""
+    batch_waiting: int = 0
+    """Of the requests queued for a slot, those of ``Priority.BATCH``."""
+    realtime_rows: int = 0
+    """Rows of real-time requests decoded since start (over all steps; per step: over ``steps``)."""
+    batch_rows: int = 0
+    """Rows of batch requests decoded since start."""
 
     @property
     def steps(self) -> int:
@@ -180,4 +188,8 @@ def _stats_after_step(engine: Engine, last: EngineStats, seconds: float, waits: 
         engine.step_load_s,
         engine.step_budget_s,
         engine.sessions_shed,
+        engine.num_running_batch,
+        engine.num_waiting_batch,
+        engine.rows_decoded[Priority.REALTIME],
+        engine.rows_decoded[Priority.BATCH],
     )

@@ -37,7 +37,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from voxwire.engine import LATENCY_BUCKETS_S, EngineStats, LatencyHistogram
+from voxwire.engine import LATENCY_BUCKETS_S, EngineStats, LatencyHistogram, Priority
 
 # No ``_created`` series beside each counter and histogram: the multiprocess mode of --workers has none, and both
 # modes expose the same metrics (the ones docs/operations.md lists).
@@ -234,6 +234,26 @@ class _LoadCollector(Collector):
         yield self._gauge(
             "voxwire_engine_requests_waiting", "Engine requests queued for a slot.", [s.waiting for s in every]
         )
+        yield self._gauge(
+            "voxwire_engine_batch_requests_running",
+            "Of the engine requests holding a slot, those of priority batch (at most --max-batch-sessions).",
+            [s.batch_running for s in every],
+        )
+        yield self._gauge(
+            "voxwire_engine_batch_requests_waiting",
+            "Of the engine requests queued for a slot, those of priority batch.",
+            [s.batch_waiting for s in every],
+        )
+        rows = CounterMetricFamily(
+            "voxwire_engine_rows",
+            "Rows decoded by engine steps, by the priority of their requests (rows per step: its rate over "
+            "voxwire_engine_step_seconds_count's).",
+            labels=["engine", "priority"],
+        )
+        for index, stats in enumerate(every):
+            rows.add_metric([str(index), Priority.REALTIME.value], stats.realtime_rows)
+            rows.add_metric([str(index), Priority.BATCH.value], stats.batch_rows)
+        yield rows
         used = [s.kv_blocks_used for s in every]
         yield self._gauge("voxwire_kv_blocks_used", "KV cache blocks held by running requests.", used)
         yield self._gauge("voxwire_kv_blocks_total", "KV cache blocks in the pool.", [s.kv_blocks_total for s in every])

@@ -58,7 +58,7 @@ DATA_TYPES = frozenset(
         ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
         ("voxwire.chunk", "EngineStep"),
         ("voxwire.engine.loop", "EngineStats"), ("voxwire.engine.latency", "LatencyHistogram"),
-        ("voxwire.engine.request", "Request"),
+        ("voxwire.engine.request", "Request"), ("voxwire.engine.request", "Priority"),
         ("voxwire.finish_reason", "FinishReason"),
         ("voxwire.params", "SynthesisParams"),
         ("voxwire.prompt", "prompt_from_arrays"),
