@@ -82,8 +82,16 @@ class VirtualTarget:
     """A ``CalibrationTarget`` whose steps take ``cost`` on a virtual clock, a row costing in proportion to its
     timestep bucket (one at 50 timesteps five times one at 10); idle steps run as CUDA graph buckets."""
 
-    def __init__(self, cost: StepCost, slots: int = 20, max_length: int = 512, words_fit: bool = True) -> None:
+    def __init__(
+        self,
+        cost: StepCost,
+        slots: int = 20,
+        max_length: int = 512,
+        words_fit: bool = True,
+        substep_s: dict[int, float] | None = None,
+    ) -> None:
         self.cost, self.num_slots, self.max_length, self.words_fit = cost, slots, max_length, words_fit
+        self.substep_s = substep_s or {}  # a bucket's sub-step fixed cost when it is not the cost's fixed part
         self.num_kv_blocks, self.block_size, self.timestep_counts = 100, 16, (4, 10, 50)
         self.now = 0.0
         self.idle_rows: set[int] = set()
@@ -94,11 +102,12 @@ class VirtualTarget:
 
     def idle_step(self, rows: int, timesteps: int) -> tuple[int, Callable[[], object]]:
         graph = min(b for b in bucket_sizes(self.num_slots) if b >= rows)
-        weight = int(bucket_of(self.timestep_counts, timesteps)) / 10
+        bucket = int(bucket_of(self.timestep_counts, timesteps))
+        fixed = self.substep_s.get(bucket, self.cost.fixed_s)
 
         def step() -> None:
             self.idle_rows.add(graph)
-            self.now += self.cost.seconds(graph * weight)
+            self.now += self.cost.seconds(graph * bucket / 10) - self.cost.fixed_s + fixed
 
         return graph, step
 
@@ -125,6 +134,25 @@ def test_calibration_recovers_the_cost_and_each_buckets_row_weight() -> None:
     assert_close(fitted, cost)
     assert weights == pytest.approx({4: 0.4, 10: 1.0, 50: 5.0})
     assert target.idle_rows == {1, 4, 20}  # 1, the middle and the largest batch (all graph buckets here)
+
+
+def test_a_step_with_rows_in_two_timestep_buckets_is_priced_with_the_second_sub_steps_fixed_cost() -> None:
+    """Issue 34, D4: a step of T=10 rows and one T=50 row runs two sub-steps; the second's fixed cost (18 ms here,
+    against 4 ms at T=10) is charged, not just the T=50 row's weight. Calibration reads the sub-step cost off one
+    row at T=50 less that row's per-row cost, which is measured at the largest batch with the default bucket's fixed
+    part taken off, so it reads (18 - 4) ms / slots less: what the row's weight already charges."""
+    slots, cost = 768, StepCost.parse("4ms+0.17ms/row+9.2us/token")
+    target = VirtualTarget(cost, slots=slots, substep_s={50: 0.018})
+    fitted, weights = measure_step_cost(target, clock=target.clock)
+    rows = 3 * weights[10] + weights[50]
+    one_bucket = fitted.seconds(rows, 20)
+    assert fitted.seconds(rows, 20, [10, 10, 10]) == one_bucket
+    second = 0.018 - 0.014 / slots
+    assert fitted.seconds(rows, 20, [10, 50, 10, 10]) - one_bucket == pytest.approx(second, rel=1e-9)
+    assert fitted.seconds(rows, 20, [50]) == one_bucket  # one bucket: one sub-step, the fixed part's
+    # A count between buckets runs in the next one up (7 in 10, 30 in 50), one above the largest in the largest.
+    assert fitted.seconds(rows, 20, [7, 30]) == fitted.seconds(rows, 20, [10, 60]) == fitted.seconds(rows, 20, [10, 50])
+    assert fitted.seconds(rows, 20, [4, 10, 50]) - one_bucket == pytest.approx(0.004 + second, rel=1e-9)
 
 
 def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks() -> None:

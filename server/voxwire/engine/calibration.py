@@ -3,8 +3,9 @@
 ``measure_step_cost`` times decode steps at a few batch sizes and admission steps (one prefill, then its row
 decoded, as the engine runs them) at a few prompt lengths, all at the default timestep count, and fits a
 ``StepCost``; then it times the largest batch at every timestep bucket for each bucket's row weight (its per-row
-cost over the default's), which the real-time policy weighs rows by. The runner supplies the steps
-(``CalibrationTarget``); what to time and how to read the timings is decided here.
+cost over the default's), which the real-time policy weighs rows by, and one row at every bucket for the bucket's
+sub-step fixed cost (``StepCost.substep_s``: a step whose rows fall in two buckets runs two sub-steps). The
+runner supplies the steps (``CalibrationTarget``); what to time and how to read the timings is decided here.
 
 The fit is non-negative least squares over ``fixed + per_row * rows + per_token * prefill_tokens``,
 on the median of each shape's repeated timings: the median shrugs off a stray slow run (a page fault,
@@ -15,6 +16,7 @@ a step cheaper than nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -93,7 +95,14 @@ def measure_step_cost(
         seconds = float(np.median(time_step(largest, repeats, clock)))
         per_row[count] = max(seconds - cost.fixed_s, 1e-9) / target.num_slots
     unit = per_row[int(bucket_of(target.timestep_counts, default))]
-    return cost, {count: per_row[count] / unit for count in target.timestep_counts}
+    substeps = []
+    for count in target.timestep_counts:
+        # A step of one row in the bucket is its sub-step's fixed cost and that one row.
+        rows, smallest = target.idle_step(1, count)
+        seconds = float(np.median(time_step(smallest, repeats, clock)))
+        substeps.append((count, max(seconds - per_row[count] * rows, 0.0)))
+    weights = {count: per_row[count] / unit for count in target.timestep_counts}
+    return dataclasses.replace(cost, substep_s=tuple(substeps)), weights
 
 
 def _admissions(target: CalibrationTarget, timesteps: int) -> list[tuple[PrefillItem, int]]:
