@@ -93,6 +93,7 @@ class VirtualTarget:
         self.cost, self.num_slots, self.max_length, self.words_fit = cost, slots, max_length, words_fit
         self.substep_s = substep_s or {}  # a bucket's sub-step fixed cost when it is not the cost's fixed part
         self.num_kv_blocks, self.block_size, self.timestep_counts = 100, 16, (4, 10, 50)
+        self.patch_shape = (2, 3)
         self.now = 0.0
         self.idle_rows: set[int] = set()
         self.admitted: list[PrefillItem] = []
@@ -123,7 +124,9 @@ class VirtualTarget:
     def prepare(self, request: Request) -> Prepared:
         if not self.words_fit:
             return Prepared.refused("the input does not fit")
-        positions = 2 * len(request.text.split()) + 3
+        prompt = request.prompt
+        voiced = 0 if prompt is None or prompt.audio_patches is None else len(prompt.audio_patches)
+        positions = 2 * len(request.text.split()) + 3 + voiced
         return Prepared(positions, positions + request.params.max_len)
 
 
@@ -164,6 +167,27 @@ def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks
         length = item.prepared.prompt_positions
         assert item.slot == CALIBRATION_SLOT and item.blocks[0] == 1  # block 0 is the null block
         assert len(item.blocks) * target.block_size >= length + 1  # the prompt and the patch it decodes
+
+
+def voice_patches(target: VirtualTarget) -> list[np.ndarray]:
+    """The audio patches of each admission's continuation prompt, in the order they were admitted."""
+    prompts = [item.request.prompt for item in target.admitted]
+    return [prompt.audio_patches for prompt in prompts if prompt is not None and prompt.audio_patches is not None]
+
+
+def test_calibration_times_admissions_with_a_continuation_prompt_each_run_another_voice() -> None:
+    """Issue 34, D5: the cost of admitting a continuation prompt (its LocEnc encode and VAE warm) is in the fit, and
+    never read off a voice cached by the run before."""
+    target = VirtualTarget(StepCost.parse("1ms+1us/token"))
+    measure_step_cost(target, repeats=3, clock=target.clock)
+    voices = voice_patches(target)
+    assert len(voices) == 4  # one untimed run and three timed
+    assert len({patches.tobytes() for patches in voices}) == 4
+    assert {patches.shape for patches in voices} == {(32, 2, 3)}
+    # A runner too short for 32 patches is timed with one.
+    short = VirtualTarget(StepCost.parse("1ms+1us/token"), max_length=40)
+    measure_step_cost(short, clock=short.clock)
+    assert {len(patches) for patches in voice_patches(short)} == {1}
 
 
 def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone() -> None:

@@ -460,6 +460,11 @@ class VAEStreamState:
         for buffer in self.buffers:
             buffer.index_fill_(0, rows, 0.0)
 
+    def write_rows(self, rows: Tensor, source: VAEStreamState) -> None:
+        """Set the given rows (int64 indices, shape (R,)) to the R streams of ``source``, in order."""
+        for buffer, values in zip(self.buffers, source.buffers, strict=True):
+            buffer.index_copy_(0, rows, values)
+
     def move_rows(self, src: Tensor, dst: Tensor) -> None:
         """Copy rows ``src`` to rows ``dst`` (int64 indices, shape (R,) each); the sources are read first."""
         for buffer in self.buffers:
@@ -489,16 +494,16 @@ class StreamingVAEDecoder:
 
     @torch.no_grad()
     def warm(self, context: Tensor, lm_dtype: torch.dtype, state: VAEStreamState) -> None:
-        """Run a fresh one-row state over a prompt's context patches (C, P, D) and discard their audio.
+        """Run fresh states over prompts' context patches and discard their audio: ``context`` is (B, C, P, D),
+        the last C patches of each of the B streams of ``state`` (or one stream's (C, P, D)).
 
         The reference decodes these patches in front of the generated ones and cuts their samples; a
         causal decoder gives the same audio by starting from their state instead. The patches are
         rounded to ``lm_dtype`` first, as the reference's LM input is.
         """
         if context.numel():
-            device = self.vae.device
-            latents = context.to(lm_dtype).float().to(device)
-            self.decode(latents.reshape(1, -1, context.size(-1)).transpose(1, 2), state)
+            latents = context.to(self.vae.device).to(lm_dtype).float()
+            self.decode(latents.reshape(state.batch_size, -1, context.size(-1)).transpose(1, 2), state)
 
     @torch.no_grad()
     def decode(self, latents: Tensor, state: VAEStreamState) -> Tensor:
