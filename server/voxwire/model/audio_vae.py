@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -525,6 +526,9 @@ HALF_VAE_DTYPE = torch.float16
 # The least signal-to-error ratio (dB) against float32 the half-precision VAE must reach on the check's
 # decode to be chosen: about 1.8 % RMS error, under float16's measured 43.6 dB and far above bfloat16's.
 MIN_HALF_VAE_SNR_DB = 35.0
+CHECK_DECODE_ROWS = 64
+"""Streams the check decode runs at once: a serving batch (steps of 64-768 rows run other cuBLAS and cuDNN kernels
+than one stream does, and the half-precision choice is for those), the smallest of the sizes it stands for."""
 
 
 @dataclass(frozen=True)
@@ -545,11 +549,25 @@ def streamed_audio(vae: AudioVAE, latents: Tensor, patch_size: int) -> Tensor:
     return torch.cat([decoder.decode(chunk, state) for chunk in latents.split(patch_size, dim=-1)], dim=-1)
 
 
+@contextmanager
+def exact_float32() -> Iterator[None]:
+    """Within the block, float32 CUDA matmuls and cuDNN convolutions run in float32, not TF32 (cuDNN allows TF32 by
+    default); the caller's ``allow_tf32`` flags are restored after."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
 @torch.no_grad()
 def decode_error(vae: AudioVAE, dtype: torch.dtype, latents: Tensor, patch_size: int) -> DecodeError:
     """The streaming decode of ``latents`` (B, D, T) with a ``dtype`` copy of ``vae`` (float32) against
-    ``vae`` itself."""
-    exact = streamed_audio(vae, latents, patch_size)
+    ``vae`` itself, in exact float32 (no TF32: the reference's own error would count against the copy)."""
+    with exact_float32():
+        exact = streamed_audio(vae, latents, patch_size)
     approx = streamed_audio(copy.deepcopy(vae).to(dtype), latents, patch_size)
     error = approx - exact
     finite = bool(torch.isfinite(approx).all())
@@ -568,10 +586,10 @@ def choose_vae_dtype(vae: AudioVAE, patch_size: int, device: torch.device) -> to
 
 
 def half_precision_check(vae: AudioVAE, patch_size: int, patches: int = 3) -> DecodeError:
-    """``HALF_VAE_DTYPE`` against float32 on the VAE's device: N(0, 1) latents, ``patches`` patches streamed as
-    the engine streams them."""
+    """``HALF_VAE_DTYPE`` against float32 on the VAE's device: N(0, 1) latents of ``CHECK_DECODE_ROWS`` streams,
+    ``patches`` patches each, streamed as the engine streams them."""
     generator = torch.Generator().manual_seed(0)
-    latents = torch.randn(1, vae.latent_dim, patches * patch_size, generator=generator)
+    latents = torch.randn(CHECK_DECODE_ROWS, vae.latent_dim, patches * patch_size, generator=generator)
     return decode_error(vae, HALF_VAE_DTYPE, latents.to(vae.device), patch_size)
 
 
