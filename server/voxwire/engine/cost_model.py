@@ -107,9 +107,9 @@ class StepCost:
         counts = np.fromiter(timesteps, dtype=np.int64)
         if not self.substep_s or counts.size < 2:
             return 0.0
-        buckets, costs = (np.array(column) for column in zip(*self.substep_s, strict=True))
-        counts = np.minimum(counts, buckets[-1])
-        present = costs[np.isin(buckets, bucket_of(buckets, counts))]
+        buckets = [bucket for bucket, _ in self.substep_s]
+        costs = np.array([seconds for _, seconds in self.substep_s])
+        present = costs[np.isin(buckets, bucket_of(buckets, np.minimum(counts, buckets[-1])))]
         return float(present.sum() - present.min()) if present.size > 1 else 0.0
 
     def __str__(self) -> str:
