@@ -31,7 +31,8 @@ share), bandwidth derated by the kind of kernel, SDPA priced by the flash tiles 
 sequence costs a whole tile), the paged kernel's block walk, the Snake kernels' instruction issue, each
 non-GEMM kernel's ramp and tail, the runner's gather/scatter and packed output (counted through
 ``ModelRunner``'s own step on meta), the admissions a step makes at steady state (a batched eager prefill, noise
-draws, eager LocEnc encodes and VAE warms of continuation prompts) and the host's gap between steps; with
+draws, eager LocEnc encodes of continuation prompts and their one batched VAE warm) and the host's gap between
+steps; with
 ``--bucket T:ROWS`` also a second timestep bucket's sub-step. It is an estimate, not a measurement: no GPU has
 run it. ``gpu_check.py``'s step curve prints its prediction beside each measured step, which calibrates it.
 Both totals are printed with the rows whose step fits the 160 ms of audio it makes.
@@ -561,21 +562,31 @@ def count_prefill(
     return counter
 
 
-def count_continuation(model: VoxCPMModel, patches: int, context: int) -> CostCounter:
+def count_continuation(model: VoxCPMModel, patches: int) -> CostCounter:
     """The launches a continuation prompt adds at its admission, one request at a time as the runner runs them
-    (``ModelRunner._prefill``): LocEnc over its ``patches`` audio patches (a new voice each time: the voice cache
-    cannot hold it) and the VAE warmed with its last ``context`` patches."""
+    (``ModelRunner._voice_encodings``): LocEnc over its ``patches`` audio patches (a new voice each time: the voice
+    cache cannot hold it)."""
     config, meta = model.config, torch.device("meta")
     counter = CostCounter()
     counter.phase = "admission"
-    vae = StreamingVAEDecoder(model.audio_vae)
-    state = vae.new_state(1)
     with torch.no_grad(), ops.fused_on_meta(), counter, AttentionAsOneKernel(counter):
         model.encode_patches(
             torch.empty(patches, config.patch_size, config.feat_dim, device=meta, dtype=torch.bfloat16)
         )
+    return counter
+
+
+def count_warm(model: VoxCPMModel, rows: int, context: int) -> CostCounter:
+    """The launches of one step's VAE warm (``ModelRunner._warm_vae``): its ``rows`` continuation prompts' last
+    ``context`` patches, decoded together."""
+    config, meta = model.config, torch.device("meta")
+    counter = CostCounter()
+    counter.phase = "admission"
+    vae = StreamingVAEDecoder(model.audio_vae)
+    state = vae.new_state(rows)
+    with torch.no_grad(), ops.fused_on_meta(), counter, AttentionAsOneKernel(counter):
         counter.part = "vae"
-        vae.warm(torch.empty(context, config.patch_size, config.feat_dim, device=meta), torch.bfloat16, state)
+        vae.warm(torch.empty(rows, context, config.patch_size, config.feat_dim, device=meta), torch.bfloat16, state)
     return counter
 
 
@@ -966,6 +977,7 @@ class StepModel:
         self._runner_launches: dict[tuple[int, int], list[Launch]] = {}
         self._prefills: dict[tuple[int, int], list[Launch]] = {}
         self._continuation: list[Launch] = []
+        self._warms: dict[int, list[Launch]] = {}
 
     def step_counter(self, rows: int, context: int, timesteps: int) -> CostCounter:
         """``count_step``'s counter for the model step and the VAE decode (counted once per shape)."""
@@ -1027,8 +1039,13 @@ class StepModel:
 
     def continuation_launches(self, patches: int) -> list[Launch]:
         if not self._continuation:
-            self._continuation = count_continuation(self.model, patches, self.config.decode_context_patches).launches
+            self._continuation = count_continuation(self.model, patches).launches
         return self._continuation
+
+    def warm_launches(self, rows: int) -> list[Launch]:
+        if rows not in self._warms:
+            self._warms[rows] = count_warm(self.model, rows, self.config.decode_context_patches).launches
+        return self._warms[rows]
 
     def eager_seconds(self, launches: list[Launch]) -> float:
         """Eager launches: the host issues them while the device runs them, so the longer of the two."""
@@ -1111,7 +1128,7 @@ class StepModel:
 
     def admission_terms(self, rows: int, workload: Workload) -> list[Term]:
         """What a step's admissions add at steady state (``ModelRunner._prefill``): one right-padded prefill of
-        them all, each one's noise, and each continuation prompt's LocEnc encode and VAE warm, all eager."""
+        them all, each one's noise, each continuation prompt's LocEnc encode and one VAE warm of them all, eager."""
         ceilings = self.ceilings
         admitted = workload.admissions(rows)
         together = max(1, math.ceil(admitted))
@@ -1123,6 +1140,9 @@ class StepModel:
         continuation = self.continuation_launches(patches)
         continued = admitted * workload.continuation_share
         continuation_ms = continued * self.eager_seconds(continuation) * 1e3
+        warm = self.warm_launches(max(1, math.ceil(continued)))
+        # Fewer than one a step: a warm in that share of the steps.
+        warm_ms = min(1.0, continued) * self.eager_seconds(warm) * 1e3
         per_request = f"{admitted:.1f} admissions per step ({rows} rows / {workload.request_patches:g} steps a request)"
         return [
             Term(
@@ -1135,11 +1155,18 @@ class StepModel:
             ),
             Term("admissions: noise draws", 0.0, noise_ms, "one draw and one store per request, eager"),
             Term(
-                "admissions: continuation prompts (LocEnc encode, VAE warm)",
+                "admissions: continuation prompts (LocEnc encode)",
                 0.0,
                 continuation_ms,
-                f"{workload.continuation_share:.0%} of admissions, one at a time: LocEnc over {patches} patches and "
-                f"the VAE warmed with {self.config.decode_context_patches}, batch 1, {len(continuation)} launches",
+                f"{workload.continuation_share:.0%} of admissions, one at a time: LocEnc over {patches} patches, "
+                f"{len(continuation)} launches",
+            ),
+            Term(
+                "admissions: continuation prompts (one batched VAE warm)",
+                0.0,
+                warm_ms,
+                f"the step's continuations together, {self.config.decode_context_patches} patches each: "
+                f"{len(warm)} launches",
             ),
         ]
 
@@ -1260,7 +1287,7 @@ def main() -> None:
         "--continuation-share",
         type=float,
         default=workload.continuation_share,
-        help="share of admissions that continue a stream: LocEnc encode and VAE warm each (realistic column)",
+        help="share of admissions that continue a stream: a LocEnc encode each, one VAE warm a step (realistic column)",
     )
     parser.add_argument("--fit-limit", type=int, default=4096, help="the most rows the 160 ms fit searches")
     parser.add_argument("--json", type=Path, help="write the rows to this file")

@@ -11,8 +11,9 @@ that device is decided, once per runner, so a test can stand another device in f
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +30,41 @@ def cuda_device(device: torch.device) -> torch.device | None:
 def scope(cuda: torch.device | None) -> AbstractContextManager[object]:
     """Make ``cuda`` the calling thread's current device for the block (nothing off CUDA)."""
     return nullcontext() if cuda is None else torch.cuda.device(cuda)
+
+
+_T = TypeVar("_T")
+
+
+def scoped(cuda: torch.device | None, items: Generator[_T, None, None]) -> Generator[_T, None, None]:
+    """``items``, each made with ``cuda`` current (``scope``) and handed over with the caller's device current
+    again: a generator that runs the model (``VoxCPM.stream``) runs on its device, whatever thread pulls it."""
+    try:
+        while True:
+            with scope(cuda):
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        with scope(cuda):
+            items.close()
+
+
+def side_stream(cuda: torch.device | None) -> torch.cuda.Stream | None:
+    """A new stream on ``cuda`` for work off the engine's thread (voice encoding), so that it and the engine's
+    steps do not queue behind each other on one stream; it first waits for everything already queued on the
+    current stream (the model's weights being loaded). None off CUDA."""
+    if cuda is None:
+        return None
+    stream = torch.cuda.Stream(cuda)
+    stream.wait_stream(torch.cuda.current_stream(cuda))
+    return stream
+
+
+def on_stream(stream: torch.cuda.Stream | None) -> AbstractContextManager[object]:
+    """Make ``stream`` the calling thread's current stream for the block (nothing for None)."""
+    return nullcontext() if stream is None else torch.cuda.stream(stream)
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, cuda: torch.device | None) -> torch.Tensor:

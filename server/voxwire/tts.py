@@ -9,7 +9,8 @@ utterance needs), but they share the model's compute: the engine serves concurre
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,17 +26,24 @@ from voxwire.model.cfm import CfmSchedule
 from voxwire.model.kv_cache import KVCache
 from voxwire.model.loaded import LoadedModel
 from voxwire.model.lora import load_lora
-from voxwire.model.voxcpm import PrefillBatch
+from voxwire.model.voxcpm import PrefillBatch, VoxCPMModel
+from voxwire.model_config import ModelConfig
 from voxwire.params import SynthesisParams
 from voxwire.prompt import VoicePrompt
 from voxwire.sampling import NoiseStream, random_seed
 from voxwire.sequence import InputSequence, build_sequence, sequence_length_cap
+from voxwire.text.tokenizer import TextTokenizer
 from voxwire.voice_clip import VoiceClip
 
 
 class VoxCPM(LoadedModel):
     """A loaded model with the one-utterance API: personas by name or directory, voice prompts, ``generate``
     and ``stream``."""
+
+    def __init__(self, config: ModelConfig, model: VoxCPMModel, tokenizer: TextTokenizer, name: str) -> None:
+        super().__init__(config, model, tokenizer, name)
+        self._voice_stream: torch.cuda.Stream | None = None
+        self._voice_stream_lock = threading.Lock()
 
     # ---- personas (LoRA adapters) ----
     def load_persona(self, name: str, directory: str | os.PathLike[str]) -> None:
@@ -78,9 +86,20 @@ class VoxCPM(LoadedModel):
         patch_samples = self.config.patch_size * vae.encoder_hop
         missing = -samples.numel() % patch_samples
         samples = torch.nn.functional.pad(samples, (missing, 0) if pad == "left" else (0, missing))
-        with devices.scope(devices.cuda_device(self.device)):  # called from any thread: the model's device current
+        cuda = devices.cuda_device(self.device)
+        # Called from any thread, with the model's device current, on a stream of its own: the engine's steps run
+        # on the default stream, and neither waits for the other (the read back waits for this stream alone).
+        with devices.scope(cuda), devices.on_stream(self._encode_stream(cuda)):
             latents = vae.encode(samples.unsqueeze(0).to(self.device))[0]  # (D, frames)
-        return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
+            return latents.view(vae.latent_dim, -1, self.config.patch_size).permute(1, 2, 0).float().cpu()
+
+    def _encode_stream(self, cuda: torch.device | None) -> torch.cuda.Stream | None:
+        """The stream voice encoding runs on (``devices.side_stream``), made at the first encode; None off CUDA."""
+        if cuda is not None and self._voice_stream is None:
+            with self._voice_stream_lock:
+                if self._voice_stream is None:
+                    self._voice_stream = devices.side_stream(cuda)
+        return self._voice_stream
 
     def make_prompt(self, clip: VoiceClip) -> VoicePrompt:
         """Encode a voice once. Prompt text + audio: continuation prompt (the transcript of the clip); a reference
@@ -155,11 +174,15 @@ class VoxCPM(LoadedModel):
         lora: str | os.PathLike[str] | None,
     ) -> Iterator[Chunk]:
         with self._persona(lora) as persona:
-            yield from self._decode(sequence, params, seed, progress, persona)
+            # With the model's device current while it computes (fused ops launch on the current device, which is
+            # cuda:0 on a fresh thread), and the caller's between chunks.
+            yield from devices.scoped(
+                devices.cuda_device(self.device), self._decode(sequence, params, seed, progress, persona)
+            )
 
     def _decode(
         self, sequence: InputSequence, params: SynthesisParams, seed: int, progress: bool, persona: torch.Tensor | None
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         cap = sequence_length_cap(sequence, params.max_len, self.config.max_length)
         # A cache exactly as long as this utterance can get.
         base, residual = (

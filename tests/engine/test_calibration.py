@@ -82,9 +82,18 @@ class VirtualTarget:
     """A ``CalibrationTarget`` whose steps take ``cost`` on a virtual clock, a row costing in proportion to its
     timestep bucket (one at 50 timesteps five times one at 10); idle steps run as CUDA graph buckets."""
 
-    def __init__(self, cost: StepCost, slots: int = 20, max_length: int = 512, words_fit: bool = True) -> None:
+    def __init__(
+        self,
+        cost: StepCost,
+        slots: int = 20,
+        max_length: int = 512,
+        words_fit: bool = True,
+        substep_s: dict[int, float] | None = None,
+    ) -> None:
         self.cost, self.num_slots, self.max_length, self.words_fit = cost, slots, max_length, words_fit
+        self.substep_s = substep_s or {}  # a bucket's sub-step fixed cost when it is not the cost's fixed part
         self.num_kv_blocks, self.block_size, self.timestep_counts = 100, 16, (4, 10, 50)
+        self.patch_shape = (2, 3)
         self.now = 0.0
         self.idle_rows: set[int] = set()
         self.admitted: list[PrefillItem] = []
@@ -94,11 +103,12 @@ class VirtualTarget:
 
     def idle_step(self, rows: int, timesteps: int) -> tuple[int, Callable[[], object]]:
         graph = min(b for b in bucket_sizes(self.num_slots) if b >= rows)
-        weight = int(bucket_of(self.timestep_counts, timesteps)) / 10
+        bucket = int(bucket_of(self.timestep_counts, timesteps))
+        fixed = self.substep_s.get(bucket, self.cost.fixed_s)
 
         def step() -> None:
             self.idle_rows.add(graph)
-            self.now += self.cost.seconds(graph * weight)
+            self.now += self.cost.seconds(graph * bucket / 10) - self.cost.fixed_s + fixed
 
         return graph, step
 
@@ -114,7 +124,9 @@ class VirtualTarget:
     def prepare(self, request: Request) -> Prepared:
         if not self.words_fit:
             return Prepared.refused("the input does not fit")
-        positions = 2 * len(request.text.split()) + 3
+        prompt = request.prompt
+        voiced = 0 if prompt is None or prompt.audio_patches is None else len(prompt.audio_patches)
+        positions = 2 * len(request.text.split()) + 3 + voiced
         return Prepared(positions, positions + request.params.max_len)
 
 
@@ -127,6 +139,25 @@ def test_calibration_recovers_the_cost_and_each_buckets_row_weight() -> None:
     assert target.idle_rows == {1, 4, 20}  # 1, the middle and the largest batch (all graph buckets here)
 
 
+def test_a_step_with_rows_in_two_timestep_buckets_is_priced_with_the_second_sub_steps_fixed_cost() -> None:
+    """Issue 34, D4: a step of T=10 rows and one T=50 row runs two sub-steps; the second's fixed cost (18 ms here,
+    against 4 ms at T=10) is charged, not just the T=50 row's weight. Calibration reads the sub-step cost off one
+    row at T=50 less that row's per-row cost, which is measured at the largest batch with the default bucket's fixed
+    part taken off, so it reads (18 - 4) ms / slots less: what the row's weight already charges."""
+    slots, cost = 768, StepCost.parse("4ms+0.17ms/row+9.2us/token")
+    target = VirtualTarget(cost, slots=slots, substep_s={50: 0.018})
+    fitted, weights = measure_step_cost(target, clock=target.clock)
+    rows = 3 * weights[10] + weights[50]
+    one_bucket = fitted.seconds(rows, 20)
+    assert fitted.seconds(rows, 20, [10, 10, 10]) == one_bucket
+    second = 0.018 - 0.014 / slots
+    assert fitted.seconds(rows, 20, [10, 50, 10, 10]) - one_bucket == pytest.approx(second, rel=1e-9)
+    assert fitted.seconds(rows, 20, [50]) == one_bucket  # one bucket: one sub-step, the fixed part's
+    # A count between buckets runs in the next one up (7 in 10, 30 in 50), one above the largest in the largest.
+    assert fitted.seconds(rows, 20, [7, 30]) == fitted.seconds(rows, 20, [10, 60]) == fitted.seconds(rows, 20, [10, 50])
+    assert fitted.seconds(rows, 20, [4, 10, 50]) - one_bucket == pytest.approx(0.004 + second, rel=1e-9)
+
+
 def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks() -> None:
     target = VirtualTarget(StepCost.parse("1ms+1us/token"), max_length=64)
     measure_step_cost(target, clock=target.clock)
@@ -136,6 +167,27 @@ def test_calibration_admits_prompts_that_fit_the_calibration_slot_and_its_blocks
         length = item.prepared.prompt_positions
         assert item.slot == CALIBRATION_SLOT and item.blocks[0] == 1  # block 0 is the null block
         assert len(item.blocks) * target.block_size >= length + 1  # the prompt and the patch it decodes
+
+
+def voice_patches(target: VirtualTarget) -> list[np.ndarray]:
+    """The audio patches of each admission's continuation prompt, in the order they were admitted."""
+    prompts = [item.request.prompt for item in target.admitted]
+    return [prompt.audio_patches for prompt in prompts if prompt is not None and prompt.audio_patches is not None]
+
+
+def test_calibration_times_admissions_with_a_continuation_prompt_each_run_another_voice() -> None:
+    """Issue 34, D5: the cost of admitting a continuation prompt (its LocEnc encode and VAE warm) is in the fit, and
+    never read off a voice cached by the run before."""
+    target = VirtualTarget(StepCost.parse("1ms+1us/token"))
+    measure_step_cost(target, repeats=3, clock=target.clock)
+    voices = voice_patches(target)
+    assert len(voices) == 4  # one untimed run and three timed
+    assert len({patches.tobytes() for patches in voices}) == 4
+    assert {patches.shape for patches in voices} == {(32, 2, 3)}
+    # A runner too short for 32 patches is timed with one.
+    short = VirtualTarget(StepCost.parse("1ms+1us/token"), max_length=40)
+    measure_step_cost(short, clock=short.clock)
+    assert {len(patches) for patches in voice_patches(short)} == {1}
 
 
 def test_a_runner_too_short_for_any_prompt_is_calibrated_on_decode_steps_alone() -> None:

@@ -28,6 +28,21 @@ def test_round_trips_through_its_text():
     )
 
 
+def test_sub_step_terms_price_each_timestep_bucket_a_step_holds_beyond_the_first_and_round_trip():
+    """Issue 34, D4: a step whose rows fall in buckets 10 and 50 runs two sub-steps."""
+    cost = StepCost.parse("4ms+1ms/row+5ms/substep@10+18ms/substep@50")
+    assert dict(cost.substep_s) == pytest.approx({10: 0.005, 50: 0.018})
+    assert cost.seconds(2) == cost.seconds(2, 0, [10, 10]) == cost.seconds(2, 0, [50, 40]) == pytest.approx(0.006)
+    assert cost.seconds(2, 0, [10, 50]) == pytest.approx(0.006 + 0.018)
+    assert TrackedStepCost(cost).seconds(2, 0, [10, 50]) == pytest.approx(0.024)
+    again = StepCost.parse(str(cost))
+    assert dict(again.substep_s) == pytest.approx(dict(cost.substep_s))
+    with pytest.raises(ValueError, match="more than one substep@50 term"):
+        StepCost.parse("1ms/substep@50+2ms/substep@50")
+    with pytest.raises(ValueError, match="ascending"):
+        StepCost(substep_s=((50, 0.01), (10, 0.01)))
+
+
 @pytest.mark.parametrize(
     ("text", "names"),
     [

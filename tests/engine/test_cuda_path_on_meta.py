@@ -13,7 +13,8 @@ computed. ``torch.cuda`` is replaced by a recorder, and every aten op is watched
 
 It runs capture, decode-only and admission steps with voice prompts and ragged timestep counts, a LoRA
 persona, and a voice encode, for the three released architectures' shapes (``server/voxwire/tiny``), and
-checks the per-step traffic: one upload, one read-back and one sync per timestep bucket of a decode step.
+checks the per-step traffic: one upload, one read-back and one sync per timestep bucket of a decode step. The
+one-utterance API computes with its device current, and voice encoding runs on a stream of its own.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Trace:
     """What the fake CUDA runtime and the op watcher saw."""
 
     current: int = 0  # the current device's index, as the CUDA runtime would keep it (per thread)
+    stream: FakeSideStream | None = None  # the stream made current (``torch.cuda.stream``); None: the default
     capturing: bool = False
     violations: list[str] = field(default_factory=list)
     uploads: int = 0
@@ -88,6 +90,17 @@ class FakeStream:
         if self.trace.capturing:
             self.trace.fail("a stream sync inside a graph capture")
         self.trace.syncs += 1
+
+
+class FakeSideStream:
+    """A stream made with ``torch.cuda.Stream``: its device, and the streams it was made to wait for."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = torch.device(device)
+        self.waited_for: list[object] = []
+
+    def wait_stream(self, other: object) -> None:
+        self.waited_for.append(other)
 
 
 def fake_cuda(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,6 +145,18 @@ def fake_cuda(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
         trace.need("graph_pool_handle")
         return object()
 
+    def side_stream(device: Any) -> FakeSideStream:
+        trace.need("Stream", device)
+        return FakeSideStream(device)
+
+    @contextlib.contextmanager
+    def stream(made: FakeSideStream) -> Iterator[None]:
+        previous, trace.stream = trace.stream, made
+        try:
+            yield
+        finally:
+            trace.stream = previous
+
     for name, value in {
         "device": device,
         "current_device": lambda: trace.current,
@@ -145,6 +170,8 @@ def fake_cuda(trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
         "graph_pool_handle": graph_pool_handle,
         "CUDAGraph": FakeGraph,
         "graph": graph,
+        "Stream": side_stream,
+        "stream": stream,
     }.items():
         monkeypatch.setattr(torch.cuda, name, value)
 
@@ -291,9 +318,10 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         before = trace.counts()
         engine.step()  # an admission step: two prefills, then both rows in two timestep buckets
         admission = [a - b for a, b in zip(trace.counts(), before, strict=True)]
-        # Uploads: the prefill's inputs (one), the rows' settings and noise positions (one), the voice's patches
-        # (a voice-cache miss), one slot index per bucket; one read-back per bucket and one sync.
-        assert admission == [5, 2, 1], admission
+        # Uploads: the prefill's inputs (one), the rows' settings, noise positions and VAE warm contexts (one: the
+        # voice's warm rides with the settings, issue 34 D5), one slot index per bucket; one read-back per bucket
+        # and one sync.
+        assert admission == [4, 2, 1], admission
         before = trace.counts()
         engine.step()  # decode only: buckets 4 and 10
         assert [a - b for a, b in zip(trace.counts(), before, strict=True)] == [2, 2, 1]
@@ -303,4 +331,58 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         clip = np.zeros(4 * tts.model.audio_vae.encoder_hop, dtype=np.float32)
         tts.encode_audio(clip, tts.model.audio_vae.sample_rate)  # the voice encoder, off the engine thread
     assert trace.captures == runner.graph_captures, "a graph was captured while serving"
+    assert not trace.violations, "\n".join(trace.violations)
+
+
+def test_the_one_utterance_api_computes_on_its_device_and_hands_chunks_over_on_the_callers(
+    tiny_tts: VoxCPM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34, D6: ``stream`` (and ``generate``) run the model with its device current, as the runner does (fused
+    ops launch on the current device, cuda:0 on a fresh thread); between chunks the caller's device is current.
+    The tiny CPU model stands in for one on cuda:1 (``devices.cuda_device`` says so), recording the current device
+    at each model call."""
+    trace = Trace()
+    fake_cuda(trace, monkeypatch)
+    monkeypatch.setattr(devices, "cuda_device", lambda where: CUDA)
+    computed: list[int] = []
+    for owner, name in ((tiny_tts.model, "prefill"), (tiny_tts.model, "decode_step"), (tiny_tts.vae_decoder, "decode")):
+        original = getattr(owner, name)
+
+        def recorded(*args: Any, original: Any = original, **kwargs: Any) -> Any:
+            computed.append(trace.current)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, recorded)
+    held = [trace.current for _ in tiny_tts.stream("Hello there.", SynthesisParams(seed=0, max_len=3, min_len=0))]
+    assert held and computed
+    assert set(computed) == {CUDA.index}, computed
+    assert set(held) == {0}, "a chunk was handed over with the model's device left current"
+    assert not trace.violations, "\n".join(trace.violations)
+
+
+def test_voice_encoding_runs_on_a_stream_of_its_own(tokenizer: TextTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34, D12: ``encode_audio`` (called off the engine's thread) runs on a side stream of its device, made once
+    and made to wait for what was queued before it (the weights), so the engine's steps on the default stream and
+    the encode do not queue behind each other; the thread's stream is its own again after."""
+    trace = Trace()
+    fake_cuda(trace, monkeypatch)
+    tts = meta_model("voxcpm2-shape", tokenizer)
+    vae = tts.model.audio_vae
+    encode = vae.encode
+    encoded_on: list[tuple[int, FakeSideStream | None]] = []
+
+    def recorded(audio: torch.Tensor) -> torch.Tensor:
+        encoded_on.append((trace.current, trace.stream))
+        return encode(audio)
+
+    monkeypatch.setattr(vae, "encode", recorded)
+    clip = np.zeros(4 * vae.encoder_hop, dtype=np.float32)
+    with ops.fused_on_meta(), DeviceOpWatcher(trace):
+        for _ in range(2):
+            tts.encode_audio(clip, vae.sample_rate)
+    (device, stream), again = encoded_on
+    assert again == (device, stream) and device == CUDA.index
+    assert isinstance(stream, FakeSideStream) and stream.device == CUDA
+    assert len(stream.waited_for) == 1 and isinstance(stream.waited_for[0], FakeStream)
+    assert trace.stream is None
     assert not trace.violations, "\n".join(trace.violations)

@@ -13,13 +13,22 @@ the decode step and the streaming VAE decode at 1, 3 and 768 rows, a prefill of 
 (LocEnc included), the VAE encode of a one-second clip, the VAE warm-up decode and a request's noise drawn
 at admission, for each release shape and each (model, VAE) dtype pair. The JSON lists every distinct
 specialization compiled and every failure.
+
+Triton's own ptxas run (``-v``) reports each specialization's registers per thread and spills (its log, which
+Triton prints with ``knobs.nvidia.dump_ptxas_log``, is read here; the run compiles in an empty cache, so each
+specialization runs ptxas): the JSON records them per kernel variant, the run prints them per kernel, and a
+variant that spills registers to local memory is a failure (exit status 1, as for a kernel that does not compile).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
+import re
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +39,7 @@ from typing import Any
 
 import torch
 import triton
+from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
@@ -73,11 +83,54 @@ class Sm90Driver:
         return torch.device("meta")
 
 
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one compiled kernel variant: registers per thread, bytes spilled to local memory
+    (stores and loads), its stack frame, and the warps it launches with."""
+
+    num_warps: int
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+
+
+_PTXAS_COUNTS = re.compile(
+    r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads.*?"
+    r"Used (?P<registers>\d+) registers",
+    re.DOTALL,
+)
+
+
+def resources(ptxas_log: str, num_warps: int) -> Resources:
+    """The counts in the ptxas ``-v`` log of one kernel's compile."""
+    counts = _PTXAS_COUNTS.search(ptxas_log)
+    if counts is None:
+        raise RuntimeError(f"no ptxas -v counts in the compile's log (found in a cache?):\n{ptxas_log}")
+    spills = int(counts["stores"]) + int(counts["loads"])
+    return Resources(num_warps, int(counts["registers"]), spills, int(counts["stack"]))
+
+
 @dataclasses.dataclass
 class Compiled:
-    """The distinct specializations compiled per kernel, each by its compiled binary's hash."""
+    """The distinct specializations compiled per kernel, each by its compiled binary's hash, with its resources."""
 
-    seen: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    seen: dict[str, dict[str, Resources]] = dataclasses.field(default_factory=dict)
+
+    def table(self) -> str:
+        """Per kernel: its variants, their registers per thread and warps, spills and stack (min-max)."""
+
+        def span(values: list[int]) -> str:
+            return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+        lines = [f"{'kernel':<28} {'variants':>8} {'registers':>10} {'warps':>6} {'spill B':>8} {'stack B':>8}"]
+        for kernel, variants in sorted(self.seen.items()):
+            each = list(variants.values())
+            lines.append(
+                f"{kernel:<28} {len(each):>8} {span([v.registers for v in each]):>10} "
+                f"{span([v.num_warps for v in each]):>6} {span([v.spill_bytes for v in each]):>8} "
+                f"{span([v.stack_bytes for v in each]):>8}"
+            )
+        return "\n".join(lines)
 
 
 def compile_instead_of_launching(compiled: Compiled) -> Callable[[], None]:
@@ -86,10 +139,14 @@ def compile_instead_of_launching(compiled: Compiled) -> Callable[[], None]:
 
     def warm(self: JITFunction, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
-            kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
+            log = io.StringIO()
+            with contextlib.redirect_stdout(log):  # Triton prints ptxas's report there
+                kernel = self.run(*args, grid=grid, warmup=True, **kwargs)
             if not kernel.asm.get("cubin"):
                 raise RuntimeError(f"{self.fn.__name__} compiled to no cubin")
-            compiled.seen.setdefault(self.fn.__name__, set()).add(kernel.hash)
+            variants = compiled.seen.setdefault(self.fn.__name__, {})
+            if kernel.hash not in variants:
+                variants[kernel.hash] = resources(log.getvalue(), kernel.metadata.num_warps)
 
         return launch
 
@@ -189,9 +246,11 @@ def admission_noise(config: ModelConfig) -> None:
             noise.patch_noise(seed, first_call, 150, shape, dtype, torch.device("meta"))
 
 
-def main() -> None:
+def main() -> int:
     out = Path(sys.argv[1])
     driver.set_active(Sm90Driver())  # type: ignore[arg-type]
+    knobs.nvidia.dump_ptxas_log = True
+    knobs.cache.dir = tempfile.mkdtemp(prefix="compile-sm90-")  # every specialization compiled, none cached
     unroute = route_fused_ops_to_wrappers()
     compiled = Compiled()
     undo = compile_instead_of_launching(compiled)
@@ -224,15 +283,28 @@ def main() -> None:
     finally:
         undo()
         unroute()
+    spills = [
+        {"kernel": kernel, "variant": key, **dataclasses.asdict(used)}
+        for kernel, variants in sorted(compiled.seen.items())
+        for key, used in variants.items()
+        if used.spill_bytes
+    ]
     result = {
         "triton": triton.__version__,
         "target": {"backend": TARGET.backend, "arch": TARGET.arch, "warp_size": TARGET.warp_size},
         "seconds": time.perf_counter() - started,
-        "specializations": {kernel: len(keys) for kernel, keys in sorted(compiled.seen.items())},
+        "specializations": {kernel: len(variants) for kernel, variants in sorted(compiled.seen.items())},
+        "resources": {
+            kernel: [dataclasses.asdict(used) for used in variants.values()]
+            for kernel, variants in sorted(compiled.seen.items())
+        },
+        "spills": spills,
         "failures": failures,
     }
     out.write_text(json.dumps(result, indent=1))
+    print(f"Triton {triton.__version__}, sm_90a, per kernel over its variants:\n{compiled.table()}")
+    return 1 if failures or spills else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

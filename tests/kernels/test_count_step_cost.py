@@ -204,10 +204,19 @@ def test_admissions_scale_with_the_rows_each_step_admits(cost: ModuleType) -> No
 
     twenty, forty = admission_terms(20, model.workload), admission_terms(40, model.workload)
     noise = "admissions: noise draws"
-    continued = "admissions: continuation prompts (LocEnc encode, VAE warm)"
+    continued, warm = (
+        "admissions: continuation prompts (LocEnc encode)",
+        "admissions: continuation prompts (one batched VAE warm)",
+    )
     assert forty[noise] == pytest.approx(2 * twenty[noise]) and twenty[noise] > 0
     assert forty[continued] == pytest.approx(2 * twenty[continued]) and twenty[continued] > 0
     assert admission_terms(20, cost.Workload(10.0, 89, 0.0))[continued] == 0
+    # D5: the step's continuations warm the VAE in one batch: one warm of two rows, not two warms of one.
+    assert twenty[warm] == pytest.approx(model.eager_seconds(model.warm_launches(1)) * 1e3)
+    assert forty[warm] == pytest.approx(model.eager_seconds(model.warm_launches(2)) * 1e3)
+    assert forty[warm] < 2 * twenty[warm]
+    assert len(model.warm_launches(2)) == len(model.warm_launches(1))
+    assert admission_terms(20, cost.Workload(10.0, 89, 0.0))[warm] == 0
     # A step's admissions prefill together, in one eager prefill (no cheaper than its host's launches); with fewer
     # than one a step, that share of the steps prefills one.
     prefill = "admissions: one batched eager prefill"

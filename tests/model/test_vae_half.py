@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import voxwire
+from voxwire.model import audio_vae
 from voxwire.model.audio_vae import (
+    CHECK_DECODE_ROWS,
     MIN_HALF_VAE_SNR_DB,
     AudioVAE,
     choose_vae_dtype,
@@ -85,3 +87,23 @@ def test_a_vae_that_overflows_in_float16_stays_float32(caplog: pytest.LogCapture
     assert measured.snr_db == -math.inf
     assert dtype_after_check(measured) is torch.float32
     assert "AudioVAE in float32" in caplog.text
+
+
+def test_the_check_decode_compares_with_exact_float32_at_a_serving_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34, D9: the float32 reference of the check runs without TF32 (cuDNN allows it by default), both flags
+    are the caller's again after, and the check decodes a serving batch (>= 64 streams), not one stream."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    monkeypatch.setattr(matmul, "allow_tf32", True)
+    monkeypatch.setattr(cudnn, "allow_tf32", True)
+    decodes: list[tuple[torch.dtype, int, bool, bool]] = []  # (VAE dtype, streams, matmul TF32, cuDNN TF32)
+    streamed = audio_vae.streamed_audio
+
+    def recorded(vae: AudioVAE, latents: torch.Tensor, patch_size: int) -> torch.Tensor:
+        decodes.append((vae.dtype, latents.size(0), matmul.allow_tf32, cudnn.allow_tf32))
+        return streamed(vae, latents, patch_size)
+
+    monkeypatch.setattr(audio_vae, "streamed_audio", recorded)
+    half_precision_check(random_vae("voxcpm-16k"), 2, patches=1)
+    assert CHECK_DECODE_ROWS >= 64
+    assert decodes == [(torch.float32, CHECK_DECODE_ROWS, False, False), (torch.float16, CHECK_DECODE_ROWS, True, True)]
+    assert matmul.allow_tf32 and cudnn.allow_tf32

@@ -1,10 +1,12 @@
 """Measuring a runner's ``StepCost``: which steps to time, timing them, and fitting the linear model to them.
 
 ``measure_step_cost`` times decode steps at a few batch sizes and admission steps (one prefill, then its row
-decoded, as the engine runs them) at a few prompt lengths, all at the default timestep count, and fits a
+decoded, as the engine runs them) at a few prompt lengths and with a continuation prompt (which LocEnc encodes and
+the VAE is warmed with at admission), all at the default timestep count, and fits a
 ``StepCost``; then it times the largest batch at every timestep bucket for each bucket's row weight (its per-row
-cost over the default's), which the real-time policy weighs rows by. The runner supplies the steps
-(``CalibrationTarget``); what to time and how to read the timings is decided here.
+cost over the default's), which the real-time policy weighs rows by, and one row at every bucket for the bucket's
+sub-step fixed cost (``StepCost.substep_s``: a step whose rows fall in two buckets runs two sub-steps). The
+runner supplies the steps (``CalibrationTarget``); what to time and how to read the timings is decided here.
 
 The fit is non-negative least squares over ``fixed + per_row * rows + per_token * prefill_tokens``,
 on the median of each shape's repeated timings: the median shrugs off a stray slow run (a page fault,
@@ -15,6 +17,7 @@ a step cheaper than nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -30,11 +33,15 @@ from voxwire.engine.outputs import PrefillItem
 from voxwire.engine.request import Prepared, Request
 from voxwire.engine.timestep_buckets import bucket_of
 from voxwire.params import SynthesisParams
+from voxwire.prompt import VoicePrompt
 
 CALIBRATION_SLOT = 0
 """The slot admissions are timed in; their KV blocks are the pool's first (block 0 is the null block)."""
 _LONGEST_PROMPT = 256
 """Positions of the longest timed prompt: a long sentence with a voice prompt."""
+_CONTINUATION_PATCHES = 32
+"""Audio patches of the timed continuation prompt: a stream's previous sentence (15-60 patches), which the admission
+encodes with LocEnc (a new voice each sentence: the voice cache cannot hold it) and warms the VAE with."""
 
 
 class CalibrationTarget(Protocol):
@@ -53,6 +60,11 @@ class CalibrationTarget(Protocol):
 
     @property
     def max_length(self) -> int: ...
+
+    @property
+    def patch_shape(self) -> tuple[int, int]:
+        """(patch_size, feat_dim): the shape of one latent patch of a voice prompt's audio."""
+        ...
 
     @property
     def timestep_counts(self) -> tuple[int, ...]:
@@ -82,10 +94,9 @@ def measure_step_cost(
     samples: list[CostSample] = []
     for rows, step in sorted(decodes.items()):
         samples += [CostSample(rows, 0, seconds) for seconds in time_step(step, repeats, clock)]
-    for item, tokens in _admissions(target, default):
-        samples += [
-            CostSample(1, tokens, seconds) for seconds in time_step(target.admission_step(item), repeats, clock)
-        ]
+    for items, tokens in _admissions(target, default, runs=repeats + 1):
+        step = _in_turn([target.admission_step(item) for item in items])
+        samples += [CostSample(1, tokens, seconds) for seconds in time_step(step, repeats, clock)]
     cost = fit_step_cost(samples)
     per_row: dict[int, float] = {}
     for count in target.timestep_counts:  # the default's bucket is one of them
@@ -93,16 +104,31 @@ def measure_step_cost(
         seconds = float(np.median(time_step(largest, repeats, clock)))
         per_row[count] = max(seconds - cost.fixed_s, 1e-9) / target.num_slots
     unit = per_row[int(bucket_of(target.timestep_counts, default))]
-    return cost, {count: per_row[count] / unit for count in target.timestep_counts}
+    substeps = []
+    for count in target.timestep_counts:
+        # A step of one row in the bucket is its sub-step's fixed cost and that one row.
+        rows, smallest = target.idle_step(1, count)
+        seconds = float(np.median(time_step(smallest, repeats, clock)))
+        substeps.append((count, max(seconds - per_row[count] * rows, 0.0)))
+    weights = {count: per_row[count] / unit for count in target.timestep_counts}
+    return dataclasses.replace(cost, substep_s=tuple(substeps)), weights
 
 
-def _admissions(target: CalibrationTarget, timesteps: int) -> list[tuple[PrefillItem, int]]:
-    """Admissions of a few prompt lengths up to ``_LONGEST_PROMPT`` positions that fit a slot and the pool, each
-    with its prompt length; none when even a short prompt does not fit (decode samples only)."""
+def _in_turn(steps: list[Callable[[], object]]) -> Callable[[], object]:
+    """A step that runs the next of ``steps`` each time (the first again after the last)."""
+    turns = itertools.cycle(steps)
+    return lambda: next(turns)()
+
+
+def _admissions(target: CalibrationTarget, timesteps: int, runs: int) -> list[tuple[tuple[PrefillItem, ...], int]]:
+    """Admissions of a few prompt lengths up to ``_LONGEST_PROMPT`` positions that fit a slot and the pool, and one
+    with a continuation prompt of ``_CONTINUATION_PATCHES`` patches (fewer where it does not fit), each with its
+    prompt length; none when even a short prompt does not fit (decode samples only). The continuation's ``runs``
+    items each carry another voice, as every sentence of a stream does; the others' item is run each time."""
     params = SynthesisParams(max_len=1, min_len=0, seed=0, inference_timesteps=timesteps)
 
-    def admission(words: int) -> tuple[Request, Prepared]:
-        made = Request("calibration", " ".join(["calibrate"] * words), params)
+    def admission(words: int, prompt: VoicePrompt | None = None) -> tuple[Request, Prepared]:
+        made = Request("calibration", " ".join(["calibrate"] * words), params, prompt=prompt)
         return made, target.prepare(made)
 
     (_, short), (_, longer) = admission(8), admission(16)
@@ -110,13 +136,28 @@ def _admissions(target: CalibrationTarget, timesteps: int) -> list[tuple[Prefill
         return []
     per_word = max((longer.prompt_positions - short.prompt_positions) / 8, 1e-9)
     room = min(target.max_length, (target.num_kv_blocks - 1) * target.block_size) - 1
-    items = []
+
+    def fitting(made: Request, prepared: Prepared) -> PrefillItem | None:
+        if prepared.error is not None or prepared.prompt_positions > room:
+            return None
+        blocks = tuple(range(1, 1 + blocks_for(prepared.prompt_positions + 1, target.block_size)))
+        return PrefillItem("calibration", CALIBRATION_SLOT, made, prepared, blocks)
+
+    items: list[tuple[tuple[PrefillItem, ...], int]] = []
     for wanted in spread(short.prompt_positions, min(_LONGEST_PROMPT, room)):
-        made, prepared = admission(max(1, round(8 + (wanted - short.prompt_positions) / per_word)))
-        length = prepared.prompt_positions
-        if prepared.error is None and length <= room:
-            blocks = tuple(range(1, 1 + blocks_for(length + 1, target.block_size)))
-            items.append((PrefillItem("calibration", CALIBRATION_SLOT, made, prepared, blocks), length))
+        item = fitting(*admission(max(1, round(8 + (wanted - short.prompt_positions) / per_word))))
+        if item is not None:
+            items.append(((item,), item.prepared.prompt_positions))
+    for patches in (_CONTINUATION_PATCHES, 1):
+        # Voice ``run`` is patches of the value run / 100: another voice each run, latents of a plausible size.
+        voices = [
+            VoicePrompt("calibrate", np.full((patches, *target.patch_shape), run / 100, dtype=np.float32))
+            for run in range(runs)
+        ]
+        continued = [item for voice in voices if (item := fitting(*admission(8, voice))) is not None]
+        if len(continued) == runs:
+            items.append((tuple(continued), continued[0].prepared.prompt_positions))
+            break
     return items
 
 

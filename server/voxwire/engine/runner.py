@@ -270,6 +270,7 @@ class ModelRunner:
         assert not self.requests, "measure the step cost before serving: it uses a slot and the first KV blocks"
         measured = calibration.measure_step_cost(self, repeats)
         self.requests.clear()
+        self.voice_cache = VoiceCache(self.voice_cache.capacity_bytes)  # without the calibration's voices
         slot, pad = calibration.CALIBRATION_SLOT, self.pad_slot
         self.block_tables[slot], self._positions[slot] = NULL_BLOCK, 0
         self.timesteps[pad], self._timesteps[pad], self._positions[pad] = 1, 1, 0
@@ -300,6 +301,11 @@ class ModelRunner:
     @property
     def num_slots(self) -> int:
         return self.pad_slot
+
+    @property
+    def patch_shape(self) -> tuple[int, int]:
+        config = self.tts.config
+        return config.patch_size, config.feat_dim
 
     @property
     def persona_slots(self) -> int | None:
@@ -414,9 +420,16 @@ class ModelRunner:
         with invariant_numerics(self.batch_invariant):
             for batch in [[row] for row in ready] if self.batch_invariant else [ready]:
                 self._prefill_batch(batch)
-            # Every admitted row's settings and noise positions in one upload.
+            # Continuation prompts warm the VAE, one batch per context length (almost always one: every prompt of
+            # ``decode_context_patches`` patches or more).
+            warms: dict[int, list[tuple[int, torch.Tensor]]] = {}
+            for item, sequence, _ in ready:
+                context = sequence.decode_context
+                if context.numel():
+                    warms.setdefault(len(context), []).append((item.slot, context))
+            # Every admitted row's settings, noise positions and VAE warm contexts in one upload.
             params = [item.request.params for item, _, _ in ready]
-            noise_index, slots, cfg, timesteps = devices.upload(
+            noise_index, slots, cfg, timesteps, *warm_inputs = devices.upload(
                 [
                     torch.from_numpy(
                         np.concatenate(
@@ -426,24 +439,30 @@ class ModelRunner:
                     torch.tensor([item.slot for item, _, _ in ready]),
                     torch.tensor([p.cfg_value for p in params], dtype=self.cfg.dtype),
                     torch.tensor([p.inference_timesteps for p in params], dtype=self.timesteps.dtype),
+                    *(torch.tensor([slot for slot, _ in group]) for group in warms.values()),
+                    *(torch.stack([context for _, context in group]) for group in warms.values()),
                 ],
                 self.tts.device,
                 self.cuda,
             )
             self.cfg[slots], self.timesteps[slots] = cfg, timesteps
+            for warm_slots, contexts in zip(warm_inputs[: len(warms)], warm_inputs[len(warms) :], strict=True):
+                self._warm_vae(warm_slots, contexts)
             start = 0
             for item, sequence, _ in ready:
                 request, slot, cap = item.request, item.slot, caps[item.request_id]
-                self.tts.vae_decoder.warm(
-                    sequence.decode_context,
-                    self.tts.dtype,
-                    VAEStreamState([b[slot : slot + 1] for b in self.vae_state.buffers]),
-                )
                 self._store_noise(item, noise_index[start : start + cap])
                 start += cap
                 self._positions[slot], self._timesteps[slot] = sequence.length, request.params.inference_timesteps
                 self.requests.add(item.request_id)
         return caps, errors
+
+    def _warm_vae(self, slots: torch.Tensor, contexts: torch.Tensor) -> None:
+        """Warm the (fresh) VAE streams of ``slots`` (R,) with their prompts' context patches (R, C, P, D), in one
+        batch (``StreamingVAEDecoder.warm``)."""
+        warmed = self.tts.vae_decoder.new_state(len(slots))
+        self.tts.vae_decoder.warm(contexts, self.tts.dtype, warmed)
+        self.vae_state.write_rows(slots, warmed)
 
     def _prefill_batch(self, rows: list[tuple[PrefillItem, InputSequence, int]]) -> None:
         """One right-padded prefill of these requests: their KV blocks, decode state and persona slots."""

@@ -16,8 +16,13 @@ import triton.language as tl
 from voxwire.kernels import grids
 from voxwire.kernels.reference import SNAKE_EPS
 
-# The RoPE tile is [heads, head_dim / 2], 18 x 64 at VoxCPM2's shape: two warps hold it without idling.
-_ROPE_WARPS = 2
+# Warps of the two memory-bound kernels whose occupancy registers limited (issue 34, D11; registers per thread from
+# ptxas for sm_90, tests/kernels/compile_sm90.py). Both run 2048-element tiles (RoPE: [heads, head_dim / 2], 18 -> 32
+# x 64 at VoxCPM2's shape; conv-transpose output: grids.TILE), so more warps hold fewer elements per thread: RoPE at
+# two warps took 56-144 registers (12 warps/SM resident), at eight 30-48 (40); the conv-transpose output at four
+# took 64-156 (12 warps/SM), at sixteen 23-38 (48). A memory-bound kernel hides its loads' latency with resident warps.
+_ROPE_WARPS = 8
+_CONV_TRANSPOSE_OUT_WARPS = 16
 
 
 @triton.jit
@@ -366,6 +371,15 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     rows = batch * channels
     grid, per_program, block_t = grids.row_tiles(rows, length * stride)
     _conv_transpose_out_kernel[grid](
-        blocks, bias, out, rows, channels, length, stride, ROWS=per_program, BLOCK_T=block_t
+        blocks,
+        bias,
+        out,
+        rows,
+        channels,
+        length,
+        stride,
+        ROWS=per_program,
+        BLOCK_T=block_t,
+        num_warps=_CONV_TRANSPOSE_OUT_WARPS,
     )
     return out

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -460,6 +461,11 @@ class VAEStreamState:
         for buffer in self.buffers:
             buffer.index_fill_(0, rows, 0.0)
 
+    def write_rows(self, rows: Tensor, source: VAEStreamState) -> None:
+        """Set the given rows (int64 indices, shape (R,)) to the R streams of ``source``, in order."""
+        for buffer, values in zip(self.buffers, source.buffers, strict=True):
+            buffer.index_copy_(0, rows, values)
+
     def move_rows(self, src: Tensor, dst: Tensor) -> None:
         """Copy rows ``src`` to rows ``dst`` (int64 indices, shape (R,) each); the sources are read first."""
         for buffer in self.buffers:
@@ -489,16 +495,16 @@ class StreamingVAEDecoder:
 
     @torch.no_grad()
     def warm(self, context: Tensor, lm_dtype: torch.dtype, state: VAEStreamState) -> None:
-        """Run a fresh one-row state over a prompt's context patches (C, P, D) and discard their audio.
+        """Run fresh states over prompts' context patches and discard their audio: ``context`` is (B, C, P, D),
+        the last C patches of each of the B streams of ``state`` (or one stream's (C, P, D)).
 
         The reference decodes these patches in front of the generated ones and cuts their samples; a
         causal decoder gives the same audio by starting from their state instead. The patches are
         rounded to ``lm_dtype`` first, as the reference's LM input is.
         """
         if context.numel():
-            device = self.vae.device
-            latents = context.to(lm_dtype).float().to(device)
-            self.decode(latents.reshape(1, -1, context.size(-1)).transpose(1, 2), state)
+            latents = context.to(self.vae.device).to(lm_dtype).float()
+            self.decode(latents.reshape(state.batch_size, -1, context.size(-1)).transpose(1, 2), state)
 
     @torch.no_grad()
     def decode(self, latents: Tensor, state: VAEStreamState) -> Tensor:
@@ -520,6 +526,9 @@ HALF_VAE_DTYPE = torch.float16
 # The least signal-to-error ratio (dB) against float32 the half-precision VAE must reach on the check's
 # decode to be chosen: about 1.8 % RMS error, under float16's measured 43.6 dB and far above bfloat16's.
 MIN_HALF_VAE_SNR_DB = 35.0
+CHECK_DECODE_ROWS = 64
+"""Streams the check decode runs at once: a serving batch (steps of 64-768 rows run other cuBLAS and cuDNN kernels
+than one stream does, and the half-precision choice is for those), the smallest of the sizes it stands for."""
 
 
 @dataclass(frozen=True)
@@ -540,11 +549,25 @@ def streamed_audio(vae: AudioVAE, latents: Tensor, patch_size: int) -> Tensor:
     return torch.cat([decoder.decode(chunk, state) for chunk in latents.split(patch_size, dim=-1)], dim=-1)
 
 
+@contextmanager
+def exact_float32() -> Iterator[None]:
+    """Within the block, float32 CUDA matmuls and cuDNN convolutions run in float32, not TF32 (cuDNN allows TF32 by
+    default); the caller's ``allow_tf32`` flags are restored after."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
 @torch.no_grad()
 def decode_error(vae: AudioVAE, dtype: torch.dtype, latents: Tensor, patch_size: int) -> DecodeError:
     """The streaming decode of ``latents`` (B, D, T) with a ``dtype`` copy of ``vae`` (float32) against
-    ``vae`` itself."""
-    exact = streamed_audio(vae, latents, patch_size)
+    ``vae`` itself, in exact float32 (no TF32: the reference's own error would count against the copy)."""
+    with exact_float32():
+        exact = streamed_audio(vae, latents, patch_size)
     approx = streamed_audio(copy.deepcopy(vae).to(dtype), latents, patch_size)
     error = approx - exact
     finite = bool(torch.isfinite(approx).all())
@@ -563,10 +586,10 @@ def choose_vae_dtype(vae: AudioVAE, patch_size: int, device: torch.device) -> to
 
 
 def half_precision_check(vae: AudioVAE, patch_size: int, patches: int = 3) -> DecodeError:
-    """``HALF_VAE_DTYPE`` against float32 on the VAE's device: N(0, 1) latents, ``patches`` patches streamed as
-    the engine streams them."""
+    """``HALF_VAE_DTYPE`` against float32 on the VAE's device: N(0, 1) latents of ``CHECK_DECODE_ROWS`` streams,
+    ``patches`` patches each, streamed as the engine streams them."""
     generator = torch.Generator().manual_seed(0)
-    latents = torch.randn(1, vae.latent_dim, patches * patch_size, generator=generator)
+    latents = torch.randn(CHECK_DECODE_ROWS, vae.latent_dim, patches * patch_size, generator=generator)
     return decode_error(vae, HALF_VAE_DTYPE, latents.to(vae.device), patch_size)
 
 
