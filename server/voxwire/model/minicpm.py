@@ -8,7 +8,8 @@ Attribute names equal the checkpoint keys (``layers.{i}.self_attn.q_proj.weight`
 * ``forward_step`` runs one new token per batch row against a paged KV cache, at a per-row position.
 
 Numerics follow the reference exactly (see the spec, section 11): RMSNorm in fp32 cast back before
-the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA.
+the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA (on CUDA, LocEnc's
+and LocDiT's short bidirectional sequences run ``kernels.small_attention``, the same numerics in one small tile).
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class MiniCPMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
         q, k, v = self._qkv(x, rope)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+        attn = ops.attention(q, k, v, is_causal)
         return self._out(attn), k, v
 
     def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
