@@ -97,6 +97,23 @@ class MiniCPMLongRoPE(nn.Module):
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
 
+def linear_rows(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for x (..., in) of any layout as one GEMM over all its rows -> (..., out).
+
+    With a frozen weight (as the server holds the model) ``F.linear`` of a 3-D or 4-D input whose rows are not one
+    stride apart (a slice of a sequence, a transposed patch) runs a batched GEMM against the weight expanded to every
+    batch element: on CUDA the whole weight is read once per element. Such rows are copied into one matrix first and
+    multiplied, then the bias added, as ``F.linear`` does when the weight needs a gradient (the reference's model);
+    rows already one stride apart go to ``layer`` as they are (``F.linear`` folds them itself)."""
+    leading = range(x.dim() - 2)
+    if all(x.stride(i) == x.stride(i + 1) * x.size(i + 1) for i in leading):
+        return layer(x)
+    out = F.linear(x.reshape(-1, x.size(-1)), layer.weight)
+    if layer.bias is not None:
+        out = out + layer.bias
+    return out.view(*x.shape[:-1], layer.out_features)
+
+
 class _FusedLinear:
     """Bias-free ``nn.Linear`` layers that read the same input, run as one GEMM.
 
