@@ -411,21 +411,11 @@ class CostCounter(TorchDispatchMode):
             inputs = [leaf for leaf in tree_flatten(args)[0] if isinstance(leaf, torch.Tensor)]
             fp32 = bool(inputs) and inputs[0].dtype == torch.float32
             pricing, dims = _pricing(name, fused, args, out)
-            if pricing == "small_attention":  # its products, as the tiles it runs: both columns charge the padding
-                self.record(
-                    f"{namespace}.{name}",
-                    moved,
-                    True,
-                    small_attention_flops(dims),
-                    ctas,
-                    fp32,
-                    "attention",
-                    pricing,
-                    dims,
-                )
+            if pricing == "small_attention":  # its products as the tiles it runs: both columns charge the padding
+                matmul, kind, flops = True, "attention", small_attention_flops(dims)
             else:
-                flops = _flops(func, args, kwargs, out)
-                self.record(f"{namespace}.{name}", moved, name in _MATMUL, flops, ctas, fp32, "", pricing, dims)
+                matmul, kind, flops = name in _MATMUL, "", _flops(func, args, kwargs, out)
+            self.record(f"{namespace}.{name}", moved, matmul, flops, ctas, fp32, kind, pricing, dims)
         return out
 
 
