@@ -27,8 +27,9 @@ That column is a best case: every GEMM at the best rate measured on an 8192-cube
 copy's rate, attention by its useful FLOPs. ``--roofline`` also prints a **realistic** column, the figure to
 plan capacity with, and a per-term table that states what each of its terms assumes (``Efficiencies``,
 ``Workload``): GEMMs by their shape (output tiles wave-quantized over the SMs, split-K, a K-dependent epilogue
-share), bandwidth derated by the kind of kernel, SDPA priced by the flash tiles it really runs (an 11-token
-sequence costs a whole tile), the paged kernel's block walk, the Snake kernels' instruction issue, each
+share), bandwidth derated by the kind of kernel, attention priced by the tiles it really runs (LocEnc's and
+LocDiT's small-sequence kernel: a row's stacked query heads padded to 64-128 rows by 16 keys; SDPA, the prefill's:
+whole flash tiles), the paged kernel's block walk, the Snake kernels' instruction issue, each
 non-GEMM kernel's ramp and tail, the runner's gather/scatter and packed output (counted through
 ``ModelRunner``'s own step on meta), the admissions a step makes at steady state (a batched eager prefill, noise
 draws, eager LocEnc encodes of continuation prompts and their one batched VAE warm) and the host's gap between
@@ -199,11 +200,11 @@ class Launch:
     fp32: bool
     pricing: str = "elementwise"
     """How the realistic column prices it (``Efficiencies.bandwidth_share``'s keys): gemm, conv, streaming,
-    depthwise, sdpa, paged, row, low_occupancy, snake, indexed, reduction or elementwise."""
+    depthwise, sdpa, small_attention, paged, row, low_occupancy, snake, indexed, reduction or elementwise."""
     dims: tuple[int, ...] = ()
     """What that pricing needs: (batch, M, N, K) of a GEMM or convolution, (batch, heads, queries, keys, head
-    dim) of SDPA, (programs, positions each walks, positions per block) of the paged kernel, elements written by a
-    Snake kernel."""
+    dim) of SDPA, (programs, query rows, keys, head dim) of the small-attention kernel's tiles, (programs, positions
+    each walks, positions per block) of the paged kernel, elements written by a Snake kernel."""
 
     def seconds(self, ceilings: Ceilings) -> float:
         rate = ceilings.fp32_flops if self.fp32 else ceilings.tensor_flops
@@ -280,9 +281,28 @@ def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
         grid = grids.row_tiles(x.size(0) * x.size(1), past.size(-1) + x.size(2))[0]
     elif name == "conv_transpose_out":
         grid = grids.row_tiles(x.size(0) * x.size(2), x.size(1) * x.size(3))[0]
+    elif name == "small_attention":
+        grid = grids.small_attention_grid(x.size(0), args[1].size(1))
     else:
         raise ValueError(f"no grid known for fused op {name}")
     return math.prod(grid)
+
+
+def _small_attention_dims(args: tuple[Any, ...]) -> tuple[int, int, int, int]:
+    """(programs, query rows, keys, head dim) of a small-attention launch: its grid and the tile each program runs
+    (``grids.small_attention_tile``: the row's stacked query heads by its keys, each padded)."""
+    q, k = args[0], args[1]
+    batch, q_heads, length, head_dim = q.shape
+    tile = grids.small_attention_tile(q_heads // k.size(1), length, head_dim)
+    assert tile is not None, "ops.attention runs the kernel only where it has a tile"
+    return math.prod(grids.small_attention_grid(batch, k.size(1))), *tile, head_dim
+
+
+def small_attention_flops(dims: tuple[int, ...]) -> int:
+    """The MMA work a small-attention launch runs, padding included: per program, scores (rows x keys x head dim)
+    and the weighted values (rows x head dim x keys), 2 FLOPs a multiply-add."""
+    programs, rows, keys, head_dim = dims
+    return 4 * programs * rows * keys * head_dim
 
 
 def _aten_ctas(name: str, args: tuple[Any, ...], out: Any) -> int:
@@ -321,6 +341,8 @@ def _pricing(name: str, fused: bool, args: tuple[Any, ...], out: Any) -> tuple[s
             return "low_occupancy", ()
         if name in _SNAKE_KERNELS:
             return "snake", (tree_flatten(out)[0][0].numel(),)
+        if name == "small_attention":
+            return "small_attention", _small_attention_dims(args)
         raise ValueError(f"no pricing known for fused op {name}")
     if name in _INDEXED:
         return "indexed", ()
@@ -389,9 +411,12 @@ class CostCounter(TorchDispatchMode):
             ctas = _fused_ctas(name, args) if fused else _aten_ctas(name, args, out)
             inputs = [leaf for leaf in tree_flatten(args)[0] if isinstance(leaf, torch.Tensor)]
             fp32 = bool(inputs) and inputs[0].dtype == torch.float32
-            flops = _flops(func, args, kwargs, out)
             pricing, dims = _pricing(name, fused, args, out)
-            self.record(f"{namespace}.{name}", moved, name in _MATMUL, flops, ctas, fp32, "", pricing, dims)
+            if pricing == "small_attention":  # its products as the tiles it runs: both columns charge the padding
+                matmul, kind, flops = True, "attention", small_attention_flops(dims)
+            else:
+                matmul, kind, flops = name in _MATMUL, "", _flops(func, args, kwargs, out)
+            self.record(f"{namespace}.{name}", moved, matmul, flops, ctas, fp32, kind, pricing, dims)
         return out
 
 
@@ -595,7 +620,7 @@ _GAPS = "launch gaps (one CUDA graph)"
 _TERMS = [
     ("LM GEMMs (LocEnc, base + residual LM, projections, stop head)", "lm", ("gemm",)),
     ("DiT GEMMs (CFM velocity net, all passes)", "dit", ("gemm",)),
-    ("attention (paged decode, LocEnc/DiT SDPA)", None, ("attention",)),
+    ("attention (paged decode, LocEnc/DiT small-sequence kernel)", None, ("attention",)),
     ("LM non-GEMM (norms, RoPE, SiLU*mul, adds, copies)", "lm", ("other",)),
     ("DiT non-GEMM", "dit", ("other",)),
     ("VAE convolutions / conv-transpose GEMMs", "vae", ("gemm",)),
@@ -677,12 +702,15 @@ def _bandwidth_shares() -> dict[str, float]:
     # convolutions stream with strided reads; the Snake kernels read and write row tiles; the paged kernel walks
     # 16-position blocks through a table (512 B rows); gathers and scatters move rows of a few hundred bytes;
     # depthwise k7 convolutions re-read their window; RoPE and the conv-transpose output kernel run at 144-156
-    # registers a thread, 12 warps per SM (GPU readiness review, D11): too few loads in flight to fill HBM.
+    # registers a thread, 12 warps per SM (GPU readiness review, D11): too few loads in flight to fill HBM; the
+    # small-attention kernel's programs load a whole tile (~28 KB at the DiT's), compute, then store (~22 KB), two
+    # resident per SM (117 registers x 256 threads, sm_90 ptxas), so an SM's loads pause while it computes.
     return {
         "gemm": 0.9,
         "conv": 0.8,
         "streaming": 0.8,
         "sdpa": 0.9,
+        "small_attention": 0.7,
         "paged": 0.7,
         "elementwise": 0.9,
         "row": 0.8,
@@ -734,6 +762,11 @@ class Efficiencies:
     attention_flops: float = 350e12
     """FlashAttention-2's forward rate on an H100 SXM at head dim 128, counted over its tiles' padded work (the
     FlashAttention-3 paper's measurements: ~35 % of the dense peak, mma.sync rather than wgmma)."""
+    small_attention_flops: float = 100e12
+    """The small-attention kernel's rate over its padded tiles (``kernels.small_attention``: a row's stacked query
+    heads, 128 rows at the DiT, against 16 keys). Its dots run on fp32 operands at TF32 precision (exact for
+    half-precision values): ~20 % of the H100/H200's 495 TFLOP/s dense TF32 peak, as the tiles are 16 wide (the
+    scores' N, the weighted sum's K). An estimate: gpu_check's kernel timing measures the kernel."""
     bandwidth_share: dict[str, float] = field(default_factory=_bandwidth_shares)
     """Each kernel kind's share of the ceiling's copy bandwidth (``Launch.pricing``; see ``_bandwidth_shares``)."""
     ramp_seconds: float = 1.0e-6
@@ -820,6 +853,8 @@ class Efficiencies:
             return max(floor, self.gemm_seconds(launch.dims, rate, bandwidth))
         if kind == "sdpa":
             return max(floor, self.padded_attention_flops(launch.dims) / (self.attention_flops * self.sustained_clock))
+        if kind == "small_attention":  # its FLOPs are already its tiles' padded work
+            return max(floor, launch.flops / (self.small_attention_flops * self.sustained_clock))
         if kind == "paged":
             programs, positions, block = launch.dims
             waves = grids.cdiv(programs, self.sms * self.paged_resident)
@@ -854,6 +889,11 @@ class Efficiencies:
                 f"whole {tile_q}x{tile_k} flash tiles per (row, head), padded work at "
                 f"{self.attention_flops * self.sustained_clock / 1e12:.0f} TFLOP/s"
             )
+        if kinds["small_attention"]:
+            said.append(
+                "one tile per (row, kv head): its query heads stacked against its keys, padded work at "
+                f"{self.small_attention_flops * self.sustained_clock / 1e12:.0f} TFLOP/s"
+            )
         if kinds["paged"]:
             said.append(f">= {self.paged_block_seconds * 1e6:.1f} us per block walked, {self.paged_resident}/SM")
         if kinds["snake"]:
@@ -874,7 +914,8 @@ class Efficiencies:
             f"mainloop (the {ceilings.tensor_flops / 1e12:.0f} measured at 8192^3 by these rules, x"
             f"{self.sustained_clock} sustained); GEMMs with K < {self.min_tensor_k} or a side < "
             f"{self.min_tensor_side} stream; 1x1 conv x{self.conv_rate}; SDPA in {tile_q}x{tile_k} tiles at "
-            f"{self.attention_flops / 1e12:.0f} TFLOP/s; bandwidth shares: {shares}; ramp "
+            f"{self.attention_flops / 1e12:.0f} TFLOP/s; small-sequence attention kernel's tiles at "
+            f"{self.small_attention_flops / 1e12:.0f} TFLOP/s; bandwidth shares: {shares}; ramp "
             f"{self.ramp_seconds * 1e6:.1f} us; paged {self.paged_block_seconds * 1e6:.1f} us/block; Snake "
             f"{self.snake_instructions} instr/element at {self.clock_hz / 1e9:.2f} GHz; D2H "
             f"{self.d2h_bandwidth / 1e9:.0f} GB/s; host {self.host_step_seconds * 1e3:.1f} ms + "
@@ -937,7 +978,10 @@ class StepEstimate:
 _STEP_TERMS: list[tuple[str, Callable[[Launch], bool]]] = [
     (_TERMS[0][0], lambda launch: launch.part == "lm" and launch.kind == "gemm"),
     (_TERMS[1][0], lambda launch: launch.part == "dit" and launch.kind == "gemm"),
-    ("LocEnc / DiT attention (SDPA)", lambda launch: launch.pricing == "sdpa"),
+    (
+        "LocEnc / DiT attention (small-sequence kernel, SDPA)",
+        lambda launch: launch.pricing in ("sdpa", "small_attention"),
+    ),
     ("paged decode attention", lambda launch: launch.pricing == "paged"),
     (_TERMS[3][0], lambda launch: launch.part == "lm" and launch.kind == "other"),
     (_TERMS[4][0], lambda launch: launch.part == "dit" and launch.kind == "other"),

@@ -178,14 +178,15 @@ spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py
 gpu_check = importlib.util.module_from_spec(spec)
 sys.modules["gpu_check"] = gpu_check
 spec.loader.exec_module(gpu_check)
-from voxwire.kernels import fused
+from voxwire.kernels import fused, small_attention
 
 plan = gpu_check.make_plan(gpu_check.parse_args(["--smoke"]))
 tts, _ = gpu_check.build_model(plan)
 calls = gpu_check.record_kernel_calls(tts, plan)
 # The CUDA implementations of the custom ops, on CPU tensors through Triton's interpreter.
 for name in {call.label.removeprefix("voxwire::") for call in calls if call.label.startswith("voxwire::")}:
-    torch.library.register_kernel(f"voxwire::{name}", "cpu", getattr(fused, name))
+    wrapper = getattr(fused, name, None) or getattr(small_attention, name)
+    torch.library.register_kernel(f"voxwire::{name}", "cpu", wrapper)
 for call in calls:
     out = call.launcher(torch.device("cpu"))()
     for tensor in out if isinstance(out, tuple) else (out,):

@@ -64,6 +64,7 @@ class Trace:
     syncs: int = 0
     captures: int = 0
     pinned: set[int] = field(default_factory=set)  # data pointers of the host buffers made pinned
+    fused_ops: set[str] = field(default_factory=set)  # the Triton kernels (custom ops) the CUDA path dispatched
 
     def fail(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -216,6 +217,8 @@ class DeviceOpWatcher(TorchDispatchMode):
         elif any(t.is_meta for t in tensors):
             # aten ops run on their tensors' device; a Triton kernel (the fused custom ops) and a capture run on
             # the current one.
+            if func.namespace == "voxwire":
+                trace.fused_ops.add(func.name())
             if (func.namespace == "voxwire" or trace.capturing) and trace.current != CUDA.index:
                 trace.fail(f"{func} ran with cuda:{trace.current} current, its tensors are on {CUDA}")
             if any(t.device.type == "cpu" and t.dim() for t in tensors):
@@ -331,6 +334,8 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         clip = np.zeros(4 * tts.model.audio_vae.encoder_hop, dtype=np.float32)
         tts.encode_audio(clip, tts.model.audio_vae.sample_rate)  # the voice encoder, off the engine thread
     assert trace.captures == runner.graph_captures, "a graph was captured while serving"
+    # LocEnc's and LocDiT's attention runs the small-sequence kernel, in the captured step and at admission.
+    assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
     assert not trace.violations, "\n".join(trace.violations)
 
 

@@ -44,7 +44,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from voxwire.kernels import fused, noise, ops, paged_decode
+from voxwire.kernels import fused, noise, ops, paged_decode, small_attention
 from voxwire.kernels.path import NOISE_DTYPES
 from voxwire.model import minicpm
 from voxwire.model.audio_vae import StreamingVAEDecoder
@@ -159,8 +159,8 @@ def compile_instead_of_launching(compiled: Compiled) -> Callable[[], None]:
 
 
 def route_fused_ops_to_wrappers() -> Callable[[], None]:
-    """The model's fused ops (custom ops on CUDA, shape-only on meta) straight to the Triton wrappers, and
-    decode attention to the paged kernel's wrapper; returns the undo."""
+    """The model's fused ops (custom ops on CUDA, shape-only on meta) straight to the Triton wrappers (LocEnc's and
+    LocDiT's attention included), and decode attention to the paged kernel's wrapper; returns the undo."""
     names = (
         "rms_norm",
         "add_rms_norm",
@@ -174,7 +174,8 @@ def route_fused_ops_to_wrappers() -> Callable[[], None]:
     import voxwire.kernels.custom_ops  # noqa: F401  (registered first, so the routing below replaces them)
 
     namespace, attention = torch.ops.voxwire, minicpm.decode_attention
-    torch.ops.voxwire = SimpleNamespace(**{name: getattr(fused, name) for name in names})
+    wrappers = {name: getattr(fused, name) for name in names}
+    torch.ops.voxwire = SimpleNamespace(**wrappers, small_attention=small_attention.small_attention)
     minicpm.decode_attention = paged_decode.paged_decode_attention
 
     def undo() -> None:

@@ -16,7 +16,12 @@ import sys
 import pytest
 import torch
 
-TRITON_MODULES = ("voxwire.kernels.paged_decode", "voxwire.kernels.fused", "voxwire.kernels.noise")
+TRITON_MODULES = (
+    "voxwire.kernels.paged_decode",
+    "voxwire.kernels.fused",
+    "voxwire.kernels.noise",
+    "voxwire.kernels.small_attention",
+)
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"

@@ -17,7 +17,7 @@ from tests.gpu_image import GPU_IMAGE_TRITON
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from voxwire.kernels import fused, noise, paged_decode
+from voxwire.kernels import fused, noise, paged_decode, small_attention
 from voxwire.kernels.path import NOISE_DTYPES
 
 HERE = Path(__file__).parent
@@ -27,7 +27,7 @@ def triton_kernels() -> set[str]:
     """The kernels these modules launch: ``_..._kernel`` (their other jitted functions are inlined device helpers)."""
     return {
         name
-        for module in (fused, noise, paged_decode)
+        for module in (fused, noise, paged_decode, small_attention)
         for name, value in vars(module).items()
         if isinstance(value, JITFunction | InterpretedFunction)  # compiled, or under the interpreter (conftest)
         and name.endswith("_kernel")

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -140,6 +141,41 @@ def test_attention_is_priced_by_the_whole_tiles_it_runs(cost: ModuleType) -> Non
     assert efficiencies.padded_attention_flops((1, 1, 11, tile_k + 1, 128)) == 2 * 4 * tile_q * tile_k * 128
     # The best case charges the bytes and the useful work, not the tiles.
     assert sdpa(cost, 11, 11).seconds(h200) < whole / 5
+
+
+def test_locenc_and_dit_attention_are_counted_as_the_small_kernels_tiles(cost: ModuleType) -> None:
+    """On the fused path LocEnc's and LocDiT's attention is the small-sequence kernel: one program per (row, kv head)
+    running its stacked query heads padded to a power of two (at least 16) against its keys padded to 16. Both
+    columns charge that padded work; no SDPA is left in the step."""
+    config = ModelConfig.from_dict(ALL_CONFIGS["voxcpm2"], source="voxcpm2")
+    counter = cost.CostCounter()
+    cost.count_step(config, 3, 24, 10, True, counter=counter)
+    assert not [launch for launch in counter.launches if launch.pricing == "sdpa"]
+    small = [launch for launch in counter.launches if launch.name == "voxwire.small_attention"]
+    # The tiny VoxCPM2: 4 query heads over 2 kv heads of 16 dims. LocDiT: 2 layers x 9 passes (10 timesteps,
+    # CFG-Zero* skips the first) over 2 x 3 rows, 2 x 11 query rows padded to 32; LocEnc: 1 layer over 3 rows (the
+    # step's patches), 2 x 5 query rows padded to 16. Keys padded to 16.
+    expected = {("dit", (12, 32, 16, 16)): 18, ("lm", (6, 16, 16, 16)): 1}
+    assert Counter((launch.part, launch.dims) for launch in small) == expected
+    for launch in small:
+        programs, rows, keys, head_dim = launch.dims
+        assert launch.kind == "attention" and launch.ctas == programs
+        assert launch.flops == 4 * programs * rows * keys * head_dim
+
+
+def test_the_small_attention_kernel_costs_a_fraction_of_sdpas_padded_tiles(cost: ModuleType) -> None:
+    """VoxCPM2's DiT attention at 768 rows (1,536 with CFG): the kernel's 128 x 16 tiles per (row, kv head) against
+    SDPA's 128 x 64 per (row, head); realistic at least the best case, and bound by its bytes at these tiles."""
+    efficiencies, h200 = cost.EFFICIENCIES, cost.CEILINGS["h200"]
+    programs, rows, keys, head_dim = 1536 * 2, 128, 16, 128
+    moved = 2 * (1536 * 16 * 11 * head_dim * 2) + 2 * (1536 * 2 * 11 * head_dim * 2)  # q read, out written; k, v
+    dims = (programs, rows, keys, head_dim)
+    flops = cost.small_attention_flops(dims)
+    kernel = cost.Launch("model", "dit", "attention", "n", moved, flops, programs, False, "small_attention", dims)
+    realistic = efficiencies.seconds(kernel, h200)
+    assert realistic >= kernel.seconds(h200)
+    assert realistic == moved / (h200.bandwidth * efficiencies.bandwidth_share["small_attention"])
+    assert realistic < efficiencies.seconds(sdpa(cost, 11, 11), h200) / 5
 
 
 def test_gemm_time_follows_waves_and_depth(cost: ModuleType) -> None:

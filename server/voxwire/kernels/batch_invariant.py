@@ -22,11 +22,11 @@ Within ``batch_invariant()`` those ops are computed so that their shapes never d
   another order than among 16 rows or more.
 
 The other ops the model runs are invariant as they are: row-wise reductions (RMSNorm, softmax), the
-transcendental functions other than ``silu``, and CPU ``scaled_dot_product_attention`` over a fixed sequence
-length. What else depends on the batch is handled where it happens: paged decode attention reads a table as wide
-as the batch's longest row (the mode uses ``paged_attention.paged_decode_chunked``), a right-padded prefill batch
-changes every shape (the runner prefills one prompt at a time), and the LoRA personas' per-row matmuls
-(``PersonaLinear``) use ``linear``.
+transcendental functions other than ``silu``, CPU ``scaled_dot_product_attention`` over a fixed sequence
+length and the CUDA small-sequence attention kernel (one program per row and kv head). What else depends on the
+batch is handled where it happens: paged decode attention reads a table as wide as the batch's longest row (the
+mode uses ``paged_attention.paged_decode_chunked``), a right-padded prefill batch changes every shape (the runner
+prefills one prompt at a time), and the LoRA personas' per-row matmuls (``PersonaLinear``) use ``linear``.
 """
 
 from __future__ import annotations

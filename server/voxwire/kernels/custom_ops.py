@@ -118,3 +118,16 @@ def conv_transpose_out(blocks: Tensor, bias: Tensor) -> Tensor:
 def _(blocks: Tensor, bias: Tensor) -> Tensor:
     batch, length, channels, stride = blocks.shape
     return blocks.new_empty(batch, channels, length * stride, dtype=torch.promote_types(blocks.dtype, bias.dtype))
+
+
+@torch.library.custom_op("voxwire::small_attention", mutates_args=(), device_types="cuda")
+def small_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    from voxwire.kernels import small_attention as kernel
+
+    return kernel.small_attention(q, k, v, scale)
+
+
+@small_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    batch, heads, length, head_dim = q.shape
+    return q.new_empty(batch, length, heads, head_dim)

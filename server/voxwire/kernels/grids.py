@@ -42,3 +42,37 @@ def rms_norm_grid(rows: int) -> tuple[int]:
 def rope_grid(batch: int, length: int) -> tuple[int, int]:
     """One program per (batch row, token), over all its q and k heads."""
     return batch, length
+
+
+# The small-sequence attention kernel (``small_attention``): its tile's least side (tl.dot's) and its largest tile
+# (query rows by head dim).
+SMALL_ATTENTION_MIN_DOT = 16
+SMALL_ATTENTION_MAX_ROWS = 128
+SMALL_ATTENTION_MAX_HEAD_DIM = 128
+
+
+def small_attention_tile(group: int, length: int, head_dim: int) -> tuple[int, int] | None:
+    """(query rows, keys) of the small-attention tile for ``group`` query heads per kv head over ``length`` tokens:
+    the stacked heads' rows and the keys, each a power of two of at least 16. None when the kernel does not take the
+    shape (SDPA runs it): more rows than ``SMALL_ATTENTION_MAX_ROWS``, or a head dim that is not a power of two from
+    16 to ``SMALL_ATTENTION_MAX_HEAD_DIM``."""
+    rows = max(SMALL_ATTENTION_MIN_DOT, _next_power_of_2(group * length))
+    fits_dim = SMALL_ATTENTION_MIN_DOT <= head_dim <= SMALL_ATTENTION_MAX_HEAD_DIM and not head_dim & (head_dim - 1)
+    if length < 1 or group < 1 or rows > SMALL_ATTENTION_MAX_ROWS or not fits_dim:
+        return None
+    return rows, max(SMALL_ATTENTION_MIN_DOT, _next_power_of_2(length))
+
+
+def small_attention_grid(batch: int, kv_heads: int) -> tuple[int, int]:
+    """One program per (batch row, kv head), over all its query heads."""
+    return batch, kv_heads
+
+
+def small_attention_warps(rows: int, head_dim: int, element_size: int) -> int:
+    """Warps of a small-attention program: one per 4 KB of its query tile, at least 4, so that the query tile and the
+    output accumulator fit the registers without spilling (bf16 [128, 128]: 8 warps, ~120 registers a thread)."""
+    return max(4, rows * head_dim * element_size // 4096)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()

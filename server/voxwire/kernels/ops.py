@@ -14,7 +14,7 @@ from typing import overload
 
 import torch
 
-from voxwire.kernels import reference
+from voxwire.kernels import grids, reference
 from voxwire.kernels.path import uses_triton
 
 _fused_meta = False
@@ -72,6 +72,17 @@ def rope_qk(
         table = (batch, 1, length, head_dim)
         return torch.ops.voxwire.rope_qk(q_and_k, cos.expand(table), sin.expand(table), q_heads)
     return reference.rope_qk(q_and_k, cos, sin, q_heads)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """A sequence's self-attention with GQA: q (B, Hq, T, hd), k and v (B, Hkv, T, hd) -> (B, Hq, T, hd). A
+    bidirectional one whose heads and tokens fit one tile (LocDiT's, LocEnc's) runs the small-sequence kernel on the
+    fused path, SDPA otherwise (every causal prefill). Its output is then a transposed view of (B, T, Hq, hd), as
+    flash attention's is."""
+    group = q.size(1) // k.size(1)
+    if not is_causal and grids.small_attention_tile(group, q.size(2), q.size(3)) is not None and _fused(q):
+        return torch.ops.voxwire.small_attention(q, k, v, q.size(-1) ** -0.5).transpose(1, 2)
+    return reference.attention(q, k, v, is_causal)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

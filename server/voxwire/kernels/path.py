@@ -207,9 +207,10 @@ def probe_noise(
 
 def probe_triton(device: torch.device) -> str | None:
     """None when the Triton kernels import, compile, launch and match their oracles on ``device`` (one of each
-    kind: a reduction, an elementwise op and the paged attention's dots); else what went wrong."""
+    kind: a reduction, an elementwise op, the paged attention's dots and the small-sequence attention's); else what
+    went wrong."""
     try:
-        from voxwire.kernels import fused, paged_decode, reference
+        from voxwire.kernels import fused, paged_decode, reference, small_attention
 
         generator = torch.Generator().manual_seed(0)
         x, weight = torch.randn(3, 64, generator=generator), torch.randn(64, generator=generator)
@@ -225,6 +226,11 @@ def probe_triton(device: torch.device) -> str | None:
         k, v = (cache.view(2, 10, 2, 16).transpose(1, 2) for cache in (k_cache, v_cache))
         expected = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=0.25, enable_gqa=True)[:, :, 0]
         checks.append((got, expected))
+        # Two rows of 3 tokens, 2 query heads per kv head, bidirectional: the small-sequence attention kernel.
+        q, k, v = torch.randn(3, 2, 4, 3, 16, generator=generator).unbind(0)
+        k, v = k[:, :2], v[:, :2]
+        got = small_attention.small_attention(q.to(device), k.to(device), v.to(device), 0.25).transpose(1, 2)
+        checks.append((got, F.scaled_dot_product_attention(q, k, v, scale=0.25, enable_gqa=True)))
         for got, expected in checks:
             torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
     except Exception as exc:  # a broken install fails in any of many ways: ImportError, a compiler error, ...

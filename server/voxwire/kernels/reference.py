@@ -49,6 +49,11 @@ def rope_qk(
     return q.contiguous(), k.contiguous()
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """Self-attention with GQA: q (B, Hq, T, hd), k and v (B, Hkv, T, hd) -> (B, Hq, T, hd), scaled by 1/sqrt(hd)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The gated MLP's ``silu(gate) * up`` (silu rounded to the dtype before the product)."""
     return F.silu(gate) * up

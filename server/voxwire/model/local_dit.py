@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.model.minicpm import MiniCPMModel
+from voxwire.model.minicpm import MiniCPMModel, linear_rows
 from voxwire.model_config import MiniCPM4Config
 
 
@@ -95,5 +95,6 @@ class VoxCPMLocDiT(nn.Module):
             sequence[:, self.mu_tokens] = time
         sequence[:, sequence.size(1) - tokens.size(1) :] = tokens
         hidden, _ = self.decoder(sequence, is_causal=False)
-        velocity = self.out_proj(hidden[:, sequence.size(1) - tokens.size(1) :])
+        # The patch tokens are a slice of each row's sequence: one GEMM over all of them (``linear_rows``).
+        velocity = linear_rows(self.out_proj, hidden[:, sequence.size(1) - tokens.size(1) :])
         return velocity.transpose(1, 2)

@@ -8,7 +8,8 @@ Attribute names equal the checkpoint keys (``layers.{i}.self_attn.q_proj.weight`
 * ``forward_step`` runs one new token per batch row against a paged KV cache, at a per-row position.
 
 Numerics follow the reference exactly (see the spec, section 11): RMSNorm in fp32 cast back before
-the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA.
+the weight, RoPE applied in fp32 with tables stored in the module dtype, SDPA with GQA (on CUDA, LocEnc's
+and LocDiT's short bidirectional sequences run ``kernels.small_attention``, the same numerics in one small tile).
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ class MiniCPMLongRoPE(nn.Module):
 
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+def linear_rows(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for x (..., in) of any layout as one GEMM over all its rows -> (..., out).
+
+    With a frozen weight (as the server holds the model) ``F.linear`` of a 3-D or 4-D input whose rows are not one
+    stride apart (a slice of a sequence, a transposed patch) runs a batched GEMM against the weight expanded to every
+    batch element: on CUDA the whole weight is read once per element. Such rows are copied into one matrix first and
+    multiplied, then the bias added, as ``F.linear`` does when the weight needs a gradient (the reference's model);
+    rows already one stride apart go to ``layer`` as they are (``F.linear`` folds them itself)."""
+    leading = range(x.dim() - 2)
+    if all(x.stride(i) == x.stride(i + 1) * x.size(i + 1) for i in leading):
+        return layer(x)
+    out = F.linear(x.reshape(-1, x.size(-1)), layer.weight)
+    if layer.bias is not None:
+        out = out + layer.bias
+    return out.view(*x.shape[:-1], layer.out_features)
 
 
 class _FusedLinear:
@@ -221,7 +239,7 @@ class MiniCPMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
         q, k, v = self._qkv(x, rope)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+        attn = ops.attention(q, k, v, is_causal)
         return self._out(attn), k, v
 
     def forward_step(self, x: torch.Tensor, rope: RopeTables | None, step: DecodeKV) -> torch.Tensor:
