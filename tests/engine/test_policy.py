@@ -291,3 +291,14 @@ def test_a_request_waiting_for_kv_blocks_does_not_stall_the_running_ones(make_re
         if not engine.has_unfinished():
             break
     assert finished == ["first", "second"]
+
+
+def test_a_step_holding_two_timestep_buckets_is_budgeted_for_its_second_sub_step():
+    """Issue 34 D4 through rule 2: rows of another timestep bucket add that bucket's sub-step to the step. One due
+    row at 50 timesteps and ten optional rows at 10: the second sub-step's 50 ms leaves room for nine of them."""
+    policy = RealtimePolicy(StepCost.parse("10ms+10ms/row+5ms/substep@10+50ms/substep@50"), CHUNK_S, 1.0)
+    rows = RunningRows([DUE_NOW] + [0.5] * 10, timesteps=[50] + [10] * 10)
+    assert policy.decide(0.0, rows, WaitingRequests([]), 0).decode == tuple(range(10))
+    # All in one bucket, the eleven rows fit (120 ms).
+    rows = RunningRows([DUE_NOW] + [0.5] * 10, timesteps=[10] * 11)
+    assert policy.decide(0.0, rows, WaitingRequests([]), 0).decode == tuple(range(11))

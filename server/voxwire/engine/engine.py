@@ -62,8 +62,9 @@ class Engine:
         self.scheduler = Scheduler(self.config, blocks, policy, _persona_slots(runner))
         # Sessions whose first chunk the last step produced, until mark_sent stamps them.
         self._unsent: list[RequestRecord] = []
-        # The last step's model work, (weighted decode rows, prefill positions), until step_took times it.
-        self._untimed: tuple[float, int] | None = None
+        # The last step's model work, (weighted decode rows, prefill positions, the rows' timestep counts), until
+        # step_took times it.
+        self._untimed: tuple[float, int, tuple[int, ...]] | None = None
         self.rows_decoded = dict.fromkeys(Priority, 0)
         """Rows decoded since start, by the priority of their requests (what each class got of the steps)."""
 
@@ -161,7 +162,9 @@ class Engine:
         """The predicted duration of a step decoding every committed stream once, at the measured cost (what rule 7
         compares with ``step_budget_s``); 0 when none is committed or without the real-time policy."""
         policy, committed = self.scheduler.realtime, self.scheduler.committed_demand()
-        return 0.0 if policy is None or not committed else policy.cost.seconds(committed)
+        if policy is None or not committed:
+            return 0.0
+        return policy.cost.seconds(committed, 0, self.scheduler.committed_timesteps())
 
     @property
     def step_budget_s(self) -> float | None:
@@ -178,7 +181,8 @@ class Engine:
         """
         work, self._untimed = self._untimed, None
         if work is not None and self.cost_model is not None:
-            self.cost_model.observe(*work, seconds)
+            rows, tokens, timesteps = work
+            self.cost_model.observe(rows, tokens, seconds, timesteps)
 
     def step(self, now: float | None = None) -> list[Chunk]:
         """Run one batched step; return the outputs it produced, at most one per request.
@@ -214,7 +218,8 @@ class Engine:
         self.rows_decoded[Priority.REALTIME] += len(rows) - batch_rows
         if rows or plan.prefills:
             tokens = sum(item.prepared.prompt_positions for item in plan.prefills)
-            self._untimed = (sum(record.row_weight for record in rows), tokens)
+            counts = tuple({record.request.params.inference_timesteps for record in rows})
+            self._untimed = (sum(record.row_weight for record in rows), tokens, counts)
         return outputs + self._update(plan, rows, result, step)
 
     def mark_sent(self, now: float) -> None:

@@ -75,7 +75,7 @@ much slower the machine's steps run now.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from voxwire.engine.cost_model import CostModel
@@ -123,6 +123,9 @@ class RunningRows:
     ``max_ahead_s``; ``math.inf``: no bound)."""
     batch: frozenset[int] = frozenset()
     """The indices of the batch rows (rule B2)."""
+    timesteps: Sequence[int] | None = None
+    """Each one's CFM timestep count: a step holding rows of several timestep buckets runs a sub-step per bucket
+    (rule 2); None: all in one bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,8 @@ class WaitingRequests:
     """The rows each one's row costs (rule 2); None: one each."""
     realtime: int | None = None
     """How many, from the head, queue as real-time requests; None: all of them."""
+    timesteps: Sequence[int] | None = None
+    """Each one's CFM timestep count (as ``RunningRows.timesteps``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +182,14 @@ class RealtimePolicy:
         """Rule 7: the most a step of every committed stream may take before new streams are refused (inf: never)."""
         return math.inf if self.max_step_load is None else self.max_step_load * self.chunk_s
 
-    def sheds(self, committed: float, new: float) -> bool:
+    def sheds(self, committed: float, new: float, timesteps: Collection[int] = ()) -> bool:
         """Rule 7: whether a new stream that needs ``new`` rows per chunk is refused while the committed streams
-        need ``committed`` (0: none is committed)."""
-        return committed > 0 and self.cost.seconds(committed + new) > self.step_budget_s
+        need ``committed`` (0: none is committed); ``timesteps``: the counts they and it ask for."""
+        return committed > 0 and self.cost.seconds(committed + new, 0, timesteps) > self.step_budget_s
+
+    def substeps_s(self, timesteps: Collection[int]) -> float:
+        """Rule 2: what a step whose rows ask for these timestep counts pays for its sub-steps beyond the first."""
+        return self.cost.seconds(0, 0, timesteps) - self.cost.seconds(0, 0) if len(timesteps) > 1 else 0.0
 
     @property
     def due_within_s(self) -> float:
@@ -200,9 +209,11 @@ class RealtimePolicy:
             return deadline - max(self.lead_bound(lead_bound), self.due_within_s)
         return deadline - self.due_within_s  # one row alone is over budget: it runs only once due
 
-    def fits(self, rows: float, prefill_tokens: int, limit_s: float | None = None) -> bool:
-        """Whether a step of ``rows`` and ``prefill_tokens`` stays within ``limit_s`` (default: ``chunk_s``)."""
-        return self.cost.seconds(rows, prefill_tokens) <= (self.chunk_s if limit_s is None else limit_s)
+    def fits(self, rows: float, prefill_tokens: int, limit_s: float | None = None, substeps_s: float = 0.0) -> bool:
+        """Whether a step of ``rows`` and ``prefill_tokens`` (and ``substeps_s`` of sub-steps beyond the first)
+        stays within ``limit_s`` (default: ``chunk_s``)."""
+        limit = self.chunk_s if limit_s is None else limit_s
+        return self.cost.seconds(rows, prefill_tokens) + substeps_s <= limit
 
     def weight(self, timesteps: int) -> float:
         """The rows a row asking for ``timesteps`` CFM timesteps costs (rule 2)."""
@@ -238,6 +249,18 @@ class RealtimePolicy:
             batch_due += 1
         decode = live[:due] + offline[:batch_due]
         rows = sum(weight(index) for index in decode)
+        # Rule 2's sub-steps: the timestep counts the step holds so far, and what their extra sub-steps cost.
+        row_steps, waiting_steps = running.timesteps, waiting.timesteps
+        present = set() if row_steps is None else {row_steps[index] for index in decode}
+        substeps = self.substeps_s(present)
+
+        def with_count(steps: Sequence[int] | None, index: int) -> tuple[set[int], float]:
+            """The counts present, and their sub-steps' cost, if the row or request ``index`` of ``steps`` joins."""
+            if steps is None or steps[index] in present:
+                return present, substeps
+            joined = present | {steps[index]}
+            return joined, self.substeps_s(joined)
+
         # Rule 2's step limit: the earliest deadline a must-run row has (DUE_NOW rows are late whatever runs).
         earliest = min((deadlines[index] for index in live[:due] if deadlines[index] > DUE_NOW), default=math.inf)
         limit = min(self.chunk_s, earliest - now)
@@ -249,23 +272,25 @@ class RealtimePolicy:
 
         def admit_while_fits(end: int, head_forced: bool) -> None:
             """Rule 4 / B1: admit in order while the step fits (the head, index 0, whatever the budget if forced)."""
-            nonlocal admit, rows, tokens
+            nonlocal admit, rows, tokens, present, substeps
             while admit < end:
                 row, request_tokens = waiting_weight(admit), tokens_in[admit]
+                counts, cost = with_count(waiting_steps, admit)
                 forced = head_forced and admit == 0
-                if not forced and not self.fits(rows + row, tokens + request_tokens, limit):
+                if not forced and not self.fits(rows + row, tokens + request_tokens, limit, cost):
                     return
-                admit, rows, tokens = admit + 1, rows + row, tokens + request_tokens
+                admit, rows, tokens, present, substeps = admit + 1, rows + row, tokens + request_tokens, counts, cost
 
         def fill(order: Sequence[int], eligible: Callable[[int], bool]) -> bool:
             """Rules 5 and B2: add the eligible rows of ``order`` while the step fits; False once one did not."""
-            nonlocal rows
+            nonlocal rows, present, substeps
             for index in order:
                 if not eligible(index):
                     continue
-                if not self.fits(rows + weight(index), tokens, limit):
+                counts, cost = with_count(row_steps, index)
+                if not self.fits(rows + weight(index), tokens, limit, cost):
                     return False
-                rows += weight(index)
+                rows, present, substeps = rows + weight(index), counts, cost
                 decode.append(index)
             return True
 

@@ -109,9 +109,10 @@ class Scheduler:
         record = RequestRecord(request, prepared, row_weight=weight)
         if policy is not None and request.playback_due is None and priority is Priority.REALTIME:
             committed = self.committed_demand()
-            if policy.sheds(committed, record.demand):
+            timesteps = self.committed_timesteps() | {request.params.inference_timesteps}
+            if policy.sheds(committed, record.demand, timesteps):
                 self.sessions_shed += 1
-                step_ms = policy.cost.seconds(committed + record.demand) * 1e3
+                step_ms = policy.cost.seconds(committed + record.demand, 0, timesteps) * 1e3
                 raise OverBudgetError(
                     f"request {rid!r} refused: the engine is at its real-time budget (a step of its committed streams "
                     f"and this one would take {step_ms:.0f} ms, over its {policy.step_budget_s * 1e3:.0f} ms); "
@@ -121,6 +122,12 @@ class Scheduler:
         record.serial = self._serial
         self.waiting.append(record)
         self.records[rid] = record
+
+    def committed_timesteps(self) -> set[int]:
+        """The CFM timestep counts the committed streams ask for (their step's sub-steps, ``engine.policy`` rule 2)."""
+        return {self.records[rid].request.params.inference_timesteps for rid in self.slots.owners} | {
+            record.request.params.inference_timesteps for record in islice(self.waiting, self.slots.num_free)
+        }
 
     def committed_demand(self) -> float:
         """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the real-time running
@@ -207,11 +214,13 @@ class Scheduler:
             weights=policy.weights(record.request.params.inference_timesteps for record in running),
             lead_bounds=[record.request.max_ahead_s for record in running],
             batch=frozenset(index for index, record in enumerate(running) if record.is_batch),
+            timesteps=[record.request.params.inference_timesteps for record in running],
         )
         waiting = WaitingRequests(
             tokens,
             policy.weights(record.request.params.inference_timesteps for record in admissible),
             realtime=sum(not self._queues_as_batch(record, now) for record in admissible),
+            timesteps=[record.request.params.inference_timesteps for record in admissible],
         )
         decision = policy.decide(now, rows, waiting, free)
         return decision.admit, tuple(sorted(self.slots.slot_of(running[i].request_id) for i in decision.decode))
