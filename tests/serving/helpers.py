@@ -64,18 +64,18 @@ async def scrape(client: TestClient) -> dict[str, float]:
     return samples
 
 
-def record_engine_texts(app: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The text of every job the app's service is asked to speak from now on, in order."""
+def record_engine_jobs(app: object, monkeypatch: pytest.MonkeyPatch) -> list[SpeechJob]:
+    """Every job the app's service is asked to speak from now on, in order."""
     service = app[SPEAKER_KEY]  # type: ignore[index]
-    texts: list[str] = []
+    jobs: list[SpeechJob] = []
     speak = service.speak
 
     def recording(job: SpeechJob) -> object:
-        texts.append(job.text)
+        jobs.append(job)
         return speak(job)
 
     monkeypatch.setattr(service, "speak", recording)
-    return texts
+    return jobs
 
 
 def engine_busy(app: object) -> bool:

@@ -15,7 +15,7 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
-from tests.serving.helpers import record_engine_texts
+from tests.serving.helpers import record_engine_jobs
 
 from voxwire.engine import SynthesisParams
 from voxwire.serving.runtime.keys import SPEAKER_KEY, STATE_KEY
@@ -270,7 +270,7 @@ async def test_a_full_queue_is_503_busy(serve, aiohttp_client) -> None:
 
 @pytest.mark.slow
 async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClient, monkeypatch) -> None:
-    texts = record_engine_texts(client.server.app, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
     audio = await sdk.audio.speech.create(
         model="tts-1", voice="default", input="It costs $12.50.", response_format="pcm", extra_body={"normalize": True}
@@ -279,7 +279,10 @@ async def test_normalize_extra_field_speaks_the_normalized_text(client: TestClie
     assert len(audio.content) > 0
     status, _, _ = await speech(client, input="It costs $12.50.", voice="default")
     assert status == 200
-    assert texts == ["It costs twelve dollars and fifty cents.", "It costs $12.50."]  # off by default
+    assert [job.text for job in jobs] == [
+        "It costs twelve dollars and fifty cents.",
+        "It costs $12.50.",
+    ]  # off by default
     assert await error_code(client, 400, normalize="yes") == "invalid_request"
 
 

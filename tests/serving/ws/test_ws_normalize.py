@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from tests.serving.helpers import record_engine_texts
+from tests.serving.helpers import record_engine_jobs
 
 from voxwire.protocol.wire import End, Ready, Start, Text
 from voxwire.serving.ws import utterance as utterance_module
@@ -22,7 +22,7 @@ async def test_a_number_split_across_messages_is_normalized_whole(
     ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = await ws_server()
-    engine_texts = record_engine_texts(server.app, monkeypatch)
+    jobs = record_engine_jobs(server.app, monkeypatch)
     stream = await connect(server)
     await stream.send(Start(normalize=True, max_buffer_delay_ms=60_000))
     await stream.expect(Ready)
@@ -34,7 +34,7 @@ async def test_a_number_split_across_messages_is_normalized_whole(
         ("It costs $12.50 today.", "It costs twelve dollars and fifty cents today."),
         ("Call 555-123-4567 now.", "Call five five five, one two three, four five six seven now."),
     ]
-    assert engine_texts == [s.spoken for s in heard.segments]
+    assert [job.text for job in jobs] == [s.spoken for s in heard.segments]
     assert heard.done is not None and heard.done.finish_reason == "stop"
 
 
@@ -42,13 +42,13 @@ async def test_off_by_default_spoken_is_the_text(
     ws_server: Callable, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = await ws_server()
-    engine_texts = record_engine_texts(server.app, monkeypatch)
+    jobs = record_engine_jobs(server.app, monkeypatch)
     stream = await connect(server)
     await stream.send(Text("It costs $12.50 today."))
     await stream.send(End())
     heard = await stream.heard()
     assert [(s.text, s.spoken) for s in heard.segments] == [("It costs $12.50 today.",) * 2]
-    assert engine_texts == ["It costs $12.50 today."]
+    assert [job.text for job in jobs] == ["It costs $12.50 today."]
 
 
 async def test_without_the_extra_start_normalize_is_refused_clearly(
