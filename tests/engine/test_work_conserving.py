@@ -60,6 +60,13 @@ def test_batch_rows_fill_only_what_the_realtime_rows_leave():
     assert decision.decode == tuple(range(15))
 
 
+def test_batch_work_stays_within_the_step_budget_the_live_streams_are_held_to():
+    # Rule 7's step budget is 0.5 x 160 = 80 ms: five live rows take 60 ms, so two batch rows join, not ten.
+    policy = RealtimePolicy(StepCost.parse("10ms+10ms/row"), CHUNK_S, 1.0, max_step_load=0.5)
+    rows = RunningRows([0.5] * 5 + [0.5] * 10, batch=frozenset(range(5, 15)))
+    assert policy.decide(0.0, rows, WaitingRequests([]), 0).decode == tuple(range(7))
+
+
 def test_a_batch_row_never_displaces_a_realtime_row_even_one_far_ahead():
     # Twenty unbounded real-time rows fill the step; the batch row (not yet at its deadline) waits.
     rows = RunningRows([9.0] * 20 + [0.5], lead_bounds=[math.inf] * 21, batch=frozenset({20}))
@@ -72,12 +79,11 @@ def test_a_batch_row_at_its_deadline_runs_whatever_the_budget():
 
 
 def test_batch_requests_are_admitted_only_after_every_realtime_one_and_never_as_a_forced_head():
-    # Three waiting: one real-time, then two batch; 20-token prompts cost 2 ms each.
-    waiting = WaitingRequests([20, 20, 20], realtime=1)
-    assert _policy().decide(0.0, RunningRows([]), waiting, 3).admit == 3
-    # Sixteen due rows take the budget: the real-time head is still admitted, the batch ones are not.
-    assert _policy().decide(0.0, RunningRows([0.0] * 16), waiting, 3).admit == 1
-    # A batch request at the head is not forced in over budget.
+    # 20-token prompts cost 2 ms each. Batch requests alone: all three fit.
+    assert _policy().decide(0.0, RunningRows([]), WaitingRequests([20, 20, 20], realtime=0), 3).admit == 3
+    # Behind a real-time request they wait a step: a new stream's first chunk never waits for batch work.
+    assert _policy().decide(0.0, RunningRows([]), WaitingRequests([20, 20, 20], realtime=1), 3).admit == 1
+    # Sixteen due rows take the budget: a batch request at the head is not forced in.
     assert _policy().decide(0.0, RunningRows([0.0] * 16), WaitingRequests([20], realtime=0), 1).admit == 0
 
 
@@ -111,7 +117,7 @@ def test_the_priority_rules_hold_for_any_state(live, bounds, offline, tokens, re
     optional_batch = {i for i in decoded & batch if deadlines[i] > now}
     if optional_batch or decision.admit > realtime:
         assert eligible <= decoded
-        assert decision.admit >= min(realtime, free)
+        assert min(realtime, free) == 0  # and the step admits no real-time request
     # The real-time head is admitted whenever a slot is free; a batch head only within budget.
     if free and realtime:
         assert decision.admit >= 1
@@ -214,9 +220,11 @@ def test_batch_requests_hold_at_most_their_slots_and_have_their_own_queue(make_r
         for index in range(2, 6):
             engine.add(make_request(f"job{index}", "x" * 5, priority=BATCH))
     engine.add(make_request("live", "x" * 5))  # a full batch queue never refuses a real-time request
-    Clock(engine).step()
-    admitted = {p.request_id for p in runner.plans[-1].prefills}
-    assert admitted == {"live", "job0"}  # one batch slot
+    clock = Clock(engine)
+    for _ in range(3):
+        clock.step()
+    admitted = [p.request_id for plan in runner.plans for p in plan.prefills]
+    assert admitted == ["live", "job0"]  # the real-time one first, then one batch slot
 
 
 def test_batch_requests_are_never_shed(make_realtime_engine, make_request):

@@ -57,12 +57,15 @@ free, and nothing overtakes a request that does not fit.
 take only the capacity real-time ones leave, and never starve (``EngineConfig.max_batch_gap_s``, ``G``):
 
 B1. *Queue.* Real-time waiting requests are admitted before batch ones; a batch request is admitted, in order,
-    only while the step stays within the step limit after every real-time row of rules 3-5 is placed (and the
-    scheduler caps the slots batch requests hold, ``EngineConfig.max_batch_running``). A batch request that has
-    waited ``G`` queues as a real-time request would have (by arrival): it is admitted when it reaches the head.
-    Batch requests are never shed (rule 7 counts only real-time streams); they wait.
+    only while the step stays within the step limit and rule 7's step budget (``max_step_load * chunk_s``: the
+    most the live streams' own step may grow to, so on an engine the live streams fill, batch adds nothing to their
+    steps) after every real-time row of rules 3-5 is placed; the scheduler caps the slots batch requests hold
+    (``EngineConfig.max_batch_running``). A step that admits a real-time request takes no batch work but what is
+    due (B2): a new stream's first chunk never waits for it. A batch request that has waited ``G`` queues as a
+    real-time request would have (by arrival): it is admitted when it reaches the head. Batch requests are never
+    shed (rule 7 counts only real-time streams); they wait.
 B2. *Rows.* A running batch row has no listener; its deadline is ``G`` after the start of its last step. Batch
-    rows fill the step last, least recently decoded first, while the step stays within the step limit; a batch
+    rows fill the step last, least recently decoded first, within the same bounds as B1's admissions; a batch
     row at its deadline runs whatever the budget, as a due row does.
 B3. *Guarantee.* So a running batch row decodes at least once every ``G`` (plus one step), and a waiting batch
     request waits at most ``G`` longer than a real-time one would; what the real-time rows can lose to batch is
@@ -298,8 +301,10 @@ class RealtimePolicy:
         admit_while_fits(admitted_live, head_forced=True)
         lead = [self.max_ahead_s] * len(deadlines) if bounds is None else [self.lead_bound(bound) for bound in bounds]
         live_all_placed = fill(live[due:], lambda index: deadlines[index] - lead[index] <= now)
-        if live_all_placed and admit == admitted_live:
-            # Rule B1: batch requests and then batch rows only in what every real-time row left.
+        if live_all_placed and admit == 0:
+            # Rule B1: batch requests and then batch rows only in what every real-time row left, within the step
+            # budget (rule 7's), and never in a step that admits a real-time request.
+            limit = min(limit, self.step_budget_s)
             admit_while_fits(candidates, head_forced=False)
             fill(offline[batch_due:], lambda index: True)
         return RealtimeDecision(admit, tuple(sorted(decode)))
