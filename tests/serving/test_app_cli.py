@@ -37,6 +37,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
     by_rule = {
         "persona_slots_per_client": "half of --max-personas",
         "max_batch_sessions": "a quarter of --max-sessions",
+        "max_ahead_limit_ms": "30000, at least --max-ahead-ms",
     }
     for group in groups(ServerConfig):
         table = section("Limits" if group.name == "limits" else "Flags")

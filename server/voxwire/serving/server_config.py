@@ -64,6 +64,10 @@ def persona_arg(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
+DEFAULT_MAX_AHEAD_LIMIT_MS = 30_000
+"""``--max-ahead-limit-ms`` when not set (and ``--max-ahead-ms`` is below it)."""
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """The model, where and in what precision it runs, and how the engine schedules and sizes its work."""
@@ -107,7 +111,7 @@ class EngineSettings:
     """How far ahead of its listener a WebSocket stream may be generated, for clients that send no
     ``start.max_ahead_ms`` (real-time; [scheduling](#scheduling)). HTTP responses have no such bound: their reader's
     TCP window bounds what is in flight."""
-    max_ahead_limit_ms: int = 30000
+    max_ahead_limit_ms: int | None = field(default=None, metadata=flag(shown_default="30000, at least --max-ahead-ms"))
     """The most a WebSocket client may ask for as ``start.max_ahead_ms`` (``out_of_range`` above)."""
     max_batch_sessions: int | None = field(default=None, metadata=flag(shown_default="a quarter of --max-sessions"))
     """Engine slots ``batch`` requests (the ``priority`` field or the ``Voxwire-Priority`` header) may hold at once,
@@ -155,9 +159,10 @@ class EngineSettings:
         lead = self.playback_lead_ms
         ok = _is_int(lead) and 0 <= lead <= MAX_PLAYBACK_LEAD_MS
         _check(self, "playback_lead_ms", lead, ok, f"an int in [0, {MAX_PLAYBACK_LEAD_MS}]")
-        _positive_ints(self, "max_ahead_ms", "max_ahead_limit_ms", "max_batch_gap_ms")
-        ok = self.max_ahead_limit_ms >= self.max_ahead_ms
-        _check(self, "max_ahead_limit_ms", self.max_ahead_limit_ms, ok, f">= --max-ahead-ms ({self.max_ahead_ms})")
+        _positive_ints(self, "max_ahead_ms", "max_batch_gap_ms")
+        limit = self.max_ahead_limit_ms
+        ok = limit is None or (_is_int(limit) and limit >= self.max_ahead_ms)
+        _check(self, "max_ahead_limit_ms", limit, ok, f"None or an int >= --max-ahead-ms ({self.max_ahead_ms})")
         batch = self.max_batch_sessions
         ok = batch is None or (_is_int(batch) and 1 <= batch <= self.max_sessions)
         _check(self, "max_batch_sessions", batch, ok, f"None or an int in [1, --max-sessions ({self.max_sessions})]")
@@ -172,6 +177,12 @@ class EngineSettings:
     @property
     def kv_cache_bytes(self) -> int | None:
         return None if self.kv_cache_gb is None else int(self.kv_cache_gb * 2**30)
+
+    @property
+    def ahead_limit_ms(self) -> int:
+        """``--max-ahead-limit-ms``, or its default: 30000, at least ``--max-ahead-ms``."""
+        default = max(DEFAULT_MAX_AHEAD_LIMIT_MS, self.max_ahead_ms)
+        return default if self.max_ahead_limit_ms is None else self.max_ahead_limit_ms
 
     @property
     def batch_sessions(self) -> int:

@@ -99,7 +99,7 @@ class StartDefaults:
     def of(cls, config: ServerConfig) -> StartDefaults:
         engine = config.engine
         return cls(
-            config.limits.max_buffer_delay_ms, engine.playback_lead_ms, engine.max_ahead_ms, engine.max_ahead_limit_ms
+            config.limits.max_buffer_delay_ms, engine.playback_lead_ms, engine.max_ahead_ms, engine.ahead_limit_ms
         )
 
 
