@@ -64,7 +64,7 @@ class Trace:
     syncs: int = 0
     captures: int = 0
     pinned: set[int] = field(default_factory=set)  # data pointers of the host buffers made pinned
-    fused_ops: set[str] = field(default_factory=set)  # the Triton kernels (custom ops) the CUDA path dispatched
+    fused_ops: set[str] = field(default_factory=set)  # the Triton kernels (custom ops) and fp8 GEMMs dispatched
 
     def fail(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -217,7 +217,7 @@ class DeviceOpWatcher(TorchDispatchMode):
         elif any(t.is_meta for t in tensors):
             # aten ops run on their tensors' device; a Triton kernel (the fused custom ops) and a capture run on
             # the current one.
-            if func.namespace == "voxwire":
+            if func.namespace == "voxwire" or func is aten._scaled_mm.default:
                 trace.fused_ops.add(func.name())
             if (func.namespace == "voxwire" or trace.capturing) and trace.current != CUDA.index:
                 trace.fail(f"{func} ran with cuda:{trace.current} current, its tensors are on {CUDA}")
@@ -252,8 +252,8 @@ class MetaNoise:
 
 
 def meta_model(name: str, tokenizer: TextTokenizer) -> VoxCPM:
-    """A released architecture's shapes on meta (fewer layers), as the loader leaves a model: bf16
-    transformers, fused projections, float32 VAE."""
+    """A released architecture's shapes on meta (fewer layers), as the loader leaves a model on an fp8-capable GPU:
+    bf16 transformers, fused projections, LocDiT's GEMMs in fp8, float32 VAE."""
     # Every dimension as released, but one or two layers per stack: the path is the same, repeated less.
     shapes = copy.deepcopy(ALL_CONFIGS[name])
     shapes["lm_config"]["num_hidden_layers"] = 2
@@ -264,6 +264,7 @@ def meta_model(name: str, tokenizer: TextTokenizer) -> VoxCPM:
         model = VoxCPMModel(config)
     model.cast_transformers(torch.bfloat16)
     model.fuse_projections()
+    model.quantize_dit_fp8()
     return VoxCPM(config, model, tokenizer, name=name)
 
 
@@ -336,6 +337,8 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
     assert trace.captures == runner.graph_captures, "a graph was captured while serving"
     # LocEnc's and LocDiT's attention runs the small-sequence kernel, in the captured step and at admission.
     assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    # LocDiT's GEMMs run in fp8: each input quantized per row by the Triton kernel, then cuBLAS's scaled GEMM.
+    assert {"voxwire::quantize_rows_fp8", "aten::_scaled_mm"} <= trace.fused_ops, sorted(trace.fused_ops)
     assert not trace.violations, "\n".join(trace.violations)
 
 

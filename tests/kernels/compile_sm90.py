@@ -170,6 +170,7 @@ def route_fused_ops_to_wrappers() -> Callable[[], None]:
         "snake_with_past",
         "add_snake_with_past",
         "conv_transpose_out",
+        "quantize_rows_fp8",
     )
     import voxwire.kernels.custom_ops  # noqa: F401  (registered first, so the routing below replaces them)
 
@@ -189,6 +190,8 @@ def build(config: ModelConfig, dtype: torch.dtype, vae_dtype: torch.dtype) -> Vo
         model = VoxCPMModel(config)
     model.cast_transformers(dtype)
     model.fuse_projections()
+    if dtype != torch.float32:  # as the loader on an H100/H200 (``loader.dit_fp8_default``)
+        model.quantize_dit_fp8()
     model.audio_vae.to(vae_dtype)
     return model
 

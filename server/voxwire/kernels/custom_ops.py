@@ -131,3 +131,16 @@ def small_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 def _(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     batch, heads, length, head_dim = q.shape
     return q.new_empty(batch, length, heads, head_dim)
+
+
+@torch.library.custom_op("voxwire::quantize_rows_fp8", mutates_args=(), device_types="cuda")
+def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.quantize_rows_fp8(x)
+
+
+@quantize_rows_fp8.register_fake
+def _(x: Tensor) -> tuple[Tensor, Tensor]:
+    rows, n_cols = x.shape
+    return x.new_empty(rows, n_cols, dtype=torch.float8_e4m3fn), x.new_empty(rows, 1, dtype=torch.float32)

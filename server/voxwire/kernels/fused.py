@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from voxwire.kernels import grids
-from voxwire.kernels.reference import SNAKE_EPS
+from voxwire.kernels.reference import FP8_LEAST_AMAX, FP8_MAX, SNAKE_EPS
 
 # Warps of the two memory-bound kernels whose occupancy registers limited (issue 34, D11; registers per thread from
 # ptxas for sm_90, tests/kernels/compile_sm90.py). Both run 2048-element tiles (RoPE: [heads, head_dim / 2], 18 -> 32
@@ -65,6 +65,28 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stri
     up = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_rows_fp8_kernel(
+    x_ptr, q_ptr, scale_ptr, n_cols, stride_x, stride_q, FP8_MAX: tl.constexpr, LEAST: tl.constexpr, BLOCK: tl.constexpr
+):
+    # One row per program: its largest magnitude, then the row scaled onto e4m3's range and rounded (RNE).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), 0), LEAST)
+    scaled = tl.clamp(x * tl.div_rn(FP8_MAX, amax), -FP8_MAX, FP8_MAX)
+    # Rounded to e4m3's grid here, in exact fp32 steps, so the conversion below only re-encodes a value it holds
+    # (Triton's interpreter rounds half away and loses the carry into the exponent; sm_90's cvt.rn is exact either
+    # way): the grid's step is 2^(e - 3) in the binade 2^e (subnormals: 2^-9), and adding then subtracting 1.5 * 2^23
+    # rounds the quotient (< 16) to the nearest integer, ties to even.
+    exponent = ((scaled.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    grid = (scaled / step + 12582912.0) - 12582912.0
+    tl.store(q_ptr + row * stride_q + cols, (grid * step).to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, tl.div_rn(amax, FP8_MAX))
 
 
 # The row-tiled and RoPE kernels do not specialize on their row counts and lengths (== 1, % 16): those vary
@@ -383,3 +405,26 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
         num_warps=_CONV_TRANSPOSE_OUT_WARPS,
     )
     return out
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.quantize_rows_fp8`` in one launch (one program per row): x (M, K) -> (q (M, K) float8_e4m3fn,
+    scale (M, 1) float32)."""
+    x2 = _rows(x)
+    rows, n_cols = x2.shape
+    q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n_cols)
+    _quantize_rows_fp8_kernel[grids.rms_norm_grid(rows)](
+        x2,
+        q,
+        scale,
+        n_cols,
+        x2.stride(0),
+        q.stride(0),
+        FP8_MAX=FP8_MAX,
+        LEAST=FP8_LEAST_AMAX,
+        BLOCK=block,
+        num_warps=max(4, min(16, block // 256)),
+    )
+    return q, scale

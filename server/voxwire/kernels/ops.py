@@ -127,3 +127,29 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     if _fused(blocks):
         return torch.ops.voxwire.conv_transpose_out(blocks, bias)
     return reference.conv_transpose_out(blocks, bias)
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q (M, K) float8_e4m3fn, scale (M, 1) float32), x ~ q * scale row by row
+    (``reference.quantize_rows_fp8``; one Triton launch on the fused path)."""
+    return torch.ops.voxwire.quantize_rows_fp8(x) if _fused(x) else reference.quantize_rows_fp8(x)
+
+
+def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A linear layer's weight (N, K) -> (q (N, K) float8_e4m3fn, scale (1, N) float32): one scale per output
+    channel, in the layout ``torch._scaled_mm`` takes for its second operand's."""
+    q, scale = reference.quantize_rows_fp8(weight)
+    return q, scale.view(1, -1)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)`` with w ~ ``weight`` (N, K) float8_e4m3fn times ``weight_scale`` (1, N) (from
+    ``quantize_weight_fp8``) and x (..., K) quantized per row: ``torch._scaled_mm`` on CUDA (and on meta, where the
+    step counter prices it), its emulation (``reference.scaled_mm``) elsewhere -> (..., N) in x's dtype."""
+    rows = x.reshape(-1, x.size(-1))
+    q, scale = quantize_rows_fp8(rows)
+    if rows.is_cuda or rows.is_meta:
+        out = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=x.dtype)
+    else:
+        out = reference.scaled_mm(q, weight, scale, weight_scale, x.dtype)
+    return out.view(*x.shape[:-1], weight.size(0))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.kernels import ops
+from voxwire.kernels import batch_invariant, ops
 from voxwire.kernels.reference import apply_rope
 from voxwire.model.kv_cache import PagedKV
 from voxwire.model.paged_attention import decode_attention
@@ -124,12 +124,18 @@ class _FusedLinear:
     layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor. Moving or
     casting the owning module keeps the fusion: its ``_apply`` calls ``follow``, which fuses the converted
     weights again and so lets go of the old fused tensor (which would otherwise stay alive, stale).
+
+    One layer alone is "fused" too (its weight moved into a tensor of its own), so that ``quantize_fp8`` can give it
+    an fp8 copy that follows it the same way.
     """
 
     def __init__(self) -> None:
         self.weight: torch.Tensor | None = None
         self.layers: tuple[nn.Linear, ...] = ()
         self.addresses: tuple[int, ...] = ()
+        # The fused weight in float8_e4m3fn (N, K) and its per-output-channel scale (1, N), once ``quantize_fp8``
+        # ran: the GEMM then runs in fp8 (``ops.fp8_linear``), its input quantized per row.
+        self.fp8: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fuse(self, *layers: nn.Linear) -> None:
         if any(layer.bias is not None for layer in layers):
@@ -142,6 +148,14 @@ class _FusedLinear:
             start += rows
         self.weight, self.layers = weight, layers
         self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
+        if self.fp8 is not None:  # a new fused weight (``follow``): its fp8 copy is made again from it
+            self.quantize_fp8()
+
+    def quantize_fp8(self) -> None:
+        """From now on the GEMM runs in fp8 against a copy of the fused weight quantized per output channel."""
+        if self.weight is None:
+            raise ValueError("quantize_fp8 needs the layers fused first")
+        self.fp8 = ops.quantize_weight_fp8(self.weight)
 
     def follow(self, *layers: nn.Linear) -> None:
         """After the owner's ``_apply`` (``to``, ``cuda``, ``half``, ``to_empty``) converted each layer's weight
@@ -152,7 +166,7 @@ class _FusedLinear:
         if all(mine is theirs for mine, theirs in zip(self.layers, layers, strict=True)):
             self.fuse(*self.layers)
         else:
-            self.weight, self.layers, self.addresses = None, (), ()
+            self.weight, self.layers, self.addresses, self.fp8 = None, (), (), None
 
     def _current(self, layers: tuple[nn.Linear, ...]) -> bool:
         """These are the fused layers and their weights still live in the fused tensor."""
@@ -169,6 +183,10 @@ class _FusedLinear:
     def __call__(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | None:
         if self.weight is None or not self._current(layers):
             return None
+        # Batch-invariant numerics tile ``F.linear`` (``kernels.batch_invariant``), not ``_scaled_mm``: the fused
+        # weight in its own dtype then, as without fp8.
+        if self.fp8 is not None and not batch_invariant.active():
+            return ops.fp8_linear(x, *self.fp8)
         return F.linear(x, self.weight)
 
 
@@ -194,15 +212,25 @@ class MiniCPMAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
         self._fused = _FusedLinear()
+        self._fused_out = _FusedLinear()
 
     def fuse_qkv(self) -> None:
         """Store q/k/v_proj's weights in one buffer so the three projections run as one GEMM (see
         ``_FusedLinear``); the parameters and the state dict keep their names and shapes."""
         self._fused.fuse(self.q_proj, self.k_proj, self.v_proj)
 
+    def quantize_fp8(self) -> None:
+        """q/k/v and o_proj as fp8 GEMMs (``_FusedLinear.quantize_fp8``); fuses q/k/v first if needed."""
+        if self._fused.weight is None:
+            self.fuse_qkv()
+        self._fused.quantize_fp8()
+        self._fused_out.fuse(self.o_proj)
+        self._fused_out.quantize_fp8()
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMAttention:
         super()._apply(fn, recurse)
         self._fused.follow(self.q_proj, self.k_proj, self.v_proj)
+        self._fused_out.follow(self.o_proj)
         return self
 
     def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -232,7 +260,9 @@ class MiniCPMAttention(nn.Module):
     def _out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn (B, nh, T, hd) -> (B, T, H)."""
         batch, _, length, _ = attn.shape
-        return self.o_proj(attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+        rows = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
+        out = self._fused_out(rows, self.o_proj)
+        return self.o_proj(rows) if out is None else out
 
     def forward(
         self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
@@ -262,20 +292,32 @@ class MiniCPMMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self._fused = _FusedLinear()
+        self._fused_down = _FusedLinear()
 
     def fuse_gate_up(self) -> None:
         """gate_proj and up_proj as one GEMM (see ``_FusedLinear``)."""
         self._fused.fuse(self.gate_proj, self.up_proj)
 
+    def quantize_fp8(self) -> None:
+        """gate/up and down_proj as fp8 GEMMs (``_FusedLinear.quantize_fp8``); fuses gate/up first if needed."""
+        if self._fused.weight is None:
+            self.fuse_gate_up()
+        self._fused.quantize_fp8()
+        self._fused_down.fuse(self.down_proj)
+        self._fused_down.quantize_fp8()
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMMLP:
         super()._apply(fn, recurse)
         self._fused.follow(self.gate_proj, self.up_proj)
+        self._fused_down.follow(self.down_proj)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self._fused(x, self.gate_proj, self.up_proj)
         gate, up = gate_up.chunk(2, dim=-1) if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(ops.silu_mul(gate, up))
+        activated = ops.silu_mul(gate, up)
+        down = self._fused_down(activated, self.down_proj)
+        return self.down_proj(activated) if down is None else down
 
 
 class MiniCPMDecoderLayer(nn.Module):
@@ -340,6 +382,22 @@ class MiniCPMModel(nn.Module):
         for layer in self._decoder_layers():
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse_gate_up()
+
+    def quantize_fp8(self) -> None:
+        """Every layer's four GEMMs (q/k/v, o_proj, gate/up, down_proj) in fp8 e4m3: weights per output channel,
+        inputs per row (``ops.fp8_linear``); call once the weights are loaded and on their device."""
+        for layer in self._decoder_layers():
+            layer.self_attn.quantize_fp8()
+            layer.mlp.quantize_fp8()
+
+    @property
+    def runs_fp8(self) -> bool:
+        """Whether every layer's GEMMs hold an fp8 weight (``quantize_fp8``)."""
+        return all(
+            fused.fp8 is not None
+            for layer in self._decoder_layers()
+            for fused in (layer.self_attn._fused, layer.self_attn._fused_out, layer.mlp._fused, layer.mlp._fused_down)
+        )
 
     def forward(
         self, inputs_embeds: torch.Tensor, is_causal: bool
