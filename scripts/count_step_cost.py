@@ -601,9 +601,9 @@ def count_prefill(
 
 
 def count_continuation(model: VoxCPMModel, patches: int) -> CostCounter:
-    """The launches a continuation prompt adds at its admission, one request at a time as the runner runs them
-    (``ModelRunner._voice_encodings``): LocEnc over its ``patches`` audio patches (a new voice each time: the voice
-    cache cannot hold it)."""
+    """The launches a step's continuation prompts add at their admission, in one LocEnc call over all their
+    ``patches`` audio patches as the runner encodes them (``ModelRunner._voice_encodings``: a new voice each time,
+    the voice cache cannot hold it)."""
     config, meta = model.config, torch.device("meta")
     counter = CostCounter()
     counter.phase = "admission"
@@ -1057,7 +1057,7 @@ class StepModel:
         self._counters: dict[tuple[int, int, int], CostCounter] = {}
         self._runner_launches: dict[tuple[int, int], list[Launch]] = {}
         self._prefills: dict[tuple[int, int], list[Launch]] = {}
-        self._continuation: list[Launch] = []
+        self._continuations: dict[int, list[Launch]] = {}
         self._warms: dict[int, list[Launch]] = {}
 
     def step_counter(self, rows: int, context: int, timesteps: int) -> CostCounter:
@@ -1119,9 +1119,9 @@ class StepModel:
         return self._prefills[key]
 
     def continuation_launches(self, patches: int) -> list[Launch]:
-        if not self._continuation:
-            self._continuation = count_continuation(self.model, patches).launches
-        return self._continuation
+        if patches not in self._continuations:
+            self._continuations[patches] = count_continuation(self.model, patches).launches
+        return self._continuations[patches]
 
     def warm_launches(self, rows: int) -> list[Launch]:
         if rows not in self._warms:
@@ -1209,7 +1209,8 @@ class StepModel:
 
     def admission_terms(self, rows: int, workload: Workload) -> list[Term]:
         """What a step's admissions add at steady state (``ModelRunner._prefill``): one right-padded prefill of
-        them all, each one's noise, each continuation prompt's LocEnc encode and one VAE warm of them all, eager."""
+        them all, each one's noise, one LocEnc encode of all their continuation prompts and one VAE warm of them
+        all, eager."""
         ceilings = self.ceilings
         admitted = workload.admissions(rows)
         together = max(1, math.ceil(admitted))
@@ -1218,10 +1219,12 @@ class StepModel:
         prefill_ms = min(1.0, admitted) * self.eager_seconds(prefill) * 1e3
         noise_ms = admitted * (ceilings.eager_fused_seconds + ceilings.eager_aten_seconds) * 1e3
         patches = round(workload.request_patches)
-        continuation = self.continuation_launches(patches)
         continued = admitted * workload.continuation_share
-        continuation_ms = continued * self.eager_seconds(continuation) * 1e3
-        warm = self.warm_launches(max(1, math.ceil(continued)))
+        encoded = max(1, math.ceil(continued))
+        continuation = self.continuation_launches(encoded * patches)
+        # Fewer than one a step: an encode in that share of the steps.
+        continuation_ms = min(1.0, continued) * self.eager_seconds(continuation) * 1e3
+        warm = self.warm_launches(encoded)
         # Fewer than one a step: a warm in that share of the steps.
         warm_ms = min(1.0, continued) * self.eager_seconds(warm) * 1e3
         per_request = f"{admitted:.1f} admissions per step ({rows} rows / {workload.request_patches:g} steps a request)"
@@ -1239,8 +1242,8 @@ class StepModel:
                 "admissions: continuation prompts (LocEnc encode)",
                 0.0,
                 continuation_ms,
-                f"{workload.continuation_share:.0%} of admissions, one at a time: LocEnc over {patches} patches, "
-                f"{len(continuation)} launches",
+                f"{workload.continuation_share:.0%} of admissions, together: one LocEnc call over {encoded} x "
+                f"{patches} patches, {len(continuation)} launches",
             ),
             Term(
                 "admissions: continuation prompts (one batched VAE warm)",
