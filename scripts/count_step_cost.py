@@ -118,7 +118,15 @@ _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
 _CONVOLUTIONS = {"convolution", "_convolution"}
 _SCATTERS = {"index_put", "index_put_", "index_copy", "index_copy_"}
 # How the realistic column prices a non-GEMM launch (``Efficiencies.bandwidth_share``), by op name.
-_ROW_KERNELS = {"rms_norm", "add_rms_norm", "silu_mul", "quantize_rows_fp8"}
+_ROW_KERNELS = {
+    "rms_norm",
+    "add_rms_norm",
+    "silu_mul",
+    "quantize_rows_fp8",
+    "rms_norm_fp8",
+    "add_rms_norm_fp8",
+    "silu_mul_fp8",
+}
 _LOW_OCCUPANCY_KERNELS = {"rope_qk", "conv_transpose_out"}
 _SNAKE_KERNELS = {"snake", "snake_with_past", "add_snake_with_past"}
 _INDEXED = {"index", "index_select", "index_put", "index_put_", "index_copy", "index_copy_", "gather", "embedding"}
@@ -276,7 +284,7 @@ def _scattered(name: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
 def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
     """Programs a fused op launches: its wrapper's grid (``voxwire.kernels.grids``)."""
     x = args[0]
-    if name in ("rms_norm", "add_rms_norm", "quantize_rows_fp8"):
+    if name in ("rms_norm", "add_rms_norm", "quantize_rows_fp8", "rms_norm_fp8", "add_rms_norm_fp8", "silu_mul_fp8"):
         grid: tuple[int, ...] = grids.rms_norm_grid(x.numel() // x.size(-1))
     elif name == "silu_mul":
         grid = grids.silu_mul_grid(x.numel() // x.size(-1), x.size(-1))

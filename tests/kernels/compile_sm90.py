@@ -171,6 +171,9 @@ def route_fused_ops_to_wrappers() -> Callable[[], None]:
         "add_snake_with_past",
         "conv_transpose_out",
         "quantize_rows_fp8",
+        "rms_norm_fp8",
+        "add_rms_norm_fp8",
+        "silu_mul_fp8",
     )
     import voxwire.kernels.custom_ops  # noqa: F401  (registered first, so the routing below replaces them)
 

@@ -513,7 +513,7 @@ class ModelRunner:
                 found[voice.digest] = cached
         if missing:
             patches = torch.cat(list(missing.values())).to(self.tts.device, self.tts.dtype)
-            outputs = self.tts.model.encode_patches(patches).split([len(each) for each in missing.values()])
+            outputs = torch.split(self.tts.model.encode_patches(patches), [len(each) for each in missing.values()])
             for digest, embeds in zip(missing, outputs, strict=True):
                 # A copy of its own: a view would keep the whole call's output alive in the cache.
                 found[digest] = embeds.clone() if len(missing) > 1 else embeds

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import overload
+from typing import NamedTuple, overload
 
 import torch
 
@@ -142,14 +142,49 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return q, scale.view(1, -1)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, w)`` with w ~ ``weight`` (N, K) float8_e4m3fn times ``weight_scale`` (1, N) (from
-    ``quantize_weight_fp8``) and x (..., K) quantized per row: ``torch._scaled_mm`` on CUDA (and on meta, where the
-    step counter prices it), its emulation (``reference.scaled_mm``) elsewhere -> (..., N) in x's dtype."""
-    rows = x.reshape(-1, x.size(-1))
-    q, scale = quantize_rows_fp8(rows)
-    if rows.is_cuda or rows.is_meta:
-        out = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=x.dtype)
+class QuantizedRows(NamedTuple):
+    """An activation quantized for an fp8 GEMM by the op that made it (``rms_norm_fp8``, ``silu_mul_fp8``): its rows
+    ``q`` (rows, n) float8_e4m3fn and ``scale`` (rows, 1) float32, and the activation's own ``shape`` (..., n) and
+    ``dtype`` (the GEMM's output dtype)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[QuantizedRows, torch.Tensor]:
+    """``rms_norm`` (of ``residual + x`` with ``residual``) quantized for an fp8 GEMM, in one launch on the fused
+    path -> (the normed rows quantized, ``residual + x`` or x)."""
+    if not _fused(x):
+        q, scale, hidden = reference.rms_norm_fp8(x, weight, eps, residual)
+    elif residual is None:
+        (q, scale), hidden = torch.ops.voxwire.rms_norm_fp8(x, weight, eps), x
     else:
-        out = reference.scaled_mm(q, weight, scale, weight_scale, x.dtype)
-    return out.view(*x.shape[:-1], weight.size(0))
+        q, scale, hidden = torch.ops.voxwire.add_rms_norm_fp8(x, residual, weight, eps)
+    return QuantizedRows(q, scale, x.shape, x.dtype), hidden
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> QuantizedRows:
+    """``silu(gate) * up`` quantized for an fp8 GEMM (one launch on the fused path)."""
+    q, scale = torch.ops.voxwire.silu_mul_fp8(gate, up) if _fused(gate) else reference.silu_mul_fp8(gate, up)
+    return QuantizedRows(q, scale, gate.shape, gate.dtype)
+
+
+def fp8_linear(x: torch.Tensor | QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)`` with w ~ ``weight`` (N, K) float8_e4m3fn times ``weight_scale`` (1, N) (from
+    ``quantize_weight_fp8``) and x (..., K) quantized per row here, or already (``QuantizedRows``):
+    ``torch._scaled_mm`` on CUDA (and on meta, where the step counter prices it), its emulation
+    (``reference.scaled_mm``) elsewhere -> (..., N) in the activation's dtype."""
+    if isinstance(x, QuantizedRows):
+        q, scale, shape, dtype = x
+    else:
+        q, scale = quantize_rows_fp8(x.reshape(-1, x.size(-1)))
+        shape, dtype = x.shape, x.dtype
+    if q.is_cuda or q.is_meta:
+        out = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=weight_scale, out_dtype=dtype)
+    else:
+        out = reference.scaled_mm(q, weight, scale, weight_scale, dtype)
+    return out.view(*shape[:-1], weight.size(0))

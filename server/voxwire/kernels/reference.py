@@ -112,3 +112,22 @@ def scaled_mm(
     column's ``weight_scale`` (1, N) in fp32, rounded once to ``out_dtype`` -> (M, N). (fp8 products are exact in
     fp32; only the summation order differs from the GPU's.)"""
     return ((q.to(torch.float32) @ weight.to(torch.float32).t()) * scale * weight_scale).to(out_dtype)
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rms_norm`` of ``residual + x`` (of x without a residual), quantized for an fp8 GEMM: x (..., n) ->
+    (q (rows, n) float8_e4m3fn, scale (rows, 1) float32, the sum (x without a residual))."""
+    if residual is None:
+        normed, hidden = rms_norm(x, weight, eps), x
+    else:
+        normed, hidden = add_rms_norm(x, residual, weight, eps)
+    q, scale = quantize_rows_fp8(normed.reshape(-1, normed.size(-1)))
+    return q, scale, hidden
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu_mul`` quantized for an fp8 GEMM: (..., n) -> (q (rows, n) float8_e4m3fn, scale (rows, 1) float32)."""
+    product = silu_mul(gate, up)
+    return quantize_rows_fp8(product.reshape(-1, product.size(-1)))

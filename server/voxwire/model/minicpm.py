@@ -43,6 +43,13 @@ class MiniCPMRMSNorm(nn.Module):
         (one fused kernel on CUDA; see ``voxwire.kernels.reference.rms_norm`` for the exact math)."""
         return ops.rms_norm(hidden, self.weight, self.eps, residual)
 
+    def quantized(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[ops.QuantizedRows, torch.Tensor]:
+        """``forward``'s normed value quantized for an fp8 GEMM (one kernel on CUDA), and ``residual + hidden`` (or
+        ``hidden``)."""
+        return ops.rms_norm_fp8(hidden, self.weight, self.eps, residual)
+
 
 class MiniCPMLongRoPE(nn.Module):
     """LongRoPE tables. ``cos_cached``/``sin_cached`` are non-persistent buffers, so casting the module to
@@ -180,13 +187,18 @@ class _FusedLinear:
             for layer, address in zip(layers, self.addresses, strict=True)
         )
 
-    def __call__(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | None:
+    def takes_fp8(self, *layers: nn.Linear) -> bool:
+        """Whether the GEMM runs in fp8 now, so its input may come quantized (``ops.QuantizedRows``). Batch-invariant
+        numerics tile ``F.linear`` (``kernels.batch_invariant``), not ``_scaled_mm``: the fused weight in its own
+        dtype then, as without fp8."""
+        return self.fp8 is not None and self._current(layers) and not batch_invariant.active()
+
+    def __call__(self, x: torch.Tensor | ops.QuantizedRows, *layers: nn.Linear) -> torch.Tensor | None:
+        if self.fp8 is not None and self.takes_fp8(*layers):
+            return ops.fp8_linear(x, *self.fp8)
         if self.weight is None or not self._current(layers):
             return None
-        # Batch-invariant numerics tile ``F.linear`` (``kernels.batch_invariant``), not ``_scaled_mm``: the fused
-        # weight in its own dtype then, as without fp8.
-        if self.fp8 is not None and not batch_invariant.active():
-            return ops.fp8_linear(x, *self.fp8)
+        assert isinstance(x, torch.Tensor), "a quantized input goes to an fp8 GEMM only (``takes_fp8``)"
         return F.linear(x, self.weight)
 
 
@@ -233,8 +245,15 @@ class MiniCPMAttention(nn.Module):
         self._fused_out.follow(self.o_proj)
         return self
 
-    def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, H) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q and k."""
+    def takes_fp8(self) -> bool:
+        """Whether q/k/v's GEMM runs in fp8 now: its input may then come quantized by the norm before it."""
+        return self._fused.takes_fp8(self.q_proj, self.k_proj, self.v_proj)
+
+    def _qkv(
+        self, x: torch.Tensor | ops.QuantizedRows, rope: RopeTables | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, H), quantized if ``takes_fp8`` -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q
+        and k."""
         batch, length, _ = x.shape
         heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
         qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
@@ -249,6 +268,7 @@ class MiniCPMAttention(nn.Module):
             else:
                 q, k = ops.rope_qk(q_and_k, *rope, self.num_heads)
             return q, k, v
+        assert isinstance(x, torch.Tensor)
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -265,9 +285,10 @@ class MiniCPMAttention(nn.Module):
         return self.o_proj(rows) if out is None else out
 
     def forward(
-        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
+        self, x: torch.Tensor | ops.QuantizedRows, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
+        """x (B, T, H), quantized if ``takes_fp8`` -> output (B, T, H), keys and values (B, nkv, T, hd) for the
+        cache."""
         q, k, v = self._qkv(x, rope)
         attn = ops.attention(q, k, v, is_causal)
         return self._out(attn), k, v
@@ -312,9 +333,22 @@ class MiniCPMMLP(nn.Module):
         self._fused_down.follow(self.down_proj)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_fp8(self) -> bool:
+        """Whether gate/up's GEMM runs in fp8 now: its input may then come quantized by the norm before it."""
+        return self._fused.takes_fp8(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor | ops.QuantizedRows) -> torch.Tensor:
+        """x (..., H), quantized if ``takes_fp8`` -> (..., H)."""
         gate_up = self._fused(x, self.gate_proj, self.up_proj)
-        gate, up = gate_up.chunk(2, dim=-1) if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        if gate_up is not None:
+            gate, up = gate_up.chunk(2, dim=-1)
+        else:
+            assert isinstance(x, torch.Tensor)
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        if self._fused_down.takes_fp8(self.down_proj):  # SiLU*mul writes the down projection's fp8 input
+            down = self._fused_down(ops.silu_mul_fp8(gate, up), self.down_proj)
+            assert down is not None
+            return down
         activated = ops.silu_mul(gate, up)
         down = self._fused_down(activated, self.down_proj)
         return self.down_proj(activated) if down is None else down
@@ -345,14 +379,24 @@ class MiniCPMDecoderLayer(nn.Module):
 
     def _attention_then_mlp(self, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (x + attn, the MLP branch on it, pending)."""
-        normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
+        normed: torch.Tensor | ops.QuantizedRows
+        if self.mlp.takes_fp8():  # the norm writes gate/up's fp8 input
+            normed, x = self.post_attention_layernorm.quantized(self._scaled(attn), residual=x)
+        else:
+            normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
         return x, self._scaled(self.mlp(normed))
 
     def forward(
         self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(x, pending) -> (x, pending) after this layer, and its keys and values."""
-        normed, x = self._input_norm(x, pending)
+        normed: torch.Tensor | ops.QuantizedRows
+        if self.self_attn.takes_fp8():  # the norm writes q/k/v's fp8 input
+            normed, x = (
+                self.input_layernorm.quantized(x) if pending is None else self.input_layernorm.quantized(pending, x)
+            )
+        else:
+            normed, x = self._input_norm(x, pending)
         attn, k, v = self.self_attn(normed, rope, is_causal)
         return *self._attention_then_mlp(x, attn), k, v
 
