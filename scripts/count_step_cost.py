@@ -297,21 +297,30 @@ def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
         grid = grids.row_tiles(x.size(0) * x.size(1), past.size(-1) + x.size(2))[0]
     elif name == "conv_transpose_out":
         grid = grids.row_tiles(x.size(0) * x.size(2), x.size(1) * x.size(3))[0]
-    elif name == "small_attention":
-        grid = grids.small_attention_grid(x.size(0), args[1].size(1))
+    elif name in ("small_attention", "small_rope_attention"):
+        grid = grids.small_attention_grid(x.size(0), _small_attention_heads(name, args)[1])
     else:
         raise ValueError(f"no grid known for fused op {name}")
     return math.prod(grid)
 
 
-def _small_attention_dims(args: tuple[Any, ...]) -> tuple[int, int, int, int]:
+def _small_attention_heads(name: str, args: tuple[Any, ...]) -> tuple[int, int]:
+    """(query heads, kv heads) of a small-attention launch: q and k apart, or stacked before RoPE (the RoPE variant's
+    q_and_k and its query-head count)."""
+    if name == "small_rope_attention":
+        q_heads = args[4]
+        return q_heads, args[0].size(1) - q_heads
+    return args[0].size(1), args[1].size(1)
+
+
+def _small_attention_dims(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int]:
     """(programs, query rows, keys, head dim) of a small-attention launch: its grid and the tile each program runs
     (``grids.small_attention_tile``: the row's stacked query heads by its keys, each padded)."""
-    q, k = args[0], args[1]
-    batch, q_heads, length, head_dim = q.shape
-    tile = grids.small_attention_tile(q_heads // k.size(1), length, head_dim)
+    batch, _, length, head_dim = args[0].shape
+    q_heads, kv_heads = _small_attention_heads(name, args)
+    tile = grids.small_attention_tile(q_heads // kv_heads, length, head_dim)
     assert tile is not None, "ops.attention runs the kernel only where it has a tile"
-    return math.prod(grids.small_attention_grid(batch, k.size(1))), *tile, head_dim
+    return math.prod(grids.small_attention_grid(batch, kv_heads)), *tile, head_dim
 
 
 def small_attention_flops(dims: tuple[int, ...]) -> int:
@@ -357,8 +366,8 @@ def _pricing(name: str, fused: bool, args: tuple[Any, ...], out: Any) -> tuple[s
             return "low_occupancy", ()
         if name in _SNAKE_KERNELS:
             return "snake", (tree_flatten(out)[0][0].numel(),)
-        if name == "small_attention":
-            return "small_attention", _small_attention_dims(args)
+        if name in ("small_attention", "small_rope_attention"):
+            return "small_attention", _small_attention_dims(name, args)
         raise ValueError(f"no pricing known for fused op {name}")
     if name in _INDEXED:
         return "indexed", ()

@@ -335,8 +335,11 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         clip = np.zeros(4 * tts.model.audio_vae.encoder_hop, dtype=np.float32)
         tts.encode_audio(clip, tts.model.audio_vae.sample_rate)  # the voice encoder, off the engine thread
     assert trace.captures == runner.graph_captures, "a graph was captured while serving"
-    # LocEnc's and LocDiT's attention runs the small-sequence kernel, in the captured step and at admission.
-    assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    # LocEnc's and LocDiT's attention runs the small-sequence kernel with RoPE inside, in the captured step and at
+    # admission (a persona's adapters on LocDiT's q/k/v: RoPE, then the kernel).
+    assert "voxwire::small_rope_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    if tts.personas is not None:
+        assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
     # LocDiT's GEMMs run in fp8: their inputs quantized per row by the norms and SiLU*mul that make them (the
     # attention output by a kernel of its own, unless a persona's adapter wraps o_proj: then it runs its own GEMM),
     # then cuBLAS's scaled GEMM.

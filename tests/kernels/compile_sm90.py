@@ -179,7 +179,11 @@ def route_fused_ops_to_wrappers() -> Callable[[], None]:
 
     namespace, attention = torch.ops.voxwire, minicpm.decode_attention
     wrappers = {name: getattr(fused, name) for name in names}
-    torch.ops.voxwire = SimpleNamespace(**wrappers, small_attention=small_attention.small_attention)
+    torch.ops.voxwire = SimpleNamespace(
+        **wrappers,
+        small_attention=small_attention.small_attention,
+        small_rope_attention=small_attention.small_rope_attention,
+    )
     minicpm.decode_attention = paged_decode.paged_decode_attention
 
     def undo() -> None:

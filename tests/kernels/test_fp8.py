@@ -128,7 +128,9 @@ def test_rms_norm_fp8_kernel_equals_oracle(dtype: torch.dtype, with_residual: bo
         # The interpreter rounds fp32 -> bf16 toward zero (tests/kernels/test_fused.py): compare the quantizer on
         # the interpreter's own normed values instead.
         normed = (
-            fused.add_rms_norm(x, residual, weight, 1e-5)[0] if residual is not None else fused.rms_norm(x, weight, 1e-5)
+            fused.add_rms_norm(x, residual, weight, 1e-5)[0]
+            if residual is not None
+            else fused.rms_norm(x, weight, 1e-5)
         )
         expected_q, expected_scale = reference.quantize_rows_fp8(normed.reshape(-1, 1024))
         expected_hidden = hidden.cpu() if residual is None else fused.add_rms_norm(x, residual, weight, 1e-5)[1]

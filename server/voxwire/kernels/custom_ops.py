@@ -187,3 +187,19 @@ def _quantized(x: Tensor) -> tuple[Tensor, Tensor]:
     """The shapes of x (..., n) quantized per row: (rows, n) float8_e4m3fn and (rows, 1) float32 scales."""
     rows = x.numel() // x.size(-1)
     return x.new_empty(rows, x.size(-1), dtype=torch.float8_e4m3fn), x.new_empty(rows, 1, dtype=torch.float32)
+
+
+@torch.library.custom_op("voxwire::small_rope_attention", mutates_args=(), device_types="cuda")
+def small_rope_attention(
+    q_and_k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, q_heads: int, scale: float
+) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import small_attention as kernel
+
+    return kernel.small_rope_attention(q_and_k, v, cos, sin, q_heads, scale)
+
+
+@small_rope_attention.register_fake
+def _(q_and_k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, q_heads: int, scale: float) -> tuple[Tensor, Tensor]:
+    batch, heads, length, head_dim = q_and_k.shape
+    out = q_and_k.new_empty(batch, length, q_heads, head_dim)
+    return out, q_and_k.new_empty(batch, heads - q_heads, length, head_dim)

@@ -85,6 +85,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     return reference.attention(q, k, v, is_causal)
 
 
+def fuses_rope_attention(like: torch.Tensor, q_heads: int, kv_heads: int, length: int, head_dim: int) -> bool:
+    """Whether a bidirectional attention of this shape, on ``like``'s device, runs RoPE inside the small-sequence
+    kernel (``rope_attention``): the fused path, and a shape the kernel's tile holds."""
+    return grids.small_attention_tile(q_heads // kv_heads, length, head_dim) is not None and _fused(like)
+
+
+def rope_attention(
+    q_and_k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_qk`` then a bidirectional ``attention`` in one launch of the small-sequence kernel (where
+    ``fuses_rope_attention``): q_and_k (B, Hq + Hkv, T, hd) before RoPE, v (B, Hkv, T, hd), cos/sin (T, hd) -> (the
+    attention output (B, Hq, T, hd), a transposed view of (B, T, Hq, hd); the rotated k (B, Hkv, T, hd))."""
+    out, k = torch.ops.voxwire.small_rope_attention(q_and_k, v, cos, sin, q_heads, q_and_k.size(-1) ** -0.5)
+    return out.transpose(1, 2), k
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``."""
     return torch.ops.voxwire.silu_mul(gate, up) if _fused(gate) else reference.silu_mul(gate, up)

@@ -255,16 +255,11 @@ class MiniCPMAttention(nn.Module):
         """x (B, T, H), quantized if ``takes_fp8`` -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q
         and k."""
         batch, length, _ = x.shape
-        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
-        if qkv is not None:
-            # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the
-            # values are those of the separate projections (checked bit for bit on CPU).
-            q_and_k, v = (
-                qkv.view(batch, length, -1, self.head_dim).transpose(1, 2).split([heads[0] + heads[1], heads[2]], 1)
-            )
+        fused = self._fused_qkv(x)
+        if fused is not None:
+            q_and_k, v = fused
             if rope is None:
-                q, k = q_and_k.split(heads[:2], 1)
+                q, k = q_and_k.split([self.num_heads, self.num_kv_heads], 1)
             else:
                 q, k = ops.rope_qk(q_and_k, *rope, self.num_heads)
             return q, k, v
@@ -276,6 +271,19 @@ class MiniCPMAttention(nn.Module):
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q.contiguous(), k.contiguous(), v.contiguous()
+
+    def _fused_qkv(self, x: torch.Tensor | ops.QuantizedRows) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """x (B, T, H) -> q and k before RoPE (B, nh + nkv, T, hd) and v (B, nkv, T, hd) from the one q/k/v GEMM, or
+        None when the projections are not fused."""
+        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
+        if qkv is None:
+            return None
+        # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the values are
+        # those of the separate projections (checked bit for bit on CPU).
+        batch, length, _ = x.shape
+        heads = qkv.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        q_and_k, v = heads.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], 1)
+        return q_and_k, v
 
     def _out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn (B, nh, T, hd) -> (B, T, H)."""
@@ -289,6 +297,17 @@ class MiniCPMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, H), quantized if ``takes_fp8`` -> output (B, T, H), keys and values (B, nkv, T, hd) for the
         cache."""
+        like = x.q if isinstance(x, ops.QuantizedRows) else x
+        if (
+            rope is not None
+            and not is_causal
+            and ops.fuses_rope_attention(like, self.num_heads, self.num_kv_heads, x.shape[1], self.head_dim)
+        ):
+            fused = self._fused_qkv(x)
+            if fused is not None:  # RoPE inside the small-sequence kernel: q is rotated as it is loaded
+                q_and_k, v = fused
+                attn, k = ops.rope_attention(q_and_k, v, *rope, self.num_heads)
+                return self._out(attn), k, v
         q, k, v = self._qkv(x, rope)
         attn = ops.attention(q, k, v, is_causal)
         return self._out(attn), k, v
