@@ -128,7 +128,7 @@ def small_rope_attention(
     """``small_attention`` of RoPE-rotated q and k (``reference.rope_qk`` with cos, sin (T, hd)), from q_and_k (B,
     Hq + Hkv, T, hd) before RoPE (any strides with a unit stride along hd) -> (the output (B, T, Hq, hd), the rotated
     k (B, Hkv, T, hd) contiguous)."""
-    batch, heads, length, head_dim = q_and_k.shape
+    _, heads, length, head_dim = q_and_k.shape
     if cos.shape != (length, head_dim) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be ({length}, {head_dim}) rows")
     q, k = q_and_k.split([q_heads, heads - q_heads], dim=1)
