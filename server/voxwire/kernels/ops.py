@@ -87,8 +87,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
 
 def fuses_rope_attention(like: torch.Tensor, q_heads: int, kv_heads: int, length: int, head_dim: int) -> bool:
     """Whether a bidirectional attention of this shape, on ``like``'s device, runs RoPE inside the small-sequence
-    kernel (``rope_attention``): the fused path, and a shape the kernel's tile holds."""
-    return grids.small_attention_tile(q_heads // kv_heads, length, head_dim) is not None and _fused(like)
+    kernel (``rope_attention``): the fused path, a shape the kernel's tile holds, and a half-precision model (a
+    float32 model is an exactness check, gpu_check's: its [128, 128] tiles would not rotate within the registers)."""
+    fits = grids.small_attention_tile(q_heads // kv_heads, length, head_dim) is not None
+    return fits and like.dtype != torch.float32 and _fused(like)
 
 
 def rope_attention(

@@ -186,6 +186,6 @@ def _launch(
         HEAD_DIM=head_dim,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         ROPE=rope is not None,
-        num_warps=grids.small_attention_warps(rows, head_dim, q.element_size()),
+        num_warps=grids.small_attention_warps(rows, head_dim, q.element_size(), rope is not None),
     )
     return out, rotated
