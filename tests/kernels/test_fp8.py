@@ -17,6 +17,7 @@ def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> tor
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_cols", [48, 1024, 4096])
 def test_quantize_rows_kernel_equals_oracle(dtype: torch.dtype, n_cols: int, device: torch.device) -> None:
@@ -33,6 +34,7 @@ def test_quantize_rows_kernel_equals_oracle(dtype: torch.dtype, n_cols: int, dev
     assert torch.isfinite(scale).all() and not q.cpu()[2].float().any()
 
 
+@pytest.mark.isa
 def test_quantize_rows_keeps_each_rows_largest_value() -> None:
     """The largest magnitude of every row lands on 448 (e4m3's largest finite value), so nothing saturates, and the
     dequantized row is within e4m3's half step (2^-4 relative) of the input."""
@@ -111,6 +113,7 @@ def test_fused_path_dispatches_scaled_mm() -> None:
     assert "aten._scaled_mm" not in seen.names and "voxwire.quantize_rows_fp8" not in seen.names
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_fp8_kernel_equals_oracle(dtype: torch.dtype, with_residual: bool, device: torch.device) -> None:
@@ -138,6 +141,7 @@ def test_rms_norm_fp8_kernel_equals_oracle(dtype: torch.dtype, with_residual: bo
     assert torch.equal(scale.cpu(), expected_scale) and torch.equal(hidden.cpu(), expected_hidden)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_silu_mul_fp8_kernel_equals_oracle(dtype: torch.dtype, device: torch.device) -> None:
     """SiLU*mul written quantized, a 4096-wide row per program (the DiT's down projection input), from the two
