@@ -113,12 +113,20 @@ _NO_LAUNCH = {
     "sym_storage_offset",
     "is_same_size",
 }
-_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "matmul", "linear"}
-_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "_convolution", "matmul", "linear"}
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
 _CONVOLUTIONS = {"convolution", "_convolution"}
 _SCATTERS = {"index_put", "index_put_", "index_copy", "index_copy_"}
 # How the realistic column prices a non-GEMM launch (``Efficiencies.bandwidth_share``), by op name.
-_ROW_KERNELS = {"rms_norm", "add_rms_norm", "silu_mul"}
+_ROW_KERNELS = {
+    "rms_norm",
+    "add_rms_norm",
+    "silu_mul",
+    "quantize_rows_fp8",
+    "rms_norm_fp8",
+    "add_rms_norm_fp8",
+    "silu_mul_fp8",
+}
 _LOW_OCCUPANCY_KERNELS = {"rope_qk", "conv_transpose_out"}
 _SNAKE_KERNELS = {"snake", "snake_with_past", "add_snake_with_past"}
 _INDEXED = {"index", "index_select", "index_put", "index_put_", "index_copy", "index_copy_", "gather", "embedding"}
@@ -132,6 +140,7 @@ class Ceilings:
     name: str
     tensor_flops: float  # bf16/fp16 dense GEMM FLOP/s
     fp32_flops: float  # fp32 GEMM/conv FLOP/s with TF32 off (the server never enables TF32)
+    fp8_flops: float  # e4m3 GEMM FLOP/s through torch._scaled_mm (row-wise scales, bf16 out)
     bandwidth: float  # HBM bytes/s
     cta_seconds: float  # per program (CTA): the rate the GPU schedules tiny blocks at, all SMs together
     graph_gap_seconds: float  # between launches replayed in one CUDA graph
@@ -141,8 +150,9 @@ class Ceilings:
 
     def describe(self) -> str:
         return (
-            f"{self.name}: {self.tensor_flops / 1e12:.0f} TFLOP/s bf16/fp16 GEMM, {self.fp32_flops / 1e12:.0f} TFLOP/s "
-            f"fp32 (TF32 off), {self.bandwidth / 1e12:.1f} TB/s, {self.cta_seconds * 1e9:.1f} ns per CTA, "
+            f"{self.name}: {self.tensor_flops / 1e12:.0f} TFLOP/s bf16/fp16 GEMM, {self.fp8_flops / 1e12:.0f} TFLOP/s "
+            f"fp8 (_scaled_mm), {self.fp32_flops / 1e12:.0f} TFLOP/s fp32 (TF32 off), "
+            f"{self.bandwidth / 1e12:.1f} TB/s, {self.cta_seconds * 1e9:.1f} ns per CTA, "
             f"{self.graph_gap_seconds * 1e6:.1f} us per graph launch; eager {self.eager_aten_seconds * 1e6:.0f} us "
             f"per aten op, {self.eager_fused_seconds * 1e6:.0f} us per fused op; TTFA allowance "
             f"{self.ttfa_allowance_seconds * 1e3:.1f} ms"
@@ -153,11 +163,15 @@ class Ceilings:
 # the measured copy rate (4.8 datasheet); fp32 at ~75 % of the 67 TFLOP/s FP32 datasheet rate; 0.4 ns per CTA
 # is 2.5 M tiny blocks per ms over 132 SMs (the middle of the 1.5-3 M/ms the GPU-readiness review assumes);
 # 1.5 us between graph-replayed kernels; eager launch costs as measured through torch's dispatcher and the
-# custom-op + Triton launcher path.
+# custom-op + Triton launcher path. fp8: 1170 TFLOP/s is an 8192-cubed e4m3 GEMM through PyTorch's ``_scaled_mm``
+# (bf16 out, fp32 accumulation), measured at 1170-1180 on Hopper GPUs in a public cuBLASLt cross-check report
+# (gitea.d-robotics.cc/han.zhao/test_gpu_scripts, reports_cublaslt_fp8_crosscheck_20260524.md; cuBLASLt called
+# directly reached 1600-1630 there): the path this project calls, not the 1979 datasheet rate. Not measured here.
 H200 = Ceilings(
     name="h200",
     tensor_flops=790e12,
     fp32_flops=50e12,
+    fp8_flops=1170e12,
     bandwidth=4.3e12,
     cta_seconds=0.4e-9,
     graph_gap_seconds=1.5e-6,
@@ -205,9 +219,11 @@ class Launch:
     """What that pricing needs: (batch, M, N, K) of a GEMM or convolution, (batch, heads, queries, keys, head
     dim) of SDPA, (programs, query rows, keys, head dim) of the small-attention kernel's tiles, (programs, positions
     each walks, positions per block) of the paged kernel, elements written by a Snake kernel."""
+    fp8: bool = False
+    """A GEMM on e4m3 operands (``torch._scaled_mm``): priced at the ceiling's fp8 rate."""
 
     def seconds(self, ceilings: Ceilings) -> float:
-        rate = ceilings.fp32_flops if self.fp32 else ceilings.tensor_flops
+        rate = ceilings.fp8_flops if self.fp8 else ceilings.fp32_flops if self.fp32 else ceilings.tensor_flops
         return max(self.moved / ceilings.bandwidth, self.flops / rate, self.ctas * ceilings.cta_seconds)
 
 
@@ -268,7 +284,7 @@ def _scattered(name: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
 def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
     """Programs a fused op launches: its wrapper's grid (``voxwire.kernels.grids``)."""
     x = args[0]
-    if name in ("rms_norm", "add_rms_norm"):
+    if name in ("rms_norm", "add_rms_norm", "quantize_rows_fp8", "rms_norm_fp8", "add_rms_norm_fp8", "silu_mul_fp8"):
         grid: tuple[int, ...] = grids.rms_norm_grid(x.numel() // x.size(-1))
     elif name == "silu_mul":
         grid = grids.silu_mul_grid(x.numel() // x.size(-1), x.size(-1))
@@ -281,21 +297,30 @@ def _fused_ctas(name: str, args: tuple[Any, ...]) -> int:
         grid = grids.row_tiles(x.size(0) * x.size(1), past.size(-1) + x.size(2))[0]
     elif name == "conv_transpose_out":
         grid = grids.row_tiles(x.size(0) * x.size(2), x.size(1) * x.size(3))[0]
-    elif name == "small_attention":
-        grid = grids.small_attention_grid(x.size(0), args[1].size(1))
+    elif name in ("small_attention", "small_rope_attention"):
+        grid = grids.small_attention_grid(x.size(0), _small_attention_heads(name, args)[1])
     else:
         raise ValueError(f"no grid known for fused op {name}")
     return math.prod(grid)
 
 
-def _small_attention_dims(args: tuple[Any, ...]) -> tuple[int, int, int, int]:
+def _small_attention_heads(name: str, args: tuple[Any, ...]) -> tuple[int, int]:
+    """(query heads, kv heads) of a small-attention launch: q and k apart, or stacked before RoPE (the RoPE variant's
+    q_and_k and its query-head count)."""
+    if name == "small_rope_attention":
+        q_heads = args[4]
+        return q_heads, args[0].size(1) - q_heads
+    return args[0].size(1), args[1].size(1)
+
+
+def _small_attention_dims(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int]:
     """(programs, query rows, keys, head dim) of a small-attention launch: its grid and the tile each program runs
     (``grids.small_attention_tile``: the row's stacked query heads by its keys, each padded)."""
-    q, k = args[0], args[1]
-    batch, q_heads, length, head_dim = q.shape
-    tile = grids.small_attention_tile(q_heads // k.size(1), length, head_dim)
+    batch, _, length, head_dim = args[0].shape
+    q_heads, kv_heads = _small_attention_heads(name, args)
+    tile = grids.small_attention_tile(q_heads // kv_heads, length, head_dim)
     assert tile is not None, "ops.attention runs the kernel only where it has a tile"
-    return math.prod(grids.small_attention_grid(batch, k.size(1))), *tile, head_dim
+    return math.prod(grids.small_attention_grid(batch, kv_heads)), *tile, head_dim
 
 
 def small_attention_flops(dims: tuple[int, ...]) -> int:
@@ -325,7 +350,7 @@ def _aten_ctas(name: str, args: tuple[Any, ...], out: Any) -> int:
 def _pricing(name: str, fused: bool, args: tuple[Any, ...], out: Any) -> tuple[str, tuple[int, ...]]:
     """How the realistic column prices a launch, and the dimensions it needs (``Launch.pricing``, ``Launch.dims``)."""
     if name in _GEMMS:
-        a, b = (args[0], args[1]) if name in ("mm", "bmm") else (args[1], args[2])
+        a, b = (args[0], args[1]) if name in ("mm", "bmm", "_scaled_mm") else (args[1], args[2])
         batch = a.size(0) if a.ndim == 3 else 1
         return "gemm", (batch, a.size(-2), b.size(-1), a.size(-1))
     if name in _CONVOLUTIONS:
@@ -341,8 +366,8 @@ def _pricing(name: str, fused: bool, args: tuple[Any, ...], out: Any) -> tuple[s
             return "low_occupancy", ()
         if name in _SNAKE_KERNELS:
             return "snake", (tree_flatten(out)[0][0].numel(),)
-        if name == "small_attention":
-            return "small_attention", _small_attention_dims(args)
+        if name in ("small_attention", "small_rope_attention"):
+            return "small_attention", _small_attention_dims(name, args)
         raise ValueError(f"no pricing known for fused op {name}")
     if name in _INDEXED:
         return "indexed", ()
@@ -385,6 +410,7 @@ class CostCounter(TorchDispatchMode):
         kind: str = "",
         pricing: str = "elementwise",
         dims: tuple[int, ...] = (),
+        fp8: bool = False,
     ) -> None:
         if not self.counting:
             return
@@ -397,7 +423,7 @@ class CostCounter(TorchDispatchMode):
         cost.ops[name] += 1
         cost.op_bytes[name] += moved
         kind = kind or ("gemm" if matmul else "other")
-        self.launches.append(Launch(self.phase, self.part, kind, name, moved, flops, ctas, fp32, pricing, dims))
+        self.launches.append(Launch(self.phase, self.part, kind, name, moved, flops, ctas, fp32, pricing, dims, fp8))
 
     def __torch_dispatch__(
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -411,12 +437,13 @@ class CostCounter(TorchDispatchMode):
             ctas = _fused_ctas(name, args) if fused else _aten_ctas(name, args, out)
             inputs = [leaf for leaf in tree_flatten(args)[0] if isinstance(leaf, torch.Tensor)]
             fp32 = bool(inputs) and inputs[0].dtype == torch.float32
+            fp8 = name == "_scaled_mm"
             pricing, dims = _pricing(name, fused, args, out)
             if pricing == "small_attention":  # its products as the tiles it runs: both columns charge the padding
                 matmul, kind, flops = True, "attention", small_attention_flops(dims)
             else:
                 matmul, kind, flops = name in _MATMUL, "", _flops(func, args, kwargs, out)
-            self.record(f"{namespace}.{name}", moved, matmul, flops, ctas, fp32, kind, pricing, dims)
+            self.record(f"{namespace}.{name}", moved, matmul, flops, ctas, fp32, kind, pricing, dims, fp8)
         return out
 
 
@@ -482,16 +509,19 @@ def paged_kernel_decode(counter: CostCounter) -> Iterator[None]:
         minicpm.decode_attention = original
 
 
-def build_model(config: ModelConfig, fused: bool, vae_dtype: torch.dtype) -> VoxCPMModel:
-    """The model on meta as a server runs it: bf16 transformers; fused (q/k/v, gate/up) and with the VAE in
-    ``vae_dtype`` on the CUDA path, else unfused with the fp32 VAE (the CPU path); frozen, as ``LoadedModel`` holds
-    it (a weight that needs no gradient changes ``matmul``'s dispatch: a non-contiguous 3-D input then runs a
-    ``bmm`` against the weight expanded to every row instead of a copy and one ``mm``)."""
+def build_model(config: ModelConfig, fused: bool, vae_dtype: torch.dtype, dit_fp8: bool = True) -> VoxCPMModel:
+    """The model on meta as a server runs it: bf16 transformers; fused (q/k/v, gate/up), LocDiT's GEMMs in fp8
+    (``dit_fp8``: the loader's default on an H100/H200) and with the VAE in ``vae_dtype`` on the CUDA path, else
+    unfused with the fp32 VAE (the CPU path); frozen, as ``LoadedModel`` holds it (a weight that needs no gradient
+    changes ``matmul``'s dispatch: a non-contiguous 3-D input then runs a ``bmm`` against the weight expanded to every
+    row instead of a copy and one ``mm``)."""
     with torch.device("meta"):
         model = VoxCPMModel(config)
     model.cast_transformers(torch.bfloat16)
     if fused:
         model.fuse_projections()
+        if dit_fp8:
+            model.quantize_dit_fp8()
         model.audio_vae.to(vae_dtype)
     return model.eval().requires_grad_(False)
 
@@ -588,9 +618,9 @@ def count_prefill(
 
 
 def count_continuation(model: VoxCPMModel, patches: int) -> CostCounter:
-    """The launches a continuation prompt adds at its admission, one request at a time as the runner runs them
-    (``ModelRunner._voice_encodings``): LocEnc over its ``patches`` audio patches (a new voice each time: the voice
-    cache cannot hold it)."""
+    """The launches a step's continuation prompts add at their admission, in one LocEnc call over all their
+    ``patches`` audio patches as the runner encodes them (``ModelRunner._voice_encodings``: a new voice each time,
+    the voice cache cannot hold it)."""
     config, meta = model.config, torch.device("meta")
     counter = CostCounter()
     counter.phase = "admission"
@@ -797,18 +827,33 @@ class Efficiencies:
     @functools.cached_property
     def reference_share(self) -> float:
         """The share of the mainloop rate these rules give the 8192-cubed GEMM the ceilings' rates were measured on."""
-        side = 8192
-        return 2 * side**3 / self.gemm_seconds((1, side, side, side), 1.0, math.inf)
+        return self.share_at_8192(self.epilogue_k)
 
-    def tensor_rate(self, ceilings: Ceilings, fp32: bool) -> float:
-        """The whole GPU's mainloop rate, sustained: the ceiling's GEMM rate over ``reference_share``."""
+    def share_at_8192(self, epilogue_k: float) -> float:
+        side = 8192
+        return 2 * side**3 / self.gemm_seconds((1, side, side, side), 1.0, math.inf, epilogue_k)
+
+    def fp8_epilogue_k(self, ceilings: Ceilings) -> float:
+        """``epilogue_k`` of an fp8 GEMM: the same fixed time per tile (its fill and its bf16 output's store) is more
+        K steps of a mainloop that runs ``fp8_flops / tensor_flops`` times as fast."""
+        return self.epilogue_k * ceilings.fp8_flops / ceilings.tensor_flops
+
+    def tensor_rate(self, ceilings: Ceilings, fp32: bool, fp8: bool = False) -> float:
+        """The whole GPU's mainloop rate, sustained: the ceiling's GEMM rate over ``reference_share`` (for fp8, its
+        own share at its epilogue)."""
+        if fp8:
+            return ceilings.fp8_flops / self.share_at_8192(self.fp8_epilogue_k(ceilings)) * self.sustained_clock
         ceiling = ceilings.fp32_flops if fp32 else ceilings.tensor_flops
         return ceiling / self.reference_share * self.sustained_clock
 
-    def gemm_seconds(self, dims: tuple[int, ...], rate: float, bandwidth: float) -> float:
+    def gemm_seconds(
+        self, dims: tuple[int, ...], rate: float, bandwidth: float, epilogue_k: float | None = None
+    ) -> float:
         """The MMA time of a GEMM (batch, M, N, K) at ``rate`` FLOP/s over the whole GPU: the tile and split of K
         that finish first, each in whole waves over the SMs (a wave's last tiles leave SMs idle), K's split
-        partials written and read at ``bandwidth``."""
+        partials written and read at ``bandwidth``; a tile's fixed cost is ``epilogue_k`` K steps (default
+        ``self.epilogue_k``)."""
+        epilogue = self.epilogue_k if epilogue_k is None else epilogue_k
         batch, m, n, k = dims
         per_sm = rate / self.sms
         best = math.inf
@@ -819,7 +864,7 @@ class Efficiencies:
                 if split > 1 and depth < self.min_tensor_k:
                     break
                 waves = grids.cdiv(tiles * split, self.sms)
-                mma = waves * 2 * tile.rows * tile.cols * (depth + self.epilogue_k) / (per_sm * tile.rate)
+                mma = waves * 2 * tile.rows * tile.cols * (depth + epilogue) / (per_sm * tile.rate)
                 partials = 2 * (split - 1) * batch * m * n * 4 / bandwidth
                 best = min(best, mma + partials)
         return best
@@ -846,11 +891,12 @@ class Efficiencies:
         kind = self.pricing(launch)
         bandwidth = ceilings.bandwidth * self.bandwidth_share[kind]
         # Nothing runs its useful FLOPs faster than the tensor cores' sustained rate.
-        computed = launch.flops / self.tensor_rate(ceilings, launch.fp32)
+        computed = launch.flops / self.tensor_rate(ceilings, launch.fp32, launch.fp8)
         floor = max(launch.moved / bandwidth, launch.ctas * ceilings.cta_seconds, computed)
         if kind in ("gemm", "conv"):
-            rate = self.tensor_rate(ceilings, launch.fp32) * (self.conv_rate if kind == "conv" else 1.0)
-            return max(floor, self.gemm_seconds(launch.dims, rate, bandwidth))
+            rate = self.tensor_rate(ceilings, launch.fp32, launch.fp8) * (self.conv_rate if kind == "conv" else 1.0)
+            epilogue = self.fp8_epilogue_k(ceilings) if launch.fp8 else None
+            return max(floor, self.gemm_seconds(launch.dims, rate, bandwidth, epilogue))
         if kind == "sdpa":
             return max(floor, self.padded_attention_flops(launch.dims) / (self.attention_flops * self.sustained_clock))
         if kind == "small_attention":  # its FLOPs are already its tiles' padded work
@@ -878,9 +924,16 @@ class Efficiencies:
         if kinds["gemm"] or kinds["conv"]:
             rate = self.tensor_rate(ceilings, any(launch.fp32 for launch in launches))
             tiles = "/".join(f"{tile.rows}x{tile.cols}" for tile in self.tiles)
+            fp8 = sum(1 for launch in launches if launch.fp8)
             said.append(
                 f"best of {tiles} tiles in waves over {self.sms} SMs, split-K <= {self.max_split_k}, "
                 f"K/(K+{self.epilogue_k}) at {rate / 1e12:.0f} TFLOP/s"
+                + (
+                    f" ({fp8} in fp8: K/(K+{self.fp8_epilogue_k(ceilings):.0f}) at "
+                    f"{self.tensor_rate(ceilings, False, fp8=True) / 1e12:.0f} TFLOP/s)"
+                    if fp8
+                    else ""
+                )
                 + (f", 1x1 conv x{self.conv_rate}" if kinds["conv"] else "")
             )
         if kinds["sdpa"]:
@@ -1008,19 +1061,20 @@ class StepModel:
         ceilings: Ceilings,
         efficiencies: Efficiencies = EFFICIENCIES,
         workload: Workload | None = None,
+        dit_fp8: bool = True,
     ) -> None:
         self.config = config
         self.ceilings = ceilings
         self.efficiencies = efficiencies
         self.workload = workload
-        self.model = build_model(config, True, vae_dtype)
+        self.model = build_model(config, True, vae_dtype, dit_fp8)
         # The runner takes a loaded model; its step never tokenizes, so any tokenizer does.
         self.tts = LoadedModel(config, self.model, _tiny_tokenizer(), "meta")
         self._runner: ModelRunner | None = None
         self._counters: dict[tuple[int, int, int], CostCounter] = {}
         self._runner_launches: dict[tuple[int, int], list[Launch]] = {}
         self._prefills: dict[tuple[int, int], list[Launch]] = {}
-        self._continuation: list[Launch] = []
+        self._continuations: dict[int, list[Launch]] = {}
         self._warms: dict[int, list[Launch]] = {}
 
     def step_counter(self, rows: int, context: int, timesteps: int) -> CostCounter:
@@ -1082,9 +1136,9 @@ class StepModel:
         return self._prefills[key]
 
     def continuation_launches(self, patches: int) -> list[Launch]:
-        if not self._continuation:
-            self._continuation = count_continuation(self.model, patches).launches
-        return self._continuation
+        if patches not in self._continuations:
+            self._continuations[patches] = count_continuation(self.model, patches).launches
+        return self._continuations[patches]
 
     def warm_launches(self, rows: int) -> list[Launch]:
         if rows not in self._warms:
@@ -1172,7 +1226,8 @@ class StepModel:
 
     def admission_terms(self, rows: int, workload: Workload) -> list[Term]:
         """What a step's admissions add at steady state (``ModelRunner._prefill``): one right-padded prefill of
-        them all, each one's noise, each continuation prompt's LocEnc encode and one VAE warm of them all, eager."""
+        them all, each one's noise, one LocEnc encode of all their continuation prompts and one VAE warm of them
+        all, eager."""
         ceilings = self.ceilings
         admitted = workload.admissions(rows)
         together = max(1, math.ceil(admitted))
@@ -1181,10 +1236,12 @@ class StepModel:
         prefill_ms = min(1.0, admitted) * self.eager_seconds(prefill) * 1e3
         noise_ms = admitted * (ceilings.eager_fused_seconds + ceilings.eager_aten_seconds) * 1e3
         patches = round(workload.request_patches)
-        continuation = self.continuation_launches(patches)
         continued = admitted * workload.continuation_share
-        continuation_ms = continued * self.eager_seconds(continuation) * 1e3
-        warm = self.warm_launches(max(1, math.ceil(continued)))
+        encoded = max(1, math.ceil(continued))
+        continuation = self.continuation_launches(encoded * patches)
+        # Fewer than one a step: an encode in that share of the steps.
+        continuation_ms = min(1.0, continued) * self.eager_seconds(continuation) * 1e3
+        warm = self.warm_launches(encoded)
         # Fewer than one a step: a warm in that share of the steps.
         warm_ms = min(1.0, continued) * self.eager_seconds(warm) * 1e3
         per_request = f"{admitted:.1f} admissions per step ({rows} rows / {workload.request_patches:g} steps a request)"
@@ -1202,8 +1259,8 @@ class StepModel:
                 "admissions: continuation prompts (LocEnc encode)",
                 0.0,
                 continuation_ms,
-                f"{workload.continuation_share:.0%} of admissions, one at a time: LocEnc over {patches} patches, "
-                f"{len(continuation)} launches",
+                f"{workload.continuation_share:.0%} of admissions, together: one LocEnc call over {encoded} x "
+                f"{patches} patches, {len(continuation)} launches",
             ),
             Term(
                 "admissions: continuation prompts (one batched VAE warm)",
@@ -1301,6 +1358,11 @@ def main() -> None:
         "--vae-dtype", choices=("float16", "bfloat16", "float32"), default="float16", help="the VAE's dtype when fused"
     )
     parser.add_argument("--roofline", choices=sorted(CEILINGS), help="milliseconds per term at these ceilings")
+    parser.add_argument(
+        "--dit-bf16",
+        action="store_true",
+        help="count LocDiT's GEMMs in bf16 (a GPU without fp8, a batch-invariant server) instead of fp8 when fused",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=40, help="prefill length for the time to first audio")
     parser.add_argument("--top", type=int, default=0, help="also print the N most frequent ops and their bytes")
     parser.add_argument(
@@ -1346,11 +1408,16 @@ def main() -> None:
     if min(batches) < least:
         parser.error(f"--bucket takes {least - 1} rows: every --batch must have at least {least}")
     workload = Workload(args.request_patches, args.admission_positions, args.continuation_share)
-    step_model = StepModel(config, vae_dtype, ceilings, EFFICIENCIES, workload) if ceilings is not None else None
+    step_model = (
+        StepModel(config, vae_dtype, ceilings, EFFICIENCIES, workload, not args.dit_bf16)
+        if ceilings is not None
+        else None
+    )
     if ceilings is not None:
         print(ceilings.describe())
         print(EFFICIENCIES.describe(ceilings))
-        print(f"config {args.config}, bf16 transformers, VAE {args.vae_dtype}, {args.timesteps} CFM timesteps")
+        dit = "LocDiT GEMMs in bf16" if args.dit_bf16 else "LocDiT GEMMs in fp8"
+        print(f"config {args.config}, bf16 transformers, {dit}, VAE {args.vae_dtype}, {args.timesteps} CFM timesteps")
     rows = []
     summary: dict[str, Any] = {}
     estimates: list[StepEstimate] = []
@@ -1359,7 +1426,8 @@ def main() -> None:
             counter = step_model.step_counter(batch, args.context, args.timesteps)
         else:
             counter = CostCounter()
-            count_step(config, batch, args.context, args.timesteps, fused, vae_dtype, counter)
+            model = build_model(config, fused, vae_dtype, not args.dit_bf16)
+            count_step(config, batch, args.context, args.timesteps, fused, vae_dtype, counter, model)
         phases = counter.costs
         cost = phases["model"] + phases["vae"]
         row: dict[str, Any] = {"batch": batch, "fused": fused, **_figures(cost, batch)}
@@ -1402,7 +1470,13 @@ def main() -> None:
         )
         summary.update(_fit(step_model, max(estimates, key=lambda e: e.rows), args, buckets, least))
     if args.json is not None:
-        document = {"config": args.config, "context": args.context, "vae_dtype": args.vae_dtype, "rows": rows}
+        document = {
+            "config": args.config,
+            "context": args.context,
+            "vae_dtype": args.vae_dtype,
+            "dit_fp8": fused and not args.dit_bf16,
+            "rows": rows,
+        }
         args.json.write_text(json.dumps({**document, **summary}, indent=1))
 
 

@@ -1127,7 +1127,13 @@ class StepPrediction:
         cost = step_cost_model()
         self.device = torch.cuda.get_device_name(plan.device) if plan.cuda else f"{plan.device} (no GPU)"
         self.ceilings = cost.ceilings_for(self.device)
-        self.model = cost.StepModel(runner.tts.config, runner.tts.model.audio_vae.dtype, self.ceilings)
+        model = runner.tts.model
+        self.model = cost.StepModel(
+            runner.tts.config,
+            model.audio_vae.dtype,
+            self.ceilings,
+            dit_fp8=model.dit_runs_fp8 and not runner.batch_invariant,
+        )
 
     def __call__(self, rows: int, context: int) -> Any:
         """The estimate (``count_step_cost.StepEstimate``) of a step of ``rows`` rows at ``context`` live positions."""

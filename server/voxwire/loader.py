@@ -52,6 +52,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     vae_dtype: str | torch.dtype | None = None,
+    dit_fp8: bool | None = None,
 ) -> VoxCPM:
     """Load a checkpoint.
 
@@ -65,6 +66,9 @@ def load_model(
         vae_dtype: dtype the AudioVAE computes in. Default: float32 off CUDA, as the reference; on CUDA
             float16 (half the memory traffic) when this checkpoint's VAE passes a check decode against
             float32 (``audio_vae.choose_vae_dtype``), else float32.
+        dit_fp8: run LocDiT's decoder GEMMs in fp8 e4m3 (``VoxCPMModel.quantize_dit_fp8``). Default: on a CUDA
+            device with fp8 tensor cores (compute capability 8.9 or later) with half-precision transformers,
+            off elsewhere (``dit_fp8_default``).
 
     Raises:
         ModelLoadError: the folder, a file, the config or the weights cannot make a model.
@@ -100,6 +104,7 @@ def load_model(
         device=device,
         dtype=dtype,
         vae_dtype=vae_dtype,
+        dit_fp8=dit_fp8,
         name=str(source),
         sources=(main_file, vae_file),
     )
@@ -114,6 +119,7 @@ def model_from_weights(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     vae_dtype: str | torch.dtype | None = None,
+    dit_fp8: bool | None = None,
     name: str = "voxcpm",
     sources: tuple[Path, Path] = (Path("model"), Path("audiovae")),
 ) -> VoxCPM:
@@ -124,17 +130,31 @@ def model_from_weights(
     """
     target = torch.device(device) if device is not None else default_device()
     kernel_path.select(target)  # before the model exists: decided once, logged, the same for every kernel
-    model = _build(config, target, _resolve_dtype(dtype, target))
+    model_dtype = _resolve_dtype(dtype, target)
+    model = _build(config, target, model_dtype)
     _check_keys(model, main, sources[0], lambda key: not key.startswith(_VAE_PREFIX), "")
     _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
     model.load_state_dict({**main, **{_VAE_PREFIX + k: v for k, v in vae.items()}}, strict=True)
     model.fuse_projections()
+    quantize = dit_fp8_default(target, model_dtype) if dit_fp8 is None else dit_fp8
+    if quantize:
+        model.quantize_dit_fp8()
     if vae_dtype is None:
         with devices.scope(devices.cuda_device(target)):  # its check decode's kernels launch on the current device
             model.audio_vae.to(choose_vae_dtype(model.audio_vae, config.patch_size, target))
     else:
         model.audio_vae.to(_resolve_dtype(vae_dtype, target))
     return VoxCPM(config, model, tokenizer, name=name)
+
+
+def dit_fp8_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether LocDiT's GEMMs run in fp8 when the caller did not say: on CUDA devices with fp8 tensor cores (compute
+    capability 8.9 and later: ``torch._scaled_mm``) when the transformers are in half precision. Its audio error
+    against the bf16 DiT is of the order of the bf16 DiT's own against float32 (docs/performance.md, "FP8 DiT GEMMs
+    error"); a float32 model is asked for exactness, so it keeps its GEMMs."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def default_device() -> torch.device:

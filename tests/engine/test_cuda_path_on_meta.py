@@ -64,7 +64,7 @@ class Trace:
     syncs: int = 0
     captures: int = 0
     pinned: set[int] = field(default_factory=set)  # data pointers of the host buffers made pinned
-    fused_ops: set[str] = field(default_factory=set)  # the Triton kernels (custom ops) the CUDA path dispatched
+    fused_ops: set[str] = field(default_factory=set)  # the Triton kernels (custom ops) and fp8 GEMMs dispatched
 
     def fail(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -217,7 +217,7 @@ class DeviceOpWatcher(TorchDispatchMode):
         elif any(t.is_meta for t in tensors):
             # aten ops run on their tensors' device; a Triton kernel (the fused custom ops) and a capture run on
             # the current one.
-            if func.namespace == "voxwire":
+            if func.namespace == "voxwire" or func is aten._scaled_mm.default:
                 trace.fused_ops.add(func.name())
             if (func.namespace == "voxwire" or trace.capturing) and trace.current != CUDA.index:
                 trace.fail(f"{func} ran with cuda:{trace.current} current, its tensors are on {CUDA}")
@@ -252,8 +252,8 @@ class MetaNoise:
 
 
 def meta_model(name: str, tokenizer: TextTokenizer) -> VoxCPM:
-    """A released architecture's shapes on meta (fewer layers), as the loader leaves a model: bf16
-    transformers, fused projections, float32 VAE."""
+    """A released architecture's shapes on meta (fewer layers), as the loader leaves a model on an fp8-capable GPU:
+    bf16 transformers, fused projections, LocDiT's GEMMs in fp8, float32 VAE."""
     # Every dimension as released, but one or two layers per stack: the path is the same, repeated less.
     shapes = copy.deepcopy(ALL_CONFIGS[name])
     shapes["lm_config"]["num_hidden_layers"] = 2
@@ -264,6 +264,7 @@ def meta_model(name: str, tokenizer: TextTokenizer) -> VoxCPM:
         model = VoxCPMModel(config)
     model.cast_transformers(torch.bfloat16)
     model.fuse_projections()
+    model.quantize_dit_fp8()
     return VoxCPM(config, model, tokenizer, name=name)
 
 
@@ -334,8 +335,18 @@ def test_the_cuda_path_runs_on_its_own_device_without_syncs_or_rng_in_capture(
         clip = np.zeros(4 * tts.model.audio_vae.encoder_hop, dtype=np.float32)
         tts.encode_audio(clip, tts.model.audio_vae.sample_rate)  # the voice encoder, off the engine thread
     assert trace.captures == runner.graph_captures, "a graph was captured while serving"
-    # LocEnc's and LocDiT's attention runs the small-sequence kernel, in the captured step and at admission.
-    assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    # LocEnc's and LocDiT's attention runs the small-sequence kernel with RoPE inside, in the captured step and at
+    # admission (a persona's adapters on LocDiT's q/k/v: RoPE, then the kernel).
+    assert "voxwire::small_rope_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    if tts.personas is not None:
+        assert "voxwire::small_attention" in trace.fused_ops, sorted(trace.fused_ops)
+    # LocDiT's GEMMs run in fp8: their inputs quantized per row by the norms and SiLU*mul that make them (the
+    # attention output by a kernel of its own, unless a persona's adapter wraps o_proj: then it runs its own GEMM),
+    # then cuBLAS's scaled GEMM.
+    fp8 = {"voxwire::add_rms_norm_fp8", "voxwire::silu_mul_fp8", "aten::_scaled_mm"}
+    if tts.personas is None:
+        fp8.add("voxwire::quantize_rows_fp8")
+    assert fp8 <= trace.fused_ops, sorted(trace.fused_ops)
     assert not trace.violations, "\n".join(trace.violations)
 
 

@@ -90,6 +90,19 @@ def test_cached_voices_keep_batch_independence(tts: VoxCPM) -> None:
     assert len(runner.voice_cache) == 2
 
 
+def test_new_voices_admitted_together_are_encoded_in_one_locenc_call(tts: VoxCPM) -> None:
+    """A step's new voices share one LocEnc launch set (issue 34): 8 + 6 patches in one call, a voice used twice
+    encoded once; with batch-invariant numerics each voice alone, as its prefill is."""
+    first, second = voice(tts, seed=1), voice(tts, seed=2, audio=4, reference=2)
+    requests = (say("a", "One.", first, seed=1), say("b", "Two.", second, seed=2), say("c", "Three.", first, seed=3))
+    with LocEncCalls(tts) as calls:
+        speak(ModelRunner(tts, RunnerOptions(num_slots=3)), *requests)
+    assert [size for size in calls.sizes if size > 3] == [14], calls.sizes
+    with LocEncCalls(tts) as calls:
+        speak(ModelRunner(tts, RunnerOptions(num_slots=3, batch_invariant=True)), *requests)
+    assert [size for size in calls.sizes if size > 3] == [8, 6], calls.sizes
+
+
 def test_the_cache_evicts_least_recently_used_voices_within_its_budget() -> None:
     entry = torch.zeros(4, 8)  # 128 bytes
     cache = VoiceCache(capacity_bytes=2 * entry.nbytes)

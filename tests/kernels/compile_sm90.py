@@ -170,12 +170,20 @@ def route_fused_ops_to_wrappers() -> Callable[[], None]:
         "snake_with_past",
         "add_snake_with_past",
         "conv_transpose_out",
+        "quantize_rows_fp8",
+        "rms_norm_fp8",
+        "add_rms_norm_fp8",
+        "silu_mul_fp8",
     )
     import voxwire.kernels.custom_ops  # noqa: F401  (registered first, so the routing below replaces them)
 
     namespace, attention = torch.ops.voxwire, minicpm.decode_attention
     wrappers = {name: getattr(fused, name) for name in names}
-    torch.ops.voxwire = SimpleNamespace(**wrappers, small_attention=small_attention.small_attention)
+    torch.ops.voxwire = SimpleNamespace(
+        **wrappers,
+        small_attention=small_attention.small_attention,
+        small_rope_attention=small_attention.small_rope_attention,
+    )
     minicpm.decode_attention = paged_decode.paged_decode_attention
 
     def undo() -> None:
@@ -189,6 +197,8 @@ def build(config: ModelConfig, dtype: torch.dtype, vae_dtype: torch.dtype) -> Vo
         model = VoxCPMModel(config)
     model.cast_transformers(dtype)
     model.fuse_projections()
+    if dtype != torch.float32:  # as the loader on an H100/H200 (``loader.dit_fp8_default``)
+        model.quantize_dit_fp8()
     model.audio_vae.to(vae_dtype)
     return model
 

@@ -168,3 +168,29 @@ def test_the_tile_stacks_a_rows_heads() -> None:
 def test_bad_shapes_raise(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         small_attention(torch.zeros(q_shape), torch.zeros(kv_shape), torch.zeros(kv_shape), 1.0)
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize(("length", "head_dim"), SHAPES, ids=["dit", "locenc", "0.5b-dit"])
+def test_rope_inside_the_kernel_equals_rope_then_attention(
+    dtype: torch.dtype, length: int, head_dim: int, device: torch.device
+) -> None:
+    """``small_rope_attention`` rotates q and k as it loads them, with the RoPE kernel's arithmetic: its output and
+    its rotated k are the bits of ``fused.rope_qk`` followed by ``small_attention``, from the q/k/v GEMM's output
+    (strided) and a (T, hd) table."""
+    from voxwire.kernels import fused
+    from voxwire.kernels.small_attention import small_rope_attention
+
+    generator = torch.Generator().manual_seed(7)
+    q_heads = GROUP * KV_HEADS
+    qkv = torch.randn(2, length, q_heads + 2 * KV_HEADS, head_dim, generator=generator).to(dtype).transpose(1, 2)
+    q_and_k, v = (t.to(device) for t in qkv.split([q_heads + KV_HEADS, KV_HEADS], dim=1))
+    angles = torch.randn(length, head_dim, generator=generator)
+    cos, sin = (table.to(dtype).to(device) for table in (angles.cos(), angles.sin()))
+    scale = head_dim**-0.5
+    out, k = small_rope_attention(q_and_k, v, cos, sin, q_heads, scale)
+    table = (2, 1, length, head_dim)
+    q_rotated, k_rotated = fused.rope_qk(q_and_k, cos.expand(table), sin.expand(table), q_heads)
+    assert torch.equal(k.cpu(), k_rotated.cpu())
+    assert torch.equal(out.cpu(), small_attention(q_rotated, k_rotated, v, scale).cpu())

@@ -495,20 +495,30 @@ class ModelRunner:
 
     def _voice_encodings(self, rows: list[tuple[VoicePrompt | None, InputSequence]]) -> torch.Tensor | None:
         """LocEnc's outputs for every audio position of the batch, row by row, from the voice cache or encoded
-        now (encoder space: the persona-dependent projection into the LM happens in the prefill). Each voice
-        is encoded by itself, so its encodings never depend on which other requests share the prefill, and a
-        cached copy equals what encoding it again would give, bit for bit."""
-        parts = []
-        for voice, sequence in rows:
-            if voice is None:
+        now (encoder space: the persona-dependent projection into the LM happens in the prefill). The voices not
+        cached are encoded together, in one LocEnc call over all their patches (each patch is a sequence of its own
+        to LocEnc: one call instead of one per voice, issue 34), and each is cached; a voice used twice in the
+        batch is encoded once. With batch-invariant numerics the runner prefills one request at a time, so each
+        voice is then encoded by itself, and its encodings never depend on other requests, bit for bit."""
+        voices = [(voice, sequence) for voice, sequence in rows if voice is not None]
+        found: dict[str, torch.Tensor] = {}  # digest -> its encodings
+        missing: dict[str, torch.Tensor] = {}  # digest -> the voice's patches (N, P, D) on the host
+        for voice, sequence in voices:
+            if voice.digest in found or voice.digest in missing:
                 continue
-            embeds = self.voice_cache.get(voice.digest)
-            if embeds is None:
-                patches = sequence.feats[sequence.audio_mask.bool()].to(self.tts.device, self.tts.dtype)
-                embeds = self.tts.model.encode_patches(patches)
-                self.voice_cache.put(voice.digest, embeds)
-            parts.append(embeds)
-        return torch.cat(parts) if parts else None
+            cached = self.voice_cache.get(voice.digest)
+            if cached is None:
+                missing[voice.digest] = sequence.feats[sequence.audio_mask.bool()]
+            else:
+                found[voice.digest] = cached
+        if missing:
+            patches = torch.cat(list(missing.values())).to(self.tts.device, self.tts.dtype)
+            outputs = torch.split(self.tts.model.encode_patches(patches), [len(each) for each in missing.values()])
+            for digest, embeds in zip(missing, outputs, strict=True):
+                # A copy of its own: a view would keep the whole call's output alive in the cache.
+                found[digest] = embeds.clone() if len(missing) > 1 else embeds
+                self.voice_cache.put(digest, found[digest])
+        return torch.cat([found[voice.digest] for voice, _ in voices]) if voices else None
 
     def _noise_index(self, item: PrefillItem, length: int, cap: int) -> np.ndarray:
         """Where in the noise pool step i of the request reads its noise: position length + i of its blocks."""

@@ -131,3 +131,75 @@ def small_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 def _(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     batch, heads, length, head_dim = q.shape
     return q.new_empty(batch, length, heads, head_dim)
+
+
+@torch.library.custom_op("voxwire::quantize_rows_fp8", mutates_args=(), device_types="cuda")
+def quantize_rows_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.quantize_rows_fp8(x)
+
+
+@quantize_rows_fp8.register_fake
+def _(x: Tensor) -> tuple[Tensor, Tensor]:
+    rows, n_cols = x.shape
+    return x.new_empty(rows, n_cols, dtype=torch.float8_e4m3fn), x.new_empty(rows, 1, dtype=torch.float32)
+
+
+@torch.library.custom_op("voxwire::rms_norm_fp8", mutates_args=(), device_types="cuda")
+def rms_norm_fp8(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.rms_norm_fp8(x, weight, eps)
+
+
+@rms_norm_fp8.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return _quantized(x)
+
+
+@torch.library.custom_op("voxwire::add_rms_norm_fp8", mutates_args=(), device_types="cuda")
+def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.add_rms_norm_fp8(x, residual, weight, eps)
+
+
+@add_rms_norm_fp8.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    q, scale = _quantized(x)
+    return q, scale, _empty(x, residual)
+
+
+@torch.library.custom_op("voxwire::silu_mul_fp8", mutates_args=(), device_types="cuda")
+def silu_mul_fp8(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import fused
+
+    return fused.silu_mul_fp8(gate, up)
+
+
+@silu_mul_fp8.register_fake
+def _(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    return _quantized(gate)
+
+
+def _quantized(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The shapes of x (..., n) quantized per row: (rows, n) float8_e4m3fn and (rows, 1) float32 scales."""
+    rows = x.numel() // x.size(-1)
+    return x.new_empty(rows, x.size(-1), dtype=torch.float8_e4m3fn), x.new_empty(rows, 1, dtype=torch.float32)
+
+
+@torch.library.custom_op("voxwire::small_rope_attention", mutates_args=(), device_types="cuda")
+def small_rope_attention(
+    q_and_k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, q_heads: int, scale: float
+) -> tuple[Tensor, Tensor]:
+    from voxwire.kernels import small_attention as kernel
+
+    return kernel.small_rope_attention(q_and_k, v, cos, sin, q_heads, scale)
+
+
+@small_rope_attention.register_fake
+def _(q_and_k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, q_heads: int, scale: float) -> tuple[Tensor, Tensor]:
+    batch, heads, length, head_dim = q_and_k.shape
+    out = q_and_k.new_empty(batch, length, q_heads, head_dim)
+    return out, q_and_k.new_empty(batch, heads - q_heads, length, head_dim)

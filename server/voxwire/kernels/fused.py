@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from voxwire.kernels import grids
-from voxwire.kernels.reference import SNAKE_EPS
+from voxwire.kernels.reference import FP8_LEAST_AMAX, FP8_MAX, SNAKE_EPS
 
 # Warps of the two memory-bound kernels whose occupancy registers limited (issue 34, D11; registers per thread from
 # ptxas for sm_90, tests/kernels/compile_sm90.py). Both run 2048-element tiles (RoPE: [heads, head_dim / 2], 18 -> 32
@@ -38,7 +38,11 @@ def _rms_norm_kernel(
     stride_r,
     stride_o,
     stride_h,
+    scale_ptr,
     HAS_RESIDUAL: tl.constexpr,
+    FP8_OUT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    LEAST: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -53,7 +57,11 @@ def _rms_norm_kernel(
     variance = tl.sum(x32 * x32, 0) / n_cols
     normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    if FP8_OUT:  # rounded to the activation dtype as the unfused norm writes it, then quantized for an fp8 GEMM
+        value = (normed * weight).to(x.dtype).to(tl.float32)
+        _store_e4m3_row(value, out_ptr + row * stride_o + cols, scale_ptr + row, mask, FP8_MAX, LEAST)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -65,6 +73,64 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, stride_g, stride_u, stri
     up = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_e4m3_row(x, q_ptrs, scale_ptr, mask, FP8_MAX: tl.constexpr, LEAST: tl.constexpr):
+    """One row x (fp32, masked lanes 0) as ``reference.quantize_rows_fp8``: its largest magnitude, then the row
+    scaled onto e4m3's range and rounded (RNE), stored at ``q_ptrs``, its scale at ``scale_ptr``."""
+    amax = tl.maximum(tl.max(tl.abs(x), 0), LEAST)
+    scaled = tl.clamp(x * tl.div_rn(FP8_MAX, amax), -FP8_MAX, FP8_MAX)
+    # Rounded to e4m3's grid here, in exact fp32 steps, so the conversion below only re-encodes a value it holds
+    # (Triton's interpreter rounds half away and loses the carry into the exponent; sm_90's cvt.rn is exact either
+    # way): the grid's step is 2^(e - 3) in the binade 2^e (subnormals: 2^-9), and adding then subtracting 1.5 * 2^23
+    # rounds the magnitude's quotient (< 16) to the nearest integer, ties to even; the sign goes back on after, so a
+    # value that rounds to zero keeps it (-0, as torch's conversion gives).
+    bits = scaled.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    magnitude = ((tl.abs(scaled) / step + 12582912.0) - 12582912.0) * step
+    tl.store(q_ptrs, tl.where(bits < 0, -magnitude, magnitude).to(q_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, tl.div_rn(amax, FP8_MAX))
+
+
+@triton.jit
+def _quantize_rows_fp8_kernel(
+    x_ptr, q_ptr, scale_ptr, n_cols, stride_x, stride_q, FP8_MAX: tl.constexpr, LEAST: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    _store_e4m3_row(x, q_ptr + row * stride_q + cols, scale_ptr + row, mask, FP8_MAX, LEAST)
+
+
+@triton.jit
+def _silu_mul_fp8_kernel(
+    gate_ptr,
+    up_ptr,
+    q_ptr,
+    scale_ptr,
+    n_cols,
+    stride_g,
+    stride_u,
+    stride_q,
+    FP8_MAX: tl.constexpr,
+    LEAST: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # A whole row per program (its scale needs all of it): ``_silu_mul_kernel``'s value, rounded to the activation
+    # dtype as the unfused op writes it, then quantized.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(gate_ptr + row * stride_g + cols, mask=mask, other=0.0)
+    dtype = gate.dtype
+    gate = gate.to(tl.float32)
+    up = tl.load(up_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    product = (silu * up).to(dtype).to(tl.float32)
+    _store_e4m3_row(product, q_ptr + row * stride_q + cols, scale_ptr + row, mask, FP8_MAX, LEAST)
 
 
 # The row-tiled and RoPE kernels do not specialize on their row counts and lengths (== 1, % 16): those vary
@@ -198,13 +264,17 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, fp8_out: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """-> (normed, residual + x or None, None); with ``fp8_out`` -> (normed quantized (rows, n) float8_e4m3fn, the
+    sum or None, the rows' scales (rows, 1) float32)."""
     n_cols = x.size(-1)
     if weight.shape != (n_cols,):
         raise ValueError(f"weight {tuple(weight.shape)} does not match the last dim {n_cols}")
     x2 = _rows(x)
-    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    dtype = torch.float8_e4m3fn if fp8_out else torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x2.shape, dtype=dtype, device=x.device)
+    scale = torch.empty(x2.size(0), 1, dtype=torch.float32, device=x.device) if fp8_out else None
     residual2 = _rows(residual) if residual is not None else x2
     hidden = (
         torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, residual.dtype), device=x.device)
@@ -223,15 +293,20 @@ def _launch_rms_norm(
         residual2.stride(0),
         out.stride(0),
         hidden.stride(0),
+        out if scale is None else scale,
         HAS_RESIDUAL=residual is not None,
+        FP8_OUT=fp8_out,
+        FP8_MAX=FP8_MAX,
+        LEAST=FP8_LEAST_AMAX,
         BLOCK=triton.next_power_of_2(n_cols),
     )
-    return out.view(x.shape), hidden.view(x.shape) if residual is not None else None
+    summed = hidden.view(x.shape) if residual is not None else None
+    return (out if fp8_out else out.view(x.shape)), summed, scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``reference.rms_norm`` in one launch (one program per row)."""
-    out, _ = _launch_rms_norm(x, None, weight, eps)
+    out, _, _ = _launch_rms_norm(x, None, weight, eps)
     return out
 
 
@@ -241,9 +316,28 @@ def add_rms_norm(
     """``reference.add_rms_norm`` in one launch: (normed, residual + x)."""
     if residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ")
-    out, hidden = _launch_rms_norm(x, residual, weight, eps)
+    out, hidden, _ = _launch_rms_norm(x, residual, weight, eps)
     assert hidden is not None
     return out, hidden
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.rms_norm_fp8`` without a residual, in one launch: (q (rows, n) float8_e4m3fn, scale (rows, 1))."""
+    q, _, scale = _launch_rms_norm(x, None, weight, eps, fp8_out=True)
+    assert scale is not None
+    return q, scale
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``reference.rms_norm_fp8`` with a residual, in one launch: (q (rows, n) float8_e4m3fn, scale (rows, 1),
+    residual + x)."""
+    if residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ")
+    q, hidden, scale = _launch_rms_norm(x, residual, weight, eps, fp8_out=True)
+    assert scale is not None and hidden is not None
+    return q, scale, hidden
 
 
 def rope_qk(
@@ -294,6 +388,33 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate2, up2, out, n_cols, gate2.stride(0), up2.stride(0), out.stride(0), BLOCK=grids.ELEMENTWISE_BLOCK
     )
     return out.view(gate.shape)
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.silu_mul_fp8`` in one launch (one program per row): (q (rows, n) float8_e4m3fn, scale (rows,
+    1) float32)."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    gate2, up2 = _rows(gate), _rows(up)
+    rows, n_cols = gate2.shape
+    q = torch.empty(gate2.shape, dtype=torch.float8_e4m3fn, device=gate.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=gate.device)
+    block = triton.next_power_of_2(n_cols)
+    _silu_mul_fp8_kernel[grids.rms_norm_grid(rows)](
+        gate2,
+        up2,
+        q,
+        scale,
+        n_cols,
+        gate2.stride(0),
+        up2.stride(0),
+        q.stride(0),
+        FP8_MAX=FP8_MAX,
+        LEAST=FP8_LEAST_AMAX,
+        BLOCK=block,
+        num_warps=_row_warps(block),
+    )
+    return q, scale
 
 
 def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -383,3 +504,31 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
         num_warps=_CONV_TRANSPOSE_OUT_WARPS,
     )
     return out
+
+
+def _row_warps(block: int) -> int:
+    """Warps of a one-row-per-program fp8 kernel: 8 elements a thread, 4 to 16 warps (a 4096-wide row in 16)."""
+    return max(4, min(16, block // 256))
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.quantize_rows_fp8`` in one launch (one program per row): x (M, K) -> (q (M, K) float8_e4m3fn,
+    scale (M, 1) float32)."""
+    x2 = _rows(x)
+    rows, n_cols = x2.shape
+    q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(n_cols)
+    _quantize_rows_fp8_kernel[grids.rms_norm_grid(rows)](
+        x2,
+        q,
+        scale,
+        n_cols,
+        x2.stride(0),
+        q.stride(0),
+        FP8_MAX=FP8_MAX,
+        LEAST=FP8_LEAST_AMAX,
+        BLOCK=block,
+        num_warps=_row_warps(block),
+    )
+    return q, scale

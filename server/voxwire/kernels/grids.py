@@ -68,10 +68,12 @@ def small_attention_grid(batch: int, kv_heads: int) -> tuple[int, int]:
     return batch, kv_heads
 
 
-def small_attention_warps(rows: int, head_dim: int, element_size: int) -> int:
+def small_attention_warps(rows: int, head_dim: int, element_size: int, rope: bool = False) -> int:
     """Warps of a small-attention program: one per 4 KB of its query tile, at least 4, so that the query tile and the
-    output accumulator fit the registers without spilling (bf16 [128, 128]: 8 warps, ~120 registers a thread)."""
-    return max(4, rows * head_dim * element_size // 4096)
+    output accumulator fit the registers without spilling (bf16 [128, 128]: 8 warps, ~120 registers a thread). With
+    RoPE inside, the query tile's fp32 rotation (the tile, its rotated half and the cos and sin rows: four fp32 tiles
+    at once) counts: one warp per 4 KB of a float32 query tile (bf16 [128, 128]: 16 warps)."""
+    return max(4, rows * head_dim * (4 if rope else element_size) // 4096)
 
 
 def _next_power_of_2(n: int) -> int:

@@ -85,3 +85,49 @@ def conv_transpose_out(blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     channel -> (B, C, L·s) channels-first, plus bias (C,)."""
     batch, _, channels, _ = blocks.shape
     return blocks.permute(0, 2, 1, 3).reshape(batch, channels, -1) + bias[:, None]
+
+
+# float8_e4m3fn's largest finite magnitude: a row's largest value is scaled onto it.
+FP8_MAX = 448.0
+# The least row maximum a scale is taken from: an all-zero row gets a finite scale (and quantizes to zeros).
+FP8_LEAST_AMAX = 1e-30
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q (M, K) float8_e4m3fn, scale (M, 1) float32), x ~ q * scale: each row scaled in fp32 so its
+    largest magnitude lands on ``FP8_MAX``, then rounded to nearest (even) e4m3."""
+    x32 = x.to(torch.float32)
+    amax = x32.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_LEAST_AMAX)
+    # A correctly rounded quotient (``FP8_MAX / amax`` would be the reciprocal times 448: rounded twice).
+    inverse = torch.full_like(amax, FP8_MAX) / amax
+    q = (x32 * inverse).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, amax / FP8_MAX
+
+
+def scaled_mm(
+    q: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, weight_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``torch._scaled_mm(q, weight.t(), scale, weight_scale, out_dtype=out_dtype)`` as CUDA computes it: q (M, K)
+    and weight (N, K) float8_e4m3fn, their products summed in fp32, the sum times the row's ``scale`` (M, 1) and the
+    column's ``weight_scale`` (1, N) in fp32, rounded once to ``out_dtype`` -> (M, N). (fp8 products are exact in
+    fp32; only the summation order differs from the GPU's.)"""
+    return ((q.to(torch.float32) @ weight.to(torch.float32).t()) * scale * weight_scale).to(out_dtype)
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rms_norm`` of ``residual + x`` (of x without a residual), quantized for an fp8 GEMM: x (..., n) ->
+    (q (rows, n) float8_e4m3fn, scale (rows, 1) float32, the sum (x without a residual))."""
+    if residual is None:
+        normed, hidden = rms_norm(x, weight, eps), x
+    else:
+        normed, hidden = add_rms_norm(x, residual, weight, eps)
+    q, scale = quantize_rows_fp8(normed.reshape(-1, normed.size(-1)))
+    return q, scale, hidden
+
+
+def silu_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu_mul`` quantized for an fp8 GEMM: (..., n) -> (q (rows, n) float8_e4m3fn, scale (rows, 1) float32)."""
+    product = silu_mul(gate, up)
+    return quantize_rows_fp8(product.reshape(-1, product.size(-1)))

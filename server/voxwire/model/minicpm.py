@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxwire.kernels import ops
+from voxwire.kernels import batch_invariant, ops
 from voxwire.kernels.reference import apply_rope
 from voxwire.model.kv_cache import PagedKV
 from voxwire.model.paged_attention import decode_attention
@@ -42,6 +42,13 @@ class MiniCPMRMSNorm(nn.Module):
         """Normalise ``hidden``; with ``residual``, normalise ``residual + hidden`` and return it too
         (one fused kernel on CUDA; see ``voxwire.kernels.reference.rms_norm`` for the exact math)."""
         return ops.rms_norm(hidden, self.weight, self.eps, residual)
+
+    def quantized(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[ops.QuantizedRows, torch.Tensor]:
+        """``forward``'s normed value quantized for an fp8 GEMM (one kernel on CUDA), and ``residual + hidden`` (or
+        ``hidden``)."""
+        return ops.rms_norm_fp8(hidden, self.weight, self.eps, residual)
 
 
 class MiniCPMLongRoPE(nn.Module):
@@ -124,12 +131,18 @@ class _FusedLinear:
     layer was replaced (wrapped for LoRA, say) or its weight no longer lives in the fused tensor. Moving or
     casting the owning module keeps the fusion: its ``_apply`` calls ``follow``, which fuses the converted
     weights again and so lets go of the old fused tensor (which would otherwise stay alive, stale).
+
+    One layer alone is "fused" too (its weight moved into a tensor of its own), so that ``quantize_fp8`` can give it
+    an fp8 copy that follows it the same way.
     """
 
     def __init__(self) -> None:
         self.weight: torch.Tensor | None = None
         self.layers: tuple[nn.Linear, ...] = ()
         self.addresses: tuple[int, ...] = ()
+        # The fused weight in float8_e4m3fn (N, K) and its per-output-channel scale (1, N), once ``quantize_fp8``
+        # ran: the GEMM then runs in fp8 (``ops.fp8_linear``), its input quantized per row.
+        self.fp8: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fuse(self, *layers: nn.Linear) -> None:
         if any(layer.bias is not None for layer in layers):
@@ -142,6 +155,14 @@ class _FusedLinear:
             start += rows
         self.weight, self.layers = weight, layers
         self.addresses = tuple(layer.weight.data_ptr() for layer in layers)
+        if self.fp8 is not None:  # a new fused weight (``follow``): its fp8 copy is made again from it
+            self.quantize_fp8()
+
+    def quantize_fp8(self) -> None:
+        """From now on the GEMM runs in fp8 against a copy of the fused weight quantized per output channel."""
+        if self.weight is None:
+            raise ValueError("quantize_fp8 needs the layers fused first")
+        self.fp8 = ops.quantize_weight_fp8(self.weight)
 
     def follow(self, *layers: nn.Linear) -> None:
         """After the owner's ``_apply`` (``to``, ``cuda``, ``half``, ``to_empty``) converted each layer's weight
@@ -152,7 +173,7 @@ class _FusedLinear:
         if all(mine is theirs for mine, theirs in zip(self.layers, layers, strict=True)):
             self.fuse(*self.layers)
         else:
-            self.weight, self.layers, self.addresses = None, (), ()
+            self.weight, self.layers, self.addresses, self.fp8 = None, (), (), None
 
     def _current(self, layers: tuple[nn.Linear, ...]) -> bool:
         """These are the fused layers and their weights still live in the fused tensor."""
@@ -166,9 +187,18 @@ class _FusedLinear:
             for layer, address in zip(layers, self.addresses, strict=True)
         )
 
-    def __call__(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | None:
+    def takes_fp8(self, *layers: nn.Linear) -> bool:
+        """Whether the GEMM runs in fp8 now, so its input may come quantized (``ops.QuantizedRows``). Batch-invariant
+        numerics tile ``F.linear`` (``kernels.batch_invariant``), not ``_scaled_mm``: the fused weight in its own
+        dtype then, as without fp8."""
+        return self.fp8 is not None and self._current(layers) and not batch_invariant.active()
+
+    def __call__(self, x: torch.Tensor | ops.QuantizedRows, *layers: nn.Linear) -> torch.Tensor | None:
+        if self.fp8 is not None and self.takes_fp8(*layers):
+            return ops.fp8_linear(x, *self.fp8)
         if self.weight is None or not self._current(layers):
             return None
+        assert isinstance(x, torch.Tensor), "a quantized input goes to an fp8 GEMM only (``takes_fp8``)"
         return F.linear(x, self.weight)
 
 
@@ -194,33 +224,46 @@ class MiniCPMAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
         self._fused = _FusedLinear()
+        self._fused_out = _FusedLinear()
 
     def fuse_qkv(self) -> None:
         """Store q/k/v_proj's weights in one buffer so the three projections run as one GEMM (see
         ``_FusedLinear``); the parameters and the state dict keep their names and shapes."""
         self._fused.fuse(self.q_proj, self.k_proj, self.v_proj)
 
+    def quantize_fp8(self) -> None:
+        """q/k/v and o_proj as fp8 GEMMs (``_FusedLinear.quantize_fp8``); fuses q/k/v first if needed."""
+        if self._fused.weight is None:
+            self.fuse_qkv()
+        self._fused.quantize_fp8()
+        self._fused_out.fuse(self.o_proj)
+        self._fused_out.quantize_fp8()
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMAttention:
         super()._apply(fn, recurse)
         self._fused.follow(self.q_proj, self.k_proj, self.v_proj)
+        self._fused_out.follow(self.o_proj)
         return self
 
-    def _qkv(self, x: torch.Tensor, rope: RopeTables | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, H) -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q and k."""
+    def takes_fp8(self) -> bool:
+        """Whether q/k/v's GEMM runs in fp8 now: its input may then come quantized by the norm before it."""
+        return self._fused.takes_fp8(self.q_proj, self.k_proj, self.v_proj)
+
+    def _qkv(
+        self, x: torch.Tensor | ops.QuantizedRows, rope: RopeTables | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, H), quantized if ``takes_fp8`` -> q (B, nh, T, hd), k and v (B, nkv, T, hd), RoPE applied to q
+        and k."""
         batch, length, _ = x.shape
-        heads = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
-        if qkv is not None:
-            # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the
-            # values are those of the separate projections (checked bit for bit on CPU).
-            q_and_k, v = (
-                qkv.view(batch, length, -1, self.head_dim).transpose(1, 2).split([heads[0] + heads[1], heads[2]], 1)
-            )
+        fused = self._fused_qkv(x)
+        if fused is not None:
+            q_and_k, v = fused
             if rope is None:
-                q, k = q_and_k.split(heads[:2], 1)
+                q, k = q_and_k.split([self.num_heads, self.num_kv_heads], 1)
             else:
                 q, k = ops.rope_qk(q_and_k, *rope, self.num_heads)
             return q, k, v
+        assert isinstance(x, torch.Tensor)
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -229,15 +272,42 @@ class MiniCPMAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q.contiguous(), k.contiguous(), v.contiguous()
 
+    def _fused_qkv(self, x: torch.Tensor | ops.QuantizedRows) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """x (B, T, H) -> q and k before RoPE (B, nh + nkv, T, hd) and v (B, nkv, T, hd) from the one q/k/v GEMM, or
+        None when the projections are not fused."""
+        qkv = self._fused(x, self.q_proj, self.k_proj, self.v_proj)
+        if qkv is None:
+            return None
+        # Views into the one GEMM's output: SDPA and the cache writes take strided tensors, and the values are
+        # those of the separate projections (checked bit for bit on CPU).
+        batch, length, _ = x.shape
+        heads = qkv.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        q_and_k, v = heads.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], 1)
+        return q_and_k, v
+
     def _out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn (B, nh, T, hd) -> (B, T, H)."""
         batch, _, length, _ = attn.shape
-        return self.o_proj(attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+        rows = attn.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
+        out = self._fused_out(rows, self.o_proj)
+        return self.o_proj(rows) if out is None else out
 
     def forward(
-        self, x: torch.Tensor, rope: RopeTables | None, is_causal: bool
+        self, x: torch.Tensor | ops.QuantizedRows, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, H) -> output (B, T, H), keys and values (B, nkv, T, hd) for the cache."""
+        """x (B, T, H), quantized if ``takes_fp8`` -> output (B, T, H), keys and values (B, nkv, T, hd) for the
+        cache."""
+        like = x.q if isinstance(x, ops.QuantizedRows) else x
+        if (
+            rope is not None
+            and not is_causal
+            and ops.fuses_rope_attention(like, self.num_heads, self.num_kv_heads, x.shape[1], self.head_dim)
+        ):
+            fused = self._fused_qkv(x)
+            if fused is not None:  # RoPE inside the small-sequence kernel: q is rotated as it is loaded
+                q_and_k, v = fused
+                attn, k = ops.rope_attention(q_and_k, v, *rope, self.num_heads)
+                return self._out(attn), k, v
         q, k, v = self._qkv(x, rope)
         attn = ops.attention(q, k, v, is_causal)
         return self._out(attn), k, v
@@ -262,20 +332,45 @@ class MiniCPMMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self._fused = _FusedLinear()
+        self._fused_down = _FusedLinear()
 
     def fuse_gate_up(self) -> None:
         """gate_proj and up_proj as one GEMM (see ``_FusedLinear``)."""
         self._fused.fuse(self.gate_proj, self.up_proj)
 
+    def quantize_fp8(self) -> None:
+        """gate/up and down_proj as fp8 GEMMs (``_FusedLinear.quantize_fp8``); fuses gate/up first if needed."""
+        if self._fused.weight is None:
+            self.fuse_gate_up()
+        self._fused.quantize_fp8()
+        self._fused_down.fuse(self.down_proj)
+        self._fused_down.quantize_fp8()
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> MiniCPMMLP:
         super()._apply(fn, recurse)
         self._fused.follow(self.gate_proj, self.up_proj)
+        self._fused_down.follow(self.down_proj)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_fp8(self) -> bool:
+        """Whether gate/up's GEMM runs in fp8 now: its input may then come quantized by the norm before it."""
+        return self._fused.takes_fp8(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor | ops.QuantizedRows) -> torch.Tensor:
+        """x (..., H), quantized if ``takes_fp8`` -> (..., H)."""
         gate_up = self._fused(x, self.gate_proj, self.up_proj)
-        gate, up = gate_up.chunk(2, dim=-1) if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(ops.silu_mul(gate, up))
+        if gate_up is not None:
+            gate, up = gate_up.chunk(2, dim=-1)
+        else:
+            assert isinstance(x, torch.Tensor)
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        if self._fused_down.takes_fp8(self.down_proj):  # SiLU*mul writes the down projection's fp8 input
+            down = self._fused_down(ops.silu_mul_fp8(gate, up), self.down_proj)
+            assert down is not None
+            return down
+        activated = ops.silu_mul(gate, up)
+        down = self._fused_down(activated, self.down_proj)
+        return self.down_proj(activated) if down is None else down
 
 
 class MiniCPMDecoderLayer(nn.Module):
@@ -303,14 +398,24 @@ class MiniCPMDecoderLayer(nn.Module):
 
     def _attention_then_mlp(self, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (x + attn, the MLP branch on it, pending)."""
-        normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
+        normed: torch.Tensor | ops.QuantizedRows
+        if self.mlp.takes_fp8():  # the norm writes gate/up's fp8 input
+            normed, x = self.post_attention_layernorm.quantized(self._scaled(attn), residual=x)
+        else:
+            normed, x = self.post_attention_layernorm(self._scaled(attn), residual=x)
         return x, self._scaled(self.mlp(normed))
 
     def forward(
         self, x: torch.Tensor, pending: torch.Tensor | None, rope: RopeTables | None, is_causal: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(x, pending) -> (x, pending) after this layer, and its keys and values."""
-        normed, x = self._input_norm(x, pending)
+        normed: torch.Tensor | ops.QuantizedRows
+        if self.self_attn.takes_fp8():  # the norm writes q/k/v's fp8 input
+            normed, x = (
+                self.input_layernorm.quantized(x) if pending is None else self.input_layernorm.quantized(pending, x)
+            )
+        else:
+            normed, x = self._input_norm(x, pending)
         attn, k, v = self.self_attn(normed, rope, is_causal)
         return *self._attention_then_mlp(x, attn), k, v
 
@@ -340,6 +445,22 @@ class MiniCPMModel(nn.Module):
         for layer in self._decoder_layers():
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse_gate_up()
+
+    def quantize_fp8(self) -> None:
+        """Every layer's four GEMMs (q/k/v, o_proj, gate/up, down_proj) in fp8 e4m3: weights per output channel,
+        inputs per row (``ops.fp8_linear``); call once the weights are loaded and on their device."""
+        for layer in self._decoder_layers():
+            layer.self_attn.quantize_fp8()
+            layer.mlp.quantize_fp8()
+
+    @property
+    def runs_fp8(self) -> bool:
+        """Whether every layer's GEMMs hold an fp8 weight (``quantize_fp8``)."""
+        return all(
+            fused.fp8 is not None
+            for layer in self._decoder_layers()
+            for fused in (layer.self_attn._fused, layer.self_attn._fused_out, layer.mlp._fused, layer.mlp._fused_down)
+        )
 
     def forward(
         self, inputs_embeds: torch.Tensor, is_causal: bool
