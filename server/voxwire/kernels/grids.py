@@ -72,8 +72,11 @@ def small_attention_warps(rows: int, head_dim: int, element_size: int, rope: boo
     """Warps of a small-attention program: one per 4 KB of its query tile, at least 4, so that the query tile and the
     output accumulator fit the registers without spilling (bf16 [128, 128]: 8 warps, ~120 registers a thread). With
     RoPE inside, the query tile's fp32 rotation (the tile, its rotated half and the cos and sin rows: four fp32 tiles
-    at once) counts: one warp per 4 KB of a float32 query tile (bf16 [128, 128]: 16 warps)."""
-    return max(4, rows * head_dim * (4 if rope else element_size) // 4096)
+    at once) counts: one warp per 4 KB of a float32 query tile (bf16 [128, 128]: 16 warps). A float32 model's IEEE dots
+    (no TF32) need one warp per 2 KB of its query tile (float32 [128, 128]: 32 warps): at 4 KB, Triton 3.6's ptxas
+    spills them (4.8 KB a thread at [128, 128], tests/kernels/test_compile_sm90.py)."""
+    per_element = 8 if element_size == 4 else 4 if rope else element_size
+    return max(4, rows * head_dim * per_element // 4096)
 
 
 def _next_power_of_2(n: int) -> int:
