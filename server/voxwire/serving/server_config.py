@@ -64,6 +64,8 @@ def persona_arg(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
+DIT_FP8_CHOICES = {"auto": None, "on": True, "off": False}
+"""``--dit-fp8``'s values, and what each asks the loader (``load_model(dit_fp8=...)``; None: its default)."""
 DEFAULT_MAX_AHEAD_LIMIT_MS = 30_000
 """``--max-ahead-limit-ms`` when not set (and ``--max-ahead-ms`` is below it)."""
 
@@ -91,6 +93,10 @@ class EngineSettings:
     )
     """Dtype of the AudioVAE: ``float16`` halves its memory traffic on a GPU at the error stated in
     [performance](performance.md#half-precision-vae-error) (``bfloat16`` is accepted, with 8x the error)."""
+    dit_fp8: str = "auto"
+    """LocDiT's decoder GEMMs in float8 e4m3 (per-row and per-channel scales): ``auto`` on a GPU that has fp8 GEMMs
+    (compute capability 8.9+, e.g. H100, H200) with a half-precision model, at the error stated in
+    [performance](performance.md#fp8-dit-gemms-error-cpu-emulation); ``on``, ``off``."""
     max_sessions: int = 16
     """Engine slots: utterances synthesized at once (batch rows; each holds a KV cache)."""
     max_waiting: int = 64
@@ -144,6 +150,7 @@ class EngineSettings:
     [correctness](correctness.md#batch-invariance) and [its cost](performance.md#batch-invariant-numerics)."""
 
     def __post_init__(self) -> None:
+        _check(self, "dit_fp8", self.dit_fp8, self.dit_fp8 in DIT_FP8_CHOICES, f"one of {', '.join(DIT_FP8_CHOICES)}")
         _positive_ints(self, "max_sessions", "max_waiting", "max_prefill_tokens_per_step", "max_inference_timesteps")
         # Below the default, every request that names no timesteps (and the warm-up) would be refused.
         default_steps = SynthesisParams().inference_timesteps

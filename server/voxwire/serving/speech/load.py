@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from voxwire.engine.cost_model import StepCost
-from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.server_config import DIT_FP8_CHOICES, ServerConfig
 from voxwire.speech_model import SIM_MODEL, SpeechModel, VoxCPMSpeech
 
 
@@ -17,4 +17,6 @@ def load_speech_model(config: ServerConfig) -> SpeechModel:
     from voxwire.loader import load_model
 
     engine = config.engine
-    return VoxCPMSpeech(load_model(engine.model, device=engine.device, dtype=engine.dtype, vae_dtype=engine.vae_dtype))
+    fp8 = DIT_FP8_CHOICES[engine.dit_fp8]
+    model = load_model(engine.model, device=engine.device, dtype=engine.dtype, vae_dtype=engine.vae_dtype, dit_fp8=fp8)
+    return VoxCPMSpeech(model)
