@@ -7,6 +7,9 @@ per-session encoder (``OpusEncoder``: 20 ms frames) is fed 160 ms chunks, as the
 the CPU time of its thread is measured (best of ``--repeats``) per second of audio. The packets are
 decoded with libopus (``opuslib``), the pre-skip dropped, and compared with the source by the
 magnitude-spectrum SNR of ``voxwire.audio.quality`` (phase-blind: what a listener hears).
+
+Needs, besides ``voxwire[server]``: ``opuslib`` (an independent libopus binding: ``pip install opuslib``, or the dev
+extra), the system's libopus it loads (``apt-get install libopus0``; it has no copy of its own) and ``espeak-ng``.
 """
 
 from __future__ import annotations

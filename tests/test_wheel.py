@@ -1,21 +1,30 @@
-"""A built wheel works on its own: installed in a fresh virtual environment, ``voxwire serve`` serves the demo
-page and its modules (copied from client_js/ by setup.py's build step) and the API page ``/docs``."""
+"""The distributions a release publishes: the sdist and the wheel built from it (``python -m build``, as the release
+workflow builds them) pass ``twine check``, and the wheel works on its own: installed in a fresh virtual environment,
+``voxwire serve`` serves the demo page and its modules (copied from client_js/ by setup.py's build step) and the API
+page ``/docs``. With ``VOXWIRE_DIST`` set to a folder holding an sdist and a wheel (the release workflow's), those
+are tested instead of building here."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
+from tests.script_modules import load_script
 from tests.venvs import ROOT, copy_sources, outside_env, run
 
 START_TIMEOUT_S = 180.0
+WEB_FILES = ("index.html", "demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js")
+"""The demo page and the modules it loads: the wheel serves them, so the sdist carries them."""
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +43,35 @@ def get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the sdist and the wheel: ``VOXWIRE_DIST``, or built here from a copy of the sources."""
+    given = os.environ.get("VOXWIRE_DIST")
+    if given:
+        return Path(given)
+    folder = tmp_path_factory.mktemp("dist")
+    source = copy_sources(folder / "source")
+    # No isolation: setuptools comes from this interpreter, so nothing is downloaded.
+    run(sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--outdir", folder / "dist",
+        source, cwd=folder, env=outside_env())  # fmt: skip
+    return folder / "dist"
+
+
+def test_the_sdist_and_the_wheel_pass_twine_check_and_carry_the_version_and_the_page(dist: Path) -> None:
+    (sdist,) = dist.glob("voxwire-*.tar.gz")
+    (wheel,) = dist.glob("voxwire-*.whl")
+    run(sys.executable, "-m", "twine", "check", "--strict", sdist, wheel, cwd=dist, env=outside_env())
+    version = load_script(ROOT / "scripts" / "release.py", "voxwire_release").source_version(ROOT)
+    assert wheel.name.startswith(f"voxwire-{version}-") and sdist.name == f"voxwire-{version}.tar.gz"
+    with zipfile.ZipFile(wheel) as archive:
+        assert {f"voxwire/web/{name}" for name in WEB_FILES} <= set(archive.namelist())
+    with tarfile.open(sdist) as archive:
+        assert {f"voxwire-{version}/client_js/{name}" for name in WEB_FILES} <= set(archive.getnames())
+
+
+def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path, dist: Path) -> None:
     # Nothing from this checkout may leak in: the venv must import the wheel's copy.
     env = outside_env()
-    source = copy_sources(tmp_path / "source")
-    dist = tmp_path / "dist"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", source, "-w", dist,
-        cwd=tmp_path, env=env)  # fmt: skip
     (wheel,) = dist.glob("voxwire-*.whl")
     venv = tmp_path / "venv"
     # torch and the other dependencies come from this interpreter's site-packages: nothing is downloaded
@@ -76,7 +107,7 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path) -> None:
             assert status == 200 and body == (ROOT / "client_js" / name).read_bytes(), name
             served.add(name)
             pending += re.findall(r"'\./([\w.]+\.js)'", body.decode())
-        assert {"demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js"} <= served
+        assert set(WEB_FILES) - {"index.html"} <= served
         assert get(base + "/client/protocol.test.js")[0] == 404
         # the API page is package data (voxwire/serving/docs.html), and the document it renders is served
         status, page = get(base + "/docs")

@@ -23,10 +23,11 @@ def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
 
 
 def copy_sources(destination: Path) -> Path:
-    """What a build reads (sources, client_js, metadata), copied so a build leaves nothing in the checkout."""
+    """What a build reads (sources, client_js, metadata, what the sdist carries), copied so a build leaves nothing
+    in the checkout."""
     ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info")
     for folder in ("server", "client_js"):
         shutil.copytree(ROOT / folder, destination / folder, ignore=ignore)
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGELOG.md", "LICENSE"):
         shutil.copy2(ROOT / name, destination / name)
     return destination

@@ -8,11 +8,13 @@ utterance needs), but they share the model's compute: the engine serves concurre
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,11 @@ from voxwire.sampling import NoiseStream, random_seed
 from voxwire.sequence import InputSequence, build_sequence, sequence_length_cap
 from voxwire.text.tokenizer import TextTokenizer
 from voxwire.voice_clip import VoiceClip
+
+REFERENCE_RETRY_MAX_TIMES = 3
+"""The reference's ``retry_badcase_max_times`` default: the one value ``generate`` accepts (it never retries)."""
+REFERENCE_RETRY_RATIO = 6.0
+"""The reference's ``retry_badcase_ratio_threshold`` default: the one value ``generate`` accepts."""
 
 
 class VoxCPM(LoadedModel):
@@ -139,12 +146,108 @@ class VoxCPM(LoadedModel):
         prompt: VoicePrompt | None = None,
         progress: bool = False,
         lora: str | os.PathLike[str] | None = None,
+        prompt_wav_path: AudioSource | None = None,
+        prompt_text: str | None = None,
+        reference_wav_path: AudioSource | None = None,
+        cfg_value: float | None = None,
+        inference_timesteps: int | None = None,
+        min_len: int | None = None,
+        max_len: int | None = None,
+        seed: int | None = None,
+        normalize: bool = False,
+        denoise: bool = False,
+        retry_badcase: bool = True,
+        retry_badcase_max_times: int = REFERENCE_RETRY_MAX_TIMES,
+        retry_badcase_ratio_threshold: float = REFERENCE_RETRY_RATIO,
     ) -> np.ndarray:
         """Synthesize ``text``; returns float32 samples at ``sample_rate``. ``params``: the generation settings
         (None: ``SynthesisParams()``, the reference's defaults, a fresh seed). ``lora``: a persona registered
-        with ``load_persona``, or a LoRA checkpoint directory in the reference's format."""
+        with ``load_persona``, or a LoRA checkpoint directory in the reference's format.
+
+        The reference's ``VoxCPM.generate`` keywords are accepted too (``generate_streaming`` says how each is
+        read), so ``generate(text=..., prompt_wav_path=..., prompt_text=..., cfg_value=...)`` works as there.
+        """
+        chunks = self.generate_streaming(
+            text, params, prompt=prompt, progress=progress, lora=lora, prompt_wav_path=prompt_wav_path,
+            prompt_text=prompt_text, reference_wav_path=reference_wav_path, cfg_value=cfg_value,
+            inference_timesteps=inference_timesteps, min_len=min_len, max_len=max_len, seed=seed,
+            normalize=normalize, denoise=denoise, retry_badcase=retry_badcase,
+            retry_badcase_max_times=retry_badcase_max_times,
+            retry_badcase_ratio_threshold=retry_badcase_ratio_threshold,
+        )  # fmt: skip
+        return np.concatenate(list(chunks))
+
+    def generate_streaming(
+        self,
+        text: str,
+        params: SynthesisParams | None = None,
+        *,
+        prompt: VoicePrompt | None = None,
+        progress: bool = False,
+        lora: str | os.PathLike[str] | None = None,
+        prompt_wav_path: AudioSource | None = None,
+        prompt_text: str | None = None,
+        reference_wav_path: AudioSource | None = None,
+        cfg_value: float | None = None,
+        inference_timesteps: int | None = None,
+        min_len: int | None = None,
+        max_len: int | None = None,
+        seed: int | None = None,
+        normalize: bool = False,
+        denoise: bool = False,
+        retry_badcase: bool = True,
+        retry_badcase_max_times: int = REFERENCE_RETRY_MAX_TIMES,
+        retry_badcase_ratio_threshold: float = REFERENCE_RETRY_RATIO,
+    ) -> Iterator[np.ndarray]:
+        """``generate``'s audio, one float32 array per patch as it is decoded (the reference's
+        ``generate_streaming``: the arrays concatenate to ``generate``'s audio). Errors surface at the call.
+
+        The reference's keywords: ``cfg_value``, ``inference_timesteps``, ``min_len``, ``max_len`` and ``seed``
+        (voxwire's: the reference seeds with ``torch.manual_seed``) make the ``SynthesisParams``, unset ones at
+        its defaults (not with ``params``); ``prompt_wav_path`` with ``prompt_text`` (a continuation prompt) and
+        ``reference_wav_path`` (a reference clip, VoxCPM2) make the voice (not with ``prompt``);
+        ``normalize=True`` reads numbers, dates and money as words (the ``normalize`` extra). There are no
+        bad-case retries (docs/correctness.md), so ``retry_badcase`` is accepted either way and its two limits
+        only at their defaults; there is no denoiser, so ``denoise`` only as False.
+
+        Raises:
+            TypeError: settings given both as ``params`` and as keywords, or a voice both as ``prompt`` and as
+                clip paths.
+            InvalidInputError: a keyword voxwire cannot honour (named), or a bad value or clip.
+        """
+        # Any: each value goes to the SynthesisParams field of its name, which checks it
+        keywords: dict[str, Any] = {"cfg_value": cfg_value, "inference_timesteps": inference_timesteps,
+                                    "min_len": min_len, "max_len": max_len, "seed": seed}  # fmt: skip
+        given = {name: value for name, value in keywords.items() if value is not None}
+        if params is not None and given:
+            raise TypeError(f"give the generation settings as params or as keywords, not both: {sorted(given)}")
+        clip_paths = {"prompt_wav_path": prompt_wav_path, "prompt_text": prompt_text,
+                      "reference_wav_path": reference_wav_path}  # fmt: skip
+        given_clips = sorted(name for name, value in clip_paths.items() if value is not None)
+        if prompt is not None and given_clips:
+            raise TypeError(f"give the voice as prompt or as clip paths, not both: {given_clips}")
+        if denoise:
+            raise InvalidInputError("denoise=True is not supported: voxwire has no denoiser; give a clean clip")
+        for name, value, default in (
+            ("retry_badcase_max_times", retry_badcase_max_times, REFERENCE_RETRY_MAX_TIMES),
+            ("retry_badcase_ratio_threshold", retry_badcase_ratio_threshold, REFERENCE_RETRY_RATIO),
+        ):
+            if value != default:
+                raise InvalidInputError(
+                    f"{name}={value!r} is not supported: voxwire never retries a bad case (only {default!r} is "
+                    "accepted, the reference's default)"
+                )
+        if params is None:
+            params = dataclasses.replace(SynthesisParams(), **given)
+        if given_clips:
+            clip = VoiceClip(text=prompt_text, audio=prompt_wav_path, reference_audio=reference_wav_path)
+            prompt = self.make_prompt(clip)
+        if normalize:
+            from voxwire.text.normalize import normalize as normalized
+
+            text = normalized(text)
         chunks = self.stream(text, params, prompt=prompt, progress=progress, lora=lora)
-        return np.concatenate([chunk.audio for chunk in chunks])
+        return (chunk.audio for chunk in chunks)
 
     def stream(
         self,

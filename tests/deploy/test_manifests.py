@@ -25,6 +25,9 @@ from voxwire.serving.runtime.keys import STATE_KEY, Phase
 from voxwire.serving.server_config import ServerConfig
 
 K8S = DEPLOY / "k8s"
+ROOT = DEPLOY.parents[1]
+DOCS = ROOT / "docs"
+KEY_DEPLOYMENT = ("Deployment", "voxwire")
 OVERLAYS = ("base", "keda")
 render = load_render()
 
@@ -88,8 +91,8 @@ def test_yaml_passes_yamllint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_kustomizations_build(overlay: str) -> None:
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize folder``: the manifests it renders."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         # CI installs it (.ci/run) and sets VOXWIRE_REQUIRE_KUBECTL=1: there a missing kubectl is a failure.
@@ -97,9 +100,14 @@ def test_kustomizations_build(overlay: str) -> None:
         if os.environ.get("VOXWIRE_REQUIRE_KUBECTL") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    result = subprocess.run([kubectl, "kustomize", str(K8S / overlay)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(result.stdout)}
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kustomizations_build(overlay: str) -> None:
+    kinds = {(doc["kind"], doc["metadata"]["name"]) for doc in kustomize(K8S / overlay)}
     expected = {
         ("Deployment", "voxwire"),
         ("Service", "voxwire"),
@@ -110,6 +118,51 @@ def test_kustomizations_build(overlay: str) -> None:
     if overlay == "keda":
         expected.add(("ScaledObject", "voxwire"))
     assert expected <= kinds
+
+
+def shell_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```(?:bash|sh)\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
+
+
+def test_the_documented_overlay_runs_the_image_it_pushes(tmp_path: Path) -> None:
+    """docs/deploy's Kubernetes commands: the overlay they write points the pods at the image they pushed."""
+    (block,) = [block for block in shell_blocks(DOCS / "deploy.md") if "kubectl apply -k" in block]
+    (pushed,) = re.findall(r"^docker push (\S+)$", block, flags=re.MULTILINE)
+    (folder, overlay), *_ = re.findall(r"cat > (\S+)/kustomization.yaml <<'EOF'\n(.*?)^EOF$", block, re.M | re.S)
+    written = tmp_path / folder
+    written.mkdir()
+    # The commands run from the repository root; the overlay's relative path to the base, from here instead.
+    base = os.path.relpath(K8S / "base", written)
+    (written / "kustomization.yaml").write_text(overlay.replace("../scripts/deploy/k8s/base", base))
+    (deployment,) = [doc for doc in kustomize(written) if (doc["kind"], doc["metadata"]["name"]) == KEY_DEPLOYMENT]
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "voxwire"]
+    assert container["image"] == pushed
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted(DOCS.glob("*.md"))], ids=lambda path: path.name)
+def test_pages_create_the_namespace_before_the_secret_in_it(page: Path) -> None:
+    for block in shell_blocks(page):
+        lines = block.splitlines()
+        for number, line in enumerate(lines):
+            if "create secret" in line:
+                before = "\n".join(lines[:number])
+                assert "namespace.yaml" in before or "create namespace" in before, f"{page.name}: {line}"
+
+
+def test_the_whole_nginx_example_passes_nginx_t(tmp_path: Path) -> None:
+    """scripts/deploy/nginx-main.conf with the rendered include, as docs/deploy installs them (paths moved here)."""
+    if not has_binary("nginx"):
+        pytest.skip("nginx is not installed (apt-get install nginx)")
+    include = tmp_path / "voxwire.conf"
+    include.write_text(render.render("nginx", "127.0.0.1:18080", render.Upstreams(("127.0.0.1:9001",))))
+    main = (DEPLOY / "nginx-main.conf").read_text()
+    assert "include /etc/nginx/conf.d/voxwire.conf;" in main
+    main = main.replace("/etc/nginx/conf.d/voxwire.conf", str(include)).replace("/var/log/nginx/", f"{tmp_path}/")
+    (tmp_path / "nginx.conf").write_text(main)
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    command = [nginx, "-t", "-e", "stderr", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")]
+    result = subprocess.run([*command, "-g", f"pid {tmp_path / 'nginx.pid'};"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_probes_use_ready_for_traffic_and_health_for_liveness() -> None:

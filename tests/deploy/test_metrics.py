@@ -18,6 +18,8 @@ from tests.deploy.fleet import DEPLOY, ROOT
 from tests.server_process import ServerProcess, poll
 
 import voxwire
+from voxwire.serving.runtime.metrics import DROP_REASONS
+from voxwire.serving.ws.session_core import CLIENT_GONE
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +86,8 @@ def exercise(server: ServerProcess) -> Scrape:
     leave_mid_stream(speech)
 
     def dropped() -> bool:
-        return "voxwire_dropped_sessions_total" in parse(server.get("/metrics")).types
+        samples = parse(server.get("/metrics")).samples["voxwire_dropped_sessions_total"]
+        return samples[(("reason", "client_disconnected"),)] > 0
 
     assert poll(dropped, timeout=30), server.log
     return parse(server.get("/metrics"))
@@ -208,3 +211,25 @@ def test_the_dashboard_is_a_grafana_dashboard_over_a_chosen_prometheus() -> None
     for histogram in ("voxwire_time_to_first_audio_seconds", "voxwire_engine_step_seconds",
                       "voxwire_engine_queue_wait_seconds", "voxwire_http_request_duration_seconds"):  # fmt: skip
         assert histogram + "_bucket" in read and histogram in documented_metrics
+
+
+@pytest.mark.asyncio
+async def test_a_fresh_server_exposes_the_dropped_sessions_counter_at_zero(serve, aiohttp_client) -> None:
+    """The table lists it, so a fresh ``/metrics`` has it: one series per reason that is not an error code."""
+    client = await aiohttp_client(await serve())
+    scraped = parse(await (await client.get("/metrics")).text())
+    samples = scraped.samples["voxwire_dropped_sessions_total"]
+    dropped = {dict(labels)["reason"]: value for labels, value in samples.items()}
+    assert dropped == dict.fromkeys(DROP_REASONS, 0.0)
+    assert CLIENT_GONE in DROP_REASONS  # the WebSocket session's reason for a broken connection
+
+
+def test_every_literal_drop_reason_of_the_server_starts_at_zero() -> None:
+    """The reasons written into the server's ``count_dropped`` calls (the others are error codes) are initialised."""
+    server = ROOT / "server" / "voxwire"
+    literals = {
+        reason
+        for path in server.rglob("*.py")
+        for reason in re.findall(r'count_dropped\(\s*"(\w+)"', path.read_text(encoding="utf-8"))
+    }
+    assert literals and literals <= set(DROP_REASONS)

@@ -148,6 +148,17 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken, f"{page.name}: {broken}"
 
 
+@pytest.mark.parametrize("page", markdown_files(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_table_is_whole(page: Path) -> None:
+    """A table is one run of ``|`` lines, its header then its ``|---|`` line: a row cut off by a blank line starts
+    a run without one, which renders as a stray line of text (as docs/http-api's ``/openapi.json`` row once did)."""
+    prose = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
+    runs = re.findall(r"(?:^\|.*\n?)+", prose, flags=re.MULTILINE)
+    broken = [run.splitlines()[0] for run in runs if len(run.splitlines()) < 2 or
+              not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", run.splitlines()[1].strip())]  # fmt: skip
+    assert not broken, f"{page.name}: table lines without a header: {broken}"
+
+
 def test_protocol_modules_point_at_the_normative_spec() -> None:
     for module in ("server/voxwire/protocol/wire.py", "client_js/protocol.js"):
         assert "docs/protocol.md" in (ROOT / module).read_text(encoding="utf-8"), module

@@ -244,10 +244,10 @@ class Topology:
     own KV pool and graphs; new utterances go to the engine with the most free capacity. Implies ``--workers 1``
     at least, since the engines run in processes of their own ([deploy](deploy.md#several-gpus-in-one-machine))."""
     liveness_timeout_s: float = 5.0
-    """An engine or frontend process (the default topology, ``--workers N``, ``--devices``; not ``--workers 0``)
-    whose heart thread (a beat every quarter second, whatever its loop is doing) has been silent this long is not
-    running (stopped, frozen): the supervisor ends it and starts another
-    ([liveness](#liveness-and-replacement)). A busy or CPU-starved process still beats."""
+    """On by default, as in every topology but ``--workers 0``: an engine or frontend process whose heart thread
+    (a beat every quarter second, whatever its loop is doing) has been silent this long is not running (stopped,
+    frozen), and the supervisor ends it and starts another ([liveness](#liveness-and-replacement)). A busy or
+    CPU-starved process still beats."""
     stall_timeout_s: float = 60.0
     """The least time an engine step, or one turn of a frontend's event loop, may take before the loop counts as
     stuck (a deadlock, a step that never returns) and its process is ended and replaced; with ``--workers 0`` a

@@ -63,6 +63,13 @@ class BuildInfo:
     was given."""
 
 
+DROP_REASONS = ("client_disconnected", "client_gone", "shutdown")
+"""The reasons a session is dropped for besides the error code that ended it: an HTTP client that left
+(``client_disconnected``), a WebSocket that broke mid-utterance (``client_gone``), an HTTP response cut by the
+server's shutdown (``shutdown``). Their series start at 0, so ``voxwire_dropped_sessions_total`` is on a fresh
+``/metrics`` (as the docs' table says) and a rate over it has a start."""
+
+
 class Metrics:
     """Counters and histograms of one app; every method is cheap and safe on the event loop."""
 
@@ -130,6 +137,8 @@ class Metrics:
         self._utterances = Counter(
             "voxwire_utterances", "Utterances finished, by finish reason.", ["finish_reason"], registry=self.registry
         )
+        for reason in DROP_REASONS:
+            self._dropped_sessions.labels(reason=reason)
 
     def observe_http(self, method: str, route: str, status: int, seconds: float | None) -> None:
         """One HTTP request answered; ``seconds`` None: not timed (a WebSocket upgrade)."""
