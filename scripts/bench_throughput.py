@@ -216,7 +216,9 @@ def main() -> None:
             f"{reference.audio_per_wall_s:.3f} audio s / wall s, {reference.audio_s / count:.2f} s of audio per request"
         )
     modes = {"realtime": True, "no_realtime": False}
+    built = time.monotonic()
     engines = {mode: serve_engine(tts, realtime, max(counts), args.max_length) for mode, realtime in modes.items()}
+    print(f"engines built in {time.monotonic() - built:.0f} s (the real-time one's runner measures its step cost)")
     for engine in engines.values():  # warm-up, as bench_engine's: first-call allocations and caches
         run_level(engine, file_requests(2, 2, offset=1000), tts.sample_rate, args.retry_after_s)
     print(
