@@ -42,6 +42,14 @@ from voxwire.tiny.checkpoint import make_tiny_checkpoint
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank, and then it runs home again."
 
 
+def float32_reference(path: Path) -> ReferenceVoxCPM:
+    """The reference model of the checkpoint at ``path``, in float32 on the CPU (it reads both from the checkpoint's
+    config.json, which this rewrites) and without its denoiser or warm-up."""
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "dtype": "float32", "device": "cpu"}))
+    return ReferenceVoxCPM(str(path), enable_denoiser=False, optimize=False, device="cpu")
+
+
 def alternate(first: Callable[[], object], second: Callable[[], object], rounds: int) -> tuple[float, float]:
     """Median seconds of ``first`` and ``second``, called alternately ``rounds`` times after one warm-up each."""
     first(), second()
@@ -117,9 +125,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_checkpoint(Path(tmp) / args.config, args.config)
-        config = json.loads((path / "config.json").read_text())
-        (path / "config.json").write_text(json.dumps({**config, "dtype": "float32", "device": "cpu"}))
-        ref = ReferenceVoxCPM(str(path), enable_denoiser=False, optimize=False, device="cpu")
+        ref = float32_reference(path)
         tts = voxwire.load_model(path, device="cpu", dtype="float32")
         results = measure(ref, tts, args.steps)
     print(

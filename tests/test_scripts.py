@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import soundfile
 
+from voxwire.model_config import ModelConfig
+from voxwire.tiny.configs import ALL_CONFIGS
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -25,6 +28,22 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_bench_engine_smoke() -> None:
     result = run_script("bench_engine.py", "--patches", "3", "--sessions", "1,2", "--arrival-sessions", "2")
     assert "| 2 |" in result.stdout and "worst" in result.stdout
+
+
+@pytest.mark.slow
+def test_bench_throughput_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "throughput.json"
+    args = ("--config", "voxcpm2", "--patches", "2", "--concurrency", "1,2", "--threads", "1", "--json", str(out))
+    result = run_script("bench_throughput.py", *args)
+    assert "| 2 |" in result.stdout
+    levels = json.loads(out.read_text())["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 2]
+    config = ModelConfig.from_dict(ALL_CONFIGS["voxcpm2"], source="voxcpm2")
+    request_s = 2 * config.samples_per_patch / config.sample_rate
+    for level in levels:  # every request of both engines made its fixed length, and each has an RTF
+        for mode in ("realtime", "no_realtime"):
+            assert level[mode]["audio_s"] == pytest.approx(level["concurrency"] * request_s)
+            assert level[mode]["rtf_p90"] >= level[mode]["rtf_p50"] > 0
 
 
 @pytest.mark.slow
