@@ -17,6 +17,9 @@ completion, one way right after the other:
   A request the policy sheds (``OverBudgetError``: HTTP 503 busy) is submitted again ``--retry-after-s`` later
   (the server's ``Retry-After`` is 1 s), as a client honouring it would; the table counts those refusals, and their
   RTF runs from the first submission.
+* voxwire batch: the same real-time engine, the requests at ``"priority": "batch"`` (``Priority.BATCH``, what an
+  offline job asks for: never shed, run in what real-time rows leave, at least once every ``--max-batch-gap-ms``),
+  the engine's ``--max-batch-sessions`` = the largest c.
 * voxwire ``--no-realtime``: the same with the FIFO policy.
 * reference, one after another (a Gradio demo with concurrency 1): the reference's offline ``generate`` of each
   request at the same length, CFG and timesteps. Its rate does not depend on c, so ``--reference-requests`` of them
@@ -46,7 +49,7 @@ import voxwire
 from bench_engine import TEXTS, sessions
 from voxwire.chunk import Chunk
 from voxwire.client.bench.measure import percentiles
-from voxwire.engine import Engine, FinishReason, OverBudgetError, Request, SynthesisParams
+from voxwire.engine import Engine, FinishReason, OverBudgetError, Priority, Request, SynthesisParams
 from voxwire.engine.loop import EngineLoop
 from voxwire.engine.runner import ModelRunner
 from voxwire.serving.server_config import EngineSettings
@@ -95,14 +98,16 @@ class Level:
 
 
 def serve_engine(tts: VoxCPM, realtime: bool, slots: int, max_length: int) -> Engine:
-    """The engine ``voxwire serve`` builds (``--no-realtime`` when not ``realtime``) with ``slots`` sessions."""
-    settings = EngineSettings(realtime=realtime, max_sessions=slots, max_length=max_length)
+    """The engine ``voxwire serve`` builds (``--no-realtime`` when not ``realtime``) with ``slots`` sessions, every
+    one of which batch requests may hold."""
+    settings = EngineSettings(realtime=realtime, max_sessions=slots, max_length=max_length, max_batch_sessions=slots)
     return Engine(ModelRunner(tts, settings.runner_options()), settings.engine_config())
 
 
-def file_requests(count: int, patches: int, offset: int = 0) -> list[Request]:
+def file_requests(count: int, patches: int, offset: int = 0, priority: Priority = Priority.REALTIME) -> list[Request]:
     """``count`` requests of ``patches`` patches each, as the HTTP routes send them (no lead bound)."""
-    return [dataclasses.replace(request, max_ahead_s=math.inf) for request in sessions(count, patches, offset)]
+    requests = sessions(count, patches, offset)
+    return [dataclasses.replace(request, max_ahead_s=math.inf, priority=priority) for request in requests]
 
 
 def run_level(engine: Engine, requests: list[Request], sample_rate: int, retry_after_s: float) -> Level:
@@ -215,31 +220,41 @@ def main() -> None:
             f"reference: {count} requests one after another, timed once (its rate does not depend on c): "
             f"{reference.audio_per_wall_s:.3f} audio s / wall s, {reference.audio_s / count:.2f} s of audio per request"
         )
-    modes = {"realtime": True, "no_realtime": False}
     built = time.monotonic()
-    engines = {mode: serve_engine(tts, realtime, max(counts), args.max_length) for mode, realtime in modes.items()}
+    realtime_engine = serve_engine(tts, True, max(counts), args.max_length)
+    engines = {
+        "realtime": realtime_engine,
+        "batch": realtime_engine,  # the same engine; the requests ask for Priority.BATCH
+        "no_realtime": serve_engine(tts, False, max(counts), args.max_length),
+    }
+    priorities = {"realtime": Priority.REALTIME, "batch": Priority.BATCH, "no_realtime": Priority.REALTIME}
     print(f"engines built in {time.monotonic() - built:.0f} s (the real-time one's runner measures its step cost)")
-    for engine in engines.values():  # warm-up, as bench_engine's: first-call allocations and caches
+    for engine in {id(engine): engine for engine in engines.values()}.values():  # warm-up: first-call allocations
         run_level(engine, file_requests(2, 2, offset=1000), tts.sample_rate, args.retry_after_s)
     print(
         "\n| c | voxwire real-time audio s / wall s | RTF p50 / p90 | busy refusals "
+        "| voxwire batch audio s / wall s | RTF p50 / p90 "
         "| voxwire --no-realtime audio s / wall s | RTF p50 / p90 "
-        "| reference (one after another) audio s / wall s | RTF p50 | real-time / reference |"
+        "| reference (one after another) audio s / wall s | RTF p50 | batch / reference |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     ref_rate = None if reference is None else reference.audio_per_wall_s
     ref_cells = "- | -" if reference is None else f"{ref_rate:.3f} | {reference.summary()['rtf_p50']:.2f}"
     levels = []
     for count in counts:
-        requests = file_requests(count, args.patches)
         runs = {
-            mode: run_level(engine, requests, tts.sample_rate, args.retry_after_s) for mode, engine in engines.items()
-        }
-        live, fifo = runs["realtime"].summary(), runs["no_realtime"].summary()
+            mode: run_level(
+                engine, file_requests(count, args.patches, priority=priorities[mode]), tts.sample_rate,
+                args.retry_after_s,
+            )
+            for mode, engine in engines.items()
+        }  # fmt: skip
+        live, batch, fifo = (runs[mode].summary() for mode in ("realtime", "batch", "no_realtime"))
         print(
             f"| {count} | {live['audio_s_per_wall_s']:.3f} | {live['rtf_p50']:.2f} / {live['rtf_p90']:.2f} "
-            f"| {live['refusals']} | {fifo['audio_s_per_wall_s']:.3f} | {fifo['rtf_p50']:.2f} / {fifo['rtf_p90']:.2f} "
-            f"| {ref_cells} | {ratio(live['audio_s_per_wall_s'], ref_rate)} |",
+            f"| {live['refusals']} | {batch['audio_s_per_wall_s']:.3f} | {batch['rtf_p50']:.2f} / "
+            f"{batch['rtf_p90']:.2f} | {fifo['audio_s_per_wall_s']:.3f} | {fifo['rtf_p50']:.2f} / "
+            f"{fifo['rtf_p90']:.2f} | {ref_cells} | {ratio(batch['audio_s_per_wall_s'], ref_rate)} |",
             flush=True,
         )
         levels.append({"concurrency": count, **{mode: run.summary() for mode, run in runs.items()}})
