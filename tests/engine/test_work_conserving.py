@@ -1,4 +1,4 @@
-"""Work-conserving real-time scheduling (``engine.policy`` rules 2 and 5) and the batch priority (rules B1-B3):
+"""Work-conserving real-time scheduling (``engine.policy`` rules 2 and 5) and the batch priority (rules B1-B4):
 pure decisions first, then an engine driven in virtual time."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.engine.virtual_clock import Clock
 
 from voxwire.engine import EngineConfig, FinishReason, Priority, QueueFullError
 from voxwire.engine.cost_model import StepCost
-from voxwire.engine.policy import DUE_NOW, RealtimePolicy, RunningRows, WaitingRequests
+from voxwire.engine.policy import DUE_NOW, RealtimeDecision, RealtimePolicy, RunningRows, WaitingRequests
 
 CHUNK_S = 0.16
 BATCH = Priority.BATCH
@@ -85,6 +85,18 @@ def test_batch_requests_are_admitted_only_after_every_realtime_one_and_never_as_
     assert _policy().decide(0.0, RunningRows([]), WaitingRequests([20, 20, 20], realtime=1), 3).admit == 1
     # Sixteen due rows take the budget: a batch request at the head is not forced in.
     assert _policy().decide(0.0, RunningRows([0.0] * 16), WaitingRequests([20], realtime=0), 1).admit == 0
+
+
+def test_with_no_live_stream_batch_work_takes_whole_steps():
+    """B3: an engine whose single row is over the real-time budget (a CPU) still runs every batch row, and admits
+    every batch request, when no real-time stream runs."""
+    policy = _policy("200ms+10ms/row")  # one row alone: 210 ms, over the 160 ms budget
+    rows = RunningRows([5.0] * 6, batch=frozenset(range(6)))
+    decision = policy.decide(0.0, rows, WaitingRequests([20] * 3, realtime=0), 3)
+    assert (decision.admit, decision.decode) == (3, tuple(range(6)))
+    # One real-time row beside them (far ahead, so it skips): the batch rows wait for their deadline again.
+    rows = RunningRows([5.0] * 6 + [9.0], lead_bounds=[None] * 6 + [math.inf], batch=frozenset(range(6)))
+    assert policy.decide(0.0, rows, WaitingRequests([20] * 3, realtime=0), 3) == RealtimeDecision(0, ())
 
 
 @given(
@@ -174,7 +186,7 @@ def test_live_streams_stay_on_time_while_files_take_the_rest(make_realtime_engin
 
 
 def test_a_batch_stream_never_starves_and_never_takes_a_live_rows_place(make_realtime_engine, make_request):
-    """B3: live streams alone fill every step; a batch request still runs at least once every max_batch_gap_s."""
+    """B4: live streams alone fill every step; a batch request still runs at least once every max_batch_gap_s."""
     engine, runner = make_realtime_engine("10ms+10ms/row", num_slots=16, config={"max_batch_gap_s": 0.5})
     for index in range(15):  # 15 rows fill 160 ms: 15 due live streams saturate the engine
         engine.add(make_request(f"live{index}", "x" * 10, playback_lead_s=0.0))
@@ -225,6 +237,18 @@ def test_batch_requests_hold_at_most_their_slots_and_have_their_own_queue(make_r
         clock.step()
     admitted = [p.request_id for plan in runner.plans for p in plan.prefills]
     assert admitted == ["live", "job0"]  # the real-time one first, then one batch slot
+
+
+def test_a_slow_engine_with_no_listener_runs_a_batch_job_back_to_back(make_realtime_engine, make_request):
+    """B3 in virtual time: 200 ms steps for 160 ms chunks, and nobody listening: the batch request decodes every step,
+    not once per max_batch_gap_s."""
+    engine, runner = make_realtime_engine("200ms+10ms/row", config={"max_batch_gap_s": 5.0})
+    engine.add(make_request("job", "x" * 3, priority=BATCH))  # 28 chunks
+    clock = Clock(engine)
+    while engine.has_unfinished():
+        clock.step()
+    assert len(runner.plans) == 28
+    assert clock.now == pytest.approx(28 * 0.21)  # back to back
 
 
 def test_batch_requests_are_never_shed(make_realtime_engine, make_request):

@@ -24,5 +24,5 @@ def test_the_setting_reaches_the_loader(setting: str, asked: bool | None, monkey
 
 
 def test_an_unknown_value_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match="dit_fp8='fast'.*auto, on, off"):
+    with pytest.raises(ValueError, match=r"dit_fp8='fast'.*auto, on, off"):
         ServerConfig.of(dit_fp8="fast")

@@ -42,7 +42,7 @@ class EngineConfig:
     """Most slots batch requests (``Priority.BATCH``) hold at once, so that real-time requests always find the rest;
     None: no cap but ``max_running``."""
     max_batch_gap_s: float = 1.0
-    """The batch guarantee (``policy``, rules B1-B2): a running batch row decodes at least once this often, and a
+    """The batch guarantee (``policy``, rules B2 and B4): a running batch row decodes at least once this often, and a
     batch request that has waited this long queues as a real-time one would."""
     max_step_load: float | None = None
     """The share of a chunk's duration a step of every committed stream may take, at the measured step cost, before

@@ -67,7 +67,11 @@ B1. *Queue.* Real-time waiting requests are admitted before batch ones; a batch 
 B2. *Rows.* A running batch row has no listener; its deadline is ``G`` after the start of its last step. Batch
     rows fill the step last, least recently decoded first, within the same bounds as B1's admissions; a batch
     row at its deadline runs whatever the budget, as a due row does.
-B3. *Guarantee.* So a running batch row decodes at least once every ``G`` (plus one step), and a waiting batch
+B3. *Idle of live streams.* With no real-time stream running or admitted, batch work is not budgeted: every batch
+    row decodes every step and the waiting batch requests are admitted (within the free slots and the batch cap),
+    so an engine with no listener runs offline jobs at its full speed, even one whose single row is over the
+    real-time budget (a CPU); a real-time request that arrives waits for at most that one step.
+B4. *Guarantee.* So a running batch row decodes at least once every ``G`` (plus one step), and a waiting batch
     request waits at most ``G`` longer than a real-time one would; what the real-time rows can lose to batch is
     each running batch row's cost once per ``G`` (a step's forced batch rows), which rule 7 does not count.
 
@@ -203,11 +207,13 @@ class RealtimePolicy:
         """Rule 5: a row's own lead bound, or the policy's when it states none."""
         return self.max_ahead_s if bound is None else bound
 
-    def runs_from(self, deadline: float, lead_bound: float | None = None, batch: bool = False) -> float:
+    def runs_from(
+        self, deadline: float, lead_bound: float | None = None, batch: bool = False, live: bool = True
+    ) -> float:
         """The earliest time a row with this deadline (and lead bound, for a real-time row) decodes in a step that
-        has nothing else to do."""
-        if batch:
-            return -math.inf if self.fits(1, 0) else deadline  # rule B2: it fills any step, or waits until due
+        has nothing else to do (``live``: whether real-time streams run beside it)."""
+        if batch:  # rules B2-B3: it fills any step (any at all with no live stream), or waits until due
+            return -math.inf if not live or self.fits(1, 0, self.step_budget_s) else deadline
         if self.fits(1, 0):
             return deadline - max(self.lead_bound(lead_bound), self.due_within_s)
         return deadline - self.due_within_s  # one row alone is over budget: it runs only once due
@@ -227,7 +233,7 @@ class RealtimePolicy:
         return None if self.row_weight is None else [self.weight(count) for count in timesteps]
 
     def decide(self, now: float, running: RunningRows, waiting: WaitingRequests, free_slots: int) -> RealtimeDecision:
-        """Apply rules 2-5 and B1-B2.
+        """Apply rules 2-5 and B1-B3.
 
         Args:
             now: The current time, on the clock the deadlines are on.
@@ -303,8 +309,9 @@ class RealtimePolicy:
         live_all_placed = fill(live[due:], lambda index: deadlines[index] - lead[index] <= now)
         if live_all_placed and admit == 0:
             # Rule B1: batch requests and then batch rows only in what every real-time row left, within the step
-            # budget (rule 7's), and never in a step that admits a real-time request.
-            limit = min(limit, self.step_budget_s)
+            # budget (rule 7's), and never in a step that admits a real-time request; with no real-time stream at
+            # all, whole steps (B3).
+            limit = min(limit, self.step_budget_s) if live else math.inf
             admit_while_fits(candidates, head_forced=False)
             fill(offline[batch_due:], lambda index: True)
         return RealtimeDecision(admit, tuple(sorted(decode)))

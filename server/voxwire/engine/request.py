@@ -46,7 +46,7 @@ FINISH_REASONS: dict[RequestStatus, FinishReason] = {
 
 
 class Priority(enum.Enum):
-    """Which capacity a request runs in (``engine.policy``, rules B1-B3)."""
+    """Which capacity a request runs in (``engine.policy``, rules B1-B4)."""
 
     REALTIME = "realtime"
     """Someone is listening: its chunks have playback deadlines (the default)."""

@@ -36,7 +36,7 @@ class Scheduler:
     KV blocks: a request admitted gets every block it can reach (``blocks``), and admission stops at
     the first waiting request whose blocks are not free (it waits; nothing overtakes it).
 
-    Priorities (``Request.priority``; the rules are ``engine.policy``'s B1-B3): the free slots go to the real-time
+    Priorities (``Request.priority``; the rules are ``engine.policy``'s B1-B4): the free slots go to the real-time
     waiting requests first, in arrival order, then to the batch ones, which hold at most
     ``EngineConfig.max_batch_running`` slots; a batch request that has waited ``max_batch_gap_s`` takes its place
     among the real-time ones by arrival. Each class has its own ``max_waiting``, so a batch job that fills its queue
@@ -241,9 +241,10 @@ class Scheduler:
         if self.slots.num_used and policy is None:
             return now
         if policy is not None:
-            running = (self.records[rid] for rid in self.slots.owners)
+            running = [self.records[rid] for rid in self.slots.owners]
+            live = any(not record.is_batch for record in running)
             starts += [
-                policy.runs_from(self._deadline(record, policy, now), record.request.max_ahead_s, record.is_batch)
+                policy.runs_from(self._deadline(record, policy, now), record.request.max_ahead_s, record.is_batch, live)
                 for record in running
             ]
         return max(now, min(starts, default=math.inf))
@@ -252,8 +253,9 @@ class Scheduler:
         """When the next step would admit ``record``, the head of the admissible requests (rules 4 and B1)."""
         if policy is None or not self._queues_as_batch(record, now):
             return now
-        if policy.fits(record.row_weight, record.prepared.prompt_positions):
-            return now
+        live = any(not self.records[rid].is_batch for rid in self.slots.owners)
+        if not live or policy.fits(record.row_weight, record.prepared.prompt_positions, policy.step_budget_s):
+            return now  # rules B1 and B3
         since = now if record.queued_since is None else record.queued_since
         return since + self.config.max_batch_gap_s
 

@@ -1,7 +1,7 @@
 """A speech request's priority (``engine.Priority``): the body's ``priority`` field, else the ``Voxwire-Priority``
 header (for clients that cannot add a field, e.g. an SDK with a fixed body), else real-time.
 
-What a priority means is the engine's rule (``engine.policy``, B1-B3): ``batch`` runs only in the capacity the
+What a priority means is the engine's rule (``engine.policy``, B1-B4): ``batch`` runs only in the capacity the
 real-time requests leave, and never starves.
 """
 
