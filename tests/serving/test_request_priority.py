@@ -1,5 +1,5 @@
-"""What an HTTP speech request tells the scheduler (``engine.policy``): it runs with no lead bound (its reader's TCP
-window bounds what is in flight), and either route takes a ``priority`` from its body or the ``Voxwire-Priority``
+"""What an HTTP speech request tells the scheduler (``engine.policy``): it runs with no lead bound (its reader wants
+the audio as fast as it comes), and either route takes a ``priority`` from its body or the ``Voxwire-Priority``
 header, with typed refusals. A WebSocket stream's own bound: ``ws/test_ws_max_ahead.py``."""
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     with app[STATE_KEY].utterance():  # a drain lets it finish, as it does a /v1/audio/speech request
         owner = client_owner(request.get(OWNER_KEY), request.protocol)
         priority = request_priority(request, None if "priority" not in fields else Priority(fields["priority"]))
-        # No lead bound: the response's reader (its TCP window) bounds what is in flight (engine.policy, rule 5).
+        # No lead bound: the reader wants the audio as fast as it comes (engine.policy, rule 5).
         options = UtteranceOptions(lora, owner=owner, max_ahead_s=math.inf, priority=priority)
         job = SpeechJob(service.new_request_id("generate"), text, params, voice, options)
         outputs = service.speak(job)

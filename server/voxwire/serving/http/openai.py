@@ -104,7 +104,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     with app[STATE_KEY].utterance():
         owner = client_owner(request.get(OWNER_KEY), request.protocol)
         priority = request_priority(request, speech.priority)
-        # No lead bound: the response's reader (its TCP window) bounds what is in flight (engine.policy, rule 5).
+        # No lead bound: the reader wants the audio as fast as it comes (engine.policy, rule 5).
         options = UtteranceOptions(
             speech.persona, playback_speed=speech.speed, owner=owner, max_ahead_s=math.inf, priority=priority
         )
