@@ -37,9 +37,10 @@ free, and nothing overtakes a request that does not fit.
    slack. A session joins only while its slack is at most its own lead bound (``Request.max_ahead_s``, else the
    engine's ``max_ahead_s``): a WebSocket listener buffers what it gets, so its stream stays that close (a short
    step for a new session's first chunk, little audio discarded on a barge-in); an HTTP response has no bound
-   (``math.inf``): its reader wants the audio as fast as it comes, and what it has not read yet waits in the server, at most its request's length cap. The walk passes over rows beyond their bound
-   and stops at the first that does not fit, so among the rows within their bounds the decoded ones are a prefix
-   of the slack order: a session further ahead never decodes while one behind it skips.
+   (``math.inf``): its reader wants the audio as fast as it comes, and what it has not read yet waits in the
+   server, at most its request's length cap. The walk passes over rows beyond their bound and stops at the first
+   that does not fit, so among the rows within their bounds the decoded ones are a prefix of the slack order: a
+   session further ahead never decodes while one behind it skips.
 6. *No starvation.* A skipped session's slack shrinks as time passes, so it reaches rule 3 and then decodes
    every step until it is ahead again.
 7. *Shedding.* With ``max_step_load`` set (the server's ``--max-step-load``), a real-time request that starts a new

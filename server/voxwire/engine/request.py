@@ -123,8 +123,9 @@ class Request:
     a chunk plays in half its duration, so its deadlines come twice as often. Only the real-time policy reads it."""
     max_ahead_s: float | None = None
     """How far ahead of its listener the stream may run (``engine.policy``, rule 5): a WebSocket listener buffers
-    what it gets, so it has a bound; ``math.inf`` for a response whose reader wants the audio as fast as it comes (what it has not read waits in the server, at most the request's length cap)
-    (HTTP); None: the engine's ``EngineConfig.max_ahead_s``. Only the real-time policy reads it."""
+    what it gets, so it has a bound; ``math.inf`` for an HTTP response, whose reader wants the audio as fast as it
+    comes (what it has not read waits in the server, at most the request's length cap); None: the engine's
+    ``EngineConfig.max_ahead_s``. Only the real-time policy reads it."""
     priority: Priority = Priority.REALTIME
     """Real-time (someone listens) or batch (an offline job: only the capacity real-time requests leave)."""
 

@@ -115,8 +115,9 @@ class EngineSettings:
     10000)."""
     max_ahead_ms: int = 1000
     """How far ahead of its listener a WebSocket stream may be generated, for clients that send no
-    ``start.max_ahead_ms`` (real-time; [scheduling](#scheduling)). HTTP responses have no such bound: their audio comes as fast
-    as the engine makes it, and what a slow reader has not read waits in the server (at most the request's length)."""
+    ``start.max_ahead_ms`` (real-time; [scheduling](#scheduling)). HTTP responses have no such bound: their audio
+    comes as fast as the engine makes it, and what a slow reader has not read waits in the server (at most the
+    request's length)."""
     max_ahead_limit_ms: int | None = field(default=None, metadata=flag(shown_default="30000, at least --max-ahead-ms"))
     """The most a WebSocket client may ask for as ``start.max_ahead_ms`` (``out_of_range`` above)."""
     max_batch_sessions: int | None = field(default=None, metadata=flag(shown_default="a quarter of --max-sessions"))
