@@ -50,6 +50,12 @@ async def test_stdout_pcm_is_the_engines_audio_for_the_seed(serve, tiny_tts: Vox
         assert result.stdout == to_s16le(expected)
 
 
+async def test_quiet_says_nothing_on_success(serve, tmp_path: Path) -> None:
+    server = await serve()
+    result = await voxwire("say", "--server", url(server), "--quiet", "--out", str(tmp_path / "a.wav"), TEXT)
+    assert result.returncode == 0 and result.stderr == ""
+
+
 @pytest.mark.isa
 async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_tts: VoxCPM, tmp_path: Path) -> None:
     server = await serve()
@@ -57,6 +63,11 @@ async def test_wav_to_stdout_and_to_a_file_read_back_with_soundfile(serve, tiny_
     piped = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", "-", TEXT)
     saved = await voxwire("say", "--server", url(server), "--seed", str(SEED), "--out", str(path), TEXT)
     assert piped.returncode == saved.returncode == 0, piped.stderr + saved.stderr
+    # Each ends with one summary line on stderr: what it wrote, where, how soon the audio came.
+    assert (
+        "voxwire say: spoke " in piped.stderr and " s of audio to standard output, first audio after " in piped.stderr
+    )
+    assert f" s of audio to {path}, first audio after " in saved.stderr
 
     expected = np.frombuffer(to_s16le(tiny_tts.generate(TEXT, SynthesisParams(seed=SEED))), dtype="<i2")
     streamed, rate = soundfile.read(io.BytesIO(piped.stdout), dtype="int16")  # streaming header: sizes unknown

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from voxwire.client.say import SayResult
 
 _EPILOG = """examples:
   voxwire say "Hello there"                          # speakers (pip install 'voxwire[speakers]')
@@ -64,6 +68,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="report time to first audio and segments on stderr"
     )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no summary line on stderr after speaking (errors still are)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -71,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from voxwire.client.aio import lines_of
     from voxwire.client.connection import token_from_env
     from voxwire.client.errors import ClientError
-    from voxwire.client.output import choose_sink, format_for
+    from voxwire.client.output import AudioSink, SpeakerSink, choose_sink, format_for
     from voxwire.client.retry import RetryPolicy
-    from voxwire.client.say import SayResult, one_text, say
+    from voxwire.client.say import one_text, say
     from voxwire.errors import InvalidInputError
 
     from_stdin = args.text in ([], ["-"])
@@ -92,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise InvalidInputError(f"--retries: {exc}") from None
 
+    sinks: list[AudioSink] = []
+
     async def speak() -> SayResult:
         sink = choose_sink(args.out, format_for(args.out, args.format))
+        sinks.append(sink)
         texts = lines_of(sys.stdin) if from_stdin else one_text(" ".join(args.text))
         return await say(
             args.server,
@@ -118,4 +128,14 @@ def run(args: argparse.Namespace) -> int:
         lost = result.interruptions[-1]
         print(f"voxwire say: error: {len(result.interruptions)} connection(s) lost mid-utterance", file=sys.stderr)
         return lost.exit_code
+    if not args.quiet:
+        warn(summary(result, args.out, isinstance(sinks[0], SpeakerSink)))
     return 0
+
+
+def summary(result: SayResult, out: str | None, speakers: bool) -> str:
+    """The line ``voxwire say`` ends a spoken utterance with: what it wrote where, and how soon audio came."""
+    where = "the speakers" if speakers else "standard output" if out in (None, "-") else out
+    audio_s = 0.0 if result.done is None else result.done.audio_s
+    first = "" if result.ttfa_s is None else f", first audio after {result.ttfa_s * 1e3:.0f} ms"
+    return f"spoke {audio_s:.2f} s of audio to {where}{first}"
