@@ -161,10 +161,8 @@ class Engine:
     def step_load_s(self) -> float:
         """The predicted duration of a step decoding every committed stream once, at the measured cost (what rule 7
         compares with ``step_budget_s``); 0 when none is committed or without the real-time policy."""
-        policy, committed = self.scheduler.realtime, self.scheduler.committed_demand()
-        if policy is None or not committed:
-            return 0.0
-        return policy.cost.seconds(committed, 0, self.scheduler.committed_timesteps())
+        policy, (committed, timesteps) = self.scheduler.realtime, self.scheduler.committed_load()
+        return 0.0 if policy is None or not committed else policy.cost.seconds(committed, 0, timesteps)
 
     @property
     def step_budget_s(self) -> float | None:

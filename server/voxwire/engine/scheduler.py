@@ -108,8 +108,7 @@ class Scheduler:
         weight = 1.0 if policy is None else policy.weight(request.params.inference_timesteps)
         record = RequestRecord(request, prepared, row_weight=weight)
         if policy is not None and request.playback_due is None and priority is Priority.REALTIME:
-            committed = self.committed_demand()
-            timesteps = self.committed_timesteps() | {request.params.inference_timesteps}
+            committed, timesteps = self.committed_load(record)
             if policy.sheds(committed, record.demand, timesteps):
                 self.sessions_shed += 1
                 step_ms = policy.cost.seconds(committed + record.demand, 0, timesteps) * 1e3
@@ -123,19 +122,21 @@ class Scheduler:
         self.waiting.append(record)
         self.records[rid] = record
 
-    def committed_timesteps(self) -> set[int]:
-        """The CFM timestep counts the committed streams ask for (their step's sub-steps, ``engine.policy`` rule 2)."""
-        return {self.records[rid].request.params.inference_timesteps for rid in self.slots.owners} | {
-            record.request.params.inference_timesteps for record in islice(self.waiting, self.slots.num_free)
-        }
+    def committed_load(self, new: RequestRecord | None = None) -> tuple[float, set[int]]:
+        """The committed streams (``engine.policy``, rule 7: the real-time running ones and the real-time waiting ones
+        the free slots will take): the rows per chunk duration they need (0: none is committed), and the CFM timestep
+        counts they and ``new`` ask for (their step's sub-steps, rule 2)."""
+        running = (self.records[rid] for rid in self.slots.owners)
+        waiting = islice((record for record in self.waiting if not record.is_batch), self.slots.num_free)
+        streams = [record for record in chain(running, waiting) if not record.is_batch]
+        timesteps = {record.request.params.inference_timesteps for record in streams}
+        if new is not None:
+            timesteps.add(new.request.params.inference_timesteps)
+        return sum(record.demand for record in streams), timesteps
 
     def committed_demand(self) -> float:
-        """The rows per chunk duration the committed streams need (``engine.policy``, rule 7): the real-time running
-        ones and the real-time waiting ones the free slots will take; 0 when none is committed."""
-        running = (self.records[rid] for rid in self.slots.owners)
-        waiting = (record for record in self.waiting if not record.is_batch)
-        committed = chain(running, islice(waiting, self.slots.num_free))
-        return sum(record.demand for record in committed if not record.is_batch)
+        """The rows per chunk duration the committed streams need (rule 7); 0 when none is committed."""
+        return self.committed_load()[0]
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` as aborted, freeing its slot; False if it is unknown or finished."""
@@ -231,31 +232,31 @@ class Scheduler:
         decodes nothing; the caller should wait until this time instead."""
         if self._released or self._moves or self._aborted:
             return now
-        admissible = self._admissible(now)
+        admissible = self._admissible(now)  # stamps the requests waiting for a persona slot (rule P4)
         policy = self.realtime
-        # A waiting request the next step admits: a real-time one always (rule 4), a batch one when it fits (B1).
-        starts = [self._admitted_from(record, policy, now) for record in admissible[:1]]
+        if self.slots.num_used and policy is None:
+            return now
+        running = [self.records[rid] for rid in self.slots.owners]
+        live = any(not record.is_batch for record in running)
+        # A waiting request the next step admits: a real-time one always (rule 4), a batch one when it fits (B1, B3).
+        starts = [self._admitted_from(record, policy, now, live) for record in admissible[:1]]
         # A request waiting for a persona slot ends busy once its wait is over (rule P4): a step is due then.
         bound = self.config.max_persona_wait_s
         starts += [since + bound for since in (s.persona_wait_since for s in self.waiting) if since is not None]
-        if self.slots.num_used and policy is None:
-            return now
         if policy is not None:
-            running = [self.records[rid] for rid in self.slots.owners]
-            live = any(not record.is_batch for record in running)
             starts += [
                 policy.runs_from(self._deadline(record, policy, now), record.request.max_ahead_s, record.is_batch, live)
                 for record in running
             ]
         return max(now, min(starts, default=math.inf))
 
-    def _admitted_from(self, record: RequestRecord, policy: RealtimePolicy | None, now: float) -> float:
-        """When the next step would admit ``record``, the head of the admissible requests (rules 4 and B1)."""
+    def _admitted_from(self, record: RequestRecord, policy: RealtimePolicy | None, now: float, live: bool) -> float:
+        """When the next step would admit ``record``, the head of the admissible requests (rules 4, B1 and B3;
+        ``live``: whether real-time streams run)."""
         if policy is None or not self._queues_as_batch(record, now):
             return now
-        live = any(not self.records[rid].is_batch for rid in self.slots.owners)
         if not live or policy.fits(record.row_weight, record.prepared.prompt_positions, policy.step_budget_s):
-            return now  # rules B1 and B3
+            return now
         since = now if record.queued_since is None else record.queued_since
         return since + self.config.max_batch_gap_s
 
