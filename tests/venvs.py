@@ -1,4 +1,5 @@
-"""Fresh virtual environments with this checkout installed, as a user outside the repository gets it."""
+"""Fresh virtual environments with this checkout installed, as a user outside the repository gets it, and the
+reference implementation's environment (``scripts/reference/setup_env.sh``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,21 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+REFERENCE_VENV = Path(os.environ.get("VOXWIRE_REFERENCE_VENV", ROOT / ".venv-reference"))
+"""The reference's environment. CI builds it and sets ``VOXWIRE_REQUIRE_REFERENCE=1``, so there a missing one fails."""
+
+
+def reference_python() -> Path:
+    """The reference environment's python; skips the test without one (fails it where it is required)."""
+    import pytest
+
+    python = REFERENCE_VENV / "bin" / "python"
+    if not python.is_file():
+        message = f"no reference environment at {REFERENCE_VENV}: run bash scripts/reference/setup_env.sh"
+        if os.environ.get("VOXWIRE_REQUIRE_REFERENCE") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
 
 
 def outside_env() -> dict[str, str]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
+from tests.venvs import reference_python
 
 from voxwire.errors import InvalidInputError
 from voxwire.params import SynthesisParams
@@ -20,8 +20,6 @@ from voxwire.text.normalize import normalize, normalizer_available
 from voxwire.tts import VoxCPM
 from voxwire.voice_clip import VoiceClip
 
-ROOT = Path(__file__).parents[2]
-REFERENCE_VENV = Path(os.environ.get("VOXWIRE_REFERENCE_VENV", ROOT / ".venv-reference"))
 STREAMING_SWITCH = "streaming"
 """The reference's private ``_generate`` flag that its ``generate`` and ``generate_streaming`` set themselves."""
 SIGNATURE_SCRIPT = """
@@ -38,12 +36,7 @@ print(json.dumps([
 @pytest.fixture(scope="module")
 def reference_parameters() -> dict[str, object]:
     """The reference's ``VoxCPM.generate`` keywords with their defaults (``text`` has none: None)."""
-    python = REFERENCE_VENV / "bin" / "python"
-    if not python.is_file():
-        message = f"no reference environment at {REFERENCE_VENV}: run bash scripts/reference/setup_env.sh"
-        if os.environ.get("VOXWIRE_REQUIRE_REFERENCE") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    python = reference_python()
     done = subprocess.run([str(python), "-c", SIGNATURE_SCRIPT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     listed = {entry["name"]: entry["default"] for entry in json.loads(done.stdout.splitlines()[-1])}

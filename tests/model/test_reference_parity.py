@@ -9,7 +9,6 @@ from, and the tests first check that the generator still makes exactly that chec
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.venvs import reference_python
 
 import voxwire
 from voxwire.model.cfm import CfmSchedule
@@ -36,9 +36,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "model"
 NAMES = ["voxcpm-16k", "voxcpm-44k", "voxcpm2", "voxcpm2-b"]
 # The generate cases traced step by step in bf16: zero-shot, continuation, reference clip + continuation.
 TRACE_KEYS = ("en", "continuation", "reference_continuation")
-# The reference environment (scripts/reference/setup_env.sh). CI builds it and sets VOXWIRE_REQUIRE_REFERENCE=1,
-# so there its absence fails the bf16 parity tests instead of skipping them.
-REFERENCE_VENV = Path(os.environ.get("VOXWIRE_REFERENCE_VENV", ROOT / ".venv-reference"))
 
 
 @cache
@@ -174,12 +171,7 @@ def test_designed_text_is_the_references(name: str, case: dict) -> None:
 def same_machine_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference's bf16 traces, recorded now, on this machine, with this process's thread count and kernel
     settings (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA`` and the rest of the environment are inherited)."""
-    python = REFERENCE_VENV / "bin" / "python"
-    if not python.is_file():
-        message = f"no reference environment at {REFERENCE_VENV}: run bash scripts/reference/setup_env.sh"
-        if os.environ.get("VOXWIRE_REQUIRE_REFERENCE") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    python = reference_python()
     out = tmp_path_factory.mktemp("bf16-traces")
     command = [str(python), str(ROOT / "scripts" / "reference" / "bf16_traces.py"), str(out)]
     command += ["--keys", ",".join(TRACE_KEYS), "--threads", str(torch.get_num_threads())]

@@ -15,13 +15,12 @@ import openai
 import pytest
 import soundfile
 from aiohttp.test_utils import TestClient
-from tests.serving.helpers import clip, upload
+from tests.serving.helpers import clip, record_engine_jobs, upload
 
 import voxwire
 from voxwire.engine import SynthesisParams
 from voxwire.serving.app import make_app
-from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY
-from voxwire.serving.speech.service import SpeechJob
+from voxwire.serving.runtime.keys import CONFIG_KEY
 from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
 from voxwire.speech_model import VoxCPMSpeech
 from voxwire.tiny.checkpoint import make_tiny_checkpoint
@@ -34,19 +33,6 @@ pytestmark = pytest.mark.asyncio
 TEXT = "Thanks for calling. How can I help?"
 CHEERFUL = "Speak in a cheerful and positive tone."
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def record_jobs(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[SpeechJob]:
-    service = client.server.app[SPEAKER_KEY]
-    jobs: list[SpeechJob] = []
-    speak = service.speak
-
-    def recording(job: SpeechJob) -> object:
-        jobs.append(job)
-        return speak(job)
-
-    monkeypatch.setattr(service, "speak", recording)
-    return jobs
 
 
 def sdk(client: TestClient) -> openai.AsyncOpenAI:
@@ -69,7 +55,7 @@ async def wav(client: TestClient, **fields: object) -> tuple[np.ndarray, int]:
 async def test_openais_guide_example_speaks_the_designed_text(
     client: TestClient, tiny_tts: VoxCPM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     audio, rate = await wav(client, voice="coral", instructions=CHEERFUL)
     control = f"{OPENAI_VOICE_DESIGNS['coral']}; Speak in a cheerful and positive tone"
     assert [job.text for job in jobs] == [f"({control}){TEXT}"]
@@ -85,7 +71,7 @@ async def test_openais_guide_example_speaks_the_designed_text(
 async def test_instructions_alone_design_the_default_voice_and_are_cleaned(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     await wav(client, voice="default", instructions="  A deep (very deep)\n voice  ")
     await wav(client, voice="default", instructions="   ")
     assert [job.text for job in jobs] == [f"(A deep very deep voice){TEXT}", TEXT]
@@ -95,7 +81,7 @@ async def test_instructions_alone_design_the_default_voice_and_are_cleaned(
 async def test_voice_names_are_distinct_designs_fixed_by_the_seed(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     onyx, _ = await wav(client, voice="onyx")
     again, _ = await wav(client, voice="ONYX")
     nova, _ = await wav(client, voice="nova")
@@ -115,7 +101,7 @@ async def test_a_reference_voice_takes_instructions_a_continuation_voice_is_refu
 ) -> None:
     _, reference = await upload(client, clip())
     _, continuation = await upload(client, clip(), transcript="This is my voice.")
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     audio, _ = await wav(client, voice=reference["id"], instructions="whispering")
     assert audio.size > 0
     (job,) = jobs
@@ -152,7 +138,7 @@ async def test_a_model_without_voice_design_refuses_instructions_and_names_stay_
         await api.audio.speech.create(model="tts-1", voice="coral", input=TEXT, instructions=CHEERFUL)
     assert refused.value.code == "unsupported"
     await api.close()
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     coral, rate = await wav(client, voice="coral")
     alloy, _ = await wav(client, voice="alloy")
     assert rate == v1_tts.sample_rate
@@ -208,7 +194,7 @@ async def test_instructions_over_the_limit_are_a_400_before_any_work(
     overrides = {} if limit is None else {"max_text_chars_per_message": limit}
     client = await aiohttp_client(await serve(**overrides))
     limit = client.server.app[CONFIG_KEY].limits.max_text_chars_per_message
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     async with client.post("/v1/audio/speech", json={"input": TEXT, "instructions": "a" * (limit + 1)}) as response:
         assert response.status == 400
         error = (await response.json())["error"]
@@ -225,6 +211,6 @@ async def test_instructions_over_the_limit_are_a_400_before_any_work(
 async def test_instructions_of_punctuation_alone_add_nothing_to_a_voice_names_design(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, instructions: str
 ) -> None:
-    jobs = record_jobs(client, monkeypatch)
+    jobs = record_engine_jobs(client.server.app, monkeypatch)
     await wav(client, voice="coral", instructions=instructions)
     assert [job.text for job in jobs] == [f"({OPENAI_VOICE_DESIGNS['coral']}){TEXT}"]
