@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from tests.script_modules import load_script
-from tests.venvs import ROOT, copy_sources, outside_env, run
+from tests.venvs import ROOT, copy_sources, outside_env, run, venv_seeing_these_packages
 
 START_TIMEOUT_S = 180.0
 WEB_FILES = ("index.html", "demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js")
@@ -74,9 +74,7 @@ def test_the_wheel_serves_the_demo_page_and_its_modules(tmp_path: Path, dist: Pa
     env = outside_env()
     (wheel,) = dist.glob("voxwire-*.whl")
     venv = tmp_path / "venv"
-    # torch and the other dependencies come from this interpreter's site-packages: nothing is downloaded
-    run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path, env=env)
-    python = venv / "bin" / "python"
+    python = venv_seeing_these_packages(venv, env)
     run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path, env=env)
     location = run(python, "-c", "import voxwire; print(voxwire.__file__)", cwd=tmp_path, env=env)
     assert Path(location.strip()).is_relative_to(venv), location

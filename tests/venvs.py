@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -29,6 +31,21 @@ def reference_python() -> Path:
 def outside_env() -> dict[str, str]:
     """This process's environment without PYTHONPATH: nothing from the checkout leaks into a venv's imports."""
     return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+
+
+def venv_seeing_these_packages(venv: Path, env: dict[str, str]) -> Path:
+    """A new venv at ``venv`` that imports what this interpreter has installed (torch and the other dependencies:
+    nothing is downloaded) under its own packages; its python. ``--system-site-packages`` alone gives only the base
+    Python's packages, which inside a virtual environment (as README's test commands run) lack them: this
+    environment's site-packages are added behind the new venv's own, as the base's are."""
+    run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=venv.parent, env=env)
+    python = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:
+        where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        own = Path(run(python, "-c", where, cwd=venv.parent, env=env).strip())
+        outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        (own / "outer-environment.pth").write_text("".join(f"{path}\n" for path in sorted(outer)))
+    return python
 
 
 def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
