@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import io
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,15 @@ import zmq
 from tests.server_process import ServerProcess, poll
 
 from voxwire.chunk import Chunk, EngineStep
-from voxwire.engine import EngineStats, FinishReason, LatencyHistogram, QueueFullError, Request, SynthesisParams
+from voxwire.engine import (
+    EngineStats,
+    FinishReason,
+    LatencyHistogram,
+    Priority,
+    QueueFullError,
+    Request,
+    SynthesisParams,
+)
 from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.serving.speech.persona_names import PersonaInfo, PersonaLoadError, PersonaOwnerError, UnknownPersonaError
@@ -213,3 +223,27 @@ def test_a_step_message_carries_every_outputs_audio_and_fields() -> None:
         assert np.array_equal(after.audio, before.audio)
     assert received[0].patch is not None and np.array_equal(received[0].patch, patch) and received[2].patch is None
     assert received[0].step is received[1].step  # the step's rows share one object after the trip too
+
+
+def _pickled_as_early_311(message: object, target: Callable[[enum.Enum], tuple[object, str]]) -> bytes:
+    """``message`` pickled with each enum member as ``getattr(*target(member))``: ``(type(member), member.name)`` is
+    how Python 3.11's early releases (3.11.2, Debian 12's) pickle one."""
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj: object) -> object:
+            return (getattr, target(obj)) if isinstance(obj, enum.Enum) else NotImplemented
+
+    frame = io.BytesIO()
+    Pickler(frame).dump(message)
+    return frame.getvalue()
+
+
+def test_an_enum_member_pickled_the_early_311_way_arrives_and_nothing_else_does_that_way() -> None:
+    """On Python 3.11.2 every frame holding an enum (a request's priority, a chunk's finish reason) was dropped as
+    naming builtins.getattr, and a --workers server never became ready."""
+    add = ipc.Add(Request("r", "Hi.", priority=Priority.BATCH))
+    arrived = ipc.loads(_pickled_as_early_311(add, lambda member: (type(member), member.name)))
+    assert isinstance(arrived, ipc.Add) and arrived.request.priority is Priority.BATCH
+    for target, name in ((Path, "cwd"), (Priority, "__class__"), (str, "join")):
+        with pytest.raises(ipc.BadFrame):
+            ipc.loads(_pickled_as_early_311(add, lambda member, target=target, name=name: (target, name)))

@@ -17,6 +17,7 @@ any frontend.
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import sys
@@ -95,11 +96,20 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module == __name__ and name in _MESSAGE_NAMES) or (module, name) in DATA_TYPES:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member  # how Python 3.11's early releases (3.11.2: Debian 12's) pickle an enum member
         if module == "builtins" or (module.startswith("voxwire.") and module in sys.modules):
             found = getattr(sys.modules[module], name, None) if "." not in name else None
             if isinstance(found, type) and issubclass(found, BaseException):
                 return found
         raise BadFrame(f"a frame names {module}.{name}, which no message of the engine protocol holds")
+
+
+def _enum_member(cls: object, name: str) -> enum.Enum:
+    """``getattr(cls, name)`` as a frame may ask for it: only a member of an enum of ``DATA_TYPES``."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and (cls.__module__, cls.__name__) in DATA_TYPES):
+        raise BadFrame(f"a frame asks for an attribute of {cls!r}, which is not an enum of the engine protocol")
+    return cls[name]
 
 
 # ---- frontend -> engine -----------------------------------------------------------------------------------------
