@@ -111,7 +111,7 @@ def test_every_message_round_trips_and_names_only_what_it_holds() -> None:
         used |= named_globals(data)
     data_types = {name for name in used if name[0] != ipc.__name__ and not _is_exception(name)}
     numpy_aliases = {name for name in ipc.DATA_TYPES if name[0].startswith(("numpy.core", "numpy._core"))}
-    assert data_types - ipc.DATA_TYPES == set()
+    assert data_types - ipc.DATA_TYPES - {ipc.ENUM_BY_NAME} == set()  # the last: on Python 3.11.2, an enum member
     assert ipc.DATA_TYPES - data_types - numpy_aliases - {("numpy", "ndarray")} == set()  # no entry to spare
 
 

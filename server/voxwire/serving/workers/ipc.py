@@ -75,6 +75,11 @@ pickles every message, fields filled, and fails on a missing or unused entry; nu
 listed for numpy 1 and 2, contiguous or not)."""
 
 
+ENUM_BY_NAME = ("builtins", "getattr")
+"""How Python 3.11's early releases (3.11.2: Debian 12's) pickle an enum member: ``getattr(its class, its name)``. A
+frame may name it only for a member of an enum of ``DATA_TYPES`` (``_enum_member``)."""
+
+
 def loads(data: bytes, expected: frozenset[type] | None = None) -> object:
     """Decode one message frame (``BadFrame`` for anything that is not one of ``expected``, by default any
     message of the protocol)."""
@@ -96,8 +101,8 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module == __name__ and name in _MESSAGE_NAMES) or (module, name) in DATA_TYPES:
             return super().find_class(module, name)
-        if (module, name) == ("builtins", "getattr"):
-            return _enum_member  # how Python 3.11's early releases (3.11.2: Debian 12's) pickle an enum member
+        if (module, name) == ENUM_BY_NAME:
+            return _enum_member
         if module == "builtins" or (module.startswith("voxwire.") and module in sys.modules):
             found = getattr(sys.modules[module], name, None) if "." not in name else None
             if isinstance(found, type) and issubclass(found, BaseException):
