@@ -1,28 +1,15 @@
-"""README is a quickstart that stays true: short, its docs/ index complete, every link resolving, and its quick-start
-commands run as written against a real server (only the host and port changed to the test server's)."""
+"""README is a quickstart that stays true: short, its docs/ index complete, every link resolving (its commands and
+snippets run as written in test_docs_blocks.py, with every other page's)."""
 
 from __future__ import annotations
 
-import ast
-import builtins
-import os
 import re
-import shlex
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.server_process import ServerProcess
+from tests.project.helpers import DOCS, README, ROOT, section
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-DOCS = ROOT / "docs"
 MAX_README_LINES = 250
-README_ADDRESS = "127.0.0.1:8000"
-"""The server address README's commands use; the tests put their own server's in its place."""
-COMMAND_TIMEOUT_S = 120
 
 REQUIRED_HEADINGS: dict[str, tuple[str, ...]] = {
     "architecture.md": ("Layers", "Topologies", "One request's life", "The engine step"),
@@ -38,12 +25,6 @@ REQUIRED_HEADINGS: dict[str, tuple[str, ...]] = {
     "correctness.md": ("Parity fixtures", "Streaming equals offline", "Batch invariance"),
 }  # fmt: skip
 """The pages README's index must list, each with the headings it promises."""
-
-SNIPPET_PLACEHOLDERS = {
-    "Pipecat": {"transport", "stt", "llm", "user_aggregator", "assistant_aggregator"},
-    "LiveKit Agents": set(),
-}
-"""Names a framework snippet leaves to the reader's own pipeline (README's text before the snippet says so)."""
 
 
 def read_readme() -> str:
@@ -71,37 +52,6 @@ def anchors(markdown: str) -> set[str]:
         seen[slug] = count + 1
         made.add(slug if count == 0 else f"{slug}-{count}")
     return made
-
-
-def section(markdown: str, title: str) -> str:
-    """The body of the section under heading ``title``, up to the next heading of the same or a higher level."""
-    heading = re.search(rf"^(#+) {re.escape(title)}$", markdown, flags=re.MULTILINE)
-    assert heading, f"no section {title!r}"
-    body = markdown[heading.end() :]
-    end = re.search(rf"^#{{1,{len(heading.group(1))}}} ", body, flags=re.MULTILINE)
-    return body[: end.start()] if end else body
-
-
-def code_blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-
-
-def shell_commands(block: str) -> Iterator[str]:
-    """A bash block's commands: continuation lines joined, comments and blank lines left out."""
-    for command in re.sub(r"\\\n\s*", " ", block).splitlines():
-        if command.strip() and not command.lstrip().startswith("#"):
-            yield command.strip()
-
-
-def quick_start_commands(program: str) -> list[str]:
-    found = [
-        command
-        for block in code_blocks(section(read_readme(), "Quick starts"), "bash")
-        for command in shell_commands(block)
-        if re.search(rf"(^|\| ){program} ", command)
-    ]
-    assert found, f"README's quick starts show no {program} command"
-    return found
 
 
 # ---- structure ---------------------------------------------------------------------------------------------------
@@ -162,101 +112,3 @@ def test_every_table_is_whole(page: Path) -> None:
 def test_protocol_modules_point_at_the_normative_spec() -> None:
     for module in ("server/voxwire/protocol/wire.py", "client_js/protocol.js"):
         assert "docs/protocol.md" in (ROOT / module).read_text(encoding="utf-8"), module
-
-
-# ---- the quick starts, run ---------------------------------------------------------------------------------------
-
-
-def decoded_samples(path: Path) -> int:
-    """Samples per channel of the audio in ``path``, decoded by FFmpeg (PyAV); fails on anything undecodable."""
-    import av
-
-    assert path.is_file() and path.stat().st_size > 0, f"{path.name} was not written"
-    with av.open(str(path)) as container:
-        return sum(frame.samples for frame in container.decode(audio=0))
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    with ServerProcess("--model", "demo") as process:
-        process.wait_ready(timeout=180)
-        yield process
-
-
-def readme_env() -> dict[str, str]:
-    """The environment the commands run in: the console scripts next to this interpreter come first."""
-    scripts = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", "")}
-
-
-def run_shell(command: str, cwd: Path) -> None:
-    result = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", command], cwd=cwd, env=readme_env(), capture_output=True, text=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )  # fmt: skip
-    assert result.returncode == 0, f"{command}\nexit {result.returncode}\n{result.stdout}\n{result.stderr}"
-
-
-def written_files(command: str) -> list[str]:
-    """The files a command writes: ``--out FILE`` (``voxwire say``) and ``-o FILE`` (curl)."""
-    return [name for flag, name in re.findall(r"(--out|-o) (\S+)", command) if name != "-"]
-
-
-@pytest.mark.slow
-def test_readme_voxwire_say_commands_write_audio_that_decodes(server: ServerProcess, tmp_path: Path) -> None:
-    for command in quick_start_commands("voxwire say"):
-        ours = command.replace(
-            "voxwire say ", f"voxwire say --server {shlex.quote(server.url.replace('http://', 'ws://'))} "
-        )
-        run_shell(ours, tmp_path)
-        (name,) = written_files(command)
-        assert decoded_samples(tmp_path / name) > 0, command
-
-
-@pytest.mark.slow
-def test_readme_curl_commands_write_audio_that_decodes(server: ServerProcess, tmp_path: Path) -> None:
-    address = server.url.removeprefix("http://")
-    for command in quick_start_commands("curl"):
-        assert README_ADDRESS in command, command
-        run_shell(command.replace(README_ADDRESS, address), tmp_path)
-        (name,) = written_files(command)
-        assert decoded_samples(tmp_path / name) > 0, command
-
-
-@pytest.mark.slow
-def test_readme_openai_sdk_snippet_writes_audio_that_decodes(
-    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("openai")
-    (snippet,) = code_blocks(section(read_readme(), "OpenAI SDK"), "python")
-    assert f"http://{README_ADDRESS}/v1" in snippet
-    monkeypatch.chdir(tmp_path)
-    exec(compile(snippet.replace(f"http://{README_ADDRESS}", server.url), "README OpenAI SDK", "exec"), {})
-    (name,) = re.findall(r'stream_to_file\("([^"]+)"\)', snippet)
-    assert decoded_samples(tmp_path / name) > 0
-
-
-def free_names(tree: ast.Module) -> set[str]:
-    """Names the code reads that it neither imports nor assigns, nor are builtins."""
-    bound = set(dir(builtins))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
-    loaded = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-    return loaded - bound
-
-
-@pytest.mark.parametrize(("title", "framework"), [("Pipecat", "pipecat"), ("LiveKit Agents", "livekit.agents")])
-def test_readme_framework_snippet_compiles_and_imports_every_name_it_uses(title: str, framework: str) -> None:
-    pytest.importorskip(framework)
-    (snippet,) = code_blocks(section(read_readme(), title), "python")
-    tree = ast.parse(snippet, filename=f"README {title}")
-    assert free_names(tree) == SNIPPET_PLACEHOLDERS[title]
-    placeholders_named = section(read_readme(), title).split("```")[0]
-    for name in SNIPPET_PLACEHOLDERS[title]:
-        assert name.split("_")[-1] in placeholders_named, f"README does not say {name} is the reader's own"
-    imports = ast.Module(body=[node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))],
-                         type_ignores=[])  # fmt: skip
-    exec(compile(imports, f"README {title} imports", "exec"), {})
