@@ -40,7 +40,7 @@ from tests.venvs import outside_env
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".ogg", ".opus", ".flac", ".aac")
 
-BENCHMARK = "a benchmark: it measures for minutes, and its figures are performance.md's"
+BENCHMARK = "a benchmark or a measurement: from 40 s to many minutes on two cores (its figures are performance.md's)"
 REAL_WEIGHTS_SERVER = "serves a real checkpoint downloaded from the internet (a GPU's work); its arguments parse"
 UNTIL_STOPPED = "a server that runs until stopped: its arguments parse, and this module's server is the same command"
 SOUND_DEVICE = "plays through a sound device, which a test machine has not"
@@ -229,13 +229,6 @@ def test_every_exception_matches_a_block() -> None:
     assert not stale, f"exceptions, placeholders or drivers that match no block: {stale}"
 
 
-def test_a_python_block_is_run_or_excepted_whole() -> None:
-    """An exception of a Python block names the block: part of a program cannot run without the rest."""
-    for block in BLOCKS:
-        if block.language == "python":
-            assert len(block.runnable()) in (0, 1), block.name
-
-
 def python_tree(block: Block) -> ast.Module:
     flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     tree = compile(block.text, block.name, "exec", flags=flags)
@@ -419,6 +412,8 @@ def test_block_runs_as_written(
         check_written(block.text, workdir)
     elif block.language == "console":
         for command, shown in console_transcript(block.text):
+            if block.exception(command):
+                continue
             result = subprocess.run(["bash", "-c", as_run_here(command, server, tiny_models)], cwd=workdir, env=env,
                                     capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
             for line in shown:
