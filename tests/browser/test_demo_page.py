@@ -38,7 +38,7 @@ PARAGRAPH = " ".join(
         "It was the face of a man of about forty-five, with a heavy black moustache.",
     ]
 )
-
+TYPED = "Hello, Bravo charlie delta."
 
 # A slow uplink: the page's `cancel` reaches the server 300 ms late, so frames of the cancelled
 # utterance keep coming meanwhile and the client must drop them by their utterance number.
@@ -146,6 +146,27 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     dones = await page.evaluate("() => window.dones")
     assert dones[0]["finish_reason"] in ("stop", "length") and dones[0]["segments"] == 2
     await page.wait_for_function("() => window.voxwireStats.samplesPlayed > 0", timeout=WAIT_MS)
+    assert page.errors == []
+
+
+@pytest.mark.slow
+async def test_typing_over_the_text_sends_every_character(page: Any, demo_server: DemoServer) -> None:
+    """Keystrokes as a user makes them: select the example text, type over it, press Enter. The server must get
+    the typed text whole: its first character replaced the selection and was once taken for already sent. It
+    begins as the example text does ("Hello! This is voxwire"), so comparing old and new text alone is no fix."""
+    server = await demo_server()
+    sent: list[dict[str, Any]] = []
+    page.on("websocket", lambda socket: socket.on("framesent", lambda payload: sent.append(json.loads(payload))))
+    await open_demo(page, server)
+    await page.check("#live")
+    await page.click("#text")
+    await page.keyboard.press("ControlOrMeta+A")
+    await page.keyboard.type(TYPED)
+    await page.keyboard.press("Enter")
+    await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
+    texts = [message["text"] for message in sent if message["type"] == "text"]
+    assert "".join(texts) == TYPED
+    assert [message["type"] for message in sent][-1] == "end"
     assert page.errors == []
 
 
