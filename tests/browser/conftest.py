@@ -46,6 +46,7 @@ READY_TIMEOUT_S = 60.0
 KEY = "browser-test-key"
 OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
 WAIT_MS = 30_000
+CLIENT_JS = Path(__file__).resolve().parents[2] / "client_js"
 
 DemoServer = Callable[..., Awaitable[TestServer]]
 
@@ -108,6 +109,21 @@ async def page(chromium: str, tmp_path: Path) -> AsyncIterator[Any]:
             yield page
         finally:
             await context.close()
+
+
+def client_js_tool(path: str) -> Path:
+    """A file under client_js/node_modules (the library's devDependencies: bundlers, ``ws``), which ``npm ci`` in
+    client_js installs (.ci/run does)."""
+    found = CLIENT_JS / "node_modules" / path
+    if shutil.which("node") is None or not found.exists():
+        _missing(f"no node, or no client_js/node_modules/{path} (cd client_js && npm ci)")
+    return found
+
+
+def link_package(project: Path, name: str, target: Path) -> None:
+    """Install ``target`` into ``project`` as the package ``name`` (a link, as ``npm link`` makes)."""
+    (project / "node_modules").mkdir(parents=True, exist_ok=True)
+    (project / "node_modules" / name).symlink_to(target, target_is_directory=True)
 
 
 async def stats(page: Any) -> dict[str, Any]:
