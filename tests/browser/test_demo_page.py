@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,17 @@ import numpy as np
 import pytest
 import soundfile
 
-from .conftest import KEY, OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
+from .conftest import (
+    DOCS_SCREENSHOT,
+    KEY,
+    OPUS_PACKET_SAMPLES,
+    UPDATE_SCREENSHOT,
+    WAIT_MS,
+    DemoServer,
+    open_demo,
+    stats,
+    with_page_digest,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -73,10 +84,14 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     await page.fill("#text", SENTENCE)
     await page.click("#play")
 
-    # Mid-playback, the page shows the waveform and the numbers: that is the screenshot.
+    # Mid-playback, the page shows the waveform and the numbers: that is the screenshot, which docs/clients.md shows
+    # when this test runs with VOXWIRE_UPDATE_SCREENSHOT=1 (test_docs_screenshot.py tells when it is due).
     await page.wait_for_function(f"() => window.voxwireStats?.samplesPlayed > {RATE // 4}", timeout=WAIT_MS)
     ARTIFACTS.mkdir(exist_ok=True)
-    await page.screenshot(path=str(ARTIFACTS / "demo_page.png"))
+    screenshot = with_page_digest(await page.screenshot())
+    (ARTIFACTS / "demo_page.png").write_bytes(screenshot)
+    if os.environ.get(UPDATE_SCREENSHOT):
+        DOCS_SCREENSHOT.write_bytes(screenshot)
 
     played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
     await page.wait_for_function(f"() => ({played_out})(window.voxwireStats)", timeout=WAIT_MS)
