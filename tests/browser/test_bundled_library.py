@@ -85,7 +85,11 @@ async def test_a_bundled_app_plays_speech(
         return await handler(request)
 
     files = web.Application(middlewares=[log])
-    files.router.add_get("/", lambda _: web.FileResponse(dist / "index.html"))
+
+    async def index(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(dist / "index.html")
+
+    files.router.add_get("/", index)
     files.router.add_static("/", dist)
     static = await aiohttp_server(files)
     server = await demo_server()
