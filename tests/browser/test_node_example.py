@@ -1,5 +1,6 @@
-"""client_js/README.md's Node example, as written there, against a live server: the protocol codec over the ``ws``
-package's WebSocket where Node has none (Node 18 and 20), and over Node's own where it has one (22)."""
+"""client_js/README.md's Node example, as written there, against a live server: the protocol codec over the
+``ws`` package's WebSocket where Node has none (Node 18 and 20), and over Node's own (22, or 20 with
+``--experimental-websocket``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,19 @@ from .conftest import CLIENT_JS, client_js_tool, link_package
 
 README_SERVER = "ws://127.0.0.1:8000"
 NODE_TIMEOUT_S = 60
-WITHOUT_GLOBAL_WEBSOCKET = "data:text/javascript,delete globalThis.WebSocket"
-"""Preloaded (``node --import``): Node 22 as Node 18 and 20 are, so the ``ws`` path runs on every Node."""
+WITHOUT_GLOBAL_WEBSOCKET = ("--import", "data:text/javascript,delete globalThis.WebSocket")
+"""Node 22 as Node 18 and 20 are, so the ``ws`` path runs on every Node."""
+WITH_GLOBAL_WEBSOCKET = ("--experimental-websocket",)
+"""Node 20 as Node 22 is (Node's own WebSocket), so that path runs on Node 20 too."""
+
+
+def global_websocket() -> tuple[str, ...]:
+    """The node options that give this Node a global WebSocket, if any do."""
+    for options in ((), WITH_GLOBAL_WEBSOCKET):
+        has = ["node", *options, "-e", "process.exit(typeof WebSocket === 'function' ? 0 : 1)"]
+        if subprocess.run(has, capture_output=True, timeout=NODE_TIMEOUT_S).returncode == 0:
+            return options
+    pytest.skip("this Node has no WebSocket of its own (Node 18)")
 
 
 def node_example() -> str:
@@ -27,9 +39,10 @@ def node_example() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preload", [(), ("--import", WITHOUT_GLOBAL_WEBSOCKET)], ids=["as-is", "no-global-websocket"])
-def test_the_readme_node_example_speaks(tmp_path: Path, preload: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("websocket", ["ws", "node"])
+def test_the_readme_node_example_speaks(tmp_path: Path, websocket: str) -> None:
     ws = client_js_tool("ws")
+    options = WITHOUT_GLOBAL_WEBSOCKET if websocket == "ws" else global_websocket()
     (tmp_path / "package.json").write_text('{"type": "module"}')
     link_package(tmp_path, "voxwire-client", CLIENT_JS)
     link_package(tmp_path, "ws", ws)
@@ -37,7 +50,7 @@ def test_the_readme_node_example_speaks(tmp_path: Path, preload: tuple[str, ...]
         server.wait_ready()
         (tmp_path / "speak.js").write_text(node_example().replace(README_SERVER, server.url.replace("http", "ws")))
         done = subprocess.run(
-            ["node", *preload, "speak.js"], cwd=tmp_path, capture_output=True, text=True, timeout=NODE_TIMEOUT_S
+            ["node", *options, "speak.js"], cwd=tmp_path, capture_output=True, text=True, timeout=NODE_TIMEOUT_S
         )
     assert done.returncode == 0 and done.stderr == "", done.stderr
     *readies, spoken = done.stdout.splitlines()  # the server's greeting, then the settings of the `start`
