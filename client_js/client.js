@@ -41,6 +41,8 @@ export { RefusedError } from './reconnect.js';
 export { supportsOpus } from './player.js';
 
 export const STREAM_PATH = '/v1/tts/stream';
+/** `WebSocket.OPEN`, which the global `WebSocket` may not be there to tell (a `WebSocket` option in Node). */
+const OPEN = 1;
 
 /**
  * @typedef {object} ClientOptions
@@ -59,6 +61,11 @@ export const STREAM_PATH = '/v1/tts/stream';
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
  * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
+ * @property {string | URL} [workletUrl] where the player loads its AudioWorklet module (voxwire-client's
+ *   `worklet.js`) from; default: the copy built into the library, as a Blob URL (which a Content-Security-Policy
+ *   without `blob:` scripts refuses)
+ * @property {WebSocketClass} [WebSocket] the WebSocket implementation; default: the global `WebSocket`
+ *   (pass e.g. the `ws` package's where there is none, as in Node before 22)
  */
 
 /**
@@ -77,6 +84,8 @@ export const STREAM_PATH = '/v1/tts/stream';
  * frame received and to its first audio decoded (null when not seen, e.g. PCM is not decoded).
  * @typedef {{utterance: number, latencyMs: number, receivedMs: number | null, decodedMs: number | null}} FirstAudio
  */
+
+/** @typedef {new (url: string) => WebSocket} WebSocketClass a WebSocket constructor, the browser's or a compatible one */
 
 /** @typedef {{textAt: number, receivedAt: number | null, decodedAt: number | null}} Timing */
 
@@ -434,7 +443,7 @@ export class VoxwireClient extends EventTarget {
 
   /** @param {ClientMessage} message */
   #write(message) {
-    if (this.socket?.readyState !== WebSocket.OPEN) throw new Error('not connected: call connect() first');
+    if (this.socket?.readyState !== OPEN) throw new Error('not connected: call connect() first');
     this.socket.send(encodeClient(message));
   }
 
@@ -445,7 +454,14 @@ export class VoxwireClient extends EventTarget {
 
   /** Open a socket and wait for the server's greeting (its defaults); a refusal rejects with a `RefusedError`. */
   async #open() {
-    const socket = new WebSocket(streamUrl(this.options.url, this.options.token));
+    const Socket = this.options.WebSocket ?? globalThis.WebSocket;
+    if (Socket === undefined) {
+      throw new TypeError(
+        "this runtime has no WebSocket (Node before 22): pass one as the `WebSocket` option, e.g. the ws package's " +
+          "(`import { WebSocket } from 'ws'`)",
+      );
+    }
+    const socket = new Socket(streamUrl(this.options.url, this.options.token));
     socket.binaryType = 'arraybuffer';
     this.socket = socket;
     let opened = false;
@@ -548,6 +564,7 @@ export class VoxwireClient extends EventTarget {
       leadSeconds: lead,
       preSkip: ready.pre_skip,
       stats: this.stats,
+      workletUrl: this.options.workletUrl,
     });
     this.stats.decoder = ready.format === 'opus' ? 'webcodecs' : 'pcm';
     this.player.addEventListener('decoded', (event) => this.#mark(event.detail.utterance, 'decodedAt'));

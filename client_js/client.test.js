@@ -284,3 +284,21 @@ test('audio sent as JSON messages (audio_transport json) plays like binary frame
   const player = /** @type {FakePlayer} */ (/** @type {unknown} */ (client.player));
   assert.deepEqual(player.played, [{ utterance: 0, sequence: 0 }]);
 });
+
+test('the WebSocket option is the implementation used; without one or a global, connect says what to pass', async () => {
+  class OwnSocket extends FakeSocket {}
+  const { client } = fresh([], { WebSocket: OwnSocket });
+  await client.connect();
+  assert.ok(FakeSocket.all[0] instanceof OwnSocket);
+  client.text('Hello. ');
+  assert.deepEqual(FakeSocket.all[0].sent.map((message) => message.type), ['start', 'text']);
+  await client.close();
+
+  const global = globalThis.WebSocket;
+  delete globalThis.WebSocket; // Node before 22
+  try {
+    await assert.rejects(fresh([]).client.connect(), { name: 'TypeError', message: /no WebSocket.*`WebSocket` option.*ws/ });
+  } finally {
+    globalThis.WebSocket = global;
+  }
+});

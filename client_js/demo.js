@@ -26,6 +26,8 @@ let connection = null;
 let dirty = false;
 /** Characters of the text box already sent in "speak as I type" mode. */
 let sent = 0;
+/** The text box as the last edit left it, and where the next edit's selection starts ("speak as I type"). */
+let before = { value: ui.text.value, selectionStart: ui.text.value.length };
 
 ui.token.value = new URLSearchParams(location.search).get('token') ?? '';
 
@@ -132,11 +134,26 @@ async function stop() {
   sent = ui.text.value.length; // what is typed after Stop starts a new utterance
 }
 
+/**
+ * Where an edit of the text box began: at the start of the selection it replaced (typing over selected
+ * text replaces it from there, whatever its first character was) or earlier, where the old and new text
+ * first differ (a backspace).
+ * @param {string} value the box after the edit
+ */
+function editStart(value) {
+  let common = 0;
+  while (common < value.length && value[common] === before.value[common]) common++;
+  return Math.min(common, before.selectionStart);
+}
+
 /** "Speak as I type": send each completed word; Enter ends the utterance. */
 async function typed() {
-  if (!ui.live.checked) return;
   const value = ui.text.value;
-  if (value.length < sent) sent = value.length; // deleted text cannot be unsaid: follow the box
+  const start = editStart(value);
+  before = { value, selectionStart: value.length };
+  if (!ui.live.checked) return;
+  // Words already sent cannot be unsaid; what the edit wrote from `start` on is new text, to be sent.
+  sent = Math.min(sent, start);
   const lastSpace = Math.max(value.lastIndexOf(' '), value.lastIndexOf('\n'));
   if (lastSpace + 1 <= sent) return;
   const words = value.slice(sent, lastSpace + 1);
@@ -254,6 +271,9 @@ const guard = (/** @type {(...args: any[]) => Promise<void>} */ action) => (/** 
 
 ui.play.addEventListener('click', guard(play));
 ui.stop.addEventListener('click', guard(stop));
+ui.text.addEventListener('beforeinput', () => {
+  before = { value: ui.text.value, selectionStart: ui.text.selectionStart };
+});
 ui.text.addEventListener('input', guard(typed));
 ui.text.addEventListener('keydown', (/** @type {KeyboardEvent} */ event) => {
   if (ui.live.checked && event.key === 'Enter' && !event.shiftKey) {

@@ -1,13 +1,15 @@
-// What `npm publish` would ship: exactly the modules the package's entry points reach (imports and the
-// worklet the player loads by URL), their type declarations, package.json and README.md. No tests, no demo
-// page, no screenshot, no tooling; and nothing the library needs is left out.
+// What `npm publish` would ship: exactly the modules the package's entry points reach, their type declarations,
+// worklet.js (for an app that loads the worklet from its own URL: `workletUrl`), package.json and README.md. No
+// tests, no demo page, no screenshot, no tooling; and nothing the library needs is left out.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
-const entries = Object.entries(pkg.exports).filter(([subpath]) => subpath !== './package.json');
+/** Exported files that are not modules to import: the worklet, for a `workletUrl` (a bundler imports its URL). */
+const FILES = ['./worklet.js', './package.json'];
+const entries = Object.entries(pkg.exports).filter(([subpath]) => !FILES.includes(subpath));
 
 /** A relative module reference in source or declarations: `from './x.js'`, `import('./x.js')`, `new URL('./x.js', ...)`. */
 const RELATIVE = /['"]\.\/([\w.-]+\.js)['"]/g;
@@ -51,10 +53,12 @@ test('each entry point has its module and its declarations', () => {
   assert.equal(pkg.types, pkg.exports['.'].types);
 });
 
-test('npm pack ships the library, its declarations, package.json, README.md and LICENSE, and nothing else', () => {
+test('npm pack ships the library, its declarations, worklet.js, package.json, README.md and LICENSE, and nothing else', () => {
   const modules = reachable(entries.map(([, target]) => target.default));
-  const declarations = reachable(entries.map(([, target]) => target.types));
-  const expected = [...modules, ...declarations, 'package.json', 'README.md', 'LICENSE'].sort();
-  assert.ok(modules.has('worklet.js'), 'the player loads worklet.js by URL');
+  const declarations = [...modules].map((path) => `types/${path.replace(/\.js$/, '.d.ts')}`);
+  for (const path of reachable(entries.map(([, target]) => target.types))) assert.ok(declarations.includes(path), path);
+  assert.ok(modules.has('worklet_source.js'), 'the player loads the worklet from its source, built in');
+  assert.equal(pkg.exports['./worklet.js'], './worklet.js');
+  const expected = [...modules, ...declarations, 'worklet.js', 'package.json', 'README.md', 'LICENSE'].sort();
   assert.deepEqual(packed(), expected);
 });

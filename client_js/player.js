@@ -6,6 +6,8 @@
  * @module player
  */
 
+import { WORKLET_SOURCE } from './worklet_source.js';
+
 /** @typedef {import('./protocol.js').AudioFrame} AudioFrame */
 
 /** WebCodecs' Opus decoder outputs 48 kHz whatever the encoder's input rate was. */
@@ -61,15 +63,16 @@ export class Player extends EventTarget {
    * @param {number} options.preSkip Opus: 48 kHz samples to drop at each utterance's start
    * @param {PlayerStats} options.stats counters to update
    * @param {number} [options.fadeSeconds] fade-out on `clear()` (avoids a click)
+   * @param {string | URL} [options.workletUrl] where to load worklet.js from; default: its built-in copy, as a Blob URL
    * @returns {Promise<Player>}
    */
-  static async create({ format, sampleRate, leadSeconds, preSkip, stats, fadeSeconds = 0.005 }) {
+  static async create({ format, sampleRate, leadSeconds, preSkip, stats, fadeSeconds = 0.005, workletUrl }) {
     if (!['opus', 'pcm_f32le', 'pcm_s16le'].includes(format)) {
       throw new RangeError(`the browser player cannot play ${format}`);
     }
     const rate = format === 'opus' ? OPUS_RATE : sampleRate;
     const context = new AudioContext({ sampleRate: rate, latencyHint: 'interactive' });
-    await context.audioWorklet.addModule(new URL('./worklet.js', import.meta.url));
+    await loadWorklet(context, workletUrl);
     const node = new AudioWorkletNode(context, 'voxwire-player', {
       numberOfInputs: 0,
       outputChannelCount: [1],
@@ -250,6 +253,32 @@ export class Player extends EventTarget {
         this.dispatchEvent(new CustomEvent(message.type, { detail: { utterance: message.utterance } }));
         break;
     }
+  }
+}
+
+/**
+ * Add the jitter buffer's module to the audio context: from `url`, or from the source built into this module (a
+ * Blob URL, which works wherever the library is bundled, with no file to copy).
+ * @param {AudioContext} context
+ * @param {string | URL | undefined} url
+ */
+export async function loadWorklet(context, url) {
+  const builtIn = url === undefined;
+  const tried = builtIn ? URL.createObjectURL(new Blob([WORKLET_SOURCE], { type: 'text/javascript' })) : String(url);
+  try {
+    await context.audioWorklet.addModule(tried);
+  } catch (error) {
+    await context.close();
+    const advice = builtIn
+      ? "the page's Content-Security-Policy must allow blob: scripts (script-src), or serve voxwire-client's " +
+        'worklet.js yourself and pass its URL as the `workletUrl` option'
+      : 'serve voxwire-client\'s worklet.js at that URL (a bundler: import its URL, e.g. Vite\'s ' +
+        "`import workletUrl from 'voxwire-client/worklet.js?url'`), or leave `workletUrl` out to use the built-in copy";
+    throw new Error(`the audio player's AudioWorklet module did not load from ${tried} (${error}): ${advice}`, {
+      cause: error,
+    });
+  } finally {
+    if (builtIn) URL.revokeObjectURL(tried);
   }
 }
 

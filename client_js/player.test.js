@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Player } from './player.js';
+import { Player, loadWorklet } from './player.js';
 
 /** A PCM frame of `count` samples of 0.25 (float32 little-endian). */
 function pcmFrame(count, sequence = 0) {
@@ -34,4 +34,44 @@ test('audio posted to the worklet counts as buffered until the worklet reports i
   report({ played: 720, buffered: 0, received: 720 });
   assert.equal(stats.bufferedSamples, 0);
   assert.equal(stats.samplesPlayed, 720);
+});
+
+/** An audio context whose worklet refuses every module, as Chromium does a URL that does not load. */
+function refusingContext() {
+  const context = {
+    tried: /** @type {string[]} */ ([]),
+    closed: false,
+    audioWorklet: {
+      async addModule(/** @type {string} */ url) {
+        context.tried.push(url);
+        throw new DOMException("Unable to load a worklet's module.", 'AbortError');
+      },
+    },
+    async close() {
+      context.closed = true;
+    },
+  };
+  return context;
+}
+
+test('a worklet that does not load is an error that names the URL tried and the option to set', async () => {
+  const context = refusingContext();
+  await assert.rejects(loadWorklet(/** @type {any} */ (context), 'https://app.example/assets/worklet.js'), (error) => {
+    assert.match(error.message, /did not load from https:\/\/app\.example\/assets\/worklet\.js \(AbortError/);
+    assert.match(error.message, /serve voxwire-client's worklet\.js at that URL/);
+    return true;
+  });
+  assert.ok(context.closed, 'the audio context is not left open');
+});
+
+test('by default the worklet loads from its built-in source as a Blob URL, named when it fails', async () => {
+  const context = refusingContext();
+  await assert.rejects(loadWorklet(/** @type {any} */ (context), undefined), (error) => {
+    assert.match(error.message, /did not load from blob:/);
+    assert.match(error.message, /Content-Security-Policy must allow blob: scripts.*`workletUrl` option/);
+    return true;
+  });
+  const [url] = context.tried;
+  const blob = await fetch(url).then((response) => response.text(), () => null); // revoked after the attempt
+  assert.equal(blob, null);
 });

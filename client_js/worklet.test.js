@@ -1,6 +1,10 @@
 // The jitter buffer's rules, run outside a browser: worklet.js against stand-ins for the AudioWorklet globals.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { beforeEach, test } from 'node:test';
+
+import { SOURCE, TARGET, inlineWorklet } from './tools/inline-worklet.js';
+import { WORKLET_SOURCE } from './worklet_source.js';
 
 /** @type {any} */
 let Processor;
@@ -87,4 +91,10 @@ test('stats are posted while something changes', () => {
   push(1024, { first: true, segmentStart: true });
   render(16);
   assert.deepEqual(posted('stats').at(-1), { type: 'stats', played: 1024, buffered: 0, received: 1024, underruns: 0 });
+});
+
+test('the player\'s built-in worklet is worklet.js as it is now (else: npm run build-worklet)', () => {
+  const source = readFileSync(SOURCE, 'utf8');
+  assert.equal(WORKLET_SOURCE, source);
+  assert.equal(readFileSync(TARGET, 'utf8'), inlineWorklet(source));
 });

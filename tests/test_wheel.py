@@ -23,7 +23,7 @@ from tests.script_modules import load_script
 from tests.venvs import ROOT, copy_sources, outside_env, run, venv_seeing_these_packages
 
 START_TIMEOUT_S = 180.0
-WEB_FILES = ("index.html", "demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet.js")
+WEB_FILES = ("index.html", "demo.js", "demo.css", "client.js", "player.js", "protocol.js", "worklet_source.js")
 """The demo page and the modules it loads: the wheel serves them, so the sdist carries them."""
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 // `npm run check-types`: the committed declarations in types/ are what TypeScript generates from the JSDoc
 // now, and a strict TypeScript project that installs the packed package compiles against them (consumer.ts,
 // with TypeScript 6 and 7, with `nodenext` and `bundler` module resolution), and so do README.md's examples
-// (its `js` blocks, type-checked as one strict JavaScript module). Exits 1 with the reason otherwise.
+// (its `js` blocks, each type-checked as a strict JavaScript module). Exits 1 with the reason otherwise.
 import { execFileSync } from 'node:child_process';
 import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -64,11 +64,18 @@ const project = join(work, 'consumer');
 mkdirSync(project);
 writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'consumer', private: true, type: 'module' }));
 run('the packed package does not install', 'npm', ['install', '--offline', '--no-audit', '--no-fund', tarball], project);
-for (const name of ['consumer.ts', 'tsconfig.json']) copyFileSync(join(here, name), join(project, name));
+for (const name of ['consumer.ts', 'tsconfig.json', 'readme-modules.d.ts']) copyFileSync(join(here, name), join(project, name));
 const examples = [...readFileSync(join(root, 'README.md'), 'utf8').matchAll(/^```js\n(.*?)^```$/gms)].map(([, code]) => code);
 if (examples.length === 0) fail('README.md has no `js` example');
-writeFileSync(join(project, 'readme.js'), examples.join('\n'));
-const readmeConfig = { extends: './tsconfig.json', compilerOptions: { allowJs: true, checkJs: true }, files: ['readme.js'] };
+const exampleFiles = examples.map((code, i) => {
+  writeFileSync(join(project, `readme-${i + 1}.js`), code);
+  return `readme-${i + 1}.js`;
+});
+const readmeConfig = {
+  extends: './tsconfig.json',
+  compilerOptions: { allowJs: true, checkJs: true },
+  files: ['readme-modules.d.ts', ...exampleFiles],
+};
 writeFileSync(join(project, 'tsconfig.readme.json'), JSON.stringify(readmeConfig));
 for (const [compiler, tsc] of Object.entries(compilers)) {
   run(`README.md's examples do not type-check against the packed package (${compiler})`, process.execPath, [tsc, '-p', 'tsconfig.readme.json'], project);

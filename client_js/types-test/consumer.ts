@@ -41,6 +41,10 @@ const tts = new VoxwireClient(options);
 new VoxwireClient({ voice: 'default', pitch: 2 });
 // @ts-expect-error: only the formats a browser plays
 new VoxwireClient({ format: 'mp3' });
+// The worklet from the app's own URL, and a WebSocket implementation of the app's choice.
+new VoxwireClient({ workletUrl: new URL('/assets/worklet.js', 'https://app.example'), WebSocket });
+// @ts-expect-error: a WebSocket constructor, not a socket
+new VoxwireClient({ WebSocket: new WebSocket('wss://tts.example.com') });
 
 tts.addEventListener('firstAudio', (event) => {
   const latencyMs: number = event.detail.latencyMs;

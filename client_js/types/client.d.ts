@@ -25,6 +25,11 @@ export const STREAM_PATH: "/v1/tts/stream";
  * @property {number} [leadSeconds] audio buffered before playback starts; default one model chunk (`ready.chunk_s`)
  * @property {Partial<import('./reconnect.js').RetryPolicy>} [retry] how a refused connection is retried
  * @property {boolean} [reconnect] open a new connection when the session is lost (default true)
+ * @property {string | URL} [workletUrl] where the player loads its AudioWorklet module (voxwire-client's
+ *   `worklet.js`) from; default: the copy built into the library, as a Blob URL (which a Content-Security-Policy
+ *   without `blob:` scripts refuses)
+ * @property {WebSocketClass} [WebSocket] the WebSocket implementation; default: the global `WebSocket`
+ *   (pass e.g. the `ws` package's where there is none, as in Node before 22)
  */
 /**
  * Live counters, updated in place (a page may expose the object itself, e.g. `window.voxwireStats`).
@@ -41,6 +46,7 @@ export const STREAM_PATH: "/v1/tts/stream";
  * frame received and to its first audio decoded (null when not seen, e.g. PCM is not decoded).
  * @typedef {{utterance: number, latencyMs: number, receivedMs: number | null, decodedMs: number | null}} FirstAudio
  */
+/** @typedef {new (url: string) => WebSocket} WebSocketClass a WebSocket constructor, the browser's or a compatible one */
 /** @typedef {{textAt: number, receivedAt: number | null, decodedAt: number | null}} Timing */
 /**
  * A failure: the server's `error` message, or one of the client's own (`utterance` null), e.g. `decode_failed`,
@@ -301,6 +307,17 @@ export type ClientOptions = {
      * open a new connection when the session is lost (default true)
      */
     reconnect?: boolean | undefined;
+    /**
+     * where the player loads its AudioWorklet module (voxwire-client's
+     * `worklet.js`) from; default: the copy built into the library, as a Blob URL (which a Content-Security-Policy
+     * without `blob:` scripts refuses)
+     */
+    workletUrl?: string | URL | undefined;
+    /**
+     * the WebSocket implementation; default: the global `WebSocket`
+     * (pass e.g. the `ws` package's where there is none, as in Node before 22)
+     */
+    WebSocket?: WebSocketClass | undefined;
 };
 /**
  * Live counters, updated in place (a page may expose the object itself, e.g. `window.voxwireStats`).
@@ -322,6 +339,10 @@ export type FirstAudio = {
     receivedMs: number | null;
     decodedMs: number | null;
 };
+/**
+ * a WebSocket constructor, the browser's or a compatible one
+ */
+export type WebSocketClass = new (url: string) => WebSocket;
 export type Timing = {
     textAt: number;
     receivedAt: number | null;

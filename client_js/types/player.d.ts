@@ -4,19 +4,19 @@
  */
 export function supportsOpus(): Promise<boolean>;
 /**
+ * Add the jitter buffer's module to the audio context: from `url`, or from the source built into this module (a
+ * Blob URL, which works wherever the library is bundled, with no file to copy).
+ * @param {AudioContext} context
+ * @param {string | URL | undefined} url
+ */
+export function loadWorklet(context: AudioContext, url: string | URL | undefined): Promise<void>;
+/**
  * A PCM payload as float samples (copied: the worklet takes ownership of the buffer).
  * @param {string} format `pcm_f32le` or `pcm_s16le`
  * @param {Uint8Array} bytes
  * @returns {Float32Array}
  */
 export function pcmSamples(format: string, bytes: Uint8Array): Float32Array;
-/**
- * Turns audio frames into sound: Opus packets through WebCodecs `AudioDecoder` (one decoder per
- * utterance, as each utterance is its own Opus stream with its own pre-skip), PCM as is, and the
- * samples into the `worklet.js` jitter buffer. An `AnalyserNode` after it feeds level meters.
- *
- * @module player
- */
 /** @typedef {import('./protocol.js').AudioFrame} AudioFrame */
 /** WebCodecs' Opus decoder outputs 48 kHz whatever the encoder's input rate was. */
 export const OPUS_RATE: 48000;
@@ -49,15 +49,17 @@ export class Player extends EventTarget {
      * @param {number} options.preSkip Opus: 48 kHz samples to drop at each utterance's start
      * @param {PlayerStats} options.stats counters to update
      * @param {number} [options.fadeSeconds] fade-out on `clear()` (avoids a click)
+     * @param {string | URL} [options.workletUrl] where to load worklet.js from; default: its built-in copy, as a Blob URL
      * @returns {Promise<Player>}
      */
-    static create({ format, sampleRate, leadSeconds, preSkip, stats, fadeSeconds }: {
+    static create({ format, sampleRate, leadSeconds, preSkip, stats, fadeSeconds, workletUrl }: {
         format: string;
         sampleRate: number;
         leadSeconds: number;
         preSkip: number;
         stats: PlayerStats;
         fadeSeconds?: number | undefined;
+        workletUrl?: string | URL | undefined;
     }): Promise<Player>;
     /**
      * @param {AudioContext} context

@@ -7,17 +7,24 @@
   page exceptions are collected in ``page.errors``.
 * ``open_demo(page, server)`` opens the demo page with the API key, recording every ``done`` in
   ``window.dones``; ``stats(page)`` reads the library's live counters (``window.voxwireStats``).
+* ``with_page_digest(png)`` marks a screenshot with the digest of the page's markup and style (``page_digest``), by
+  which the docs' copy (``DOCS_SCREENSHOT``) is known to be current.
+* ``client_js_tool(path)`` finds a devDependency of client_js (esbuild, Vite, ws; ``npm ci`` installs them) and
+  ``link_package`` installs the library into a scratch project, as an app would have it.
 
-The tests skip when Playwright or Chromium is missing, except in CI (``CI`` set), where they fail:
-.ci/run installs both.
+The tests skip when Playwright, Chromium or client_js's devDependencies are missing, except in CI (``CI`` set),
+where they fail: .ci/run installs them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+import struct
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,14 @@ READY_TIMEOUT_S = 60.0
 KEY = "browser-test-key"
 OPUS_PACKET_SAMPLES = 960  # 20 ms at 48 kHz
 WAIT_MS = 30_000
+CLIENT_JS = Path(__file__).resolve().parents[2] / "client_js"
+VIEWPORT = {"width": 1200, "height": 820}
+DOCS_SCREENSHOT = CLIENT_JS / "demo_page.png"
+"""The screenshot docs/clients.md shows; test_demo_page.py's playback test rewrites it with UPDATE_SCREENSHOT set."""
+UPDATE_SCREENSHOT = "VOXWIRE_UPDATE_SCREENSHOT"
+SCREENSHOT_SOURCES = ("index.html", "demo.css")
+SCREENSHOT_KEY = b"voxwire-page-sha256"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 DemoServer = Callable[..., Awaitable[TestServer]]
 
@@ -98,7 +113,7 @@ async def page(chromium: str, tmp_path: Path) -> AsyncIterator[Any]:
             executable_path=chromium,
             args=CHROMIUM_ARGS,
             headless=True,
-            viewport={"width": 1200, "height": 820},
+            viewport=VIEWPORT,
         )
         try:
             page = await context.new_page()
@@ -108,6 +123,47 @@ async def page(chromium: str, tmp_path: Path) -> AsyncIterator[Any]:
             yield page
         finally:
             await context.close()
+
+
+def page_digest() -> str:
+    """What the demo page looks like, in short: the SHA-256 of its markup and style (index.html, demo.css)."""
+    digest = hashlib.sha256()
+    for name in SCREENSHOT_SOURCES:
+        digest.update((CLIENT_JS / name).read_bytes())
+    return digest.hexdigest()
+
+
+def png_chunks(png: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """A PNG's chunks, as (type, data)."""
+    assert png.startswith(PNG_SIGNATURE), "not a PNG"
+    at = len(PNG_SIGNATURE)
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at : at + 4])
+        yield png[at + 4 : at + 8], png[at + 8 : at + 8 + length]
+        at += 12 + length
+
+
+def with_page_digest(png: bytes) -> bytes:
+    """The screenshot with the page's digest in a text chunk after its header (the docs' copy is checked by it)."""
+    data = SCREENSHOT_KEY + b"\0" + page_digest().encode()
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    header_end = len(PNG_SIGNATURE) + 12 + 13  # the IHDR chunk comes first and holds 13 bytes
+    return png[:header_end] + chunk + png[header_end:]
+
+
+def client_js_tool(path: str) -> Path:
+    """A file under client_js/node_modules (the library's devDependencies: bundlers, ``ws``), which ``npm ci`` in
+    client_js installs (.ci/run does)."""
+    found = CLIENT_JS / "node_modules" / path
+    if shutil.which("node") is None or not found.exists():
+        _missing(f"no node, or no client_js/node_modules/{path} (cd client_js && npm ci)")
+    return found
+
+
+def link_package(project: Path, name: str, target: Path) -> None:
+    """Install ``target`` into ``project`` as the package ``name`` (a link, as ``npm link`` makes)."""
+    (project / "node_modules").mkdir(parents=True, exist_ok=True)
+    (project / "node_modules" / name).symlink_to(target, target_is_directory=True)
 
 
 async def stats(page: Any) -> dict[str, Any]:

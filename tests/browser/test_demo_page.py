@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,17 @@ import numpy as np
 import pytest
 import soundfile
 
-from .conftest import KEY, OPUS_PACKET_SAMPLES, WAIT_MS, DemoServer, open_demo, stats
+from .conftest import (
+    DOCS_SCREENSHOT,
+    KEY,
+    OPUS_PACKET_SAMPLES,
+    UPDATE_SCREENSHOT,
+    WAIT_MS,
+    DemoServer,
+    open_demo,
+    stats,
+    with_page_digest,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -38,7 +49,7 @@ PARAGRAPH = " ".join(
         "It was the face of a man of about forty-five, with a heavy black moustache.",
     ]
 )
-
+TYPED = "Hello, Bravo charlie delta."
 
 # A slow uplink: the page's `cancel` reaches the server 300 ms late, so frames of the cancelled
 # utterance keep coming meanwhile and the client must drop them by their utterance number.
@@ -73,10 +84,14 @@ async def test_speaks_through_webcodecs_and_the_worklet(page: Any, demo_server: 
     await page.fill("#text", SENTENCE)
     await page.click("#play")
 
-    # Mid-playback, the page shows the waveform and the numbers: that is the screenshot.
+    # Mid-playback, the page shows the waveform and the numbers: that is the screenshot, which docs/clients.md shows
+    # when this test runs with VOXWIRE_UPDATE_SCREENSHOT=1 (test_docs_screenshot.py tells when it is due).
     await page.wait_for_function(f"() => window.voxwireStats?.samplesPlayed > {RATE // 4}", timeout=WAIT_MS)
     ARTIFACTS.mkdir(exist_ok=True)
-    await page.screenshot(path=str(ARTIFACTS / "demo_page.png"))
+    screenshot = with_page_digest(await page.screenshot())
+    (ARTIFACTS / "demo_page.png").write_bytes(screenshot)
+    if os.environ.get(UPDATE_SCREENSHOT):
+        DOCS_SCREENSHOT.write_bytes(screenshot)
 
     played_out = "s => s.utterancesDone >= 1 && s.bufferedSamples === 0 && s.samplesPlayed > 0"
     await page.wait_for_function(f"() => ({played_out})(window.voxwireStats)", timeout=WAIT_MS)
@@ -146,6 +161,27 @@ async def test_speak_as_i_type(page: Any, demo_server: DemoServer) -> None:
     dones = await page.evaluate("() => window.dones")
     assert dones[0]["finish_reason"] in ("stop", "length") and dones[0]["segments"] == 2
     await page.wait_for_function("() => window.voxwireStats.samplesPlayed > 0", timeout=WAIT_MS)
+    assert page.errors == []
+
+
+@pytest.mark.slow
+async def test_typing_over_the_text_sends_every_character(page: Any, demo_server: DemoServer) -> None:
+    """Keystrokes as a user makes them: select the example text, type over it, press Enter. The server must get
+    the typed text whole: its first character replaced the selection and was once taken for already sent. It
+    begins as the example text does ("Hello! This is voxwire"), so comparing old and new text alone is no fix."""
+    server = await demo_server()
+    sent: list[dict[str, Any]] = []
+    page.on("websocket", lambda socket: socket.on("framesent", lambda payload: sent.append(json.loads(payload))))
+    await open_demo(page, server)
+    await page.check("#live")
+    await page.click("#text")
+    await page.keyboard.press("ControlOrMeta+A")
+    await page.keyboard.type(TYPED)
+    await page.keyboard.press("Enter")
+    await page.wait_for_function("() => window.dones.length === 1", timeout=WAIT_MS)
+    texts = [message["text"] for message in sent if message["type"] == "text"]
+    assert "".join(texts) == TYPED
+    assert [message["type"] for message in sent][-1] == "end"
     assert page.errors == []
 
 
