@@ -182,8 +182,9 @@ class FirstMessageKey:
     """The frames of a socket upgraded without a key, on their way to its session: the first must carry a valid key
     (``xi_api_key`` or ``"xi-api-key"``, or ``authorization: Bearer``) within ``key_timeout_s``, else the socket is
     closed with 1008 ``unauthorized`` (a first message refused as malformed included: refused messages must not keep
-    a keyless socket open). Once the key is accepted the socket must find a place among the connections (else 1013 ``busy``)
-    and the path's voice must still exist (else 1008); then this frame and every later one go to the session."""
+    a keyless socket open). Once the key is accepted the socket must find a place among the connections (else 1013
+    ``busy``) and the path's voice must still exist (else 1008); then this frame and every later one go to the
+    session."""
 
     def __init__(self, app: web.Application, voice: str, counted: CountedSocket, session: Session) -> None:
         self._app = app
