@@ -145,13 +145,14 @@ def parse_client(data: str) -> ElevenMessage:
         close_context=obj.get("close_context") is True,
         close_socket=obj.get("close_socket") is True,
         api_key=key or None,
-        speed=_speed(obj.get("voice_settings") or {}),
+        speed=voice_settings_speed(obj.get("voice_settings") or {}),
     )
 
 
-def _speed(voice_settings: dict[str, Any]) -> float | None:
-    """``voice_settings.speed``, checked; the other voice settings (``stability``, ``similarity_boost``, ``style``,
-    ``use_speaker_boost``) are ElevenLabs' model's and ignored here."""
+def voice_settings_speed(voice_settings: dict[str, Any]) -> float | None:
+    """``voice_settings.speed`` (None: not set), checked: raises ``ProtocolError`` (``invalid_field`` for a value that
+    is not a number, ``out_of_range`` outside ``VOICE_SPEEDS``). The other voice settings (``stability``,
+    ``similarity_boost``, ``style``, ``use_speaker_boost``) are ElevenLabs' model's and ignored here."""
     speed = voice_settings.get("speed")
     if speed is None:
         return None
