@@ -30,10 +30,10 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 from pipecat.tests.utils import QueuedFrameProcessor
-from tests.serving.helpers import STEP_S, engine_busy, record_steps
+from tests.serving.helpers import STEP_S, engine_busy, generated_since, record_generated_audio, record_steps
 from tests.serving.integrations.pipelines import PipelineBot, running_pipeline
 
-from voxwire.serving.runtime.keys import SESSIONS_KEY
+from voxwire.serving.runtime.keys import SESSIONS_KEY, SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -172,16 +172,41 @@ async def test_livekit_streams_its_default_mp3_with_a_timed_transcript(serve) ->
     assert starts == sorted(starts) and timed[-1].end_time == pytest.approx(samples.size / 22050, abs=0.15)
 
 
+async def test_livekit_speaks_opus_decoded_by_livekit_itself(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    before = await audio_seconds_of(server)
+    async with livekit_tts(server, encoding="opus_48000_64") as tts:
+        stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
+        stream.push_text(SPOKEN)
+        stream.end_input()
+        events = [event async for event in stream]
+    assert {event.frame.sample_rate for event in events} == {48000}
+    samples = np.concatenate([np.frombuffer(event.frame.data, dtype=np.int16) for event in events])
+    generated = await audio_seconds_of(server) - before
+    # Ogg Opus carries its exact length (pre-skip, the last page's granule position: FFmpeg decodes the same stream
+    # to the sample, test_elevenlabs_ws.py); LiveKit's low-latency streaming decoder may lose one 20 ms Opus frame
+    assert abs(samples.size / 48000 - generated) <= 0.020 + 0.001, (samples.size / 48000, generated)
+    assert np.abs(samples).max() > 0
+
+
 async def test_livekit_interruption_then_the_next_turn_on_the_same_connection(serve) -> None:
     server = await serve(api_keys=(KEY,))
+    generated = record_generated_audio(server.app, STEP_S)
     async with livekit_tts(server, encoding="pcm_24000") as tts:
         stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
-        stream.push_text(LONG_TEXT)  # as an LLM writes it: the turn's text is not over when the user barges in
+        # as an LLM writes it: the turn's text is not over when the user barges in, and LiveKit has sent its
+        # complete sentences, each with flush: true
+        stream.push_text(LONG_TEXT * 5 + "And one more, still being written")
         first = await asyncio.wait_for(anext(stream), TIMEOUT_S)
         assert first.frame.sample_rate == 24000
         await stream.aclose()  # what LiveKit does when the user barges in: close_context
-        # LiveKit flushes each sentence as it sends it, and a flushed context is spoken to its end (ElevenLabs'
-        # rule), so the engine finishes what it was given; the plugin drops that audio.
+        closed = time.perf_counter()
+        while engine_busy(server.app):
+            await asyncio.sleep(0.005)
+        # the sentences flushed but not yet spoken are cancelled within one step: the engine's own account of
+        # what it generated after the close (issue 32's bound is 0.5 s; one step makes less)
+        step_audio_s = server.app[SPEAKER_KEY].info.chunk_seconds
+        assert step_audio_s < 0.5 and generated_since(generated, closed) <= step_audio_s + 1e-9
         stream = tts.stream(conn_options=APIConnectOptions(timeout=TIMEOUT_S))
         stream.push_text("Yes? ")
         stream.end_input()

@@ -18,7 +18,7 @@ from voxwire.protocol.wire import AudioFrame, CloseCode, Done, Error, Ready, Seg
 from voxwire.serving.runtime.encoding import INLINE
 from voxwire.serving.ws.elevenlabs import ElevenLabsSocket, Endpoint
 from voxwire.serving.ws.elevenlabs_dialect import SESSION_FORMAT, ElevenLabsDialect
-from voxwire.serving.ws.elevenlabs_protocol import parse_output_format
+from voxwire.serving.ws.elevenlabs_protocol import parse_client, parse_output_format
 from voxwire.serving.ws.session_core import (
     Action,
     Announce,
@@ -75,15 +75,53 @@ def test_the_first_text_opens_a_context_with_the_paths_voice_and_seed_and_a_spac
     ]  # fmt: skip
 
 
+def test_voice_settings_speed_on_a_contexts_first_message_is_its_speed_and_the_other_settings_change_nothing() -> None:
+    starts: list[Start] = []
+
+    def recording(start: Start) -> Settings:
+        starts.append(start)
+        return resolve(start)
+
+    core = SessionCore(LIMITS, recording, Gate(), now=0.0, dialect=ElevenLabsDialect("default", None, multi=True))
+    core.opened()
+    starts.clear()  # the default context's settings
+    settings = {"speed": 1.2, "stability": 0.3, "similarity_boost": 0.9, "style": 0.1, "use_speaker_boost": True}
+    say(core, text=" ", context_id="a", voice_settings=settings)
+    say(core, text="Hello.", context_id="a", voice_settings={"speed": 0.8})  # not a first message: no new start
+    say(core, text=" ", context_id="b", voice_settings={"stability": 0.3})
+    assert [(start.context_id, start.speed) for start in starts] == [("a", 1.2), ("b", None)]
+
+
+@pytest.mark.parametrize(
+    ("speed", "code"),
+    [(0.69, ErrorCode.OUT_OF_RANGE), (1.21, ErrorCode.OUT_OF_RANGE), ("fast", ErrorCode.INVALID_FIELD),
+     (True, ErrorCode.INVALID_FIELD)],
+)  # fmt: skip
+def test_a_speed_outside_elevenlabs_range_is_refused_and_opens_nothing(speed: object, code: ErrorCode) -> None:
+    core = new_core()
+    refused = refusal(say(core, text=" ", context_id="a", voice_settings={"speed": speed}))
+    assert refused.code is code and "voice_settings.speed" in refused.message
+    assert not core.started("a")
+
+
+@pytest.mark.parametrize("field", ["xi_api_key", "xi-api-key"])
+def test_the_first_messages_key_is_read_with_either_spelling(field: str) -> None:
+    assert parse_client(json.dumps({"text": " ", field: "sk-1"})).api_key == "sk-1"
+
+
 def test_a_message_without_a_context_id_speaks_in_the_context_named_default() -> None:
     core = new_core()
     assert say(core, text="Hi.", flush=True)[-1] == SpeakSegment(0, 0, "Hi.")
     assert core.open_utterance("default") and not core.open_utterance(None)
 
 
-def test_close_context_after_a_flush_speaks_it_to_its_end_then_the_context_is_over_and_its_id_free() -> None:
+@pytest.mark.parametrize("end_of_turn", [{"flush": True}, {"text": "", "flush": True}], ids=["pipecat", "livekit"])
+def test_close_context_after_the_turns_end_speaks_it_to_its_end_then_the_context_is_over_and_its_id_free(
+    end_of_turn: dict[str, Any],
+) -> None:
     core = new_core()
-    say(core, text="One. Two", context_id="a", flush=True)
+    say(core, text="One. Two", context_id="a")
+    say(core, context_id="a", **end_of_turn)  # a flush with no text of its own: the turn's text is all given
     assert say(core, context_id="a", close_context=True) == []  # "One." is on the service; "Two" waits its turn
     assert core.segment_spoken(0, FinishReason.STOP) == [SpeakSegment(0, 1, "Two")]
     assert core.segment_spoken(0, FinishReason.STOP) == [FinishAudio(0)]
@@ -95,6 +133,14 @@ def test_close_context_after_a_flush_speaks_it_to_its_end_then_the_context_is_ov
     ]  # fmt: skip
 
 
+def test_close_context_after_sentences_flushed_as_they_were_sent_cancels_what_is_not_spoken() -> None:
+    core = new_core()
+    say(core, text="One. ", context_id="a", flush=True)  # LiveKit sends each sentence with flush
+    say(core, text="Two. ", context_id="a", flush=True)
+    assert say(core, context_id="a", close_context=True) == [StopUtterance(0), SendDone(0, FinishReason.CANCELLED)]
+    assert core.done_sent(0) == [SendContextEnd("a")]
+
+
 def test_close_context_with_text_after_the_last_flush_cancels_the_turn() -> None:
     core = new_core()
     say(core, text="Hello there. And then", context_id="a")  # a barge-in: the turn was not all given
@@ -104,7 +150,8 @@ def test_close_context_with_text_after_the_last_flush_cancels_the_turn() -> None
 
 def test_a_context_closed_a_second_time_while_it_speaks_is_cancelled() -> None:
     core = new_core()
-    say(core, text="Hello there.", context_id="a", flush=True)
+    say(core, text="Hello there.", context_id="a")
+    say(core, context_id="a", flush=True)
     assert say(core, context_id="a", close_context=True) == []
     assert say(core, context_id="a", close_context=True) == [StopUtterance(0), SendDone(0, FinishReason.CANCELLED)]
 
@@ -121,7 +168,8 @@ def test_a_context_with_nothing_to_say_ends_at_once_and_messages_that_open_nothi
 
 def test_a_closed_context_refuses_text_until_it_is_over() -> None:
     core = new_core()
-    say(core, text="Hello there.", context_id="a", flush=True)
+    say(core, text="Hello there.", context_id="a")
+    say(core, context_id="a", flush=True)
     say(core, context_id="a", close_context=True)
     refused = refusal(say(core, text="One more thing.", context_id="a"))
     assert (refused.code, refused.context_id) == (ErrorCode.INVALID_MESSAGE, "a") and "closed" in refused.message

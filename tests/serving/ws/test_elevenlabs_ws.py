@@ -16,7 +16,17 @@ import av
 import numpy as np
 import pytest
 from aiohttp import WSMsgType
-from tests.serving.helpers import STEP_S, clip, engine_busy, form, record_steps
+from tests.serving.helpers import (
+    STEP_S,
+    clip,
+    engine_busy,
+    form,
+    generated_since,
+    record_generated_audio,
+    record_steps,
+)
+
+from voxwire.serving.runtime.keys import SPEAKER_KEY
 
 from .helpers import MULTI, TIMEOUT_S, alignments, receive_until_final
 
@@ -39,13 +49,14 @@ def decode(output_format: str, data: bytes) -> tuple[np.ndarray, int]:
     """The audio as int16 samples and its rate, decoded as a client would (FFmpeg for G.711 and mp3)."""
     if output_format.startswith("pcm_"):
         return np.frombuffer(data, dtype="<i2"), int(output_format.split("_")[1])
-    demuxer = {"ulaw_8000": "mulaw", "alaw_8000": "alaw"}.get(output_format, "mp3")
-    options = {} if demuxer == "mp3" else {"sample_rate": "8000"}
+    demuxer = {"ulaw_8000": "mulaw", "alaw_8000": "alaw"}.get(output_format, output_format.split("_")[0])
+    demuxer = "ogg" if demuxer == "opus" else demuxer  # ElevenLabs' opus is Ogg Opus
+    options = {"sample_rate": "8000"} if demuxer in ("mulaw", "alaw") else {}
     with av.open(io.BytesIO(data), format=demuxer, options=options) as container:
         rate = container.streams.audio[0].rate
         frames = [frame.to_ndarray() for frame in container.decode(audio=0)]
     samples = np.concatenate(frames, axis=-1).ravel()
-    if samples.dtype != np.int16:  # mp3 decodes to float planes
+    if samples.dtype != np.int16:  # mp3 and Opus decode to float planes
         samples = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
     return samples, rate
 
@@ -57,7 +68,8 @@ def audio_of(messages: list[dict[str, Any]]) -> bytes:
 @pytest.mark.parametrize(
     ("output_format", "tolerance_s"),
     [("pcm_8000", 0.002), ("pcm_16000", 0.002), ("pcm_22050", 0.002), ("pcm_44100", 0.002), ("pcm_48000", 0.002),
-     ("ulaw_8000", 0.002), ("alaw_8000", 0.002), ("mp3_22050_32", 0.12), ("mp3_44100_128", 0.06)],
+     ("ulaw_8000", 0.002), ("alaw_8000", 0.002), ("mp3_22050_32", 0.12), ("mp3_44100_128", 0.06),
+     ("opus_48000_32", 0.002), ("opus_48000_192", 0.002)],
 )  # fmt: skip
 async def test_stream_input_speaks_in_each_format_with_timed_characters(
     serve, output_format: str, tolerance_s: float
@@ -159,6 +171,84 @@ async def test_close_context_before_a_flush_stops_the_engine_at_once(serve) -> N
         assert len(after) <= 1, f"{len(after)} steps still decoded the context after close_context"
 
 
+async def spoken_s(ws: aiohttp.ClientWebSocketResponse, context: dict[str, str], first: dict[str, Any]) -> float:
+    """Seconds of pcm_16000 audio one context speaks for ``SENTENCES``, opened by ``first`` (its settings)."""
+    await ws.send_json({"text": " ", **context, **first})
+    await ws.send_json({"text": " ".join(SENTENCES) + " ", **context})
+    await ws.send_json({"text": "", "flush": True, **context} if context else {"text": ""})
+    if context:
+        await ws.send_json({"close_context": True, **context})
+    samples, rate = decode("pcm_16000", audio_of(await receive_until_final(ws)))
+    return samples.size / rate
+
+
+async def test_voice_settings_speed_makes_the_same_speech_slower_or_faster_on_both_endpoints(serve) -> None:
+    server = await serve()
+    speeds = (None, 0.7, 1.2)
+    async with aiohttp.ClientSession() as session:
+        on_stream_input = []
+        for speed in speeds:  # one socket each, its speed in the first message
+            async with session.ws_connect(server.make_url(f"{STREAM}?output_format=pcm_16000&seed=3")) as ws:
+                voice_settings = {"stability": 0.5} if speed is None else {"stability": 0.5, "speed": speed}
+                on_stream_input.append(await spoken_s(ws, {}, {"voice_settings": voice_settings}))
+        async with session.ws_connect(server.make_url(f"{MULTI}?output_format=pcm_16000&seed=3")) as ws:
+            on_multi = [  # one socket, a context each, its speed in the context's first message
+                await spoken_s(
+                    ws, {"context_id": f"c{i}"}, {} if speed is None else {"voice_settings": {"speed": speed}}
+                )
+                for i, speed in enumerate(speeds)
+            ]
+    for unset, slow, fast in (on_stream_input, on_multi):
+        assert slow > unset > fast
+        # The tempo filter's output lasts round(n / speed) samples of the model's (audio/tempo.py); resampled to
+        # 16 kHz each length is exact within 2 ms (as the pcm formats above).
+        assert slow == pytest.approx(unset / 0.7, abs=0.005) and fast == pytest.approx(unset / 1.2, abs=0.005)
+    assert on_multi[0] == pytest.approx(on_stream_input[0], abs=0.002)  # the same seed: the same speech
+
+
+async def test_a_speed_outside_elevenlabs_range_is_refused(serve) -> None:
+    server = await serve()
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
+        await ws.send_json({"text": " ", "context_id": "a", "voice_settings": {"speed": 1.5}})
+        refused = await ws.receive_json(timeout=TIMEOUT_S)
+        assert refused["error"] == "out_of_range" and "0.7" in refused["message"] and "1.2" in refused["message"]
+
+
+async def test_close_context_after_each_sentence_was_flushed_stops_the_engine_within_a_step(serve) -> None:
+    server = await serve()
+    generated = record_generated_audio(server.app, STEP_S)
+    step_audio_s = server.app[SPEAKER_KEY].info.chunk_seconds  # what one step makes for one request
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
+        for sentence in ("A long first sentence that keeps the engine busy. ", "And a second one, flushed too. "):
+            await ws.send_json({"text": sentence, "context_id": "turn", "flush": True})  # as LiveKit sends them
+        while not json.loads((await asyncio.wait_for(ws.receive(), TIMEOUT_S)).data).get("audio"):
+            pass
+        await ws.send_json({"context_id": "turn", "close_context": True})  # a barge-in: the turn's end never came
+        closed = time.perf_counter()
+        messages = await receive_until_final(ws)
+        while engine_busy(server.app):
+            await asyncio.sleep(0.005)
+    assert messages[-1] == {"isFinal": True, "contextId": "turn"} and not alignments(messages)
+    assert generated_since(generated, closed) <= step_audio_s + 1e-9
+
+
+@pytest.mark.parametrize("path", [STREAM, MULTI])
+async def test_a_socket_closed_while_flushed_sentences_wait_stops_the_engine_within_a_step(serve, path: str) -> None:
+    server = await serve()
+    generated = record_generated_audio(server.app, STEP_S)
+    step_audio_s = server.app[SPEAKER_KEY].info.chunk_seconds
+    async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(path)) as ws:
+        text = "A long first sentence that keeps the engine busy. And a second one, flushed too. "
+        await ws.send_json({"text": text, "flush": True})
+        while not json.loads((await asyncio.wait_for(ws.receive(), TIMEOUT_S)).data).get("audio"):
+            pass
+        await ws.close()
+        closed = time.perf_counter()
+    while engine_busy(server.app):
+        await asyncio.sleep(0.005)
+    assert generated_since(generated, closed) <= step_audio_s + 1e-9
+
+
 async def test_keep_alives_and_a_close_of_a_context_never_opened_change_nothing(serve) -> None:
     server = await serve()
     async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
@@ -178,11 +268,12 @@ async def test_key_in_the_header_or_in_the_first_message(serve) -> None:
             await ws.send_json({"text": "Hi. "})
             await ws.send_json({"text": ""})
             assert audio_of(await receive_until_final(ws))
-        async with session.ws_connect(url) as ws:  # a browser cannot set headers: the key in the first message
-            await ws.send_json({"text": " ", "xi_api_key": KEY})
-            await ws.send_json({"text": "Hi. "})
-            await ws.send_json({"text": ""})
-            assert audio_of(await receive_until_final(ws))
+        for field in ("xi_api_key", "xi-api-key"):  # the reference's field, and the SDK type's spelling of it
+            async with session.ws_connect(url) as ws:  # a browser cannot set headers: the key in the first message
+                await ws.send_json({"text": " ", field: KEY})
+                await ws.send_json({"text": "Hi. "})
+                await ws.send_json({"text": ""})
+                assert audio_of(await receive_until_final(ws))
         for first in ({"text": " "}, {"text": " ", "xi_api_key": "wrong"}):
             async with session.ws_connect(url) as ws:
                 await ws.send_json(first)
@@ -196,7 +287,7 @@ async def test_key_in_the_header_or_in_the_first_message(serve) -> None:
 
 @pytest.mark.parametrize(
     ("path", "status"),
-    [("/v1/text-to-speech/nobody/stream-input", 404), (f"{STREAM}?output_format=opus_48000_64", 400),
+    [("/v1/text-to-speech/nobody/stream-input", 404), (f"{STREAM}?output_format=opus_48000_100", 400),
      (f"{MULTI}?output_format=pcm_12345", 400), (f"{STREAM}?seed=x", 400), (f"{STREAM}?seed=-1", 400),
      (f"{MULTI}?seed={2**63}", 400)],
 )  # fmt: skip
@@ -221,7 +312,8 @@ async def test_bad_messages_get_an_error_and_the_connection_goes_on(serve) -> No
         await ws.send_json({"text": " ", "context_id": "two"})  # past max_queued_utterances live contexts
         refused = await ws.receive_json(timeout=TIMEOUT_S)
         assert refused["error"] == "too_many_utterances" and refused["contextId"] == "two"
-        await ws.send_json({"text": "Still here. ", "context_id": "one", "flush": True})
+        await ws.send_json({"text": "Still here. ", "context_id": "one"})
+        await ws.send_json({"context_id": "one", "flush": True})  # the turn's end: closing lets it be spoken
         await ws.send_json({"context_id": "one", "close_context": True})
         assert audio_of(await receive_until_final(ws))
 
@@ -249,7 +341,8 @@ async def test_a_bad_string_is_refused_and_the_connection_goes_on(serve, message
         await ws.send_str(message)
         refused = await ws.receive_json(timeout=TIMEOUT_S)
         assert refused["error"] == code and "contextId" not in refused  # no context was opened
-        await ws.send_json({"text": "Still here. ", "context_id": "c", "flush": True})
+        await ws.send_json({"text": "Still here. ", "context_id": "c"})
+        await ws.send_json({"context_id": "c", "flush": True})
         await ws.send_json({"context_id": "c", "close_context": True})
         messages = await receive_until_final(ws)
     assert audio_of(messages) and messages[-1] == {"isFinal": True, "contextId": "c"}
@@ -289,7 +382,8 @@ async def test_a_refused_first_message_without_a_key_closes_the_connection(serve
 async def test_text_sent_to_a_closed_context_is_refused_not_dropped_silently(serve) -> None:
     server = await serve()
     async with aiohttp.ClientSession() as session, session.ws_connect(server.make_url(MULTI)) as ws:
-        await ws.send_json({"text": "Hello there. ", "context_id": "a", "flush": True})
+        await ws.send_json({"text": "Hello there. ", "context_id": "a"})
+        await ws.send_json({"context_id": "a", "flush": True})
         await ws.send_json({"context_id": "a", "close_context": True})
         await ws.send_json({"text": "One more thing. ", "context_id": "a", "flush": True})
         messages = await receive_until_final(ws)

@@ -14,8 +14,8 @@ This module is the translation at both ends and nothing else:
   characters' timings from the session's word timings (``words``) in a message without audio; ``isFinal`` at the
   end of a context; ``error``s with the context's id;
 * around them, the endpoint: admission (503 before the upgrade, as on our endpoint), and the key: a header at the
-  upgrade, else ``xi_api_key`` in the first message within ``key_timeout_s``, else the socket is closed with 1008
-  (``FirstMessageKey``); until then the socket counts against ``max_keyless_connections``, not
+  upgrade, else ``xi_api_key`` (or ``"xi-api-key"``) in the first message within ``key_timeout_s``, else the socket
+  is closed with 1008 (``FirstMessageKey``); until then the socket counts against ``max_keyless_connections``, not
   ``max_connections``, and once its key is accepted it must find a place there, else it is closed with 1013
   ``busy``.
 """
@@ -180,10 +180,11 @@ class KeyState(enum.Enum):
 
 class FirstMessageKey:
     """The frames of a socket upgraded without a key, on their way to its session: the first must carry a valid key
-    (``xi_api_key``, or ``authorization: Bearer``) within ``key_timeout_s``, else the socket is closed with 1008
-    ``unauthorized`` (a first message refused as malformed included: refused messages must not keep a keyless
-    socket open). Once the key is accepted the socket must find a place among the connections (else 1013 ``busy``)
-    and the path's voice must still exist (else 1008); then this frame and every later one go to the session."""
+    (``xi_api_key`` or ``"xi-api-key"``, or ``authorization: Bearer``) within ``key_timeout_s``, else the socket is
+    closed with 1008 ``unauthorized`` (a first message refused as malformed included: refused messages must not keep
+    a keyless socket open). Once the key is accepted the socket must find a place among the connections (else 1013
+    ``busy``) and the path's voice must still exist (else 1008); then this frame and every later one go to the
+    session."""
 
     def __init__(self, app: web.Application, voice: str, counted: CountedSocket, session: Session) -> None:
         self._app = app

@@ -5,7 +5,9 @@ Two endpoints share them (``elevenlabs.py`` serves both): ``stream-input`` (one 
 say what it does (``ElevenMessage``): text to append (``" "`` alone opens a context), ``flush``,
 ``close_context``, ``close_socket``, an empty text (end of input on ``stream-input``, a keep-alive on
 ``multi-stream-input``), and on a context's first message ``voice_settings``, ``generation_config`` and
-``xi_api_key``. Fields this server has no use for are read and ignored, as the reference allows.
+``xi_api_key`` (or ``"xi-api-key"``, as the SDK's ``InitializeConnection`` type writes it). Of ``voice_settings``
+only ``speed`` is honoured (``VOICE_SPEEDS``); fields this server has no use for are read and ignored, as the
+reference allows.
 
 Server messages carry base64 ``audio`` in the ``output_format`` the query asked for (``OutputFormat``),
 character ``alignment``/``normalizedAlignment`` (start and duration in ms of each character: relative to the
@@ -50,6 +52,12 @@ MP3_FORMATS = {
     "mp3_44100_192": (44100, 192),
 }
 """ElevenLabs' mp3 formats: (sample rate, kb/s)."""
+OPUS_FORMATS = {f"opus_48000_{kbps}": kbps for kbps in (32, 64, 96, 128, 192)}
+"""ElevenLabs' Opus formats: kb/s. Ogg Opus at 48 kHz, as LiveKit's plugin reads it (it finds each Ogg page's
+granule position in the audio to keep its clock)."""
+VOICE_SPEEDS = (0.7, 1.2)
+"""The ``voice_settings.speed`` range ElevenLabs documents for its WebSocket (``RealtimeVoiceSettings``);
+outside it a message is refused with ``out_of_range``."""
 _G711 = {"ulaw_8000": AudioFormat.PCM_MULAW, "alaw_8000": AudioFormat.PCM_ALAW}
 _PCM = re.compile(r"pcm_(\d+)")
 
@@ -62,23 +70,25 @@ class OutputFormat:
     codec: AudioFormat
     sample_rate: int
     kbps: int | None = None
-    """mp3 only: the constant bit rate."""
+    """mp3 and Opus only: the bit rate (mp3's constant)."""
 
     def encoder(self, model_rate: int) -> StreamEncoder:
         """A fresh encoder for one context's audio (float32 at ``model_rate`` in)."""
         if self.codec is AudioFormat.MP3:
             assert self.kbps is not None
             return Mp3Stream(model_rate, self.sample_rate, bitrate=self.kbps * 1000)
+        if self.codec is AudioFormat.OGG_OPUS:
+            assert self.kbps is not None
+            return make_encoder(self.codec, model_rate, output_rate=self.sample_rate, bitrate=self.kbps * 1000)
         return make_encoder(self.codec, model_rate, output_rate=self.sample_rate)
 
 
 def supported_formats() -> list[str]:
-    return [*(f"pcm_{rate}" for rate in PCM_RATES), *_G711, *MP3_FORMATS]
+    return [*(f"pcm_{rate}" for rate in PCM_RATES), *_G711, *MP3_FORMATS, *OPUS_FORMATS]
 
 
 def parse_output_format(name: str) -> OutputFormat:
-    """The format an ``output_format`` names. Raises ``ValueError`` for one this server does not make
-    (ElevenLabs' ``opus_48000_*`` among them)."""
+    """The format an ``output_format`` names. Raises ``ValueError`` for one this server does not make."""
     if (match := _PCM.fullmatch(name)) is not None and int(match.group(1)) in PCM_RATES:
         return OutputFormat(name, AudioFormat.PCM_S16LE, int(match.group(1)))
     if name in _G711:
@@ -86,6 +96,8 @@ def parse_output_format(name: str) -> OutputFormat:
     if name in MP3_FORMATS:
         rate, kbps = MP3_FORMATS[name]
         return OutputFormat(name, AudioFormat.MP3, rate, kbps)
+    if name in OPUS_FORMATS:
+        return OutputFormat(name, AudioFormat.OGG_OPUS, 48000, OPUS_FORMATS[name])
     raise ValueError(f"output_format {name!r} is not supported here; use one of {', '.join(supported_formats())}")
 
 
@@ -99,11 +111,14 @@ class ElevenMessage:
     close_context: bool = False
     close_socket: bool = False
     api_key: str | None = None
-    """``xi_api_key``, or the key of an ``authorization: Bearer <key>`` field."""
+    """``xi_api_key`` (or ``"xi-api-key"``), or the key of an ``authorization: Bearer <key>`` field."""
+    speed: float | None = None
+    """``voice_settings.speed``, in ``VOICE_SPEEDS``."""
 
 
 _BOOLEANS = ("flush", "close_context", "close_socket")
-_STRINGS = ("text", "context_id", "xi_api_key", "authorization")
+_KEYS = ("xi_api_key", "xi-api-key")
+_STRINGS = ("text", "context_id", *_KEYS, "authorization")
 _OBJECTS = ("voice_settings", "generation_config")
 
 
@@ -119,7 +134,7 @@ def parse_client(data: str) -> ElevenMessage:
     _check_types(obj, _STRINGS, str, "a string")
     _check_types(obj, _OBJECTS, dict, "an object")
     _check_context_id(obj.get("context_id"))
-    key = obj.get("xi_api_key")
+    key = next((obj[name] for name in _KEYS if obj.get(name)), None)
     scheme, _, bearer = (obj.get("authorization") or "").partition(" ")
     if key is None and scheme.lower() == "bearer" and bearer.strip():
         key = bearer.strip()
@@ -130,7 +145,23 @@ def parse_client(data: str) -> ElevenMessage:
         close_context=obj.get("close_context") is True,
         close_socket=obj.get("close_socket") is True,
         api_key=key or None,
+        speed=voice_settings_speed(obj.get("voice_settings") or {}),
     )
+
+
+def voice_settings_speed(voice_settings: dict[str, Any]) -> float | None:
+    """``voice_settings.speed`` (None: not set), checked: raises ``ProtocolError`` (``invalid_field`` for a value that
+    is not a number, ``out_of_range`` outside ``VOICE_SPEEDS``). The other voice settings (``stability``,
+    ``similarity_boost``, ``style``, ``use_speaker_boost``) are ElevenLabs' model's and ignored here."""
+    speed = voice_settings.get("speed")
+    if speed is None:
+        return None
+    if isinstance(speed, bool) or not isinstance(speed, int | float):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, "voice_settings.speed must be a number")
+    low, high = VOICE_SPEEDS
+    if not low <= speed <= high:  # NaN included
+        raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"voice_settings.speed must be in [{low}, {high}], got {speed}")
+    return float(speed)
 
 
 def _check_types(obj: dict[str, Any], names: tuple[str, ...], kind: type, described: str) -> None:
