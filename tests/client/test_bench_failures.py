@@ -1,18 +1,25 @@
 """``voxwire bench`` never hides a failure: a missing optional dependency stops it before the run, a level with
-more failed utterances than ``--max-failure-rate`` makes it exit non-zero (marked in its table, JSON and progress),
-a server that dies mid-run stops it with the reason, and ``--local-port`` places the ``--local`` server."""
+more failed utterances than ``--max-failure-rate`` makes it exit non-zero (marked in its table, JSON and plot),
+a server that dies mid-run stops it with the reason, a running level shows its progress (on a terminal, or with
+``--progress``), and ``--local-port`` places the ``--local`` server."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
+import pty
 import re
+import struct
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 
 from voxwire.client.bench.measure import UtteranceRecord
+from voxwire.client.bench.report import FAILED_MARKER, figure
 from voxwire.client.bench.runner import LevelOutcome, LevelResult, level_outcome
 from voxwire.client.errors import ServerUnreachableError
 
@@ -56,14 +63,24 @@ async def test_a_level_fails_past_the_max_failure_rate() -> None:
     assert level_outcome(level(3, 0, error="unreachable"), 1.0) is LevelOutcome.UNREACHABLE
 
 
-async def test_plot_without_matplotlib_fails_before_the_run() -> None:
-    # Nothing listens at the address: the old bench failed on it (exit 3) before it ever looked for matplotlib.
-    result = await voxwire_without(
-        "matplotlib", "bench", "--server", f"ws://127.0.0.1:{free_port()}", "--plot", "bench.png", "--quiet"
-    )
+async def test_plot_without_matplotlib_fails_before_any_connection() -> None:
+    connections = 0
+
+    def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        writer.close()
+
+    listener = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    async with listener:
+        result = await voxwire_without(
+            "matplotlib", "bench", "--server", f"ws://127.0.0.1:{port}", "--plot", "bench.png", "--quiet"
+        )
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.splitlines()
     assert "--plot needs matplotlib" in line and "pip install 'voxwire[bench]'" in line
+    assert connections == 0  # stopped before it even checked the server: no run of minutes comes first
 
 
 async def test_local_without_the_server_extra_fails_before_the_run(tmp_path: Path) -> None:
@@ -81,21 +98,68 @@ async def test_failures_past_max_failure_rate_exit_non_zero_and_are_marked(serve
     report_path = tmp_path / "bench.json"
     # A 1 ms utterance timeout: every utterance fails ("timeout"), the server stays up.
     common = ("bench", "--server", url(server), "--duration", "1", "--timeout", "0.001", "--json", str(report_path))
-    failing = await voxwire(*common, "--quiet")
+    failing = await voxwire(*common)
     assert failing.returncode == 1, failing.stderr
-    assert "failed more than --max-failure-rate 1.0% of their utterances: c=1" in failing.stderr
+    # stderr is not a terminal and --progress is not given: the reason is the one line there.
+    [reason] = failing.stderr.splitlines()
+    assert "failed more than --max-failure-rate 1.0% of their utterances: c=1" in reason
     [summary] = json.loads(report_path.read_text())["levels"]
     assert summary["outcome"] == "failed" and summary["failure_rate"] == 1.0
     assert summary["failed"] == summary["utterances"] > 0 and set(summary["errors"]) == {"timeout"}
     row = next(line for line in failing.stdout.decode().splitlines() if line.strip().startswith("c=1"))
     assert row.split()[-1] == "FAILED"
 
-    tolerated = await voxwire(*common, "--max-failure-rate", "1")
+    tolerated = await voxwire(*common, "--max-failure-rate", "1", "--quiet")
     assert tolerated.returncode == 0, tolerated.stderr
     [summary] = json.loads(report_path.read_text())["levels"]
     assert summary["outcome"] == "passed" and "FAILED" not in tolerated.stdout.decode()
-    # stderr is not a terminal here: progress comes as whole lines, with the live counts.
-    assert re.search(r"^1 users: 1/1 s, \d+ utterances, \d+ failed, 0 underruns, 0 live$", tolerated.stderr, re.M)
+
+
+@pytest.mark.slow
+async def test_progress_shows_while_a_level_runs(serve) -> None:
+    server = await serve()
+    result = await voxwire("bench", "--server", url(server), "--duration", "3", "--progress")
+    assert result.returncode == 0, result.stderr
+    # stderr is not a terminal: whole lines with the live counts, one a second and one at the level's end, so a
+    # level is never silent while it runs.
+    lines = re.findall(r"^1 users: (\d)/3 s, \d+ utterances, 0 failed, \d+ underruns, [01] live$", result.stderr, re.M)
+    assert len(lines) >= 2 and lines[-1] == "3", result.stderr
+
+
+@pytest.mark.slow
+async def test_a_terminal_gets_a_progress_bar(serve) -> None:
+    server = await serve()
+    terminal, stderr = pty.openpty()
+    # A terminal has a size (a fresh pseudo-terminal's is 0 x 0, in which tqdm draws nothing).
+    fcntl.ioctl(stderr, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    try:
+        bench = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "voxwire.cli.main", "bench", "--server", url(server), "--duration", "2",
+            stdout=asyncio.subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+        os.close(stderr)
+        _, shown = await asyncio.gather(
+            asyncio.wait_for(bench.communicate(), TIMEOUT_S), asyncio.to_thread(read_all, terminal)
+        )
+    finally:
+        os.close(terminal)
+    assert bench.returncode == 0, shown
+    # Redrawn in place (carriage returns), with the level's live counts.
+    assert "\r1 users:" in shown and re.search(r"\d+ utterances, 0 failed, \d+ underruns, [01] live", shown), shown
+
+
+def read_all(terminal: int) -> str:
+    """Everything written to the pseudo-terminal until its last writer closes it."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # EIO: no writer is left
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
 
 
 @pytest.mark.slow
@@ -129,6 +193,13 @@ async def test_a_server_killed_mid_run_stops_the_run_and_fails_it(tmp_path: Path
     rows = [line.split() for line in stdout.decode().splitlines() if line.strip().startswith("c=")]
     assert [(row[0], row[-1]) for row in rows] == [("c=1", "FAILED"), ("c=2", "UNREACHABLE")]
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn all the same
+    # What the plot shows: the failed levels as red X markers on the latency panel, and in the failed-utterances
+    # panel red bars of their failures labelled with their outcome (an empty latency there is not "fast").
+    latency, _underruns, failures = figure(report["levels"], "bench").axes
+    [markers] = [line for line in latency.get_lines() if line.get_label() == FAILED_MARKER]
+    assert list(markers.get_xdata()) == [1, 2]
+    assert [bar.get_height() for bar in failures.patches] == [first["failed"], second["failed"]]
+    assert [text.get_text() for text in failures.texts] == ["FAILED", "UNREACHABLE"]
 
 
 @pytest.mark.slow

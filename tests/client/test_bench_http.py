@@ -196,6 +196,7 @@ async def test_the_command_line_writes_table_json_and_progress(serve, sim_app, t
     result = await voxwire(
         "bench", "--server", url(server), "--http", "file", "--concurrency", "1", "--duration", "1",
         "--texts", str(texts), "--response-format", "wav", "--json", str(report_path), "--plot", str(plot_path),
+        "--progress",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     [level] = json.loads(report_path.read_text())["levels"]
@@ -203,7 +204,7 @@ async def test_the_command_line_writes_table_json_and_progress(serve, sim_app, t
     assert json.loads(report_path.read_text())["settings"]["response_format"] == "wav"
     row = next(line for line in result.stdout.decode().splitlines() if line.strip().startswith("c=1"))
     assert row.split()[1] == str(level["utterances"]) and "FAILED" not in row
-    # stderr is not a terminal here: progress comes as whole lines, with the counts of files.
+    # stderr is not a terminal here: --progress prints whole lines, with the counts of files.
     assert re.search(r"^1 users: 1/1 s, \d+ files, 0 failed, 0 in flight$", result.stderr, re.M), result.stderr
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,6 +1,7 @@
 """The suite's own rules, held by reading its source: test modules take shared code from conftest.py or helper modules,
 never from another test module; every test whose result depends on the CPU's instruction set carries the ``isa``
-mark (.ci/run runs those again with ATen, MKL and oneDNN held to AVX2); .ci/run runs README's test command.
+mark (.ci/run runs those again with ATen, MKL and oneDNN held to AVX2); .ci/run runs README's test commands in
+the virtual environment README makes.
 
 A test's result depends on the instruction set when it holds audio or tensors that torch computes bit for bit
 (``np.array_equal``, ``np.testing.assert_array_equal``, ``torch.equal``) or to a rounding-error bound
@@ -198,19 +199,38 @@ def test_no_test_module_imports_another() -> None:
     assert not found, "\n".join(found)
 
 
-def readme_test_commands() -> list[str]:
-    """The commands of README's block that runs the tests: those that start ``python -m pytest``."""
+def readme_test_lines(start: str) -> list[str]:
+    """The lines of README's Test section that start with ``start``, stripped."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return [line.strip() for line in re.findall(r"^python -m pytest.*$", readme, flags=re.MULTILINE)]
+    [section] = re.findall(r"^## Test\n(.*?)(?=^## )", readme, flags=re.MULTILINE | re.DOTALL)
+    return [line.strip() for line in section.splitlines() if line.startswith(start)]
 
 
-def test_ci_runs_readme_test_commands() -> None:
-    commands = readme_test_commands()
+def ci_commands() -> list[str]:
+    """.ci/run's commands, one a line (comments left out), each normalized (``shlex``) and without its
+    ``|| status=$?``."""
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace("\\\n", " ")  # continued lines joined
+    lines = [line.split("||")[0].split("  #")[0].strip() for line in script.splitlines()]
+    return [normalized(line) for line in lines if line and not line.startswith("#")]
+
+
+def normalized(command: str) -> str:
+    return shlex.join(shlex.split(command))
+
+
+def test_ci_runs_readme_test_commands_in_a_venv_made_as_readme_says() -> None:
+    """A newcomer runs README's test commands inside the virtual environment README makes: CI does the same (its
+    interpreter and site-packages are not the system's, issue 33 item 8), and runs part of the suite on the system's
+    python3 after it, so both ways stay green."""
+    commands, [make_venv] = readme_test_lines("python -m pytest"), readme_test_lines("python3 -m venv")
     assert commands, "README names no test command"
-    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    ran = {shlex.join(shlex.split(line.split("||")[0])) for line in script.splitlines() if "-m pytest" in line}
+    script, make_venv = ci_commands(), normalized(make_venv)
+    assert make_venv in script, f".ci/run does not make README's virtual environment: {make_venv}"
+    inside = script[script.index(make_venv) : script.index("deactivate")]
     for command in commands:
-        assert shlex.join(shlex.split(command.replace("python ", "python3 ", 1))) in ran, command
+        assert normalized(command) in inside, f"{command} does not run in README's venv in .ci/run"
+    after = script[script.index("deactivate") :]
+    assert any("python3 -m pytest" in line for line in after), "no part of the suite runs on the system's python3"
 
 
 @pytest.mark.parametrize("mark", ["isa", "alone"])

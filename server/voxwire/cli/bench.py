@@ -121,7 +121,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, help="write the full report (with every utterance) here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib, checked before the run)")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        action="store_true",
+        help="progress on stderr also when it is not a terminal: a line per second (a terminal gets a bar anyway)",
+    )
+    shown.add_argument("--quiet", action="store_true", help="no progress on stderr, not even on a terminal")
     parser.set_defaults(func=run)
 
 
@@ -217,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                 words_per_second=args.words_per_second,
                 player_buffer_ms=args.player_buffer_ms,
                 utterance_timeout_s=args.timeout,
-                progress=not args.quiet,
+                progress=not args.quiet and (args.progress or sys.stderr.isatty()),
                 retry=retry,
                 ramp_up_s=args.ramp_up_s,
                 kind=kind,

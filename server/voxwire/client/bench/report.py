@@ -6,16 +6,21 @@ import json
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxwire.client.bench.measure import RequestKind, percentiles
 from voxwire.client.bench.runner import LevelOutcome, LevelResult, failure_rate, level_outcome, meets_slo
 from voxwire.errors import InvalidInputError
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 PLOT_INSTALL = "pip install 'voxwire[bench]' (or pip install matplotlib)"
 
 _LATENCIES = ("ttfa_ms", "ttfd_ms", "server_ttfa_ms", "engine_ttfc_ms", "connect_ms", "rtf", "rtf_wall", "stall_ms")
 _HTTP_LATENCIES = ("ttfb_ms", "ttfa_ms", "connect_ms", "rtf", "rtf_wall")
+FAILED_MARKER = "failed level"
+"""The legend label of the markers drawn at the failed levels on each latency panel of the plot."""
 MIXED = "mixed"
 """The ``kind`` of a mixed level's summary (its sides have the kinds of ``RequestKind``)."""
 
@@ -246,14 +251,17 @@ def require_matplotlib() -> None:
 
 
 def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
-    """Against the level (concurrency or rate), as a PNG: for live sessions TTFA p50/p90/p99 and underruns, for HTTP
-    requests RTF (wall / audio) p50/p90/p99 and audio seconds per wall second (a mixed run: all four), and failed
-    utterances; the levels that did not pass are drawn red, so a level whose requests all failed does not read as
-    "no underruns" (``require_matplotlib`` first)."""
-    import matplotlib
+    """``figure`` as a PNG at ``path`` (``require_matplotlib`` first)."""
+    figure(summaries, title).savefig(path, dpi=110)
 
-    matplotlib.use("Agg")  # files only: no display needed
-    from matplotlib import pyplot
+
+def figure(summaries: list[dict[str, Any]], title: str) -> Figure:
+    """Against the level (concurrency or rate): for live sessions TTFA p50/p90/p99 and underruns, for HTTP requests
+    RTF (wall / audio) p50/p90/p99 and audio seconds per wall second (a mixed run: all four), and failed utterances
+    (the last panel). The levels that did not pass are drawn red and their bars labelled FAILED or UNREACHABLE, with
+    a red X (``FAILED_MARKER``) on each latency panel, so a level whose requests all failed does not read as "no
+    underruns"."""
+    from matplotlib.figure import Figure  # not pyplot: no display, no global figure to close
 
     closed = summaries[0]["mode"] == "closed"
     levels = [summary["concurrency"] if closed else summary["rate_per_s"] for summary in summaries]
@@ -273,7 +281,8 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
         throughput = [side["files"]["audio_per_wall_s"] or 0.0 for side in per_level]
         bars.append((throughput, "HTTP audio seconds per wall second", False))
     bars.append(([summary["failed"] for summary in summaries], "failed utterances (red: failed level)", True))
-    figure, panels = pyplot.subplots(1, len(lines) + len(bars), figsize=(5 * (len(lines) + len(bars)), 4.2))
+    drawn = Figure(figsize=(5 * (len(lines) + len(bars)), 4.2))
+    panels = drawn.subplots(1, len(lines) + len(bars), squeeze=False)[0]
     failed_levels = [level for level, ok in zip(levels, passed, strict=True) if not ok]
     for axes, (side_name, name, label) in zip(panels, lines, strict=False):
         for percentile, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^:")):
@@ -282,7 +291,7 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
         if failed_levels:
             axes.plot(
                 failed_levels, [0] * len(failed_levels), "X", color="tab:red", markersize=12, clip_on=False,
-                label="failed",
+                label=FAILED_MARKER,
             )  # fmt: skip
         axes.set_ylabel(label)
         axes.set_ylim(bottom=0)
@@ -300,7 +309,6 @@ def plot(path: Path, summaries: list[dict[str, Any]], title: str) -> None:
     for axes in panels:
         axes.set_xlabel(f"{unit} (+{files} file users)" if files else unit)
         axes.grid(alpha=0.3)
-    figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
+    drawn.suptitle(title)
+    drawn.tight_layout()
+    return drawn

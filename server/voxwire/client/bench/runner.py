@@ -57,8 +57,9 @@ DEFAULT_MAX_FAILURE_RATE = 0.01
 bench that exits 0 must mean the numbers it printed describe a working server."""
 UNREACHABLE = "unreachable"
 """The error code of an utterance whose connection could not be opened at all (no server at the address)."""
-PROGRESS_LINE_INTERVAL_S = 5.0
-"""Progress when stderr is not a terminal (a log file, CI): one line per level every this many seconds."""
+PROGRESS_INTERVAL_S = 1.0
+"""Progress is redrawn (a terminal's bar) or printed (a line in a log file, CI) at least this often: a level of
+minutes must show it is alive."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class BenchConfig:
     player_buffer_ms: float = 200.0
     utterance_timeout_s: float = 120.0
     progress: bool = True
+    """Progress on stderr while a level runs: a bar redrawn in place when stderr is a terminal, else a line every
+    ``PROGRESS_INTERVAL_S`` (``voxwire bench`` turns it on for a terminal or with ``--progress``)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     ramp_up_s: float | None = None
     """Closed loop: user k of N starts its first utterance ``k * ramp_up_s / N`` into the level (0: all N at the
@@ -465,9 +468,9 @@ def _error_code(exc: BaseException) -> str:
 
 class _Progress:
     """The level's clock, its in-flight counts, and its progress on stderr (per kind of request: utterances,
-    failures, underruns of played audio and requests in flight): a tqdm bar updated in place on a terminal;
-    elsewhere (a log file, CI), where a bar redrawn with carriage returns shows nothing useful, a line every
-    ``PROGRESS_LINE_INTERVAL_S`` and one at the end of the level."""
+    failures, underruns of played audio and requests in flight), every ``PROGRESS_INTERVAL_S``: a tqdm bar updated
+    in place on a terminal; elsewhere (a log file, CI), where a bar redrawn with carriage returns shows nothing
+    useful, a line each time and one at the end of the level."""
 
     def __init__(self, config: BenchConfig, label: str, result: LevelResult) -> None:
         from tqdm import tqdm
@@ -539,11 +542,11 @@ class _Progress:
 
     async def _print_lines(self) -> None:
         while True:
-            await asyncio.sleep(PROGRESS_LINE_INTERVAL_S)
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
             self._print_line()
 
     async def _tick(self) -> None:
         while True:
             self.bar.n = min(self.elapsed(), self.duration_s)
             self.bar.set_postfix_str(self.counts())
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(PROGRESS_INTERVAL_S / 2)
