@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from voxwire import __version__
+from voxwire.audio.elevenlabs_formats import DEFAULT_OUTPUT_FORMAT
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH
@@ -35,7 +36,7 @@ from voxwire.serving.http.request_models import (
     RequestModel,
 )
 from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY
-from voxwire.serving.ws.elevenlabs_protocol import DEFAULT_OUTPUT_FORMAT, MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
+from voxwire.serving.ws.elevenlabs_protocol import MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
 
 DOCS_PAGE = Path(__file__).resolve().with_name("docs.html")
 """The ``/docs`` page: HTML and a small script that renders ``/openapi.json`` (package data)."""
