@@ -196,7 +196,7 @@ async def test_key_in_the_header_or_in_the_first_message(serve) -> None:
 
 @pytest.mark.parametrize(
     ("path", "status"),
-    [("/v1/text-to-speech/nobody/stream-input", 404), (f"{STREAM}?output_format=opus_48000_64", 400),
+    [("/v1/text-to-speech/nobody/stream-input", 404), (f"{STREAM}?output_format=opus_16000_64", 400),
      (f"{MULTI}?output_format=pcm_12345", 400), (f"{STREAM}?seed=x", 400), (f"{STREAM}?seed=-1", 400),
      (f"{MULTI}?seed={2**63}", 400)],
 )  # fmt: skip
