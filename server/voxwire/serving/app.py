@@ -90,7 +90,10 @@ def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.A
     model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
-    voices = VoiceStore(config.voices.voices_dir, model.info.name, model.patch_shape, config.voices.max_voices)
+    settings = config.voices
+    voices = VoiceStore(
+        settings.voices_dir, model.info.name, model.patch_shape, settings.max_voices, settings.voice_aliases
+    )
     app = build_app(config, service, voices)
     service.on_fatal = lambda reason: stop_failed(app, reason)
     return app
