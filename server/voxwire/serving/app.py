@@ -28,6 +28,7 @@ from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add
 from voxwire.serving.edge.request_id import add_request_id_header
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
 from voxwire.serving.http.connections import ConnectionGuard, GuardedRunner, static_file
+from voxwire.serving.http.elevenlabs_tts import add_elevenlabs_tts_routes
 from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.model_listing import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
@@ -143,6 +144,7 @@ def build_app(
     add_probe_routes(app)
     add_ws_routes(app)
     add_elevenlabs_routes(app)
+    add_elevenlabs_tts_routes(app)
     add_nanovllm_routes(app)
     add_demo_routes(app)
     add_openapi_routes(app)
