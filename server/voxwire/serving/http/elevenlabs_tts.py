@@ -46,9 +46,9 @@ from voxwire.serving.speech.voice_design import utterance_control
 from voxwire.text.design import designed_text
 
 TEXT_TO_SPEECH_PATH = "/v1/text-to-speech/{voice_id}"
-STREAM_PATH = TEXT_TO_SPEECH_PATH + "/stream"
+TEXT_TO_SPEECH_STREAM_PATH = TEXT_TO_SPEECH_PATH + "/stream"
 WITH_TIMESTAMPS_PATH = TEXT_TO_SPEECH_PATH + "/with-timestamps"
-STREAM_WITH_TIMESTAMPS_PATH = STREAM_PATH + "/with-timestamps"
+STREAM_WITH_TIMESTAMPS_PATH = TEXT_TO_SPEECH_STREAM_PATH + "/with-timestamps"
 
 NDJSON = "application/x-ndjson"
 
@@ -236,8 +236,7 @@ async def _whole_with_timestamps(
         return b""  # sent at the end, in the JSON object
 
     encoder = speech.output.encoder(request.app[SPEAKER_KEY].info.sample_rate, speech.speed)
-    headers = {hdrs.CONTENT_TYPE: "application/json"}
-    response, _ = await stream_audio(request, outputs, encoder, headers, gather)
+    response, _ = await stream_audio(request, outputs, encoder, {hdrs.CONTENT_TYPE: "application/json"}, gather)
     alignment = timed.to_json()
     body = {"audio_base64": base64.b64encode(audio).decode("ascii"), "alignment": alignment}
     await response.write(json.dumps({**body, "normalized_alignment": alignment}).encode())
@@ -247,6 +246,6 @@ async def _whole_with_timestamps(
 
 def add_elevenlabs_tts_routes(app: web.Application) -> None:
     app.router.add_post(TEXT_TO_SPEECH_PATH, text_to_speech)
-    app.router.add_post(STREAM_PATH, text_to_speech)
+    app.router.add_post(TEXT_TO_SPEECH_STREAM_PATH, text_to_speech)
     app.router.add_post(WITH_TIMESTAMPS_PATH, with_timestamps)
     app.router.add_post(STREAM_WITH_TIMESTAMPS_PATH, stream_with_timestamps)
