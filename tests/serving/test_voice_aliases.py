@@ -11,7 +11,7 @@ import pytest
 from voxwire.cli.main import build_parser, main
 from voxwire.cli.serve import config_from_args
 from voxwire.prompt import VoicePrompt
-from voxwire.serving.speech.voice_store import VoiceAliasError, VoiceStore
+from voxwire.serving.speech.voice_store import VoiceAliasError, VoiceStore, check_alias_targets
 
 ELEVENLABS_RACHEL = "21m00Tcm4TlvDq8ikWAM"
 
@@ -44,6 +44,15 @@ def test_an_alias_to_a_voice_the_server_lacks_stops_the_start(tmp_path: Path) ->
     store = VoiceStore(None, "m", (2, 4), max_voices=10, aliases=[(ELEVENLABS_RACHEL, "voice_0123456789abcdef")])
     with pytest.raises(VoiceAliasError, match="voice_0123456789abcdef"):
         store.load()
+
+
+def test_an_alias_to_a_voice_never_saved_stops_the_server_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    voice_id = saved_voice(tmp_path)
+    check_alias_targets([("Rachel", "NOVA"), (ELEVENLABS_RACHEL, voice_id)], tmp_path)
+    assert main(["serve", "--voice-alias", "Rachel=voice_0123456789abcdef", "--voices-dir", str(tmp_path)]) == 2
+    assert "no voice 'voice_0123456789abcdef'" in capsys.readouterr().err
 
 
 def test_the_flag_takes_foreign_equals_ours_and_one_voice_per_name(capsys: pytest.CaptureFixture[str]) -> None:

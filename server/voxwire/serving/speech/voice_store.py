@@ -169,10 +169,7 @@ class VoiceStore:
             try:
                 self._own(ours)
             except UnknownVoiceError:
-                raise VoiceAliasError(
-                    f"--voice-alias {foreign}={ours}: no voice {ours!r} here (a built-in name: "
-                    f"{', '.join(sorted(DEFAULT_VOICE_NAMES))}; or a saved voice's id)"
-                ) from None
+                raise _unknown_alias_target(foreign, ours) from None
 
     def _load_directory(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -310,6 +307,26 @@ class VoiceStore:
         tensors_path, meta_path = self._paths(voice_id)
         meta_path.unlink(missing_ok=True)
         tensors_path.unlink(missing_ok=True)
+
+
+def check_alias_targets(aliases: Iterable[tuple[str, str]], directory: Path | None) -> None:
+    """Before the model loads, so that a mistyped alias stops the server at once: each alias names a built-in voice
+    or a voice saved in ``directory`` (its metadata file is there; ``VoiceStore.load`` checks that it loads).
+
+    Raises:
+        VoiceAliasError: an alias names neither.
+    """
+    for foreign, ours in aliases:
+        saved = VOICE_ID_PATTERN.fullmatch(ours) is not None and directory is not None
+        if ours.lower() not in DEFAULT_VOICE_NAMES and not (saved and (directory / f"{ours}.json").is_file()):
+            raise _unknown_alias_target(foreign, ours)
+
+
+def _unknown_alias_target(foreign: str, ours: str) -> VoiceAliasError:
+    return VoiceAliasError(
+        f"--voice-alias {foreign}={ours}: no voice {ours!r} here (a built-in name: "
+        f"{', '.join(sorted(DEFAULT_VOICE_NAMES))}; or the id of a voice saved in --voices-dir)"
+    )
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> None:
