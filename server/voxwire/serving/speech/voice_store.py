@@ -317,8 +317,8 @@ def check_alias_targets(aliases: Iterable[tuple[str, str]], directory: Path | No
         VoiceAliasError: an alias names neither.
     """
     for foreign, ours in aliases:
-        saved = VOICE_ID_PATTERN.fullmatch(ours) is not None and directory is not None
-        if ours.lower() not in DEFAULT_VOICE_NAMES and not (saved and (directory / f"{ours}.json").is_file()):
+        saved = directory is not None and VOICE_ID_PATTERN.fullmatch(ours) and (directory / f"{ours}.json").is_file()
+        if ours.lower() not in DEFAULT_VOICE_NAMES and not saved:
             raise _unknown_alias_target(foreign, ours)
 
 
