@@ -157,6 +157,8 @@ async def test_the_voice_listing_serves_elevenlabs_and_our_clients_alike(serve) 
         ("/v1/voices/nobody", None, 404, "unknown_voice"),
         ("/v2/voices?page_size=0", None, 400, "invalid_parameter"),
         ("/v2/voices?next_page_token=x", None, 400, "invalid_parameter"),
+        ("/v2/voices?page_size=%D9%A3", None, 400, "invalid_parameter"),  # an Arabic-Indic 3 is not an integer here
+        ("/v1/text-to-speech/default?enable_logging=yes", {"text": TEXT}, 400, "invalid_parameter"),
     ],
 )
 async def test_bad_requests_get_typed_errors(serve, path: str, body: Any, status: int, code: str) -> None:

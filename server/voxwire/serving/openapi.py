@@ -391,7 +391,7 @@ OPERATIONS: tuple[Operation, ...] = (
                 "page_size", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}, "Voices per page."
             ),
             _query_parameter(
-                "next_page_token", {"type": "string", "pattern": "^[0-9]+$"}, "The previous page's next_page_token."
+                "next_page_token", {"type": "string", "pattern": "^[0-9]{1,9}$"}, "The previous page's next_page_token."
             ),
             _query_parameter("search", _STRING, "Only voices whose names contain it (ignoring case)."),
         ),

@@ -127,7 +127,7 @@ def parse_query(query: Mapping[str, str]) -> OutputFormat:
         levels = ", ".join(STREAMING_LATENCY_LEVELS)
         raise ApiError(ErrorCode.INVALID_PARAMETER, f"optimize_streaming_latency is {latency!r}; use one of {levels}")
     logging = query.get("enable_logging")
-    if logging is not None and logging.lower() not in ("true", "false"):
+    if logging is not None and logging not in ("true", "false"):
         raise ApiError(ErrorCode.INVALID_PARAMETER, f"enable_logging is {logging!r}; use true or false")
     return output
 

@@ -22,6 +22,7 @@ duration) before it is decoded; the ``VoiceStore`` keeps the result.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from aiohttp import BodyPartReader, MultipartReader, web
@@ -146,6 +147,9 @@ async def get_voice(request: web.Request) -> web.Response:
     return web.json_response(next(voice for voice in listed if voice["voice_id"] in (voice_id, voice_id.lower())))
 
 
+_DIGITS = re.compile(r"[0-9]{1,9}")
+"""An integer query parameter: ASCII digits (``str.isdigit`` takes other scripts' too), few enough for any page."""
+
 V2_MAX_PAGE_SIZE = 100
 """ElevenLabs' bound on ``GET /v2/voices``' ``page_size``."""
 V2_DEFAULT_PAGE_SIZE = 10
@@ -171,7 +175,7 @@ def _query_int(text: str | None, name: str, default: int, low: int, high: int | 
     if text is None:
         return default
     bounds = f"an integer from {low}" + ("" if high is None else f" to {high}")
-    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+    if _DIGITS.fullmatch(text) is None or int(text) < low or (high is not None and int(text) > high):
         raise ApiError(ErrorCode.INVALID_PARAMETER, f"{name} is {text!r}; it must be {bounds}")
     return int(text)
 
