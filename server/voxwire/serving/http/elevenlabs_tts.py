@@ -174,10 +174,10 @@ async def _speak(request: web.Request, *, timestamps: bool, streamed: bool) -> w
     body = await read_json(request, config.limits.body_timeout_s)
     speech = parse_body(body, output, config)
     voices, service = app[VOICES_KEY], app[SPEAKER_KEY]
-    name = voices.canonical(request.match_info["voice_id"])
-    voice = voices.resolve(name)
+    voice = voices.resolve(request.match_info["voice_id"])
     # An OpenAI voice name (or an alias of one) designs its voice where the model can; no instructions come here.
-    text = designed_text(utterance_control(service.info, name, voice, None), speech.text)
+    named = voices.canonical(request.match_info["voice_id"])
+    text = designed_text(utterance_control(service.info, named, voice, None), speech.text)
     with app[STATE_KEY].utterance():
         owner = client_owner(request.get(OWNER_KEY), request.protocol)
         options = UtteranceOptions(

@@ -140,11 +140,11 @@ def _elevenlabs_voice(
 
 async def get_voice(request: web.Request) -> web.Response:
     """ElevenLabs' ``GET /v1/voices/{voice_id}``: one voice (an alias's voice for an alias; 404 ``unknown_voice``)."""
-    store = request.app[VOICES_KEY]
-    voice_id = store.canonical(request.match_info["voice_id"]) or ""
-    store.resolve(voice_id)  # UnknownVoiceError: 404
-    listed = _elevenlabs_voices(request.app)
-    return web.json_response(next(voice for voice in listed if voice["voice_id"] in (voice_id, voice_id.lower())))
+    store, asked = request.app[VOICES_KEY], request.match_info["voice_id"]
+    store.resolve(asked)  # UnknownVoiceError: 404
+    ours = store.canonical(asked) or asked
+    listed_id = ours.lower() if ours.lower() in BUILTIN_VOICES else ours  # built-in names are matched ignoring case
+    return web.json_response(next(voice for voice in _elevenlabs_voices(request.app) if voice["voice_id"] == listed_id))
 
 
 _DIGITS = re.compile(r"[0-9]{1,9}")
