@@ -192,3 +192,24 @@ async def test_fields_the_sdk_sends_that_this_server_ignores_are_accepted(serve)
         assert response.status == 200, await response.text()
         assert response.headers["Content-Type"].startswith("audio/")
         assert len(await response.read()) > 0
+
+
+async def test_a_browser_page_may_send_the_elevenlabs_key_header(serve) -> None:
+    page = "https://app.example"
+    server = await serve(api_keys=(KEY,), allowed_origins=(page,))
+    preflight = {
+        "Origin": page,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "xi-api-key",
+    }
+    async with TestClient(server) as http:
+        response = await http.options("/v1/text-to-speech/default/stream", headers=preflight)
+        assert response.status == 204
+        allowed = {name.strip().lower() for name in response.headers["Access-Control-Allow-Headers"].split(",")}
+        assert "xi-api-key" in allowed
+        spoken = await http.post(
+            "/v1/text-to-speech/default/stream?output_format=pcm_16000",
+            json={"text": TEXT},
+            headers={"Origin": page, "xi-api-key": KEY},
+        )
+        assert spoken.status == 200 and spoken.headers["Access-Control-Allow-Origin"] == page
