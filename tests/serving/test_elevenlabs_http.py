@@ -124,6 +124,9 @@ async def test_an_alias_names_the_voice(serve) -> None:
     assert b"".join(audio) == b"".join(same)
     voice = await client.voices.get(RACHEL)
     assert voice.voice_id == "default"
+    async with TestClient(server) as http:  # ElevenLabs' socket resolves it too (an unknown voice is 404 there)
+        socket = await http.ws_connect(f"/v1/text-to-speech/{RACHEL}/stream-input", headers={"xi-api-key": KEY})
+        await socket.close()
 
 
 async def test_the_voice_listing_serves_elevenlabs_and_our_clients_alike(serve) -> None:
