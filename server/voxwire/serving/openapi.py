@@ -100,7 +100,7 @@ _ELEVENLABS_PARAMETERS = (
     _query_parameter(
         "output_format",
         {"type": "string", "default": DEFAULT_OUTPUT_FORMAT},
-        "ElevenLabs' output format: pcm_<rate>, ulaw_8000, alaw_8000 or mp3_<rate>_<kbps> "
+        "ElevenLabs' output format: pcm_<rate>, ulaw_8000, alaw_8000, mp3_<rate>_<kbps> or opus_48000_<kbps> "
         "(400 unsupported_format for one this server does not make).",
     ),
     _query_parameter("seed", {"type": "integer"}, "Noise seed, for reproducible audio."),
