@@ -28,6 +28,7 @@ from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add
 from voxwire.serving.edge.request_id import add_request_id_header
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
 from voxwire.serving.http.connections import ConnectionGuard, GuardedRunner, static_file
+from voxwire.serving.http.elevenlabs_tts import add_elevenlabs_tts_routes
 from voxwire.serving.http.loras import add_lora_routes
 from voxwire.serving.http.model_listing import add_model_routes
 from voxwire.serving.http.nanovllm import add_nanovllm_routes
@@ -90,7 +91,10 @@ def make_app(config: ServerConfig, *, model: SpeechModel | None = None) -> web.A
     model = load_speech_model(config) if model is None else model
     registry = open_registry(model, config)  # a bad --lora stops the server here, before it listens
     service = SpeechService(model, config, LocalPersonas(registry) if registry is not None else None)
-    voices = VoiceStore(config.voices.voices_dir, model.info.name, model.patch_shape, config.voices.max_voices)
+    settings = config.voices
+    voices = VoiceStore(
+        settings.voices_dir, model.info.name, model.patch_shape, settings.max_voices, settings.voice_aliases
+    )
     app = build_app(config, service, voices)
     service.on_fatal = lambda reason: stop_failed(app, reason)
     return app
@@ -140,6 +144,7 @@ def build_app(
     add_probe_routes(app)
     add_ws_routes(app)
     add_elevenlabs_routes(app)
+    add_elevenlabs_tts_routes(app)
     add_nanovllm_routes(app)
     add_demo_routes(app)
     add_openapi_routes(app)

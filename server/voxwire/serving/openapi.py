@@ -19,11 +19,21 @@ from typing import Any
 from aiohttp import web
 
 from voxwire import __version__
+from voxwire.audio.elevenlabs_formats import DEFAULT_OUTPUT_FORMAT, parse_output_format, supported_formats
 from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, make_encoder
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import STREAM_PATH
 from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, DEMO_PAGE, DOCS_PATH, OPENAPI_PATH
+from voxwire.serving.http import elevenlabs_request
 from voxwire.serving.http.connections import static_file
+from voxwire.serving.http.elevenlabs_request import STREAMING_LATENCY_LEVELS, TEXT_TO_SPEECH
+from voxwire.serving.http.elevenlabs_tts import (
+    NDJSON,
+    STREAM_WITH_TIMESTAMPS_PATH,
+    TEXT_TO_SPEECH_PATH,
+    TEXT_TO_SPEECH_STREAM_PATH,
+    WITH_TIMESTAMPS_PATH,
+)
 from voxwire.serving.http.request_models import (
     ENCODE_LATENTS,
     GENERATE,
@@ -35,7 +45,7 @@ from voxwire.serving.http.request_models import (
     RequestModel,
 )
 from voxwire.serving.runtime.keys import CONFIG_KEY, SPEAKER_KEY
-from voxwire.serving.ws.elevenlabs_protocol import DEFAULT_OUTPUT_FORMAT, MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
+from voxwire.serving.ws.elevenlabs_protocol import MULTI_STREAM_INPUT_PATH, STREAM_INPUT_PATH
 
 DOCS_PAGE = Path(__file__).resolve().with_name("docs.html")
 """The ``/docs`` page: HTML and a small script that renders ``/openapi.json`` (package data)."""
@@ -90,7 +100,7 @@ _ELEVENLABS_PARAMETERS = (
     _query_parameter(
         "output_format",
         {"type": "string", "default": DEFAULT_OUTPUT_FORMAT},
-        "ElevenLabs' output format: pcm_<rate>, ulaw_8000, alaw_8000 or mp3_<rate>_<kbps> "
+        "ElevenLabs' output format: pcm_<rate>, ulaw_8000, alaw_8000, mp3_<rate>_<kbps> or opus_48000_<kbps> "
         "(400 unsupported_format for one this server does not make).",
     ),
     _query_parameter("seed", {"type": "integer"}, "Noise seed, for reproducible audio."),
@@ -99,6 +109,22 @@ _ELEVENLABS_PARAMETERS = (
         {"type": "string", "enum": ["true", "false"], "default": "false"},
         "true: alignment times count from the start of the context's audio, else from each sentence's.",
     ),
+)
+
+
+_ELEVENLABS_HTTP_PARAMETERS = (
+    _path_parameter("voice_id", "A saved voice's id, a built-in voice's name, or an alias of one (--voice-alias)."),
+    _query_parameter(
+        "output_format",
+        {"type": "string", "enum": supported_formats(), "default": DEFAULT_OUTPUT_FORMAT},
+        "ElevenLabs' output format (opus_48000_<kbps>: Ogg Opus).",
+    ),
+    _query_parameter(
+        "optimize_streaming_latency",
+        {"type": "string", "enum": list(STREAMING_LATENCY_LEVELS)},
+        "Accepted and ignored: the audio streams as soon as it is generated.",
+    ),
+    _query_parameter("enable_logging", {"type": "string", "enum": ["true", "false"]}, "Accepted and ignored."),
 )
 
 
@@ -127,6 +153,33 @@ def _deleted(key: str, kind: str) -> dict[str, Any]:
 
 
 _NAME_ONLY = _object({"name": _STRING})
+_ELEVENLABS_VOICE = _object(
+    {
+        "voice_id": _STRING,
+        "name": _STRING,
+        "category": {"enum": ["premade", "cloned"]},
+        "description": {"type": ["string", "null"]},
+        "labels": {"type": "object"},
+        "preview_url": {"type": "null"},
+        "created_at_unix": {"type": ["integer", "null"]},
+    }
+)
+_ELEVENLABS_VOICES = {"type": "array", "items": _ELEVENLABS_VOICE}
+_CHARACTER_TIMES = {
+    "anyOf": [
+        _object(
+            {
+                "characters": {"type": "array", "items": _STRING},
+                "character_start_times_seconds": {"type": "array", "items": _NUMBER},
+                "character_end_times_seconds": {"type": "array", "items": _NUMBER},
+            }
+        ),
+        {"type": "null"},
+    ]
+}
+_AUDIO_WITH_TIMESTAMPS = _object(
+    {"audio_base64": _STRING, "alignment": _CHARACTER_TIMES, "normalized_alignment": _CHARACTER_TIMES}
+)
 _AUDIO_VOICE = _object(
     {"id": _STRING, "name": _STRING, "builtin": _BOOLEAN, "description": {"type": ["string", "null"]}}
 )
@@ -247,11 +300,36 @@ def _speech_media(app: web.Application) -> dict[str, Any]:
     return {**{media: _BYTES for media in sorted(types)}, "text/event-stream": _ref("SpeechEvent")}
 
 
+def _elevenlabs_media(app: web.Application) -> dict[str, Any]:
+    """The media types of ElevenLabs' audio routes: each output format's encoder's."""
+    sample_rate = app[SPEAKER_KEY].info.sample_rate
+    types = {
+        parse_output_format(name).encoder(sample_rate).content_type.partition(";")[0] for name in supported_formats()
+    }
+    return {media: _BYTES for media in sorted(types)}
+
+
 def _demo_media(app: web.Application) -> dict[str, Any]:
     """The media types of the demo page's files, by their suffixes."""
     types = {mimetypes.guess_type("file" + suffix)[0] for suffix in DEMO_FILE_SUFFIXES}
     return {media: _BYTES for media in sorted(media for media in types if media is not None)}
 
+
+_ELEVENLABS_SPEECH: tuple[tuple[str, str, Mapping[int, Content]], ...] = (
+    (TEXT_TO_SPEECH_PATH, "Speak text; the audio streams while it is generated", {200: _elevenlabs_media}),
+    (TEXT_TO_SPEECH_STREAM_PATH, "Speak text; the audio streams while it is generated", {200: _elevenlabs_media}),
+    (
+        WITH_TIMESTAMPS_PATH,
+        "Speak text: the audio (base64) and its characters' times",
+        {200: _json(_AUDIO_WITH_TIMESTAMPS)},
+    ),
+    (
+        STREAM_WITH_TIMESTAMPS_PATH,
+        "Speak text: JSON lines of audio (base64) and its characters' times",
+        {200: {NDJSON: _AUDIO_WITH_TIMESTAMPS}},
+    ),
+)
+"""ElevenLabs' text-to-speech routes: (path, summary, success content)."""
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -264,7 +342,75 @@ OPERATIONS: tuple[Operation, ...] = (
         SPEECH,
         description="OpenAI's speech endpoint. 503 (not_ready, shutting_down, busy) has Retry-After.",
     ),
-    Operation("GET", "/v1/voices", "Voices", "List the saved voices", {200: _json(_list_of(_ref("Voice")))}),
+    Operation(
+        "GET",
+        "/v1/voices",
+        "Voices",
+        "List the voices (ours in data, ElevenLabs' shape in voices)",
+        {
+            200: _json(
+                _object(
+                    {
+                        "object": {"const": "list"},
+                        "data": {"type": "array", "items": _ref("Voice")},
+                        "voices": _ELEVENLABS_VOICES,
+                    }
+                )
+            )
+        },
+    ),
+    Operation(
+        "GET",
+        "/v1/voices/{voice_id}",
+        "ElevenLabs",
+        "One voice, in ElevenLabs' shape",
+        {200: _json(_ELEVENLABS_VOICE)},
+        (404,),
+        parameters=(_path_parameter("voice_id", "A voice's id or built-in name, or an alias of one."),),
+    ),
+    Operation(
+        "GET",
+        "/v2/voices",
+        "ElevenLabs",
+        "A page of the voices, in ElevenLabs' shape",
+        {
+            200: _json(
+                _object(
+                    {
+                        "voices": _ELEVENLABS_VOICES,
+                        "has_more": _BOOLEAN,
+                        "total_count": _INTEGER,
+                        "next_page_token": {"type": ["string", "null"]},
+                    }
+                )
+            )
+        },
+        (400,),
+        parameters=(
+            _query_parameter(
+                "page_size", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}, "Voices per page."
+            ),
+            _query_parameter(
+                "next_page_token", {"type": "string", "pattern": "^[0-9]{1,9}$"}, "The previous page's next_page_token."
+            ),
+            _query_parameter("search", _STRING, "Only voices whose names contain it (ignoring case)."),
+        ),
+    ),
+    *(
+        Operation(
+            "POST",
+            path,
+            "ElevenLabs",
+            summary,
+            ok,
+            (400, 404, 408, 413, 503),
+            TEXT_TO_SPEECH,
+            description="ElevenLabs' text-to-speech; its clients work with only the URL changed (docs/http-api.md). "
+            "Character times are estimates. 503 (not_ready, shutting_down, busy) has Retry-After.",
+            parameters=_ELEVENLABS_HTTP_PARAMETERS,
+        )
+        for path, summary, ok in _ELEVENLABS_SPEECH
+    ),
     Operation(
         "GET",
         "/v1/audio/voices",
@@ -499,7 +645,11 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {**SCHEMAS, **{model.name: model.json_schema(config) for model in MODELS}},
+            "schemas": {
+                **SCHEMAS,
+                **{model.name: model.json_schema(config) for model in MODELS},
+                **elevenlabs_request.json_schemas(config),
+            },
         },
     }
     if config.transport.api_keys:

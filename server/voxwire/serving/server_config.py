@@ -56,6 +56,14 @@ def device_list(text: str) -> tuple[str, ...]:
     return tuple(device.strip() for device in text.split(","))
 
 
+def alias_arg(text: str) -> tuple[str, str]:
+    """``--voice-alias FOREIGN=OURS`` -> ``(foreign, ours)``."""
+    foreign, sep, ours = text.partition("=")
+    if not sep or not foreign.strip() or not ours.strip():
+        raise ArgumentTypeError(f"expected FOREIGN=OURS, got {text!r}")
+    return foreign.strip(), ours.strip()
+
+
 def persona_arg(text: str) -> tuple[str, Path]:
     """``--lora NAME=DIR`` -> ``(name, Path(folder))``."""
     name, sep, folder = text.partition("=")
@@ -428,12 +436,22 @@ class VoiceSettings:
     once by one server process (each frontend under ``--workers``), and clips encoded or waiting at once on each
     engine process from every frontend together; more get 503 ``busy`` with ``Retry-After`` (a frontend's, before
     the clip is decoded), so that clips cannot crowd out the streams' CPU."""
+    voice_aliases: tuple[tuple[str, str], ...] = field(
+        default=(), metadata=flag(repeatable=True, parse=alias_arg, metavar="FOREIGN=OURS", shown_default="none")
+    )
+    """Another API's voice id or name that names one of ours wherever a request names a voice (HTTP, our WebSocket,
+    ElevenLabs' routes and sockets), so an agent's configuration works unchanged: ``--voice-alias
+    21m00Tcm4TlvDq8ikWAM=voice_0123456789abcdef`` (repeatable; matched ignoring case). Ours is a built-in voice
+    (``default``, an OpenAI name) or a saved voice's id; an alias to a voice the server does not have stops it at
+    start."""
 
     def __post_init__(self) -> None:
         _positive_ints(
             self, "max_voices", "max_upload_bytes", "max_transcript_chars", "max_voice_name_chars", "max_voice_jobs"
         )
         _positive_numbers(self, "max_clip_seconds")
+        foreign = [name.casefold() for name, _ in self.voice_aliases]
+        _check(self, "voice_aliases", self.voice_aliases, len(set(foreign)) == len(foreign), "one voice per name")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class Flag:
     a default of None or of an empty tuple, and for one computed from the machine."""
     repeatable: bool = False
     """A tuple given one value per flag (``--api-key a --api-key b``), a value given twice counting once; the
-    flag is the field's name in the singular: ``api_keys`` is ``--api-key``."""
+    flag is the field's name in the singular: ``api_keys`` is ``--api-key``, ``voice_aliases`` ``--voice-alias``."""
     parse: Callable[[str], Any] | None = None
     """Makes the value (a repeatable flag's item) of the flag's text; default: the annotated type. It raises
     ``argparse.ArgumentTypeError`` with the message to show for bad text."""
@@ -72,8 +72,13 @@ class Setting:
     @property
     def option(self) -> str:
         """Its flag: ``--max-connections``; ``--api-key`` for the repeatable ``api_keys``."""
-        name = self.name.removesuffix("s") if self.flag.repeatable else self.name
+        name = _singular(self.name) if self.flag.repeatable else self.name
         return "--" + name.replace("_", "-")
+
+
+def _singular(name: str) -> str:
+    """``api_keys`` -> ``api_key``, ``voice_aliases`` -> ``voice_alias``."""
+    return name.removesuffix("es") if name.endswith("ses") else name.removesuffix("s")
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from voxwire.audio.elevenlabs_formats import parse_output_format
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import AudioFrame, CloseCode, Done, Error, Ready, Segment, Start, Words
 from voxwire.serving.runtime.encoding import INLINE
 from voxwire.serving.ws.elevenlabs import ElevenLabsSocket, Endpoint
 from voxwire.serving.ws.elevenlabs_dialect import SESSION_FORMAT, ElevenLabsDialect
-from voxwire.serving.ws.elevenlabs_protocol import parse_client, parse_output_format
+from voxwire.serving.ws.elevenlabs_protocol import parse_client
 from voxwire.serving.ws.session_core import (
     Action,
     Announce,

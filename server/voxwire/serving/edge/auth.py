@@ -69,7 +69,7 @@ _CORS_ORIGIN: web.RequestKey[str] = web.RequestKey("voxwire.cors_origin", str)
 CORS_MAX_AGE_S = 600
 """How long a browser may cache a preflight answer."""
 _CORS_METHODS = "GET, POST, DELETE"
-_CORS_HEADERS = "Authorization, Content-Type, X-Request-Id, Voxwire-Priority, traceparent, tracestate"
+_CORS_HEADERS = "Authorization, xi-api-key, Content-Type, X-Request-Id, Voxwire-Priority, traceparent, tracestate"
 _CORS_EXPOSED = "Retry-After, X-Request-Id"
 
 

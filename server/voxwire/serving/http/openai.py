@@ -95,7 +95,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     voice = app[VOICES_KEY].resolve(speech.voice)
     service = app[SPEAKER_KEY]
     try:
-        control = utterance_control(service.info, speech.voice, voice, speech.instructions)
+        control = utterance_control(service.info, app[VOICES_KEY].canonical(speech.voice), voice, speech.instructions)
     except DesignRefused as exc:
         raise ApiError(ErrorCode.UNSUPPORTED, str(exc)) from None
     check_persona(service.personas, speech.persona)  # the persona rule's first check

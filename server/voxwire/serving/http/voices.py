@@ -1,4 +1,5 @@
-"""Voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete; ``GET /v1/audio/voices``.
+"""Voices over HTTP: ``POST /v1/voices`` (multipart upload, encoded once), list, delete; ``GET /v1/audio/voices``;
+ElevenLabs' ``GET /v1/voices/{voice_id}`` and ``GET /v2/voices``.
 
 Both listings start with the built-in voices, which every request may name without an upload, marked ``"builtin":
 true``: ``default`` (the model's own voice) and OpenAI's voice names, each a designed voice on a model with voice
@@ -8,12 +9,20 @@ saved voice (no clip: ``transcript`` null, ``duration_s`` and ``created_at`` 0),
 /v1/audio/voices`` is the shape voice pickers of OpenAI-compatible servers read (Open WebUI: ``{"voices": [{"id",
 "name"}]}``).
 
+``GET /v1/voices`` serves ElevenLabs' clients from the same body: beside our ``data`` list it has ElevenLabs'
+``voices`` list (``voice_id``, ``name``, ``category``: ``premade`` for a built-in voice, ``cloned`` for a saved one,
+``description``, ``labels``), which its SDK's ``voices.get_all()`` and LiveKit's ``list_voices()`` read, so one
+listing answers both without telling the clients apart. ``GET /v1/voices/{voice_id}`` is one such entry (the path's
+id read through the aliases, ``--voice-alias``), ``GET /v2/voices`` a page of them (``page_size``,
+``next_page_token``, ``search`` in the names; ElevenLabs' other filters are accepted and ignored).
+
 Cheap checks come first: sizes while the body is read, the text fields, then the clip's header (its
 duration) before it is decoded; the ``VoiceStore`` keeps the result.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from aiohttp import BodyPartReader, MultipartReader, web
@@ -99,7 +108,8 @@ def builtin_description(info: ModelInfo, name: str) -> str | None:
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    """``GET /v1/voices``: the built-in voices, then the saved ones (oldest first)."""
+    """``GET /v1/voices``: the built-in voices, then the saved ones (oldest first), in our shape (``data``) and in
+    ElevenLabs' (``voices``)."""
     store, info = request.app[VOICES_KEY], request.app[SPEAKER_KEY].info
     listed = [
         {**VoiceInfo(name, name, None, store.model, 0.0, 0).to_json(), "builtin": True,
@@ -107,7 +117,67 @@ async def list_voices(request: web.Request) -> web.Response:
         for name in BUILTIN_VOICES
     ]  # fmt: skip
     listed += [{**saved.to_json(), "builtin": False, "description": None} for saved in store.infos()]
-    return web.json_response({"object": "list", "data": listed})
+    return web.json_response({"object": "list", "data": listed, "voices": _elevenlabs_voices(request.app)})
+
+
+def _elevenlabs_voices(app: web.Application) -> list[dict[str, object]]:
+    """Every voice a request may name, as ElevenLabs' ``Voice`` objects."""
+    info = app[SPEAKER_KEY].info
+    voices = [_elevenlabs_voice(name, name, "premade", builtin_description(info, name)) for name in BUILTIN_VOICES]
+    return voices + [
+        _elevenlabs_voice(saved.id, saved.name, "cloned", None, saved.created_at) for saved in app[VOICES_KEY].infos()
+    ]
+
+
+def _elevenlabs_voice(
+    voice_id: str, name: str, category: str, description: str | None, created_at: int | None = None
+) -> dict[str, object]:
+    return {
+        "voice_id": voice_id, "name": name, "category": category, "description": description, "labels": {},
+        "preview_url": None, "created_at_unix": created_at,
+    }  # fmt: skip
+
+
+async def get_voice(request: web.Request) -> web.Response:
+    """ElevenLabs' ``GET /v1/voices/{voice_id}``: one voice (an alias's voice for an alias; 404 ``unknown_voice``)."""
+    store, asked = request.app[VOICES_KEY], request.match_info["voice_id"]
+    store.resolve(asked)  # UnknownVoiceError: 404
+    ours = store.canonical(asked) or asked
+    listed_id = ours.lower() if ours.lower() in BUILTIN_VOICES else ours  # built-in names are matched ignoring case
+    return web.json_response(next(voice for voice in _elevenlabs_voices(request.app) if voice["voice_id"] == listed_id))
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}")
+"""An integer query parameter: ASCII digits (``str.isdigit`` takes other scripts' too), few enough for any page."""
+
+V2_MAX_PAGE_SIZE = 100
+"""ElevenLabs' bound on ``GET /v2/voices``' ``page_size``."""
+V2_DEFAULT_PAGE_SIZE = 10
+
+
+async def search_voices(request: web.Request) -> web.Response:
+    """ElevenLabs' ``GET /v2/voices``: a page of the voices whose names contain ``search`` (ignoring case);
+    ``next_page_token`` is where the next page starts."""
+    query = request.query
+    size = _query_int(query.get("page_size"), "page_size", V2_DEFAULT_PAGE_SIZE, 1, V2_MAX_PAGE_SIZE)
+    start = _query_int(query.get("next_page_token"), "next_page_token", 0, 0, None)
+    search = query.get("search", "").casefold()
+    found = [voice for voice in _elevenlabs_voices(request.app) if search in str(voice["name"]).casefold()]
+    page, more = found[start : start + size], start + size < len(found)
+    return web.json_response(
+        {"voices": page, "has_more": more, "total_count": len(found), "next_page_token": str(start + size) if more
+         else None}
+    )  # fmt: skip
+
+
+def _query_int(text: str | None, name: str, default: int, low: int, high: int | None) -> int:
+    """An integer query parameter within [low, high]; 400 ``invalid_parameter`` otherwise."""
+    if text is None:
+        return default
+    bounds = f"an integer from {low}" + ("" if high is None else f" to {high}")
+    if _DIGITS.fullmatch(text) is None or int(text) < low or (high is not None and int(text) > high):
+        raise ApiError(ErrorCode.INVALID_PARAMETER, f"{name} is {text!r}; it must be {bounds}")
+    return int(text)
 
 
 async def list_audio_voices(request: web.Request) -> web.Response:
@@ -189,4 +259,6 @@ def add_voice_routes(app: web.Application) -> None:
     app.router.add_post("/v1/voices", create_voice)
     app.router.add_get("/v1/voices", list_voices)
     app.router.add_get("/v1/audio/voices", list_audio_voices)
+    app.router.add_get("/v1/voices/{voice_id}", get_voice)
     app.router.add_delete("/v1/voices/{voice_id}", delete_voice)
+    app.router.add_get("/v2/voices", search_voices)

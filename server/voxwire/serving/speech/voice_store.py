@@ -14,6 +14,10 @@ or are not finite, is skipped with a warning, so one bad file never breaks the l
 the model; files a crash left behind (a ``.tmp`` being written, latents whose JSON never came) are
 removed once they are older than ``ORPHAN_GRACE_S``, which leaves another process's write alone.
 
+Aliases (``--voice-alias FOREIGN=OURS``) let another API's voice ids and names (ElevenLabs' ``21m00Tcm4TlvDq8ikWAM``,
+OpenAI's ``alloy``) name one of ours: ``resolve`` reads every request's ``voice`` through them, so each transport
+gets them alike; ``load`` refuses an alias to a voice the store does not have (the server does not start).
+
 A voice made with an API key records a digest of that key (``owner``, never listed); only the same
 key may delete it. A voice made without a key (authentication off) may be deleted by anyone.
 """
@@ -28,7 +32,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,6 +64,10 @@ class UnknownVoiceError(VoxwireError):
 
 class VoiceLimitError(VoxwireError):
     """The store already holds ``max_voices`` voices."""
+
+
+class VoiceAliasError(VoxwireError):
+    """An alias (``--voice-alias``) names a voice this server does not have."""
 
 
 class VoiceOwnerError(VoxwireError):
@@ -127,24 +135,46 @@ class Voice:
 class VoiceStore:
     """Voices by id, in memory and (when ``directory`` is set) on disk. Use it from one event loop."""
 
-    def __init__(self, directory: Path | None, model: str, patch_shape: tuple[int, int], max_voices: int) -> None:
-        """``patch_shape`` is the model's (patch_size, feat_dim): saved latents of another shape are skipped."""
+    def __init__(
+        self,
+        directory: Path | None,
+        model: str,
+        patch_shape: tuple[int, int],
+        max_voices: int,
+        aliases: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """``patch_shape`` is the model's (patch_size, feat_dim): saved latents of another shape are skipped;
+        ``aliases``: (foreign name, ours) pairs (``--voice-alias``), checked by ``load``."""
         self.directory = directory
         self.model = model
         self.patch_shape = patch_shape
         self.max_voices = max_voices
+        self.aliases = {foreign.casefold(): ours for foreign, ours in aliases}
+        """Our voice of each foreign name, by its casefolded form."""
         self._voices: dict[str, Voice] = {}
 
     def __len__(self) -> int:
         return len(self._voices)
 
     def load(self) -> None:
-        """Read every complete voice of this model from ``directory`` (blocking: call it off the loop)."""
-        if self.directory is None:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Read every complete voice of this model from ``directory`` (blocking: call it off the loop), then check
+        the aliases.
+
+        Raises:
+            VoiceAliasError: an alias names a voice the store does not have.
+        """
+        if self.directory is not None:
+            self._load_directory(self.directory)
+        for foreign, ours in self.aliases.items():
+            try:
+                self._own(ours)
+            except UnknownVoiceError:
+                raise _unknown_alias_target(foreign, ours) from None
+
+    def _load_directory(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
         self._remove_orphans()
-        for meta_path in sorted(self.directory.glob("voice_*.json")):
+        for meta_path in sorted(directory.glob("voice_*.json")):
             voice_id = meta_path.stem
             if VOICE_ID_PATTERN.fullmatch(voice_id) is None:
                 continue
@@ -154,7 +184,7 @@ class VoiceStore:
                 logger.warning("skipping voice %s: cannot read it: %s", voice_id, exc)
                 continue
             self._voices[voice_id] = voice
-        logger.info("loaded %d voice(s) from %s", len(self._voices), self.directory)
+        logger.info("loaded %d voice(s) from %s", len(self._voices), directory)
 
     def infos(self) -> list[VoiceInfo]:
         """Every voice's metadata, oldest first."""
@@ -166,13 +196,21 @@ class VoiceStore:
             raise UnknownVoiceError(f"no voice with id {voice_id!r} (see GET /v1/voices)")
         return voice
 
+    def canonical(self, voice: str | None) -> str | None:
+        """Our name for a request's ``voice``: its alias's voice (``--voice-alias``), else ``voice`` itself."""
+        return None if voice is None else self.aliases.get(voice.casefold(), voice)
+
     def resolve(self, voice: str | None) -> VoicePrompt | None:
-        """The prompt a request's ``voice`` field names: None (the model's default voice) for no voice,
-        ``default`` or an OpenAI built-in name, else the saved voice with that id.
+        """The prompt a request's ``voice`` field names, read through the aliases (``canonical``): None (the
+        model's default voice) for no voice, ``default`` or an OpenAI built-in name, else the saved voice with
+        that id.
 
         Raises:
             UnknownVoiceError: ``voice`` is neither a default name nor a saved voice id.
         """
+        return self._own(self.canonical(voice))
+
+    def _own(self, voice: str | None) -> VoicePrompt | None:
         if voice is None or voice.lower() in DEFAULT_VOICE_NAMES:
             return None
         return self.get(voice).prompt
@@ -269,6 +307,26 @@ class VoiceStore:
         tensors_path, meta_path = self._paths(voice_id)
         meta_path.unlink(missing_ok=True)
         tensors_path.unlink(missing_ok=True)
+
+
+def check_alias_targets(aliases: Iterable[tuple[str, str]], directory: Path | None) -> None:
+    """Before the model loads, so that a mistyped alias stops the server at once: each alias names a built-in voice
+    or a voice saved in ``directory`` (its metadata file is there; ``VoiceStore.load`` checks that it loads).
+
+    Raises:
+        VoiceAliasError: an alias names neither.
+    """
+    for foreign, ours in aliases:
+        saved = directory is not None and VOICE_ID_PATTERN.fullmatch(ours) and (directory / f"{ours}.json").is_file()
+        if ours.lower() not in DEFAULT_VOICE_NAMES and not saved:
+            raise _unknown_alias_target(foreign, ours)
+
+
+def _unknown_alias_target(foreign: str, ours: str) -> VoiceAliasError:
+    return VoiceAliasError(
+        f"--voice-alias {foreign}={ours}: no voice {ours!r} here (a built-in name: "
+        f"{', '.join(sorted(DEFAULT_VOICE_NAMES))}; or the id of a voice saved in --voices-dir)"
+    )
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> None:

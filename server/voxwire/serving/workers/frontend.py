@@ -49,7 +49,7 @@ async def _frontend(
     pulse.start_heart()
     # Waits for every engine's welcome (each may still be loading its model): /ready is 200 only once all are.
     proxy = await EngineProxy.connect(endpoints, index, config, deaths.read())
-    voices = SharedVoiceStore(proxy.links, config.voices.voices_dir, config.voices.max_voices)
+    voices = SharedVoiceStore(proxy.links, config.voices)
     app = build_app(config, proxy, voices, metrics_dir=metrics_dir)
     app[STATE_KEY].seats = pulse  # --max-connections bounds the server, not this frontend
     stall_timeout_s = config.topology.stall_timeout_s

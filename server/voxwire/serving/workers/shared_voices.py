@@ -13,9 +13,9 @@ saw deleted (ids are never reused), and the hub keeps the union less the deleted
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from voxwire.prompt import VoicePrompt
+from voxwire.serving.server_config import VoiceSettings
 from voxwire.serving.speech.voice_store import Voice, VoiceInfo, VoiceStore
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.links import EngineLinks
@@ -24,9 +24,11 @@ from voxwire.serving.workers.links import EngineLinks
 class SharedVoiceStore(VoiceStore):
     """A frontend's ``VoiceStore`` that tells the other frontends (through engine 0) what it saves and deletes."""
 
-    def __init__(self, links: EngineLinks, directory: Path | None, max_voices: int) -> None:
+    def __init__(self, links: EngineLinks, settings: VoiceSettings) -> None:
         welcome = links.welcome
-        super().__init__(directory, welcome.info.name, welcome.patch_shape, max_voices)
+        super().__init__(
+            settings.voices_dir, welcome.info.name, welcome.patch_shape, settings.max_voices, settings.voice_aliases
+        )
         self._links = links
         self._deleted: set[str] = set()
         """Ids of the voices deleted so far (never reused): what a restarted hub must not take back."""

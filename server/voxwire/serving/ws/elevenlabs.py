@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from voxwire.audio.elevenlabs_formats import DEFAULT_OUTPUT_FORMAT, OutputFormat, parse_output_format
 from voxwire.audio.formats import StreamEncoder
 from voxwire.finish_reason import FinishReason
 from voxwire.protocol.error_codes import ErrorCode
@@ -65,16 +66,13 @@ from voxwire.serving.speech.alignment import Alignment, WordTiming
 from voxwire.serving.speech.voice_store import UnknownVoiceError
 from voxwire.serving.ws.elevenlabs_dialect import ElevenLabsDialect
 from voxwire.serving.ws.elevenlabs_protocol import (
-    DEFAULT_OUTPUT_FORMAT,
     MULTI_STREAM_INPUT_PATH,
     STREAM_INPUT_PATH,
-    OutputFormat,
     alignment_message,
     audio_message,
     error_message,
     final_message,
     parse_client,
-    parse_output_format,
 )
 from voxwire.serving.ws.handler import CountedSocket, close_and_cut, receive_frames, stream_socket, upgraded
 from voxwire.serving.ws.session import Session

@@ -9,7 +9,8 @@ say what it does (``ElevenMessage``): text to append (``" "`` alone opens a cont
 only ``speed`` is honoured (``VOICE_SPEEDS``); fields this server has no use for are read and ignored, as the
 reference allows.
 
-Server messages carry base64 ``audio`` in the ``output_format`` the query asked for (``OutputFormat``),
+Server messages carry base64 ``audio`` in the ``output_format`` the query asked for
+(``audio/elevenlabs_formats.py``),
 character ``alignment``/``normalizedAlignment`` (start and duration in ms of each character: relative to the
 message, as the reference says, or, with ``sync_alignment=true``, from the start of the context's audio, as
 LiveKit's plugin reads them), ``isFinal`` at the end of a context, and ``contextId`` on the multi-context
@@ -21,12 +22,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from voxwire.audio.formats import AudioFormat, StreamEncoder, make_encoder
-from voxwire.audio.mp3 import Mp3Stream
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_CONTEXT_ID_BYTES, ProtocolError, is_unicode
 from voxwire.serving.speech.alignment import Alignment
@@ -34,71 +32,12 @@ from voxwire.serving.speech.alignment import Alignment
 STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
 MULTI_STREAM_INPUT_PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
 
-DEFAULT_OUTPUT_FORMAT = "mp3_44100_128"
-"""ElevenLabs' default when the query names none."""
-
 DEFAULT_CONTEXT_ID = "default"
 """The context a ``multi-stream-input`` message without ``context_id`` addresses."""
 
-PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
-MP3_FORMATS = {
-    "mp3_22050_32": (22050, 32),
-    "mp3_24000_48": (24000, 48),
-    "mp3_44100": (44100, 128),
-    "mp3_44100_32": (44100, 32),
-    "mp3_44100_64": (44100, 64),
-    "mp3_44100_96": (44100, 96),
-    "mp3_44100_128": (44100, 128),
-    "mp3_44100_192": (44100, 192),
-}
-"""ElevenLabs' mp3 formats: (sample rate, kb/s)."""
-OPUS_FORMATS = {f"opus_48000_{kbps}": kbps for kbps in (32, 64, 96, 128, 192)}
-"""ElevenLabs' Opus formats: kb/s. Ogg Opus at 48 kHz, as LiveKit's plugin reads it (it finds each Ogg page's
-granule position in the audio to keep its clock)."""
 VOICE_SPEEDS = (0.7, 1.2)
 """The ``voice_settings.speed`` range ElevenLabs documents for its WebSocket (``RealtimeVoiceSettings``);
 outside it a message is refused with ``out_of_range``."""
-_G711 = {"ulaw_8000": AudioFormat.PCM_MULAW, "alaw_8000": AudioFormat.PCM_ALAW}
-_PCM = re.compile(r"pcm_(\d+)")
-
-
-@dataclass(frozen=True)
-class OutputFormat:
-    """An ElevenLabs ``output_format``: how this server encodes it."""
-
-    name: str
-    codec: AudioFormat
-    sample_rate: int
-    kbps: int | None = None
-    """mp3 and Opus only: the bit rate (mp3's constant)."""
-
-    def encoder(self, model_rate: int) -> StreamEncoder:
-        """A fresh encoder for one context's audio (float32 at ``model_rate`` in)."""
-        if self.codec is AudioFormat.MP3:
-            assert self.kbps is not None
-            return Mp3Stream(model_rate, self.sample_rate, bitrate=self.kbps * 1000)
-        if self.codec is AudioFormat.OGG_OPUS:
-            assert self.kbps is not None
-            return make_encoder(self.codec, model_rate, output_rate=self.sample_rate, bitrate=self.kbps * 1000)
-        return make_encoder(self.codec, model_rate, output_rate=self.sample_rate)
-
-
-def supported_formats() -> list[str]:
-    return [*(f"pcm_{rate}" for rate in PCM_RATES), *_G711, *MP3_FORMATS, *OPUS_FORMATS]
-
-
-def parse_output_format(name: str) -> OutputFormat:
-    """The format an ``output_format`` names. Raises ``ValueError`` for one this server does not make."""
-    if (match := _PCM.fullmatch(name)) is not None and int(match.group(1)) in PCM_RATES:
-        return OutputFormat(name, AudioFormat.PCM_S16LE, int(match.group(1)))
-    if name in _G711:
-        return OutputFormat(name, _G711[name], 8000)
-    if name in MP3_FORMATS:
-        rate, kbps = MP3_FORMATS[name]
-        return OutputFormat(name, AudioFormat.MP3, rate, kbps)
-    if name in OPUS_FORMATS:
-        return OutputFormat(name, AudioFormat.OGG_OPUS, 48000, OPUS_FORMATS[name])
-    raise ValueError(f"output_format {name!r} is not supported here; use one of {', '.join(supported_formats())}")
 
 
 @dataclass(frozen=True)

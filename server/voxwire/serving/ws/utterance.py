@@ -136,7 +136,7 @@ def resolve_settings(
         raise ProtocolError(ErrorCode.OUT_OF_RANGE, f"start.max_ahead_ms={ahead} is over this server's limit, {limit}")
     fmt = start.format or DEFAULT_FORMAT
     try:
-        control = utterance_control(service.info, start.voice, prompt, start.instructions)
+        control = utterance_control(service.info, voices.canonical(start.voice), prompt, start.instructions)
     except DesignRefused as exc:
         raise ProtocolError(ErrorCode.UNSUPPORTED, f"start.instructions: {exc}") from None
     speed = 1.0 if start.speed is None else start.speed
