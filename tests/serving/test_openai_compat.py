@@ -21,7 +21,7 @@ from tests.serving.helpers import clip, scrape
 from voxwire.audio.g711 import s16_to_mulaw
 from voxwire.audio.pcm import UNKNOWN_SIZE
 from voxwire.serving.http.openai import IGNORED_FIELDS_HEADER, MAX_LISTED_FIELDS
-from voxwire.serving.runtime.keys import INLINE_VOICES_KEY, SPEAKER_KEY
+from voxwire.serving.runtime.keys import INLINE_VOICES_KEY, SPEAKER_KEY, STATE_KEY
 
 from .conftest import Serve
 
@@ -197,6 +197,26 @@ async def test_ref_audio_clones_per_request_and_a_repeated_clip_is_encoded_once(
     bare = await post(client.server, ref_audio=base64.b64encode(clip()).decode("ascii"), voice=None)
     assert bare.status_code == 200  # bare base64, no transcript: a reference clip (voxcpm2 clones one)
     assert stats.encoded == 2
+
+
+async def test_a_new_ref_audio_waits_for_no_voice_job_slot_and_a_kept_one_needs_none(serve: Serve) -> None:
+    server = await serve(max_voice_jobs=1)
+    kept = data_uri(clip(seconds=1.0))
+    assert (await post(server, ref_audio=kept)).status_code == 200
+    state = server.app[STATE_KEY]
+    with state.voice_job():  # the one slot taken, as by an upload being encoded
+        busy = await post(server, ref_audio=data_uri(clip(seconds=0.8)))
+        assert (busy.status_code, error_code(busy), busy.headers["Retry-After"]) == (503, "busy", "1")
+        assert (await post(server, ref_audio=kept)).status_code == 200
+
+
+async def test_inline_voices_keeps_the_most_recently_used_clips(serve: Serve) -> None:
+    server = await serve(inline_voices=1)
+    first, second = data_uri(clip(seconds=1.0)), data_uri(clip(seconds=0.8))
+    for ref_audio in (first, second, first, first):
+        assert (await post(server, ref_audio=ref_audio)).status_code == 200
+    stats = server.app[INLINE_VOICES_KEY].stats
+    assert (stats.encoded, stats.reused) == (3, 1)  # the second clip pushed the first out; then it was kept
 
 
 @pytest.mark.parametrize(
