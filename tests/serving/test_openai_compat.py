@@ -173,6 +173,7 @@ async def test_a_whole_wav_states_its_real_sizes_and_a_streamed_one_the_unknown_
     assert whole.content[44:] == streamed.content[44:]  # the same audio
 
 
+@pytest.mark.isa
 async def test_a_whole_flac_is_read_by_soundfile_with_the_wavs_samples(client: TestClient) -> None:
     flac = await post(client.server, response_format="flac", stream=False)
     wav = await post(client.server, response_format="wav", stream=False)
