@@ -242,6 +242,15 @@ async def test_a_ref_audio_over_the_upload_limit_is_refused_before_decoding(serv
     assert (response.status_code, error_code(response)) == (413, "upload_too_large")
 
 
+async def test_a_ref_audio_within_the_upload_limit_fits_the_speech_body(serve: Serve) -> None:
+    """The speech body's limit makes room for a clip of ``--max-upload-bytes`` as base64, beyond the text's."""
+    audio = clip(seconds=2.0)
+    server = await serve(max_text_chars_per_utterance=100, max_upload_bytes=len(audio))
+    assert len(data_uri(audio)) > 4 * 100 + 64 * 1024  # more than a body of text alone may be
+    response = await post(server, ref_audio=data_uri(audio))
+    assert response.status_code == 200, response.text
+
+
 async def test_a_ref_audio_over_the_clip_duration_limit_is_refused(serve: Serve) -> None:
     server = await serve(max_clip_seconds=0.5)
     response = await post(server, ref_audio=data_uri(clip(seconds=1.0)))

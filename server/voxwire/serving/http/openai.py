@@ -143,7 +143,8 @@ def _count_ignored(request: web.Request, ignored: tuple[str, ...]) -> None:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated."""
+    """OpenAI's ``POST /v1/audio/speech``: the audio streams as a chunked body while it is generated (or, for
+    ``stream: false``, comes as one file once it has been)."""
     app = request.app
     require_admission(app, connection=False)
     config = app[CONFIG_KEY]
@@ -178,14 +179,20 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
 
 
 def speech_body_limit(config: ServerConfig) -> int:
-    """A speech body's bytes: its text (4 bytes a character, escaped), a ``ref_audio`` clip of the upload limit as
-    base64, its ``ref_text``, and room for the other fields."""
+    """A speech body's bytes: its texts (``input``, ``instructions``, ``ref_text``: 4 bytes a character of UTF-8),
+    a ``ref_audio`` clip of the upload limit as base64, and room for the other fields (413 beyond it)."""
+    texts = (
+        config.limits.max_text_chars_per_utterance
+        + config.limits.max_text_chars_per_message
+        + config.voices.max_transcript_chars
+    )
     inline_clip = 4 * math.ceil(config.voices.max_upload_bytes / 3)
-    texts = config.limits.max_text_chars_per_utterance + config.voices.max_transcript_chars
-    return 4 * texts + config.limits.max_text_chars_per_message * 4 + inline_clip + _OTHER_FIELDS_BYTES
+    return _UTF8_BYTES_PER_CHAR * texts + inline_clip + _OTHER_FIELDS_BYTES
 
 
+_UTF8_BYTES_PER_CHAR = 4
 _OTHER_FIELDS_BYTES = 64 * 1024
+"""Room for the JSON around the texts and the clip, and the short fields (as the application's body limit has)."""
 
 
 @dataclass
