@@ -200,6 +200,35 @@ async def test_ref_audio_clones_per_request_and_a_repeated_clip_is_encoded_once(
     assert stats.encoded == 2
 
 
+async def test_fish_speech_s_inline_references_clone_as_ref_audio_does(client: TestClient) -> None:
+    audio, text = base64.b64encode(clip()).decode("ascii"), "A clip of me."
+    by_ref_audio = await post(client.server, ref_audio=audio, ref_text=text)
+    by_references = await post(client.server, references=[{"audio": audio, "text": text}])
+    assert by_references.status_code == 200, by_references.text
+    assert by_references.content == by_ref_audio.content
+    stats = client.server.app[INLINE_VOICES_KEY].stats
+    assert (stats.encoded, stats.reused) == (1, 1)  # the same clip and transcript: one voice
+    unchanged = await post(client.server, references=[])  # fish-speech's default: no clip
+    assert unchanged.status_code == 200 and IGNORED_FIELDS_HEADER not in unchanged.headers
+
+
+@pytest.mark.parametrize(
+    "references",
+    [
+        pytest.param([{"audio": "AAAA", "text": ""}, {"audio": "AAAA", "text": ""}], id="two-clips"),
+        pytest.param([{"audio": "AAAA"}], id="no-text"),
+        pytest.param([{"audio": "AAAA", "text": "", "tokens": []}], id="unknown-item-field"),
+        pytest.param(["AAAA"], id="item-not-an-object"),
+        pytest.param({"audio": "AAAA", "text": ""}, id="not-a-list"),
+    ],
+)
+async def test_malformed_references_get_typed_400s(client: TestClient, references: object) -> None:
+    response = await post(client.server, references=references)
+    assert (response.status_code, error_code(response)) == (400, "invalid_request")
+    both = await post(client.server, references=[{"audio": "AAAA", "text": ""}], ref_audio="AAAA")
+    assert (both.status_code, error_code(both)) == (400, "invalid_request")
+
+
 async def test_a_new_ref_audio_waits_for_no_voice_job_slot_and_a_kept_one_needs_none(serve: Serve) -> None:
     server = await serve(max_voice_jobs=1)
     kept = data_uri(clip(seconds=1.0))
@@ -298,10 +327,11 @@ async def test_the_published_schema_takes_what_the_handler_takes(client: TestCli
     async with client.get("/openapi.json") as response:
         speech = (await response.json())["components"]["schemas"]["SpeechRequest"]
     assert "additionalProperties" not in speech
-    assert {"stream", "sample_rate", "ref_audio", "ref_text", "language", "lang_code", "user", "task_type"} <= set(
-        speech["properties"]
-    )
-    body = {"input": TEXT, "tempo": 1, "voice": {"id": "alloy"}, "response_format": "mulaw"}
-    jsonschema.Draft202012Validator(speech).validate(body)
+    peers = {"stream", "sample_rate", "ref_audio", "ref_text", "references", "language", "lang_code", "user"}
+    assert peers | {"task_type"} <= set(speech["properties"])
+    body = {"input": TEXT, "tempo": 1, "voice": {"id": "alloy"}, "response_format": "mulaw", "references": []}
+    validator = jsonschema.Draft202012Validator(speech)
+    validator.validate(body)
+    assert not validator.is_valid({**body, "references": [{"audio": "AAAA"}]})  # as the handler refuses it
     response = await post(client.server, **body)
     assert response.status_code == 200

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import hdrs, web
 
@@ -80,7 +81,8 @@ class SpeechRequest:
     whole: bool = False
     """``stream: false``: one file with its real sizes, sent once the utterance has finished."""
     ref_audio: str | None = None
-    """A voice clip for this request (base64, ``inline_clip``), in place of ``voice``."""
+    """A voice clip for this request (base64, ``inline_clip``; ``ref_audio`` or ``references``), in place of
+    ``voice``."""
     ref_text: str | None = None
     """What ``ref_audio`` says."""
     ignored: tuple[str, ...] = ()
@@ -104,7 +106,7 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
         taken = f"{min(rates)} to {max(rates)}" if isinstance(rates, range) else ", ".join(map(str, sorted(rates)))
         message = f"'sample_rate'={rate}: {fields['response_format']} is served at {taken} Hz"
         raise ApiError(ErrorCode.INVALID_PARAMETER, message)
-    ref_audio = given.get("ref_audio")
+    ref_audio, ref_text = _inline_clip(given)
     # Fields another server defines that do nothing here, and the voice a request's own clip replaces.
     without_effect = {*SPEECH.ignored(body, config), *(("voice",) if ref_audio and "voice" in given else ())}
     if ref_audio is None and "ref_text" in given:
@@ -117,9 +119,20 @@ def parse_speech(body: object, config: ServerConfig) -> SpeechRequest:
         fields["input"], fields.get("voice"), fields["response_format"], params, sse=sse,
         normalize=normalize, persona=fields.get("persona"), instructions=fields.get("instructions"),
         speed=float(fields["speed"]), priority=None if "priority" not in given else Priority(given["priority"]),
-        sample_rate=rate, whole=whole, ref_audio=ref_audio, ref_text=given.get("ref_text"),
+        sample_rate=rate, whole=whole, ref_audio=ref_audio, ref_text=ref_text,
         ignored=tuple(sorted(without_effect)),
     )  # fmt: skip
+
+
+def _inline_clip(given: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The request's own clip and its transcript: vLLM-Omni's ``ref_audio`` and ``ref_text``, or fish-speech's one
+    ``references`` item (an empty list, fish-speech's default, is none)."""
+    references = given.get("references") or []
+    if not references:
+        return given.get("ref_audio"), given.get("ref_text")
+    if "ref_audio" in given or "ref_text" in given:
+        raise ApiError(ErrorCode.INVALID_REQUEST, "send the clip as 'references' or as 'ref_audio', not both")
+    return references[0]["audio"], references[0]["text"]
 
 
 IGNORED_FIELDS_HEADER = "X-Voxwire-Ignored-Fields"

@@ -33,13 +33,15 @@ Bound = int | float | Callable[[ServerConfig], int | float]
 
 
 class JsonType(str, enum.Enum):
-    """A field's JSON type (its JSON Schema name); ``BINARY`` is a file part of a multipart form."""
+    """A field's JSON type (its JSON Schema name); ``BINARY`` is a file part of a multipart form; an ``ARRAY``'s items
+    are objects of the field's ``items``."""
 
     STRING = "string"
     INTEGER = "integer"
     NUMBER = "number"
     BOOLEAN = "boolean"
     BINARY = "binary"
+    ARRAY = "array"
 
 
 class ExtraFields(enum.Enum):
@@ -101,6 +103,10 @@ class Field:
     """A string field that also takes ``{"id": <string>}`` (the OpenAI SDK's voice object), read as that string."""
     ignored: bool = False
     """Accepted (checked as declared) and without effect: another server's field, named by ``RequestModel.ignored``."""
+    items: Mapping[str, Field] | None = None
+    """An ``ARRAY``'s items: objects of these fields (others in them are refused)."""
+    max_items: int | None = None
+    """Items an ``ARRAY`` holds at most."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def _has_type(value: object, kind: JsonType) -> bool:
         return isinstance(value, int)
     if kind is JsonType.NUMBER:
         return isinstance(value, (int, float))
+    if kind is JsonType.ARRAY:
+        return isinstance(value, list)
     return isinstance(value, str) if kind is JsonType.STRING else False
 
 
@@ -249,6 +257,12 @@ def field_schema(spec: Field, config: ServerConfig, *, nullable: bool = True) ->
         schema["pattern"] = r"\S"
     if spec.default is not None:
         schema["default"] = spec.default
+    if spec.items is not None:
+        item = {name: field_schema(field, config, nullable=False) for name, field in spec.items.items()}
+        required = [name for name, field in spec.items.items() if field.required]
+        schema["items"] = {"type": "object", "properties": item, "required": required, "additionalProperties": False}
+    if spec.max_items is not None:
+        schema["maxItems"] = spec.max_items
     return schema
 
 
@@ -268,6 +282,8 @@ def _check_value(name: str, spec: Field, value: object, config: ServerConfig) ->
     if spec.type is JsonType.BINARY or not _has_type(value, spec.type):
         return Problem(name, Rule.TYPE, f"'{name}' has the wrong type ({_type_name(value)})", spec.type_code)
     hint = f"; {spec.hint}" if spec.hint else ""
+    if isinstance(value, list):
+        return _check_items(name, spec, value, config)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not is_finite_number(value):  # 1e400 parses as inf, 10**400 as an int no float holds
             return Problem(name, Rule.NOT_FINITE, f"'{name}' must be a finite number", spec.code)
@@ -286,6 +302,32 @@ def _check_value(name: str, spec: Field, value: object, config: ServerConfig) ->
         if spec.max_length is not None and len(value) > (limit := resolve(spec.max_length, config)):
             message = f"'{name}' has {len(value)} characters; the limit is {limit}{hint}"
             return Problem(name, Rule.TOO_LONG, message, spec.too_long_code or spec.code, limit)
+    return None
+
+
+def _check_items(name: str, spec: Field, value: list[object], config: ServerConfig) -> Problem | None:
+    """The first rule an ``ARRAY``'s items break: too many, not an object, a field unknown, missing or broken."""
+    if spec.max_items is not None and len(value) > spec.max_items:
+        message = f"'{name}' has {len(value)} items; at most {spec.max_items} are taken"
+        return Problem(name, Rule.MAXIMUM, message, spec.code, spec.max_items)
+    fields = spec.items or {}
+    for index, item in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(item, dict):
+            return Problem(name, Rule.TYPE, f"'{where}' must be an object", spec.type_code)
+        unknown = sorted(set(item) - set(fields))
+        if unknown:
+            message = f"unknown field(s) {unknown} in '{where}'; the fields are {sorted(fields)}"
+            return Problem(name, Rule.UNKNOWN, message, spec.type_code, unknown)
+        for field, field_spec in fields.items():
+            part = item.get(field)
+            problem = (
+                _check_missing(f"{where}.{field}", field_spec)
+                if part is None
+                else _check_value(f"{where}.{field}", field_spec, part, config)
+            )
+            if problem is not None:
+                return problem
     return None
 
 
@@ -352,8 +394,9 @@ SPEECH = RequestModel(
     "SpeechRequest",
     "OpenAI's speech request, with voxwire's extras (seed, cfg_value, inference_timesteps, normalize, persona) and "
     "the fields clients of other OpenAI-compatible servers send (Kokoro's stream and lang_code, vLLM-Omni's "
-    "sample_rate, language, task_type, ref_audio and ref_text); other fields are ignored and named in the "
-    "X-Voxwire-Ignored-Fields header, or refused (unknown_field) on a server run with --strict-fields.",
+    "sample_rate, language, task_type, ref_audio and ref_text; fish-speech's references); other fields are ignored "
+    "and named in the X-Voxwire-Ignored-Fields header, or refused (unknown_field) on a server run with "
+    "--strict-fields.",
     {
         "model": Field(JsonType.STRING, "Any name: the server speaks with the one model it serves."),
         "input": Field(
@@ -464,6 +507,28 @@ SPEECH = RequestModel(
             "What ref_audio says: a continuation prompt (without it, a reference clip, where the model clones one).",
             max_length=_max_transcript,
             code=ErrorCode.TEXT_TOO_LONG,
+        ),
+        "references": Field(
+            JsonType.ARRAY,
+            "fish-speech's inline references: at most one {audio, text}, the same as ref_audio and ref_text (not "
+            "with them).",
+            items={
+                "audio": Field(
+                    JsonType.STRING,
+                    "The clip, base64 (as ref_audio).",
+                    required=True,
+                    max_length=_max_inline_clip,
+                    too_long_code=ErrorCode.UPLOAD_TOO_LARGE,
+                ),
+                "text": Field(
+                    JsonType.STRING,
+                    "What the clip says (as ref_text; empty: a reference clip).",
+                    required=True,
+                    max_length=_max_transcript,
+                    too_long_code=ErrorCode.TEXT_TOO_LONG,
+                ),
+            },
+            max_items=1,
         ),
         "language": Field(
             JsonType.STRING,
