@@ -48,7 +48,10 @@ async def test_every_route_the_app_registers_is_documented(client: TestClient) -
 
 
 async def test_the_schemas_state_this_servers_limits_and_the_handlers_enforce_them(serve, aiohttp_client) -> None:
-    client = await aiohttp_client(await serve(max_text_chars_per_utterance=12, max_inference_timesteps=12))
+    # --strict-fields: the schema then closes the body (additionalProperties) and the handler refuses the same.
+    client = await aiohttp_client(
+        await serve(max_text_chars_per_utterance=12, max_inference_timesteps=12, strict_fields=True)
+    )
     doc = await document(client)
     speech = doc["components"]["schemas"]["SpeechRequest"]
     assert speech["properties"]["input"]["maxLength"] == 12

@@ -42,6 +42,9 @@ class PacketEncoder:
         self._context.open()
         self.extradata = bytes(self._context.extradata or b"")
         """The codec's configuration as FFmpeg sets it at open (FLAC's STREAMINFO, AAC's AudioSpecificConfig)."""
+        self.final_extradata = self.extradata
+        """The configuration once ``finish`` has flushed the codec: FFmpeg's FLAC encoder then sends its STREAMINFO
+        again with the real sample count, frame sizes and MD5 (the packet's ``new_extradata`` side data)."""
         self._pts = 0
         self._finished = False
 
@@ -55,7 +58,12 @@ class PacketEncoder:
         self._check_open()
         packets = self._encode(self._resampler.flush())
         self._finished = True
-        return packets + _payloads(self._context.encode(None))
+        flushed = self._context.encode(None)
+        for packet in flushed:
+            for side_data in packet.iter_sidedata():
+                if side_data.data_type == "new_extradata":
+                    self.final_extradata = bytes(side_data)
+        return packets + _payloads(flushed)
 
     def _encode(self, samples: np.ndarray) -> list[bytes]:
         if samples.size == 0:

@@ -14,30 +14,35 @@ are never empty. Per format:
 - ``wav``: s16le with a streaming header (0xFFFFFFFF sizes) first; ``final_header()`` gives
   the header with real sizes for a consumer that can seek back and patch its file.
 - ``flac``: ``fLaC`` and a STREAMINFO with the length unknown first, then each FLAC frame as
-  soon as it is encoded (``audio/flac.py``).
+  soon as it is encoded (``audio/flac.py``); ``final_header()`` gives the STREAMINFO with the
+  real count and MD5.
+
+``whole_file`` makes a finished stream a file with its real sizes (a WAV's and a FLAC's header
+rewritten; the other formats carry no length to fix).
 - ``mp3``: constant bit rate MPEG audio frames (``audio/mp3.py``); ``aac``: AAC-LC in ADTS
   frames (``audio/aac.py``). Both, like flac, go through PyAV's FFmpeg and hold back at most one
   codec frame.
 
 ``output_rate`` resamples PCM-family and PyAV-encoded output (OpenAI's ``pcm`` is 24 kHz s16le)
-and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz). ``speed`` changes the
-tempo before any of it (``audio/tempo.py``).
+and, for the Opus formats, picks the coding rate (one of 8/12/16/24/48 kHz); ``output_rates``
+says which rates each format takes. ``speed`` changes the tempo before any of it
+(``audio/tempo.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
-from voxwire.audio.aac import AacStream
+from voxwire.audio.aac import ADTS_RATE_INDEX, AacStream
 from voxwire.audio.flac import FlacStream
 from voxwire.audio.g711 import to_alaw, to_mulaw
-from voxwire.audio.mp3 import Mp3Stream
+from voxwire.audio.mp3 import MP3_RATES, Mp3Stream
 from voxwire.audio.ogg import OggOpusMuxer
-from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OpusEncoder
+from voxwire.audio.opus import DEFAULT_BITRATE, DEFAULT_COMPLEXITY, OPUS_RATES, OpusEncoder
 from voxwire.audio.pcm import to_f32le, to_s16le, wav_header
 from voxwire.audio.resample import StreamResampler
 from voxwire.audio.tempo import StreamTempo
@@ -63,11 +68,31 @@ OPENAI_RESPONSE_FORMATS: dict[str, tuple[AudioFormat, int | None]] = {
     "mp3": (AudioFormat.MP3, None),
     "aac": (AudioFormat.AAC, None),
     "pcm": (AudioFormat.PCM_S16LE, 24000),
+    "mulaw": (AudioFormat.PCM_MULAW, None),
+    "alaw": (AudioFormat.PCM_ALAW, None),
 }
-"""OpenAI ``response_format`` -> (format, output rate); ``None`` keeps the model's rate."""
+"""OpenAI ``response_format`` (and other OpenAI-compatible servers' ``mulaw``, ``alaw``) -> (format, default output
+rate); ``None`` keeps the model's rate (the G.711 formats: ``TELEPHONY_RATE``)."""
 
 TELEPHONY_RATE = 8000
 """The rate of the G.711 formats when no ``output_rate`` is asked for: the telephone network's."""
+
+RESAMPLED_RATES = range(8000, 192_000 + 1)
+"""The rates of the formats that take any rate (PCM, WAV, FLAC: soxr resamples to any): from the telephone
+network's to studio masters'."""
+
+
+def output_rates(fmt: AudioFormat) -> Collection[int]:
+    """The ``output_rate`` values ``fmt``'s encoder takes (G.711: only the telephone network's rate)."""
+    if fmt in (AudioFormat.OPUS, AudioFormat.OGG_OPUS):
+        return OPUS_RATES
+    if fmt in (AudioFormat.PCM_MULAW, AudioFormat.PCM_ALAW):
+        return (TELEPHONY_RATE,)
+    if fmt is AudioFormat.MP3:
+        return MP3_RATES
+    if fmt is AudioFormat.AAC:
+        return ADTS_RATE_INDEX.keys()
+    return RESAMPLED_RATES
 
 
 class StreamEncoder(Protocol):
@@ -177,6 +202,16 @@ class TempoEncoder:
 
     def finish(self) -> list[bytes]:
         return [*self.encoder.encode(self.tempo.flush()), *self.encoder.finish()]
+
+
+def whole_file(encoder: StreamEncoder, body: bytes) -> bytes:
+    """``body``, everything a finished ``encoder`` returned, as a file that states its length: a WAV's or a FLAC's
+    header rewritten with the real sizes (the same number of bytes); the other formats carry no length."""
+    inner = encoder.encoder if isinstance(encoder, TempoEncoder) else encoder
+    if isinstance(inner, (WavStream, FlacStream)):
+        header = inner.final_header()
+        return header + body[len(header) :]
+    return body
 
 
 def with_speed(encoder: StreamEncoder, input_rate: int, speed: float) -> StreamEncoder:

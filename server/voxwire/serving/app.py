@@ -44,6 +44,7 @@ from voxwire.serving.runtime.keys import (
     CONFIG_KEY,
     ENCODERS_KEY,
     ENGINES_KEY,
+    INLINE_VOICES_KEY,
     KEYLESS_KEY,
     METRICS_KEY,
     SESSIONS_KEY,
@@ -56,6 +57,7 @@ from voxwire.serving.runtime.keys import (
 from voxwire.serving.runtime.metrics import BuildInfo, Metrics
 from voxwire.serving.runtime.tracing import tracing_from_environment
 from voxwire.serving.server_config import ServerConfig
+from voxwire.serving.speech.inline_voices import InlineVoices
 from voxwire.serving.speech.load import load_speech_model
 from voxwire.serving.speech.service import Engines, SpeechJob, SpeechService
 from voxwire.serving.speech.voice_store import VoiceStore
@@ -128,6 +130,7 @@ def build_app(
     app[KEYLESS_KEY] = set()
     app[ENCODERS_KEY] = EncoderPool(config.audio.encoder_threads)
     app[VOICES_KEY] = voices
+    app[INLINE_VOICES_KEY] = InlineVoices(config.voices.inline_voices)
     state = app[STATE_KEY]
     app[METRICS_KEY] = Metrics(
         engines.engine_stats,

@@ -40,6 +40,7 @@ from voxwire.serving.http.request_models import (
     LORA,
     MODELS,
     NANO_LORA,
+    OPENAI_VOICE_CREATE,
     SPEECH,
     VOICE_UPLOAD,
     RequestModel,
@@ -182,6 +183,15 @@ _AUDIO_WITH_TIMESTAMPS = _object(
 )
 _AUDIO_VOICE = _object(
     {"id": _STRING, "name": _STRING, "builtin": _BOOLEAN, "description": {"type": ["string", "null"]}}
+)
+_OPENAI_VOICE = _object(
+    {
+        "id": _STRING,
+        "object": {"const": "audio.voice"},
+        "name": _STRING,
+        "created_at": _INTEGER,
+        "type": {"const": "audio_sample"},
+    }
 )
 _REQUEST_ID = {"type": "string", "description": "The response's X-Request-Id."}
 _LATENTS = _object(
@@ -417,6 +427,24 @@ OPERATIONS: tuple[Operation, ...] = (
         "Voices",
         "Every voice a request may name, for voice pickers",
         {200: _json(_object({"voices": {"type": "array", "items": _AUDIO_VOICE}}))},
+    ),
+    Operation(
+        "POST",
+        "/v1/audio/voices",
+        "OpenAI",
+        "Save a voice from a clip, as the OpenAI SDK's audio.voices.create (encoded once)",
+        {201: _json(_OPENAI_VOICE)},
+        (400, 408, 409, 413, 503),
+        OPENAI_VOICE_CREATE,
+    ),
+    Operation(
+        "DELETE",
+        "/v1/audio/voices/{voice_id}",
+        "OpenAI",
+        "Delete a saved voice (its owner only), as the OpenAI SDK's audio.voices.delete",
+        {200: _json(_deleted("id", "audio.voice.deleted"))},
+        (403, 404),
+        parameters=(_path_parameter("voice_id", "The voice's id."),),
     ),
     Operation("GET", "/v1/models", "OpenAI", "The model this server serves", {200: _json(_list_of(_ref("Model")))}),
     Operation(

@@ -370,12 +370,17 @@ class Limits:
     ``/v1/audio/speech``'s: the description is spoken in front of every sentence) (``text_too_long``)."""
     max_text_chars_per_utterance: int = 20_000
     """Largest text of one utterance, and ``input`` of ``/v1/audio/speech`` (``utterance_too_long``,
-    ``text_too_long``); it also sizes the speech body limit (4 bytes a character + 64 KiB)."""
+    ``text_too_long``); it also sizes the speech body limit (4 bytes a character + 64 KiB, and on ``/v1/audio/speech``
+room for a ``ref_audio`` clip of ``--max-upload-bytes``)."""
     header_timeout_s: float = 15.0
     """An HTTP request's headers must be complete this soon after the connection opens or its previous response
     (idle keep-alive connections close after it too)."""
     body_timeout_s: float = 60.0
     """An HTTP request body (speech JSON, voice upload) must arrive whole within this (``body_timeout``, 408)."""
+    strict_fields: bool = False
+    """Refuse a ``/v1/audio/speech`` body field the server does not know (400 ``unknown_field``, as OpenAI's API
+    does) instead of ignoring it: by default it is ignored, named in the response's ``X-Voxwire-Ignored-Fields``
+    and counted in ``voxwire_ignored_fields_total``, so clients of other OpenAI-compatible servers work unchanged."""
     write_timeout_s: float = 30.0
     """A connection (HTTP or WebSocket) whose client leaves the server's data unsent this long (its socket full: it
     stopped reading) is aborted, its socket freed, whatever was being sent."""
@@ -422,7 +427,8 @@ class VoiceSettings:
     max_voices: int = 1000
     """Voices in the store; uploads beyond it are refused until one is deleted (``voice_limit``, 409)."""
     max_upload_bytes: int = 10 * 1024 * 1024
-    """A voice upload's whole multipart body (``upload_too_large``, 413)."""
+    """A voice upload's whole multipart body, and a speech request's ``ref_audio`` clip (``upload_too_large``,
+    413)."""
     max_clip_seconds: float = 30.0
     """A voice clip's duration, read from the file's header before decoding; decoding stops at the limit whatever
     the header says (``clip_too_long``). Longer prompts slow every utterance that uses the voice."""
@@ -432,10 +438,14 @@ class VoiceSettings:
     max_voice_name_chars: int = 200
     """A voice upload's ``name`` (``text_too_long``; control and format characters: ``invalid_name``)."""
     max_voice_jobs: int = 2
-    """Voice clips (uploads, and the wav prompts of ``/encode_latents`` and ``/generate``) decoded and encoded at
-    once by one server process (each frontend under ``--workers``), and clips encoded or waiting at once on each
-    engine process from every frontend together; more get 503 ``busy`` with ``Retry-After`` (a frontend's, before
-    the clip is decoded), so that clips cannot crowd out the streams' CPU."""
+    """Voice clips (uploads, speech requests' ``ref_audio``, and the wav prompts of ``/encode_latents`` and
+    ``/generate``) decoded and encoded at once by one server process (each frontend under ``--workers``), and clips
+    encoded or waiting at once on each engine process from every frontend together; more get 503 ``busy`` with
+    ``Retry-After`` (a frontend's, before the clip is decoded), so that clips cannot crowd out the streams' CPU."""
+    inline_voices: int = 64
+    """Voices made from clips sent with a speech request (``ref_audio``) kept encoded, by the clip's content and
+    transcript, least recently used dropped first: the same clip again is not decoded or encoded again (0: every
+    request's clip is)."""
     voice_aliases: tuple[tuple[str, str], ...] = field(
         default=(), metadata=flag(repeatable=True, parse=alias_arg, metavar="FOREIGN=OURS", shown_default="none")
     )
@@ -452,6 +462,7 @@ class VoiceSettings:
         _positive_numbers(self, "max_clip_seconds")
         foreign = [name.casefold() for name, _ in self.voice_aliases]
         _check(self, "voice_aliases", self.voice_aliases, len(set(foreign)) == len(foreign), "one voice per name")
+        _at_least_zero(self, "inline_voices")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ CORS_MAX_AGE_S = 600
 """How long a browser may cache a preflight answer."""
 _CORS_METHODS = "GET, POST, DELETE"
 _CORS_HEADERS = "Authorization, xi-api-key, Content-Type, X-Request-Id, Voxwire-Priority, traceparent, tracestate"
-_CORS_EXPOSED = "Retry-After, X-Request-Id"
+_CORS_EXPOSED = "Retry-After, X-Request-Id, X-Voxwire-Ignored-Fields"
 
 
 @web.middleware

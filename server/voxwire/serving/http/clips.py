@@ -1,9 +1,10 @@
 """Voice clips that clients send, decoded and encoded under one bound: ``encode_clip``.
 
 A clip costs CPU seconds to decode and encode (a 29 s, 192 kHz, 8-channel FLAC: 2.4-3.8 s), taken from the
-streams. ``POST /v1/voices``, ``/encode_latents`` and ``/generate``'s wav prompts all go through ``encode_clip``,
-which takes one of ``max_voice_jobs`` slots (``ServerState.voice_jobs``) before decoding anything and refuses 503
-``busy`` with ``Retry-After`` when none is free.
+streams. Uploads (``POST /v1/voices``, ``/v1/audio/voices``), ``/v1/audio/speech``'s ``ref_audio``,
+``/encode_latents`` and ``/generate``'s wav prompts all go through ``encode_clip``, which takes one of
+``max_voice_jobs`` slots (``ServerState.voice_jobs``) before decoding anything and refuses 503 ``busy`` with
+``Retry-After`` when none is free.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 
-from voxwire.audio.clip import load_clip
+from voxwire.audio.clip import ClipTooLongError, load_clip
+from voxwire.errors import InvalidInputError
 from voxwire.prompt import VoicePrompt
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.api_errors import RETRY_AFTER_S, ApiError
@@ -50,3 +52,14 @@ async def encode_clip(app: web.Application, clip: bytes, transcript: str | None)
         )
         prompt = await service.encode_voice(made_of)
     return EncodedClip(prompt, samples.size / rate)
+
+
+async def encode_voice_clip(app: web.Application, clip: bytes, transcript: str | None) -> EncodedClip:
+    """``encode_clip`` for a clip that becomes a voice (an upload, a request's ``ref_audio``): a clip the decoder or
+    the encoder refuses is ``clip_too_long`` or ``invalid_audio``."""
+    try:
+        return await encode_clip(app, clip, transcript)
+    except ClipTooLongError as exc:
+        raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
+    except InvalidInputError as exc:
+        raise ApiError(ErrorCode.INVALID_AUDIO, f"the voice clip is not usable audio: {exc}") from exc

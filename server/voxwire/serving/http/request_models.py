@@ -3,18 +3,24 @@
 ``/openapi.json``) are made from it, so the document cannot say one thing while a handler does another.
 
 A bound may be fixed here or read from the server's configuration (``--max-text-chars-per-utterance`` sets
-``input``'s ``maxLength``), so each server publishes its own limits. JSON ``null`` is the same as an absent
-field, as the OpenAI and Nano-vLLM APIs treat it.
+``input``'s ``maxLength``), so each server publishes its own limits; so may what becomes of fields the model does
+not have (``--strict-fields``). JSON ``null`` is the same as an absent field, as the OpenAI and Nano-vLLM APIs
+treat it.
+
+A body may name fields that have no effect: those the model does not know (``ExtraFields.LISTED``) and those it
+declares ``ignored`` (other servers' fields, accepted so their clients work unchanged). ``RequestModel.ignored``
+names them, for the response to say so.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS
+from voxwire.audio.formats import OPENAI_RESPONSE_FORMATS, RESAMPLED_RATES
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED, is_finite_number, is_unicode
@@ -27,13 +33,15 @@ Bound = int | float | Callable[[ServerConfig], int | float]
 
 
 class JsonType(str, enum.Enum):
-    """A field's JSON type (its JSON Schema name); ``BINARY`` is a file part of a multipart form."""
+    """A field's JSON type (its JSON Schema name); ``BINARY`` is a file part of a multipart form; an ``ARRAY``'s items
+    are objects of the field's ``items``."""
 
     STRING = "string"
     INTEGER = "integer"
     NUMBER = "number"
     BOOLEAN = "boolean"
     BINARY = "binary"
+    ARRAY = "array"
 
 
 class ExtraFields(enum.Enum):
@@ -43,6 +51,13 @@ class ExtraFields(enum.Enum):
     """``unknown_field`` (the OpenAI API: a misspelt field is a client's mistake worth telling)."""
     IGNORED = "ignored"
     """Dropped silently (the Nano-vLLM API, as its FastAPI schemas do)."""
+    LISTED = "listed"
+    """Dropped, and named by ``RequestModel.ignored`` (clients of other OpenAI-compatible servers send fields of
+    theirs; the response names them rather than refusing the request)."""
+
+
+Extra = ExtraFields | Callable[[ServerConfig], ExtraFields]
+"""What fields beyond a model's become: fixed here, or read from the server's configuration."""
 
 
 class Rule(enum.Enum):
@@ -84,6 +99,14 @@ class Field:
     """The code of a string over ``max_length``, where it is not ``code``."""
     hint: str = ""
     """Said after the refusal of a value (why the rule is there)."""
+    id_object: bool = False
+    """A string field that also takes ``{"id": <string>}`` (the OpenAI SDK's voice object), read as that string."""
+    ignored: bool = False
+    """Accepted (checked as declared) and without effect: another server's field, named by ``RequestModel.ignored``."""
+    items: Mapping[str, Field] | None = None
+    """An ``ARRAY``'s items: objects of these fields (others in them are refused)."""
+    max_items: int | None = None
+    """Items an ``ARRAY`` holds at most."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +144,8 @@ def _has_type(value: object, kind: JsonType) -> bool:
         return isinstance(value, int)
     if kind is JsonType.NUMBER:
         return isinstance(value, (int, float))
+    if kind is JsonType.ARRAY:
+        return isinstance(value, list)
     return isinstance(value, str) if kind is JsonType.STRING else False
 
 
@@ -132,7 +157,7 @@ class RequestModel:
     """The schema's name in the document's ``components``."""
     description: str
     fields: Mapping[str, Field]
-    extra: ExtraFields = ExtraFields.REFUSED
+    extra: Extra = ExtraFields.REFUSED
     form: bool = False
     """A ``multipart/form-data`` body, whose fields are its parts (text or ``BINARY``; never null)."""
 
@@ -143,7 +168,7 @@ class RequestModel:
             return Checked({}, [Problem(None, Rule.NOT_OBJECT, message, ErrorCode.INVALID_REQUEST)])
         problems: list[Problem] = []
         unknown = sorted(set(body) - set(self.fields))
-        if unknown and self.extra is ExtraFields.REFUSED:
+        if unknown and self.extra_fields(config) is ExtraFields.REFUSED:
             message = f"unknown field(s) {unknown}; the fields are {sorted(self.fields)}"
             problems.append(Problem(None, Rule.UNKNOWN, message, ErrorCode.UNKNOWN_FIELD, unknown))
         values: dict[str, Any] = {}
@@ -153,8 +178,22 @@ class RequestModel:
             if problem is not None:
                 problems.append(problem)
             elif value is not None:
-                values[name] = value
+                values[name] = value["id"] if spec.id_object and isinstance(value, dict) else value
         return Checked(values, problems)
+
+    def extra_fields(self, config: ServerConfig) -> ExtraFields:
+        """What this server makes of fields beyond the model's."""
+        return self.extra(config) if callable(self.extra) else self.extra
+
+    def ignored(self, body: object, config: ServerConfig) -> list[str]:
+        """The fields of ``body`` (a valid one) that have no effect, sorted: the ``ignored`` ones it gives (not
+        null), and those the model does not know where it lists them (``ExtraFields.LISTED``)."""
+        if not isinstance(body, dict):
+            return []
+        named = [name for name, spec in self.fields.items() if spec.ignored and body.get(name) is not None]
+        if self.extra_fields(config) is ExtraFields.LISTED:
+            named += [name for name in body if name not in self.fields]
+        return sorted(named)
 
     def parse(self, body: object, config: ServerConfig) -> dict[str, Any]:
         """The values of ``body``'s fields; ``ApiError`` with the first problem's code if it has any."""
@@ -187,7 +226,7 @@ class RequestModel:
         required = [name for name, spec in self.fields.items() if spec.required]
         if required:
             schema["required"] = required
-        if self.extra is ExtraFields.REFUSED:
+        if self.extra_fields(config) is ExtraFields.REFUSED:
             schema["additionalProperties"] = False
         return schema
 
@@ -202,6 +241,9 @@ def field_schema(spec: Field, config: ServerConfig, *, nullable: bool = True) ->
         return schema
     null = nullable and not spec.required
     schema["type"] = [spec.type.value, "null"] if null else spec.type.value
+    if spec.id_object:
+        by_id = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+        schema["anyOf"] = [{"type": schema.pop("type")}, by_id]
     if spec.choices:
         schema["enum"] = [*spec.choices, *((None,) if null else ())]
     if spec.minimum is not None:
@@ -215,6 +257,12 @@ def field_schema(spec: Field, config: ServerConfig, *, nullable: bool = True) ->
         schema["pattern"] = r"\S"
     if spec.default is not None:
         schema["default"] = spec.default
+    if spec.items is not None:
+        item = {name: field_schema(field, config, nullable=False) for name, field in spec.items.items()}
+        required = [name for name, field in spec.items.items() if field.required]
+        schema["items"] = {"type": "object", "properties": item, "required": required, "additionalProperties": False}
+    if spec.max_items is not None:
+        schema["maxItems"] = spec.max_items
     return schema
 
 
@@ -227,9 +275,15 @@ def _check_missing(name: str, spec: Field) -> Problem | None:
 
 def _check_value(name: str, spec: Field, value: object, config: ServerConfig) -> Problem | None:
     """The first rule of ``spec`` that ``value`` (not null) breaks, if any."""
+    if spec.id_object and isinstance(value, dict):
+        if not isinstance(value.get("id"), str):
+            return Problem(name, Rule.TYPE, f"'{name}' as an object needs a string 'id'", spec.type_code)
+        value = value["id"]
     if spec.type is JsonType.BINARY or not _has_type(value, spec.type):
         return Problem(name, Rule.TYPE, f"'{name}' has the wrong type ({_type_name(value)})", spec.type_code)
     hint = f"; {spec.hint}" if spec.hint else ""
+    if isinstance(value, list):
+        return _check_items(name, spec, value, config)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not is_finite_number(value):  # 1e400 parses as inf, 10**400 as an int no float holds
             return Problem(name, Rule.NOT_FINITE, f"'{name}' must be a finite number", spec.code)
@@ -248,6 +302,32 @@ def _check_value(name: str, spec: Field, value: object, config: ServerConfig) ->
         if spec.max_length is not None and len(value) > (limit := resolve(spec.max_length, config)):
             message = f"'{name}' has {len(value)} characters; the limit is {limit}{hint}"
             return Problem(name, Rule.TOO_LONG, message, spec.too_long_code or spec.code, limit)
+    return None
+
+
+def _check_items(name: str, spec: Field, value: list[object], config: ServerConfig) -> Problem | None:
+    """The first rule an ``ARRAY``'s items break: too many, not an object, a field unknown, missing or broken."""
+    if spec.max_items is not None and len(value) > spec.max_items:
+        message = f"'{name}' has {len(value)} items; at most {spec.max_items} are taken"
+        return Problem(name, Rule.MAXIMUM, message, spec.code, spec.max_items)
+    fields = spec.items or {}
+    for index, item in enumerate(value):
+        where = f"{name}[{index}]"
+        if not isinstance(item, dict):
+            return Problem(name, Rule.TYPE, f"'{where}' must be an object", spec.type_code)
+        unknown = sorted(set(item) - set(fields))
+        if unknown:
+            message = f"unknown field(s) {unknown} in '{where}'; the fields are {sorted(fields)}"
+            return Problem(name, Rule.UNKNOWN, message, spec.type_code, unknown)
+        for field, field_spec in fields.items():
+            part = item.get(field)
+            problem = (
+                _check_missing(f"{where}.{field}", field_spec)
+                if part is None
+                else _check_value(f"{where}.{field}", field_spec, part, config)
+            )
+            if problem is not None:
+                return problem
     return None
 
 
@@ -277,12 +357,46 @@ def _max_timesteps(config: ServerConfig) -> int:
 _ENGINE_DEFAULTS = SynthesisParams()
 """What an utterance gets for the settings a request leaves out."""
 
+VLLM_OMNI_TASKS = ("Base", "CustomVoice", "VoiceDesign")
+"""vLLM-Omni's ``task_type`` values (Qwen3-TTS): cloning from ``ref_audio``, a named speaker, voice design."""
+
 _PRIORITY = Field(JsonType.STRING, PRIORITY_DESCRIPTION, choices=PRIORITY_CHOICES, code=ErrorCode.INVALID_PARAMETER)
 """A speech request's ``priority`` (``http/priority.py``); absent: the header's, else real-time."""
 
+
+def _extra_speech_fields(config: ServerConfig) -> ExtraFields:
+    return ExtraFields.REFUSED if config.limits.strict_fields else ExtraFields.LISTED
+
+
+def _max_upload(config: ServerConfig) -> int:
+    return config.voices.max_upload_bytes
+
+
+def _max_inline_clip(config: ServerConfig) -> int:
+    """Characters of a clip of ``max_upload_bytes`` as base64, with room for a data URI's header."""
+    return 4 * math.ceil(config.voices.max_upload_bytes / 3) + DATA_URI_HEADER_CHARS
+
+
+DATA_URI_HEADER_CHARS = 256
+"""Room for ``data:<media type>;<parameters>;base64,`` in front of an inline clip."""
+
+
+def _max_transcript(config: ServerConfig) -> int:
+    return config.voices.max_transcript_chars
+
+
+_LANGUAGE_TAG_CHARS = 64
+"""Longer than any language tag or name a client sends (``en-US``, ``English``, ``a``)."""
+
+_IGNORED = "Accepted and ignored (named in X-Voxwire-Ignored-Fields)"
+
 SPEECH = RequestModel(
     "SpeechRequest",
-    "OpenAI's speech request, with voxwire's extras (seed, cfg_value, inference_timesteps, normalize, persona).",
+    "OpenAI's speech request, with voxwire's extras (seed, cfg_value, inference_timesteps, normalize, persona) and "
+    "the fields clients of other OpenAI-compatible servers send (Kokoro's stream and lang_code, vLLM-Omni's "
+    "sample_rate, language, task_type, ref_audio and ref_text; fish-speech's references); other fields are ignored "
+    "and named in the X-Voxwire-Ignored-Fields header, or refused (unknown_field) on a server run with "
+    "--strict-fields.",
     {
         "model": Field(JsonType.STRING, "Any name: the server speaks with the one model it serves."),
         "input": Field(
@@ -295,14 +409,34 @@ SPEECH = RequestModel(
             too_long_code=ErrorCode.TEXT_TOO_LONG,
         ),
         "voice": Field(
-            JsonType.STRING, "A saved voice's id, or an OpenAI voice name (alloy, ...) for the model's default voice."
+            JsonType.STRING,
+            "A saved voice's id, or an OpenAI voice name (alloy, ...) for the model's default voice; also as the "
+            'OpenAI SDK\'s voice object, {"id": ...}.',
+            id_object=True,
         ),
         "response_format": Field(
             JsonType.STRING,
-            "The audio's encoding; pcm is 24 kHz s16le, as OpenAI's.",
+            "The audio's encoding; pcm is s16le at 24 kHz as OpenAI's, mulaw and alaw G.711 at 8 kHz, the others at "
+            "the model's rate, unless sample_rate says otherwise.",
             choices=tuple(OPENAI_RESPONSE_FORMATS),
             default="mp3",
             code=ErrorCode.UNSUPPORTED_FORMAT,
+        ),
+        "sample_rate": Field(
+            JsonType.INTEGER,
+            "The audio's rate in Hz: any for pcm, wav and flac; 8000, 12000, 16000, 24000 or 48000 for opus; an MPEG "
+            "rate for mp3 (8000 to 48000) and aac (7350 to 96000); 8000 for mulaw and alaw (400 invalid_parameter "
+            "for a rate the format does not take).",
+            minimum=min(RESAMPLED_RATES),
+            maximum=max(RESAMPLED_RATES),
+            code=ErrorCode.INVALID_PARAMETER,
+            type_code=ErrorCode.INVALID_PARAMETER,
+        ),
+        "stream": Field(
+            JsonType.BOOLEAN,
+            "true: the audio streams as it is generated (a WAV's sizes unknown: 0xFFFFFFFF); false: the same audio "
+            "as one whole file, sent once generated, with Content-Length and a WAV's or FLAC's real sizes.",
+            default=True,
         ),
         "speed": Field(
             JsonType.NUMBER,
@@ -358,7 +492,66 @@ SPEECH = RequestModel(
         ),
         "persona": Field(JsonType.STRING, "A LoRA persona loaded on this server (404 unknown_persona otherwise)."),
         "priority": _PRIORITY,
+        "ref_audio": Field(
+            JsonType.STRING,
+            "A voice clip for this request (vLLM-Omni's per-request cloning): a base64 data URI "
+            "(data:audio/wav;base64,...) or bare base64 of an audio file, at most the upload limit; a URL is refused "
+            "(the server fetches nothing). Encoded once: the same clip again uses the encoded voice. Takes the place "
+            "of voice.",
+            max_length=_max_inline_clip,
+            code=ErrorCode.INVALID_AUDIO,
+            too_long_code=ErrorCode.UPLOAD_TOO_LARGE,
+        ),
+        "ref_text": Field(
+            JsonType.STRING,
+            "What ref_audio says: a continuation prompt (without it, a reference clip, where the model clones one).",
+            max_length=_max_transcript,
+            code=ErrorCode.TEXT_TOO_LONG,
+        ),
+        "references": Field(
+            JsonType.ARRAY,
+            "fish-speech's inline references: at most one {audio, text}, the same as ref_audio and ref_text (not "
+            "with them).",
+            items={
+                "audio": Field(
+                    JsonType.STRING,
+                    "The clip, base64 (as ref_audio).",
+                    required=True,
+                    max_length=_max_inline_clip,
+                    too_long_code=ErrorCode.UPLOAD_TOO_LARGE,
+                ),
+                "text": Field(
+                    JsonType.STRING,
+                    "What the clip says (as ref_text; empty: a reference clip).",
+                    required=True,
+                    max_length=_max_transcript,
+                    too_long_code=ErrorCode.TEXT_TOO_LONG,
+                ),
+            },
+            max_items=1,
+        ),
+        "language": Field(
+            JsonType.STRING,
+            f"{_IGNORED}: the model reads the language from the text.",
+            max_length=_LANGUAGE_TAG_CHARS,
+            ignored=True,
+        ),
+        "lang_code": Field(
+            JsonType.STRING,
+            f"Kokoro's language code. {_IGNORED}: the model reads the language from the text.",
+            max_length=_LANGUAGE_TAG_CHARS,
+            ignored=True,
+        ),
+        "user": Field(JsonType.STRING, f"OpenAI's end-user id. {_IGNORED}.", ignored=True),
+        "task_type": Field(
+            JsonType.STRING,
+            f"vLLM-Omni's task. {_IGNORED}: the task follows from the other fields (ref_audio clones, instructions "
+            "design, voice names a voice).",
+            choices=VLLM_OMNI_TASKS,
+            ignored=True,
+        ),
     },
+    _extra_speech_fields,
 )
 
 
@@ -370,14 +563,6 @@ LORA = RequestModel(
         "path": Field(JsonType.STRING, "The folder, relative to --lora-root.", required=True),
     },
 )
-
-
-def _max_upload(config: ServerConfig) -> int:
-    return config.voices.max_upload_bytes
-
-
-def _max_transcript(config: ServerConfig) -> int:
-    return config.voices.max_transcript_chars
 
 
 def _max_voice_name(config: ServerConfig) -> int:
@@ -408,6 +593,64 @@ VOICE_UPLOAD = RequestModel(
             code=ErrorCode.TEXT_TOO_LONG,
         ),
     },
+)
+
+OPENAI_VOICE_TYPE = "audio_sample"
+"""The one kind of voice ``POST /v1/audio/voices`` makes here (OpenAI's ``prompt`` voices are designed by a model we
+do not serve)."""
+
+OPENAI_VOICE_CREATE = RequestModel(
+    "AudioVoiceCreate",
+    "The OpenAI SDK's audio.voices.create (and vLLM-Omni's voice upload): a voice clip to encode once and save "
+    "(multipart/form-data; each part at most once), as POST /v1/voices does.",
+    {
+        "audio_sample": Field(
+            JsonType.BINARY,
+            "The clip: any format soundfile reads, any rate.",
+            required=True,
+            max_length=_max_upload,
+            code=ErrorCode.UPLOAD_TOO_LARGE,
+        ),
+        "name": Field(
+            JsonType.STRING,
+            "A name for listings; no control or formatting characters.",
+            required=True,
+            max_length=_max_voice_name,
+            code=ErrorCode.TEXT_TOO_LONG,
+        ),
+        "consent": Field(
+            JsonType.STRING,
+            "OpenAI's consent recording id: accepted and not checked (this server keeps no consent recordings).",
+            max_length=_max_voice_name,
+            code=ErrorCode.TEXT_TOO_LONG,
+        ),
+        "type": Field(
+            JsonType.STRING,
+            "How the voice is made: only audio_sample (400 unsupported for prompt).",
+            choices=(OPENAI_VOICE_TYPE,),
+            default=OPENAI_VOICE_TYPE,
+            code=ErrorCode.UNSUPPORTED,
+        ),
+        "prompt": Field(
+            JsonType.STRING,
+            "OpenAI's description of a voice to design (type prompt): 400 unsupported.",
+            max_length=_max_transcript,
+            code=ErrorCode.UNSUPPORTED,
+        ),
+        "ref_text": Field(
+            JsonType.STRING,
+            "What the clip says (vLLM-Omni's name): makes a continuation prompt (empty: a reference clip).",
+            max_length=_max_transcript,
+            code=ErrorCode.TEXT_TOO_LONG,
+        ),
+        "speaker_description": Field(
+            JsonType.STRING,
+            "vLLM-Omni's description of the voice: accepted and not kept.",
+            max_length=_max_voice_name,
+            code=ErrorCode.TEXT_TOO_LONG,
+        ),
+    },
+    form=True,
 )
 
 
@@ -466,5 +709,13 @@ NANO_LORA = RequestModel(
     ExtraFields.IGNORED,
 )
 
-MODELS: tuple[RequestModel, ...] = (SPEECH, LORA, VOICE_UPLOAD, GENERATE, ENCODE_LATENTS, NANO_LORA)
+MODELS: tuple[RequestModel, ...] = (
+    SPEECH,
+    LORA,
+    VOICE_UPLOAD,
+    OPENAI_VOICE_CREATE,
+    GENERATE,
+    ENCODE_LATENTS,
+    NANO_LORA,
+)
 """Every request body the HTTP API reads, for the document's ``components``."""

@@ -27,14 +27,12 @@ import unicodedata
 
 from aiohttp import BodyPartReader, MultipartReader, web
 
-from voxwire.audio.clip import ClipTooLongError
-from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.admission import require_accepting
 from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.body import read_within
-from voxwire.serving.http.clips import encode_clip
-from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, resolve
+from voxwire.serving.http.clips import encode_voice_clip
+from voxwire.serving.http.request_models import VOICE_UPLOAD, JsonType, RequestModel, resolve
 from voxwire.serving.runtime.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY, VOICES_KEY
 from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS
@@ -43,37 +41,44 @@ from voxwire.speech_model import ModelInfo
 
 
 async def create_voice(request: web.Request) -> web.Response:
-    """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save.
+    """``POST /v1/voices`` (multipart: ``file``, optional ``transcript`` and ``name``): encode once, save."""
+    fields = await read_voice_form(request, VOICE_UPLOAD)
+    info = await save_voice(request, fields, VOICE_UPLOAD, clip_part="file", transcript_part="transcript")
+    return web.json_response(info.to_json(), status=201)
 
-    Cheap checks first: sizes while the body is read, the text fields, then the clip's header (its duration)
-    before it is decoded, and the decoded audio and its latents must be finite before the voice is kept.
-    """
-    app = request.app
-    require_accepting(app)  # encoding shares the model with the engine: not during warm-up or shutdown
-    config, service = app[CONFIG_KEY], app[SPEAKER_KEY]
+
+async def read_voice_form(request: web.Request, form: RequestModel) -> dict[str, bytes]:
+    """The parts of a voice upload shaped by ``form`` (``VOICE_UPLOAD``, or another API's names for them), read
+    within the upload's size and time limits: refused while it is read, before anything is decoded."""
+    require_accepting(request.app)  # encoding shares the model with the engine: not during warm-up or shutdown
+    config = request.app[CONFIG_KEY]
     if request.content_length is not None and request.content_length > config.voices.max_upload_bytes:
         raise _too_large(config.voices.max_upload_bytes)
-    fields = await read_within(config.limits.body_timeout_s, _read_upload(request, config))
-    clip = fields.get("file")
+    return await read_within(config.limits.body_timeout_s, _read_upload(request, config, form))
+
+
+async def save_voice(
+    request: web.Request, fields: dict[str, bytes], form: RequestModel, *, clip_part: str, transcript_part: str
+) -> VoiceInfo:
+    """Encode the clip of an upload's ``fields`` (``read_voice_form``) once and save it: the text parts first, then
+    the clip's header (its duration) before it is decoded, and the decoded audio and its latents must be finite
+    before the voice is kept."""
+    app = request.app
+    config, service = app[CONFIG_KEY], app[SPEAKER_KEY]
+    clip = fields.get(clip_part)
     if clip is None:
-        raise ApiError(ErrorCode.INVALID_REQUEST, "the upload needs a 'file' part holding the voice clip")
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"the upload needs a '{clip_part}' part holding the voice clip")
     # An empty transcript field is the same as none (forms send empty fields).
-    text = _text_part(fields, "transcript", config) or None
-    name = _text_part(fields, "name", config)
+    text = _text_part(fields, transcript_part, config, form) or None
+    name = _text_part(fields, "name", config, form)
     check_voice_name(name)
     if text is None and not service.info.reference_cloning:
-        raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, "this model clones a voice from a clip and its 'transcript'")
-    try:
-        # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
-        encoded = await encode_clip(app, clip, text)
-    except ClipTooLongError as exc:
-        raise ApiError(ErrorCode.CLIP_TOO_LONG, str(exc)) from exc
-    except InvalidInputError as exc:
-        raise ApiError(ErrorCode.INVALID_AUDIO, f"the voice clip is not usable audio: {exc}") from exc
+        message = f"this model clones a voice from a clip and its '{transcript_part}'"
+        raise ApiError(ErrorCode.TRANSCRIPT_REQUIRED, message)
+    # With a transcript the clip is a continuation prompt, without one a reference clip (isolated cloning).
+    encoded = await encode_voice_clip(app, clip, text)
     owner = request.get(OWNER_KEY)
-    voices = app[VOICES_KEY]
-    info = await voices.add(encoded.prompt, name=name or None, duration_s=encoded.duration_s, owner=owner)
-    return web.json_response(info.to_json(), status=201)
+    return await app[VOICES_KEY].add(encoded.prompt, name=name or None, duration_s=encoded.duration_s, owner=owner)
 
 
 def check_voice_name(name: str | None) -> None:
@@ -86,8 +91,8 @@ def check_voice_name(name: str | None) -> None:
 _CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
-def _text_part(fields: dict[str, bytes], part: str, config: ServerConfig) -> str:
-    """A text form part, stripped ("" when absent); UTF-8, within ``VOICE_UPLOAD``'s rules for it."""
+def _text_part(fields: dict[str, bytes], part: str, config: ServerConfig, form: RequestModel) -> str:
+    """A text form part, stripped ("" when absent); UTF-8, within ``form``'s rules for it."""
     data = fields.get(part)
     if data is None:
         return ""
@@ -95,7 +100,7 @@ def _text_part(fields: dict[str, bytes], part: str, config: ServerConfig) -> str
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'{part}' is not UTF-8 text") from exc
-    return VOICE_UPLOAD.parse_field(part, text, config) if text else text
+    return form.parse_field(part, text, config) if text else text
 
 
 BUILTIN_VOICES = ("default", *sorted(OPENAI_VOICES))
@@ -195,19 +200,25 @@ async def list_audio_voices(request: web.Request) -> web.Response:
 
 
 async def delete_voice(request: web.Request) -> web.Response:
+    voice_id = await remove_voice(request)
+    return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
+
+
+async def remove_voice(request: web.Request) -> str:
+    """Delete the saved voice the path's ``voice_id`` names (only with the key that made it); its id."""
     voice_id = request.match_info["voice_id"]
     if voice_id.lower() in BUILTIN_VOICES:  # listed with the saved ones, but no upload to delete
         raise ApiError(ErrorCode.FORBIDDEN, f"{voice_id!r} is a built-in voice; only saved voices can be deleted")
     await request.app[VOICES_KEY].delete(voice_id, owner=request.get(OWNER_KEY))
-    return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
+    return voice_id
 
 
 _UTF8_BYTES_PER_CHAR = 4
 
 
-async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, bytes]:
-    """The parts of a multipart upload by name: at most ``max_upload_bytes`` in all, and a text part at most
-    the bytes its character limit allows (so an oversized transcript is refused while it is read)."""
+async def _read_upload(request: web.Request, config: ServerConfig, form: RequestModel) -> dict[str, bytes]:
+    """The parts of a multipart upload by name (``form``'s): at most ``max_upload_bytes`` in all, and a text part
+    at most the bytes its character limit allows (so an oversized transcript is refused while it is read)."""
     try:
         reader = await request.multipart()
     except (AssertionError, ValueError, KeyError) as exc:  # aiohttp asserts on a non-multipart content type
@@ -216,7 +227,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     # whitespace) can take; the file part is bounded by the upload's total.
     text_limits = {
         name: _UTF8_BYTES_PER_CHAR * int(resolve(spec.max_length, config)) + _PART_SLACK
-        for name, spec in VOICE_UPLOAD.fields.items()
+        for name, spec in form.fields.items()
         if spec.type is JsonType.STRING and spec.max_length is not None
     }
     fields: dict[str, bytes] = {}
@@ -224,8 +235,8 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
     # reader.next(), not ``async for``: aiohttp types MultipartReader's __aiter__ for its body parts only.
     while (part := await _next_part(reader)) is not None:
         name = part.name if isinstance(part, BodyPartReader) else None
-        if not isinstance(part, BodyPartReader) or name is None or name not in VOICE_UPLOAD.fields or name in fields:
-            parts = ", ".join(VOICE_UPLOAD.fields)
+        if not isinstance(part, BodyPartReader) or name is None or name not in form.fields or name in fields:
+            parts = ", ".join(form.fields)
             raise ApiError(ErrorCode.INVALID_REQUEST, f"unexpected form part; the parts are {parts}")
         data = bytearray()
         while chunk := await part.read_chunk():
@@ -234,7 +245,7 @@ async def _read_upload(request: web.Request, config: ServerConfig) -> dict[str, 
                 raise _too_large(config.voices.max_upload_bytes)
             data += chunk
             if len(data) > text_limits.get(name, len(data)):
-                limit = resolve(VOICE_UPLOAD.fields[name].max_length or 0, config)
+                limit = resolve(form.fields[name].max_length or 0, config)
                 raise ApiError(ErrorCode.TEXT_TOO_LONG, f"'{name}' is longer than the limit of {limit} characters")
         fields[name] = bytes(data)
     return fields

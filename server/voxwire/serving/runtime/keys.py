@@ -8,6 +8,7 @@ Everything a handler needs lives on the ``web.Application`` under one of these k
 * ``ENGINES_KEY``: the ``Engines`` (``service``): their start and stop, their load for admission and metrics.
 * ``CONFIG_KEY``: the ``ServerConfig`` (limits, timeouts, auth settings).
 * ``VOICES_KEY``: the ``VoiceStore`` (saved voices by id).
+* ``INLINE_VOICES_KEY``: the ``InlineVoices`` (voices encoded from clips that requests carry, by the clip).
 * ``METRICS_KEY``: the ``Metrics`` (Prometheus instruments of this app).
 * ``STATE_KEY``: the ``ServerState``; handlers refuse new sessions and utterances unless
   ``state.accepting`` (it is false while the model warms up and once shutdown has begun), and
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from voxwire.serving.runtime.metrics import Metrics
     from voxwire.serving.runtime.tracing import Tracing
     from voxwire.serving.server_config import ServerConfig
+    from voxwire.serving.speech.inline_voices import InlineVoices
     from voxwire.serving.speech.service import Engines, Speaker
     from voxwire.serving.speech.voice_store import VoiceStore
 
@@ -147,6 +149,7 @@ SPEAKER_KEY: web.AppKey[Speaker] = web.AppKey("voxwire.speaker")
 ENGINES_KEY: web.AppKey[Engines] = web.AppKey("voxwire.engines")
 CONFIG_KEY: web.AppKey[ServerConfig] = web.AppKey("voxwire.model_config")
 VOICES_KEY: web.AppKey[VoiceStore] = web.AppKey("voxwire.voices")
+INLINE_VOICES_KEY: web.AppKey[InlineVoices] = web.AppKey("voxwire.inline_voices")
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("voxwire.metrics")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("voxwire.state")
 SESSIONS_KEY: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("voxwire.sessions")

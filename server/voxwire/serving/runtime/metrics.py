@@ -70,6 +70,10 @@ server's shutdown (``shutdown``). Their series start at 0, so ``voxwire_dropped_
 ``/metrics`` (as the docs' table says) and a rate over it has a start."""
 
 
+OTHER_FIELD = "other"
+"""The ``voxwire_ignored_fields_total`` label of a field no request model declares."""
+
+
 class Metrics:
     """Counters and histograms of one app; every method is cheap and safe on the event loop."""
 
@@ -137,6 +141,14 @@ class Metrics:
         self._utterances = Counter(
             "voxwire_utterances", "Utterances finished, by finish reason.", ["finish_reason"], registry=self.registry
         )
+        self._ignored_fields = Counter(
+            "voxwire_ignored_fields",
+            "Request body fields accepted without effect (X-Voxwire-Ignored-Fields), by field: a field another "
+            "server defines (user, language, ...) by its name, any other as other.",
+            ["field"],
+            registry=self.registry,
+        )
+        self._ignored_fields.labels(field=OTHER_FIELD)  # exposed from 0, as the docs' table lists it
         for reason in DROP_REASONS:
             self._dropped_sessions.labels(reason=reason)
 
@@ -154,6 +166,11 @@ class Metrics:
 
     def count_error(self, code: str) -> None:
         self._errors.labels(code=code).inc()
+
+    def count_ignored_field(self, field: str) -> None:
+        """One request field accepted without effect; ``field`` is a declared field's name or ``other`` (a client's
+        names would make the label set unbounded)."""
+        self._ignored_fields.labels(field=field).inc()
 
     def count_dropped(self, reason: str) -> None:
         self._dropped_sessions.labels(reason=reason).inc()
