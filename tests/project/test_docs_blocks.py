@@ -67,6 +67,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("docs/clients.md", "voxwire bench --local"): BENCHMARK,
     ("docs/clients.md", "voxwire bench --server URL"): BENCHMARK,
     ("docs/clients.md", "await worker.queue_frame"): FRAGMENT,
+    ("docs/clients.md", "ElevenLabsHttpTTSService("): FRAGMENT,
     ("docs/clients.md", "tts.prewarm()"):
         "runs in the reader's agent entrypoint, whose event loop prewarm() needs (tests/serving/integrations/"
         "test_livekit_tts.py drives the plugin)",
@@ -118,6 +119,7 @@ PLACEHOLDERS: dict[tuple[str, str], frozenset[str]] = {
         frozenset({"transport", "stt", "llm", "user_aggregator", "assistant_aggregator"}),
     ("docs/clients.md", "await worker.queue_frame"):
         frozenset({"transport", "stt", "llm", "user_aggregator", "assistant_aggregator", "worker"}),
+    ("docs/clients.md", "ElevenLabsHttpTTSService("): frozenset({"session"}),
     ("docs/clients.md", "play(chunk.audio)"): frozenset({"play"}),
     ("docs/clients.md", "play(piece)"): frozenset({"play"}),
 }  # fmt: skip

@@ -15,7 +15,8 @@ from elevenlabs import VoiceSettings
 from elevenlabs.client import AsyncElevenLabs
 from elevenlabs.core.api_error import ApiError as ElevenLabsApiError
 
-from voxwire.serving.runtime.keys import SPEAKER_KEY
+from tests.serving.helpers import clip
+from voxwire.serving.runtime.keys import INLINE_VOICES_KEY, SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
 
@@ -105,6 +106,25 @@ async def test_speed_07_speaks_longer_than_10(serve) -> None:
 
     normal, slow = await seconds(1.0), await seconds(0.7)
     assert slow == pytest.approx(normal / 0.7, rel=0.05)
+
+
+async def test_a_clip_sent_with_the_request_speaks_in_its_voice_and_is_encoded_once(serve) -> None:
+    """Per-request cloning as on /v1/audio/speech: ``ref_audio`` and ``ref_text``, sent through the SDK's documented
+    way to add body fields (``request_options``)."""
+    server = await serve(api_keys=(KEY,))
+    client = sdk(server)
+    clip_uri = "data:audio/wav;base64," + base64.b64encode(clip()).decode("ascii")
+    extra = {"additional_body_parameters": {"ref_audio": clip_uri, "ref_text": "A clip of me."}}
+
+    async def pcm(**options: Any) -> bytes:
+        chunks = client.text_to_speech.stream("default", text=TEXT, output_format="pcm_16000", seed=1, **options)
+        return b"".join([chunk async for chunk in chunks])
+
+    default, cloned = await pcm(), await pcm(request_options=extra)
+    assert cloned and cloned != default
+    assert await pcm(request_options=extra) == cloned
+    stats = server.app[INLINE_VOICES_KEY].stats
+    assert (stats.encoded, stats.reused) == (1, 1)
 
 
 async def test_opus_48000_is_ogg_opus(serve) -> None:

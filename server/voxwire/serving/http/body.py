@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.server_config import ServerConfig
 
 T = TypeVar("T")
 
@@ -68,3 +70,21 @@ async def read_within(timeout_s: float, read: Awaitable[T]) -> T:
     except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise ApiError(ErrorCode.BODY_TIMEOUT, message, close_connection=True) from exc
+
+
+def speech_body_limit(config: ServerConfig) -> int:
+    """A speech body's bytes (``/v1/audio/speech``, ElevenLabs' text-to-speech): its texts (``input`` or ``text``,
+    ``instructions``, ``ref_text``: 4 bytes a character of UTF-8), a ``ref_audio`` clip of the upload limit as
+    base64, and room for the other fields (413 beyond it)."""
+    texts = (
+        config.limits.max_text_chars_per_utterance
+        + config.limits.max_text_chars_per_message
+        + config.voices.max_transcript_chars
+    )
+    inline_clip = 4 * math.ceil(config.voices.max_upload_bytes / 3)
+    return _UTF8_BYTES_PER_CHAR * texts + inline_clip + _OTHER_FIELDS_BYTES
+
+
+_UTF8_BYTES_PER_CHAR = 4
+_OTHER_FIELDS_BYTES = 64 * 1024
+"""Room for the JSON around the texts and the clip, and the short fields (as the application's body limit has)."""

@@ -19,7 +19,7 @@ from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED
 from voxwire.serving.edge.api_errors import ApiError
-from voxwire.serving.http.request_models import ExtraFields, Field, JsonType, RequestModel
+from voxwire.serving.http.request_models import SPEECH, ExtraFields, Field, JsonType, RequestModel
 from voxwire.serving.server_config import ServerConfig
 
 IGNORED = "Accepted and ignored"
@@ -83,6 +83,10 @@ TEXT_TO_SPEECH = RequestModel(
         "apply_text_normalization": Field(
             JsonType.STRING, f"{IGNORED}.", choices=("auto", "on", "off"), code=ErrorCode.INVALID_PARAMETER
         ),
+        # This server's per-request cloning, as on /v1/audio/speech (vLLM-Omni's names): the clip in place of the
+        # path's voice.
+        "ref_audio": SPEECH.fields["ref_audio"],
+        "ref_text": SPEECH.fields["ref_text"],
     },
     ExtraFields.IGNORED,
 )
@@ -113,6 +117,10 @@ class ElevenLabsSpeech:
     params: SynthesisParams
     speed: float = 1.0
     """``voice_settings.speed``."""
+    ref_audio: str | None = None
+    """A voice clip for this request (``inline_clip``), in place of the path's voice."""
+    ref_text: str | None = None
+    """What ``ref_audio`` says."""
 
 
 def parse_query(query: Mapping[str, str]) -> OutputFormat:
@@ -142,4 +150,7 @@ def parse_body(body: object, output: OutputFormat, config: ServerConfig) -> Elev
         raise ApiError(ErrorCode.INVALID_REQUEST, f"'voice_settings' must be an object, not {type(settings).__name__}")
     voice = {**VOICE_SETTINGS.defaults(), **VOICE_SETTINGS.parse(settings or {}, config)}
     params = SynthesisParams(seed=given["seed"]) if "seed" in given else SynthesisParams()
-    return ElevenLabsSpeech(given["text"], output, params, speed=float(voice["speed"]))
+    return ElevenLabsSpeech(
+        given["text"], output, params, speed=float(voice["speed"]), ref_audio=given.get("ref_audio"),
+        ref_text=given.get("ref_text"),
+    )  # fmt: skip

@@ -34,8 +34,9 @@ from aiohttp import hdrs, web
 
 from voxwire.engine import Chunk
 from voxwire.serving.edge.admission import require_admission
-from voxwire.serving.http.body import read_json
+from voxwire.serving.http.body import read_json, speech_body_limit
 from voxwire.serving.http.elevenlabs_request import ElevenLabsSpeech, parse_body, parse_query
+from voxwire.serving.http.inline_clip import inline_voice
 from voxwire.serving.http.priority import request_priority
 from voxwire.serving.http.stream import stream_audio
 from voxwire.serving.runtime.keys import CONFIG_KEY, OWNER_KEY, SPEAKER_KEY, STATE_KEY, VOICES_KEY
@@ -171,10 +172,12 @@ async def _speak(request: web.Request, *, timestamps: bool, streamed: bool) -> w
     require_admission(app, connection=False)
     config = app[CONFIG_KEY]
     output = parse_query(request.query)
-    body = await read_json(request, config.limits.body_timeout_s)
+    body = await read_json(request, config.limits.body_timeout_s, speech_body_limit(config))
     speech = parse_body(body, output, config)
     voices, service = app[VOICES_KEY], app[SPEAKER_KEY]
-    voice = voices.resolve(request.match_info["voice_id"])
+    voice = voices.resolve(request.match_info["voice_id"])  # a path naming no voice is 404 with a clip too
+    if speech.ref_audio is not None:
+        voice = await inline_voice(app, speech.ref_audio, speech.ref_text, field="ref_audio")
     # An OpenAI voice name (or an alias of one) designs its voice where the model can; no instructions come here.
     named = voices.canonical(request.match_info["voice_id"])
     text = designed_text(utterance_control(service.info, named, voice, None), speech.text)

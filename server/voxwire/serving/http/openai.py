@@ -33,7 +33,7 @@ from voxwire.engine import Chunk, Priority, SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.admission import require_admission
 from voxwire.serving.edge.api_errors import ApiError
-from voxwire.serving.http.body import read_json
+from voxwire.serving.http.body import read_json, speech_body_limit
 from voxwire.serving.http.inline_clip import inline_voice
 from voxwire.serving.http.openai_voices import add_openai_voice_routes
 from voxwire.serving.http.priority import request_priority
@@ -189,23 +189,6 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
         prompt = _PromptUsage()
         async with contextlib.aclosing(outputs), contextlib.aclosing(_noting_prompt(outputs, prompt)) as noted:
             return await _stream_speech(request, speech, noted, prompt)
-
-
-def speech_body_limit(config: ServerConfig) -> int:
-    """A speech body's bytes: its texts (``input``, ``instructions``, ``ref_text``: 4 bytes a character of UTF-8),
-    a ``ref_audio`` clip of the upload limit as base64, and room for the other fields (413 beyond it)."""
-    texts = (
-        config.limits.max_text_chars_per_utterance
-        + config.limits.max_text_chars_per_message
-        + config.voices.max_transcript_chars
-    )
-    inline_clip = 4 * math.ceil(config.voices.max_upload_bytes / 3)
-    return _UTF8_BYTES_PER_CHAR * texts + inline_clip + _OTHER_FIELDS_BYTES
-
-
-_UTF8_BYTES_PER_CHAR = 4
-_OTHER_FIELDS_BYTES = 64 * 1024
-"""Room for the JSON around the texts and the clip, and the short fields (as the application's body limit has)."""
 
 
 @dataclass
