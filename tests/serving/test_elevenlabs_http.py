@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from elevenlabs import VoiceSettings
 from elevenlabs.client import AsyncElevenLabs
 from elevenlabs.core.api_error import ApiError as ElevenLabsApiError
-
 from tests.serving.helpers import clip
+
 from voxwire.serving.runtime.keys import INLINE_VOICES_KEY, SPEAKER_KEY
 
 pytestmark = pytest.mark.asyncio
