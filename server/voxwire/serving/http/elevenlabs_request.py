@@ -25,10 +25,6 @@ from voxwire.serving.server_config import ServerConfig
 IGNORED = "Accepted and ignored"
 
 
-def _max_text(config: ServerConfig) -> int:
-    return config.limits.max_text_chars_per_utterance
-
-
 VOICE_SETTINGS = RequestModel(
     "ElevenLabsVoiceSettings",
     "ElevenLabs' voice settings: speed is honoured; the others are accepted and ignored (VoxCPM has no such controls).",
@@ -56,15 +52,7 @@ TEXT_TO_SPEECH = RequestModel(
     "ElevenLabsSpeechRequest",
     "ElevenLabs' text-to-speech request. Fields beyond these are ignored, as ElevenLabs' clients send many.",
     {
-        "text": Field(
-            JsonType.STRING,
-            "The text to speak.",
-            required=True,
-            non_blank=True,
-            max_length=_max_text,
-            code=ErrorCode.EMPTY_INPUT,
-            too_long_code=ErrorCode.TEXT_TOO_LONG,
-        ),
+        "text": SPEECH.fields["input"],  # the text to speak, bounded as OpenAI's input is
         "model_id": Field(JsonType.STRING, "Any name: the server speaks with the one model it serves."),
         "seed": Field(
             JsonType.INTEGER,
