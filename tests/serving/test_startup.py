@@ -32,8 +32,8 @@ LOG_GAP_S = 5.0
 class Serving:
     """``voxwire serve`` on the tiny checkpoint, one process; each stderr line kept with when it arrived."""
 
-    def __init__(self, *args: str) -> None:
-        command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--workers", "0", *args, "--port", "0"]
+    def __init__(self, *args: str, workers: int = 0) -> None:
+        command = [sys.executable, "-m", "voxwire.cli.main", "serve", "--workers", str(workers), *args, "--port", "0"]
         environment = {**os.environ, "OMP_NUM_THREADS": str(SERVER_THREADS)}
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
@@ -79,8 +79,10 @@ def get(url: str) -> tuple[int, dict[str, object]]:
 
 
 @pytest.mark.slow
-def test_ready_names_the_phase_from_the_first_answer_and_never_refuses(tiny_tts: VoxCPM) -> None:
-    server = Serving("--model", tiny_tts.name)
+@pytest.mark.parametrize("workers", [0, 1], ids=["one-process", "workers"])
+def test_ready_names_the_phase_from_the_first_answer_and_never_refuses(tiny_tts: VoxCPM, workers: int) -> None:
+    # With --workers the supervisor answers until the frontend, warmed up, joins the port.
+    server = Serving("--model", tiny_tts.name, workers=workers)
     try:
         assert server.listening.wait(60), server.log
         answers = []

@@ -142,3 +142,19 @@ def test_an_unreadable_tls_file_is_a_clear_start_up_error(tmp_path: Path, capsys
     assert err.startswith("voxwire serve: error: cannot read the TLS file") and str(missing) in err
     assert main(["serve", "--model", "sim", "--workers", "0", "--tls-cert", str(key), "--tls-key", str(key)]) == 2
     assert "not a PEM certificate chain and its private key" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_with_workers_each_frontend_serves_tls_and_sighup_reloads_it(
+    pairs: tuple[tuple[Path, Path], tuple[Path, Path], tuple[Path, Path]],
+) -> None:
+    live, first, renewed = pairs
+    tls = ("--tls-cert", str(live[0]), "--tls-key", str(live[1]), "--tls-poll-s", "3600")  # SIGHUP only
+    with ServerProcess("--model", "sim", "--workers", "2", *tls) as server:
+        assert server.url.startswith("https://")
+        assert poll(lambda: ready_over(server.url, trusting(first[0])), timeout=120), server.log
+        replace_pair(live, renewed)
+        server.process.send_signal(signal.SIGHUP)  # to the supervisor, which tells the frontends
+        # Every frontend reloaded: fresh connections (spread over both by the kernel) all get the renewed one.
+        assert poll(lambda: all(same_certificate(served_certificate(server.url), renewed[0]) for _ in range(8)), 30)
+        assert server.process.poll() is None, "SIGHUP with TLS reloads, it does not stop the server"

@@ -294,12 +294,18 @@ class Listening:
 
 
 async def run_app(
-    app: web.Application, config: ServerConfig, *, reuse_port: bool = False, listening: Listening | None = None
+    app: web.Application,
+    config: ServerConfig,
+    *,
+    reuse_port: bool = False,
+    listening: Listening | None = None,
+    joined: Callable[[], None] = lambda: None,
 ) -> int:
     """Listen, wait for SIGTERM or SIGINT (or the app's ``ServerState.stop``), drain, close; the exit status
     (``ServerState.exit_status``). ``reuse_port``: share the port with other processes (``SO_REUSEPORT``: the
     kernel spreads connections over them); such a process joins the port only once warmed up, so no connection
-    lands on one that cannot serve it yet. ``listening``: take over a port a starting app answers on (``boot``).
+    lands on one that cannot serve it yet, and then calls ``joined`` (the supervisor's starting listener, which
+    answered meanwhile, may leave). ``listening``: take over a port a starting app answers on (``boot``).
 
     With ``--tls-cert`` every listener speaks TLS, its pair reloaded on SIGHUP and when the files change."""
     transport = config.transport
@@ -308,14 +314,14 @@ async def run_app(
     else:
         certificate = listening.certificate
     tls = None if certificate is None else certificate.context
+    loop = asyncio.get_running_loop()
+    if certificate is not None:  # before the first await: a frontend is told SIGHUP once its loop turns
+        loop.add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
     runner = make_runner(app, handle_signals=False)
     await runner.setup()
     ready = asyncio.create_task(_freeze_when_ready(app), name="voxwire-freeze-heap")
     watch = None if certificate is None else asyncio.create_task(certificate.watch(transport.tls_poll_s))
-    loop = asyncio.get_running_loop()
     try:
-        if certificate is not None:
-            loop.add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
         if reuse_port:
             await asyncio.shield(ready)
         if listening is not None:
@@ -329,6 +335,7 @@ async def run_app(
             scheme = "http" if tls is None else "https"
             for host, port, *_ in runner.addresses:
                 logger.info("listening on %s://%s:%d", scheme, host, port)
+            joined()
         stop = app[STATE_KEY].stop
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

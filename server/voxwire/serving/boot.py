@@ -87,7 +87,7 @@ class Starting:
         self.phase = phase
 
 
-def starting_app(starting: Starting, replica_id: str) -> web.Application:
+def starting_app(phase_of: Callable[[], Readiness], replica_id: str) -> web.Application:
     """The app on the port while the model loads: ``/health`` 200, ``/ready`` 503 with the phase, the rest 503
     ``not_ready`` with ``Retry-After``. Each answer closes its connection, so no client keeps one to this app
     past the switch to the full one."""
@@ -98,12 +98,12 @@ def starting_app(starting: Starting, replica_id: str) -> web.Application:
         else:
             refused = ApiError(
                 ErrorCode.NOT_READY,
-                f"the server is starting ({starting.phase.value}), retry shortly",
+                f"the server is starting ({phase_of().value}), retry shortly",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
             made = request_id(request)
             if request.path == "/ready":
-                response = not_ready_answer(refused, starting.phase, made)
+                response = not_ready_answer(refused, phase_of(), made)
             else:
                 response = refused.response(made)
         response.headers[REPLICA_HEADER] = replica_id
@@ -116,13 +116,18 @@ def starting_app(starting: Starting, replica_id: str) -> web.Application:
 
 
 class StartingListener:
-    """The starting app on listening sockets (copies of them: the full app's own stay open when this closes)."""
+    """The starting app on listening sockets (copies of them: the sockets stay open when this closes)."""
 
-    def __init__(self, sockets: Sequence[socket.socket], replica_id: str, tls: ssl.SSLContext | None) -> None:
-        self.starting = Starting()
+    def __init__(
+        self,
+        sockets: Sequence[socket.socket],
+        replica_id: str,
+        tls: ssl.SSLContext | None,
+        phase_of: Callable[[], Readiness],
+    ) -> None:
         self._sockets = sockets
         self._tls = tls
-        self._runner = web.AppRunner(starting_app(self.starting, replica_id), handle_signals=False, access_log=None)
+        self._runner = web.AppRunner(starting_app(phase_of, replica_id), handle_signals=False, access_log=None)
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -131,6 +136,38 @@ class StartingListener:
 
     async def close(self) -> None:
         await self._runner.cleanup()
+
+
+class StartingThread:
+    """A ``StartingListener`` on an event loop of its own, in a daemon thread: for a process that has no event loop
+    (``workers.supervisor``), until ``stop``."""
+
+    def __init__(self, listener: StartingListener) -> None:
+        self._listener = listener
+        self._started = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name="voxwire-starting", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread and wait until the listener answers."""
+        self._thread.start()
+        self._started.wait()
+
+    def stop(self) -> None:
+        """Close the listener and end the thread (once; later calls do nothing)."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join()
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            await self._listener.start()
+        finally:
+            self._started.set()
+        await self._stop.wait()
+        await self._listener.close()
 
 
 async def load_while_listening(build: Callable[[], T], starting: Starting, stop: asyncio.Event) -> T | None:

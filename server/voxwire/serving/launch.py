@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from voxwire.serving.boot import StartingListener, bind, load_while_listening, run_loop, urls
+from voxwire.serving.boot import Starting, StartingListener, bind, load_while_listening, run_loop, urls
 from voxwire.serving.edge.tls import server_certificate
 
 if TYPE_CHECKING:
@@ -51,7 +51,9 @@ async def _serve_one_process(config: ServerConfig) -> int | None:
     transport = config.transport
     certificate = server_certificate(transport.tls_cert, transport.tls_key)
     sockets = bind(transport.host, transport.port)
-    starting = StartingListener(sockets, transport.replica_id, None if certificate is None else certificate.context)
+    starting = Starting()
+    tls = None if certificate is None else certificate.context
+    listener = StartingListener(sockets, transport.replica_id, tls, lambda: starting.phase)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -61,30 +63,30 @@ async def _serve_one_process(config: ServerConfig) -> int | None:
         loop.add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
         watch = asyncio.create_task(certificate.watch(transport.tls_poll_s), name="voxwire-tls-watch")
     try:
-        await starting.start()
+        await listener.start()
         for url in urls(sockets, tls=certificate is not None):
             logger.info("listening on %s (starting: /ready answers 503 until the model is loaded and warm)", url)
-        app = await load_while_listening(lambda: _make_app(config), starting.starting, stop)
+        app = await load_while_listening(lambda: _make_app(config), starting, stop)
     except BaseException:
-        await starting.close()
-        for listener in sockets:
-            listener.close()
+        await listener.close()
+        for bound in sockets:
+            bound.close()
         raise
     finally:
         if watch is not None:
             watch.cancel()
     if app is None:
         logger.info("stopped while starting")
-        await starting.close()
-        for listener in sockets:
-            listener.close()
+        await listener.close()
+        for bound in sockets:
+            bound.close()
         return None
     from voxwire.serving.app import Listening, run_app
     from voxwire.serving.runtime.keys import STATE_KEY
 
     for signum in (signal.SIGTERM, signal.SIGINT):  # from here the app's own stop drains it
         loop.add_signal_handler(signum, app[STATE_KEY].stop.set)
-    return await run_app(app, config, listening=Listening(sockets, certificate, starting.close))
+    return await run_app(app, config, listening=Listening(sockets, certificate, listener.close))
 
 
 def _make_app(config: ServerConfig) -> web.Application:

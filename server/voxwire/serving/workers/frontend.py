@@ -20,6 +20,7 @@ from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers.liveness import Activity, EngineDeaths, Pulse
 from voxwire.serving.workers.proxy import EngineProxy
 from voxwire.serving.workers.shared_voices import SharedVoiceStore
+from voxwire.startup import Readiness
 
 _BEAT_S = 0.5
 """How often the event loop stamps its progress (``liveness``)."""
@@ -78,6 +79,6 @@ async def _frontend(
     loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.links.lost(deaths.read()))
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
     try:
-        return await run_app(app, config, reuse_port=True)
+        return await run_app(app, config, reuse_port=True, joined=lambda: pulse.entered(Readiness.READY))
     finally:
         watcher.cancel()
