@@ -10,8 +10,8 @@ naming the engines' earliest start-up phase), so the port never refuses a connec
 watches:
 
 - SIGHUP with ``--tls-cert``: every frontend loads the TLS files again (``edge.tls``); without TLS, as SIGTERM.
-- SIGTERM/SIGINT (SIGHUP without TLS): the frontends drain (``/ready`` 503, live utterances finish, WebSockets close 1001),
-  then the engine stops; exit 0.
+- SIGTERM/SIGINT (SIGHUP without TLS): the frontends drain (``/ready`` 503, live utterances finish, WebSockets
+  close 1001), then the engine stops; exit 0.
 - A frontend exits: only its connections end (the kernel closes them); it is started again, and the
   engines abort the requests the dead process left behind when the new one says hello.
 - A child is hung (``liveness``: its heart thread silent for ``--liveness-timeout-s``, or its loop stuck past its
