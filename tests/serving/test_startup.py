@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
@@ -69,7 +70,7 @@ class Serving:
         self.process.wait(timeout=30)
 
 
-def get(url: str) -> tuple[int, dict[str, object]]:
+def get(url: str) -> tuple[int, dict[str, Any]]:
     """Status and JSON body of a GET; a refused connection raises."""
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -104,7 +105,7 @@ def test_ready_names_the_phase_from_the_first_answer_and_never_refuses(tiny_tts:
     # The model's code is imported after the port listens: the first answers are the loading phase's.
     assert starting and starting[0]["phase"] == Readiness.LOADING_WEIGHTS.value
     assert all(body["status"] == "starting" for body in starting)
-    assert all(body["error"]["code"] == "not_ready" for body in starting)  # type: ignore[index]  # JSON object
+    assert all(body["error"]["code"] == "not_ready" for body in starting)
     phases = [ORDER.index(Readiness(body["phase"])) for body in starting]
     assert phases == sorted(phases), [body["phase"] for body in starting]
 
