@@ -199,3 +199,20 @@ def test_reporting_tells_each_phase_and_fills_a_silence(caplog: pytest.LogCaptur
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == "start-up: sizing_kv_pool: a pool"
     assert any(message.startswith("start-up: still sizing_kv_pool (") for message in messages[1:]), messages
+
+
+def test_graph_capture_counts_its_graphs_in_the_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from voxwire.engine.cuda_graphs import StepGraphs
+
+    ran: list[tuple[int, int]] = []
+    graphs = StepGraphs(lambda bucket, timesteps: ran.append((bucket, timesteps)), (1, 2), (10, 50))
+    # No CUDA here: the recording itself is stood in for; what is tested is the count the log gives.
+    monkeypatch.setattr(graphs, "_capture", lambda bucket, timesteps: (lambda: None, torch.zeros(1)))
+    with caplog.at_level(logging.INFO, logger="voxwire.startup"):
+        graphs.capture_all()
+    assert len(ran) == graphs.count == 4
+    assert caplog.records[-1].getMessage().startswith("start-up: captured CUDA graphs 4/4 (")
