@@ -48,7 +48,8 @@ def bind(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socke
     sockets: list[socket.socket] = []
     addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     try:
-        for family, kind, proto, _, address in dict.fromkeys((a[0], a[1], a[2], a[3], a[4]) for a in addresses):
+        for family, kind, proto, _, address in dict.fromkeys(addresses):  # one socket per distinct address
+            chosen = sockets[0].getsockname()[1] if sockets else port
             listener = socket.socket(family, kind, proto)
             sockets.append(listener)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -56,7 +57,6 @@ def bind(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socke
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            chosen = sockets[0].getsockname()[1] if len(sockets) > 1 else address[1]
             listener.bind((address[0], chosen, *address[2:]))
             listener.listen(_BACKLOG)
             listener.setblocking(False)
