@@ -99,7 +99,7 @@ def test_ready_names_the_phase_from_the_first_answer_and_never_refuses(tiny_tts:
             urllib.request.urlopen(speech, timeout=10)
     finally:
         server.close()
-    assert health == (200, {"status": "ok"}) and invalid.value.code == 400
+    assert health == (200, {"status": "ok"}) and invalid.value.code == 400, invalid.value.read()
     assert answers[-1] == (200, {"status": "ready"}), answers[-1]
     starting = [body for status, body in answers if status == 503]
     # The model's code is imported after the port listens: the first answers are the loading phase's.

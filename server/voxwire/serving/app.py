@@ -25,7 +25,7 @@ from aiohttp import WSCloseCode, web
 
 from voxwire import __version__
 from voxwire.engine import SynthesisParams
-from voxwire.serving.boot import REPLICA_HEADER
+from voxwire.serving.boot import REPLICA_HEADER, urls
 from voxwire.serving.boot import run_loop as run_loop
 from voxwire.serving.edge.api_errors import error_middleware
 from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
@@ -285,12 +285,14 @@ async def _freeze_when_ready(app: web.Application) -> None:
 
 @dataclass(frozen=True)
 class Listening:
-    """A port already listening, where a starting app answered while the model loaded (``boot``): ``run_app``
-    serves its sockets, then closes the starting app (``close_starting``)."""
+    """Listening sockets a starting app answered on while the model loaded (``boot``), which ``run_app`` serves:
+    the server's own (one process), or the supervisor's, handed to a frontend (``--workers``)."""
 
     sockets: Sequence[socket.socket]
     certificate: ServerCertificate | None
-    close_starting: Callable[[], Awaitable[None]]
+    close_starting: Callable[[], Awaitable[None]] | None = None
+    """Closes the starting app once this app serves the sockets (one process; a frontend's supervisor closes its own
+    when the frontend has joined)."""
 
 
 async def run_app(
@@ -304,8 +306,8 @@ async def run_app(
     """Listen, wait for SIGTERM or SIGINT (or the app's ``ServerState.stop``), drain, close; the exit status
     (``ServerState.exit_status``). ``reuse_port``: share the port with other processes (``SO_REUSEPORT``: the
     kernel spreads connections over them); such a process joins the port only once warmed up, so no connection
-    lands on one that cannot serve it yet, and then calls ``joined`` (the supervisor's starting listener, which
-    answered meanwhile, may leave). ``listening``: take over a port a starting app answers on (``boot``).
+    lands on one that cannot serve it yet, and then calls ``joined``. ``listening``: serve these sockets rather than
+    bind the port (``boot``).
 
     With ``--tls-cert`` every listener speaks TLS, its pair reloaded on SIGHUP and when the files change."""
     transport = config.transport
@@ -327,15 +329,17 @@ async def run_app(
         if listening is not None:
             for listener in listening.sockets:
                 await web.SockSite(runner, listener, ssl_context=tls).start()
-            await listening.close_starting()
-            logger.info("the model is loaded: the server's routes answer on the port")
+            if listening.close_starting is not None:
+                await listening.close_starting()
+            for url in urls(listening.sockets, tls=tls is not None):
+                logger.info("listening on %s (the starting app's port, taken over)", url)
         else:
             site = web.TCPSite(runner, transport.host, transport.port, reuse_port=reuse_port or None, ssl_context=tls)
             await site.start()
             scheme = "http" if tls is None else "https"
             for host, port, *_ in runner.addresses:
                 logger.info("listening on %s://%s:%d", scheme, host, port)
-            joined()
+        joined()
         stop = app[STATE_KEY].stop
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

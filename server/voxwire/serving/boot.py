@@ -138,15 +138,19 @@ class StartingListener:
         await self._runner.cleanup()
 
 
+_SERVED_POLL_S = 0.01
+"""How often a ``StartingThread`` asks whether the port is served by others now (so it leaves within ms)."""
+
+
 class StartingThread:
     """A ``StartingListener`` on an event loop of its own, in a daemon thread: for a process that has no event loop
-    (``workers.supervisor``), until ``stop``."""
+    (``workers.supervisor``), until ``served()`` (others serve the port now) or ``stop``."""
 
-    def __init__(self, listener: StartingListener) -> None:
+    def __init__(self, listener: StartingListener, served: Callable[[], bool]) -> None:
         self._listener = listener
+        self._served = served
         self._started = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name="voxwire-starting", daemon=True)
 
     def start(self) -> None:
@@ -155,18 +159,18 @@ class StartingThread:
         self._started.wait()
 
     def stop(self) -> None:
-        """Close the listener and end the thread (once; later calls do nothing)."""
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
+        """Close the listener and end the thread (later calls do nothing)."""
+        self._stop.set()
+        if self._thread.is_alive():
             self._thread.join()
 
     async def _serve(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             await self._listener.start()
         finally:
             self._started.set()
-        await self._stop.wait()
+        while not (self._stop.is_set() or self._served()):
+            await asyncio.sleep(_SERVED_POLL_S)
         await self._listener.close()
 
 

@@ -62,24 +62,26 @@ async def _serve_one_process(config: ServerConfig) -> int | None:
     if certificate is not None:
         loop.add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
         watch = asyncio.create_task(certificate.watch(transport.tls_poll_s), name="voxwire-tls-watch")
+
+    async def close() -> None:
+        await listener.close()
+        for bound in sockets:
+            bound.close()
+
     try:
         await listener.start()
         for url in urls(sockets, tls=certificate is not None):
             logger.info("listening on %s (starting: /ready answers 503 until the model is loaded and warm)", url)
         app = await load_while_listening(lambda: _make_app(config), starting, stop)
-    except BaseException:
-        await listener.close()
-        for bound in sockets:
-            bound.close()
+    except BaseException:  # the model cannot load (its error stops the command), or the loop ends
+        await close()
         raise
     finally:
         if watch is not None:
             watch.cancel()
     if app is None:
         logger.info("stopped while starting")
-        await listener.close()
-        for bound in sockets:
-            bound.close()
+        await close()
         return None
     from voxwire.serving.app import Listening, run_app
     from voxwire.serving.runtime.keys import STATE_KEY

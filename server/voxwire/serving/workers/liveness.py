@@ -185,6 +185,10 @@ class Pulse:
         """This child's start-up is now in ``phase`` (``READY``: a frontend listens on the port)."""
         self.slots.phase[self.index] = _PHASES.index(phase)
 
+    def joined(self) -> None:
+        """This frontend listens on the port now: the supervisor's starting listener may leave it."""
+        self.entered(Readiness.READY)
+
     def publish(self, held: int) -> None:
         """This frontend holds ``held`` connections now."""
         self.slots.connections[self.index] = held

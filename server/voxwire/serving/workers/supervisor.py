@@ -6,8 +6,9 @@ no ``--devices``) and N frontends (at least one with ``--devices``)
 (``frontend.run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
 listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them, each once warmed up. Until
 the first one joins, the supervisor answers on the port itself (``boot``'s starting app, from a thread: ``/ready`` 503
-naming the engines' earliest start-up phase), so the port never refuses a connection while the model loads. Then it
-watches:
+naming the engines' earliest start-up phase), so the port never refuses a connection while the model loads; frontend 0
+is given those sockets and serves them once warmed up (a connection queued on them is not lost at the switch, as it
+would be if the supervisor closed them). Then it watches:
 
 - SIGHUP with ``--tls-cert``: every frontend loads the TLS files again (``edge.tls``); without TLS, as SIGTERM.
 - SIGTERM/SIGINT (SIGHUP without TLS): the frontends drain (``/ready`` 503, live utterances finish, WebSockets
@@ -163,7 +164,8 @@ class _Supervisor:
         self.starting_sockets = bind(transport.host, transport.port, reuse_port=True)
         tls = None if self.certificate is None else self.certificate.context
         self.starting = StartingThread(
-            StartingListener(self.starting_sockets, transport.replica_id, tls, self._starting_phase)
+            StartingListener(self.starting_sockets, transport.replica_id, tls, self._starting_phase),
+            self._frontend_joined,
         )
         """Answers on the port (``boot``'s starting app, with the engines' phase) until a frontend joins it."""
         self.answering = True
@@ -190,8 +192,9 @@ class _Supervisor:
         return min((self.pulses.phase(index) for index in range(self.engine_count)), key=_PHASE_ORDER.index)
 
     def _frontend_joined(self) -> bool:
-        first = self.engine_count
-        return any(self.pulses.phase(first + index) is Readiness.READY for index in self.frontends)
+        """Whether frontend 0, which holds the starting listener's sockets, serves them now (read from the starting
+        thread too: shared memory only)."""
+        return self.pulses.phase(self.engine_count) is Readiness.READY
 
     def _supervise(self) -> int:
         register_process(self.metrics_dir, "supervisor", os.getpid())
@@ -305,7 +308,16 @@ class _Supervisor:
         pulse = self.pulses.pulse(self.engine_count + index)
         process = self.context.Process(
             target=run_frontend,
-            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level, pulse, self.deaths),
+            args=(
+                self.config,
+                index,
+                self.endpoints,
+                str(self.metrics_dir),
+                self.log_level,
+                pulse,
+                self.deaths,
+                tuple(self.starting_sockets) if index == 0 and self.answering else (),
+            ),
             name=f"voxwire-frontend-{index}",
         )
         process.start()
