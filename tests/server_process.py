@@ -101,7 +101,7 @@ class ServerProcess:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self._lines.append(line)
-            found = re.search(r"listening on (http://\S+)", line)
+            found = re.search(r"listening on (https?://\S+)", line)
             if found:
                 return found.group(1)
         raise AssertionError("the server exited before listening:\n" + self.log)

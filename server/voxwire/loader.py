@@ -25,6 +25,7 @@ from voxwire.kernels import path as kernel_path
 from voxwire.model.audio_vae import choose_vae_dtype, fold_weight_norm
 from voxwire.model.voxcpm import VoxCPMModel
 from voxwire.model_config import ConfigError, ModelConfig
+from voxwire.startup import Readiness, enter
 from voxwire.text.tokenizer import TextTokenizer, TokenizerError
 from voxwire.tts import VoxCPM
 
@@ -75,6 +76,7 @@ def load_model(
         TritonUnavailableError: ``VOXWIRE_KERNELS=triton`` and the Triton kernels cannot run on the device.
     """
     kernel_path.select(torch.device(device) if device is not None else default_device())
+    enter(Readiness.LOADING_WEIGHTS, "from %s", source)
     if str(source) == DEMO_SOURCE:
         from voxwire.tiny.checkpoint import demo_checkpoint
 
@@ -131,6 +133,7 @@ def model_from_weights(
     target = torch.device(device) if device is not None else default_device()
     kernel_path.select(target)  # before the model exists: decided once, logged, the same for every kernel
     model_dtype = _resolve_dtype(dtype, target)
+    logger.info("start-up: building the model on %s (%s)", target, model_dtype)
     model = _build(config, target, model_dtype)
     _check_keys(model, main, sources[0], lambda key: not key.startswith(_VAE_PREFIX), "")
     _check_keys(model, vae, sources[1], lambda key: key.startswith(_VAE_PREFIX), _VAE_PREFIX)
@@ -230,6 +233,7 @@ def _read_vae_weights(folder: Path) -> tuple[Path, StateDict]:
 
 def _read_state_dict(path: Path) -> StateDict:
     state: object
+    logger.info("start-up: reading %s (%.0f MB)", path, path.stat().st_size / 1e6)
     try:
         if path.suffix == ".safetensors":
             state = load_file(str(path))

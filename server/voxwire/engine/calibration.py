@@ -34,6 +34,7 @@ from voxwire.engine.request import Prepared, Request
 from voxwire.engine.timestep_buckets import bucket_of
 from voxwire.params import SynthesisParams
 from voxwire.prompt import VoicePrompt
+from voxwire.startup import Progress
 
 CALIBRATION_SLOT = 0
 """The slot admissions are timed in; their KV blocks are the pool's first (block 0 is the null block)."""
@@ -91,24 +92,28 @@ def measure_step_cost(
     """The target's fitted ``StepCost`` and each timestep bucket's row weight (see the module docstring)."""
     default = SynthesisParams().inference_timesteps
     decodes = dict(target.idle_step(rows, default) for rows in spread(1, target.num_slots))
+    admissions = _admissions(target, default, runs=repeats + 1)
+    # Every shape below is run repeats + 1 times (one untimed); the log says how far the fit is.
+    shapes = len(decodes) + len(admissions) + 2 * len(target.timestep_counts)
+    progress = Progress("timed steps of the step-cost fit", shapes * (repeats + 1))
     samples: list[CostSample] = []
     for rows, step in sorted(decodes.items()):
-        samples += [CostSample(rows, 0, seconds) for seconds in time_step(step, repeats, clock)]
-    for items, tokens in _admissions(target, default, runs=repeats + 1):
+        samples += [CostSample(rows, 0, seconds) for seconds in time_step(step, repeats, clock, progress)]
+    for items, tokens in admissions:
         step = _in_turn([target.admission_step(item) for item in items])
-        samples += [CostSample(1, tokens, seconds) for seconds in time_step(step, repeats, clock)]
+        samples += [CostSample(1, tokens, seconds) for seconds in time_step(step, repeats, clock, progress)]
     cost = fit_step_cost(samples)
     per_row: dict[int, float] = {}
     for count in target.timestep_counts:  # the default's bucket is one of them
         _, largest = target.idle_step(target.num_slots, count)
-        seconds = float(np.median(time_step(largest, repeats, clock)))
+        seconds = float(np.median(time_step(largest, repeats, clock, progress)))
         per_row[count] = max(seconds - cost.fixed_s, 1e-9) / target.num_slots
     unit = per_row[int(bucket_of(target.timestep_counts, default))]
     substeps = []
     for count in target.timestep_counts:
         # A step of one row in the bucket is its sub-step's fixed cost and that one row.
         rows, smallest = target.idle_step(1, count)
-        seconds = float(np.median(time_step(smallest, repeats, clock)))
+        seconds = float(np.median(time_step(smallest, repeats, clock, progress)))
         substeps.append((count, max(seconds - per_row[count] * rows, 0.0)))
     weights = {count: per_row[count] / unit for count in target.timestep_counts}
     return dataclasses.replace(cost, substep_s=tuple(substeps)), weights
@@ -202,14 +207,24 @@ def fit_step_cost(samples: Iterable[CostSample]) -> StepCost:
     return StepCost(fixed, per_row, per_token)
 
 
-def time_step(step: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds of each of ``repeats`` runs of ``step``, after one untimed run (lazy initialisation)."""
+def time_step(
+    step: Callable[[], object],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Progress | None = None,
+) -> list[float]:
+    """Seconds of each of ``repeats`` runs of ``step``, after one untimed run (lazy initialisation); each run
+    advances ``progress``."""
     step()
     times = []
     for _ in range(repeats):
+        if progress is not None:
+            progress.advance()
         started = clock()
         step()
         times.append(clock() - started)
+    if progress is not None:
+        progress.advance()
     return times
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from voxwire import devices
+from voxwire.startup import Progress
 
 StepFunction = Callable[[int, int], torch.Tensor]
 """step(bucket, timesteps) -> the step's packed output (bucket, F)."""
@@ -74,17 +75,25 @@ class StepGraphs:
     def bucket(self, count: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, count)]
 
+    @property
+    def count(self) -> int:
+        """Graphs ``capture_all`` makes: one per (bucket, timesteps) key."""
+        return len(self.buckets) * len(self.timestep_counts)
+
     def capture_all(self) -> None:
-        """Capture every (bucket, timesteps) key, largest first (the shared pool is sized by the first).
+        """Capture every (bucket, timesteps) key, largest first (the shared pool is sized by the first), logging
+        how far it is every few seconds (a few hundred keys on a large GPU take a minute).
 
         Each key runs once eagerly first (initialising lazily created kernels and workspaces outside the
         capture), on whatever the input buffers hold: the caller points them at padding rows."""
         started = time.perf_counter()
+        progress = Progress("captured CUDA graphs", self.count)
         for bucket in reversed(self.buckets):
             for timesteps in reversed(self.timestep_counts):
                 if (bucket, timesteps) not in self.graphs:
                     self.step(bucket, timesteps)
                     self._add(bucket, timesteps)
+                progress.advance()
         self.capture_seconds += time.perf_counter() - started
 
     def run(self, bucket: int, timesteps: int) -> torch.Tensor:

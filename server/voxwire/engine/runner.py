@@ -81,6 +81,7 @@ from voxwire.model.voxcpm import DecodeState, PrefillBatch
 from voxwire.prompt import VoicePrompt
 from voxwire.sampling import NoiseStream, random_seed
 from voxwire.sequence import InputSequence, PromptLayout, lay_out, sequence_length_cap
+from voxwire.startup import Readiness, enter
 
 NON_FINITE_OUTPUT = "the model produced NaN or infinite values for this request (a broken persona or voice?)"
 
@@ -213,11 +214,13 @@ class ModelRunner:
             else None
         )
         kv_cache_bytes = options.kv_cache_bytes
+        enter(Readiness.SIZING_KV_POOL, "%d slots of %d positions on %s", num_slots, self.max_length, device)
         if kv_cache_bytes is None:
             slot_blocks = num_slots * self.table_width
             utilization = options.gpu_memory_utilization
             kv_cache_bytes = default_kv_bytes(tts, block_size, slot_blocks, utilization, self.cuda, self._largest_step)
         self.pool = KVPool.allocate(tts, kv_cache_bytes, block_size)
+        logger.info("start-up: KV pool of %d blocks (%.1f MB)", self.pool.num_blocks, kv_cache_bytes / 1e6)
         if self.graphs is not None and self.cuda is not None:
             self.capture_graphs()
         self._step_cost: StepCost | None = None
@@ -233,6 +236,7 @@ class ModelRunner:
         self.personas.seal()
         self.index.fill_(self.pad_slot)  # warm-up runs touch only the padding row
         captures, seconds = self.graphs.captures, self.graphs.capture_seconds
+        enter(Readiness.CAPTURING_GRAPHS, "%d step graphs", self.graphs.count)
         self.graphs.capture_all()
         logger.info(
             "captured %d CUDA graphs (%d batch sizes x timesteps %s) in %.1f s",
@@ -268,6 +272,7 @@ class ModelRunner:
         it borrows the calibration slot, the first KV blocks and the padding row (the idle rows), and leaves them
         as a new request expects them."""
         assert not self.requests, "measure the step cost before serving: it uses a slot and the first KV blocks"
+        enter(Readiness.FITTING_STEP_COST, "timing decode and admission steps")
         measured = calibration.measure_step_cost(self, repeats)
         self.requests.clear()
         self.voice_cache = VoiceCache(self.voice_cache.capacity_bytes)  # without the calibration's voices

@@ -14,18 +14,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import WSCloseCode, web
 
 from voxwire import __version__
 from voxwire.engine import SynthesisParams
+from voxwire.serving.boot import REPLICA_HEADER, urls
+from voxwire.serving.boot import run_loop as run_loop
 from voxwire.serving.edge.api_errors import error_middleware
 from voxwire.serving.edge.auth import DEMO_FILE_SUFFIXES, DEMO_FILES_PREFIX, add_cors_headers, auth_middleware
 from voxwire.serving.edge.request_id import add_request_id_header
+from voxwire.serving.edge.tls import ServerCertificate, server_certificate
 from voxwire.serving.http.access_log import ACCESS_LOGGER, AccessLogger
 from voxwire.serving.http.connections import ConnectionGuard, GuardedRunner, static_file
 from voxwire.serving.http.elevenlabs_tts import add_elevenlabs_tts_routes
@@ -64,9 +69,9 @@ from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
 from voxwire.speech_model import ModelInfo, SpeechModel
+from voxwire.startup import Readiness, enter, reporting
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _WARM_UP_TEXT = "Warming up."
 _READY_POLL_S = 0.05
@@ -165,9 +170,6 @@ def build_info(config: ServerConfig, info: ModelInfo) -> BuildInfo:
     return BuildInfo(__version__, info.name, devices)
 
 
-REPLICA_HEADER = "X-Voxwire-Replica"
-
-
 async def _name_replica(request: web.Request, response: web.StreamResponse) -> None:
     """Every response (errors and the WebSocket 101 too) says which replica answered, for behind a balancer."""
     response.headers[REPLICA_HEADER] = request.app[CONFIG_KEY].transport.replica_id
@@ -241,10 +243,13 @@ async def _warm_up(app: web.Application) -> None:
     state = app[STATE_KEY]
     started = time.perf_counter()
     params = SynthesisParams(seed=0, max_len=2)
+    speakers = app[ENGINES_KEY].engine_speakers()
     try:
-        for speaker in app[ENGINES_KEY].engine_speakers():
-            async for _ in speaker.speak(SpeechJob(speaker.new_request_id("warm-up"), _WARM_UP_TEXT, params)):
-                pass
+        with reporting():
+            enter(Readiness.WARMING_UP, "one short utterance on each of %d engine(s)", len(speakers))
+            for speaker in speakers:
+                async for _ in speaker.speak(SpeechJob(speaker.new_request_id("warm-up"), _WARM_UP_TEXT, params)):
+                    pass
     except Exception:
         logger.exception("the warm-up utterance failed: the server stays not ready")
         return
@@ -279,15 +284,6 @@ async def _drain(app: web.Application) -> None:
     await app[ENGINES_KEY].stop()
 
 
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on uvloop (asyncio's own loop where uvloop has no build, e.g. Windows)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
 async def _freeze_when_ready(app: web.Application) -> None:
     """Wait for the warm-up, then take the startup heap out of garbage collection (see ``heap``)."""
     while not app[STATE_KEY].accepting:
@@ -295,22 +291,64 @@ async def _freeze_when_ready(app: web.Application) -> None:
     freeze_startup_heap("server")
 
 
-async def run_app(app: web.Application, config: ServerConfig, *, reuse_port: bool = False) -> int:
+@dataclass(frozen=True)
+class Listening:
+    """Listening sockets a starting app answered on while the model loaded (``boot``), which ``run_app`` serves:
+    the server's own (one process), or the supervisor's, handed to a frontend (``--workers``)."""
+
+    sockets: Sequence[socket.socket]
+    certificate: ServerCertificate | None
+    close_starting: Callable[[], Awaitable[None]] | None = None
+    """Closes the starting app once this app serves the sockets (one process; a frontend's supervisor closes its own
+    when the frontend has joined)."""
+
+
+async def run_app(
+    app: web.Application,
+    config: ServerConfig,
+    *,
+    reuse_port: bool = False,
+    listening: Listening | None = None,
+    joined: Callable[[], None] = lambda: None,
+) -> int:
     """Listen, wait for SIGTERM or SIGINT (or the app's ``ServerState.stop``), drain, close; the exit status
     (``ServerState.exit_status``). ``reuse_port``: share the port with other processes (``SO_REUSEPORT``: the
     kernel spreads connections over them); such a process joins the port only once warmed up, so no connection
-    lands on one that cannot serve it yet."""
+    lands on one that cannot serve it yet, and then calls ``joined``. ``listening``: serve these sockets rather than
+    bind the port (``boot``).
+
+    With ``--tls-cert`` every listener speaks TLS, its pair reloaded on SIGHUP and when the files change."""
+    transport = config.transport
+    if listening is None:
+        certificate = server_certificate(transport.tls_cert, transport.tls_key)
+    else:
+        certificate = listening.certificate
+    tls = None if certificate is None else certificate.context
+    loop = asyncio.get_running_loop()
+    if certificate is not None:  # before the first await: a frontend is told SIGHUP once its loop turns
+        loop.add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
     runner = make_runner(app, handle_signals=False)
     await runner.setup()
     ready = asyncio.create_task(_freeze_when_ready(app), name="voxwire-freeze-heap")
+    watch = None if certificate is None else asyncio.create_task(certificate.watch(transport.tls_poll_s))
     try:
         if reuse_port:
             await asyncio.shield(ready)
-        await web.TCPSite(runner, config.transport.host, config.transport.port, reuse_port=reuse_port or None).start()
-        for host, port, *_ in runner.addresses:
-            logger.info("listening on http://%s:%d", host, port)
+        if listening is not None:
+            for listener in listening.sockets:
+                await web.SockSite(runner, listener, ssl_context=tls).start()
+            if listening.close_starting is not None:
+                await listening.close_starting()
+            for url in urls(listening.sockets, tls=tls is not None):
+                logger.info("listening on %s (the starting app's port, taken over)", url)
+        else:
+            site = web.TCPSite(runner, transport.host, transport.port, reuse_port=reuse_port or None, ssl_context=tls)
+            await site.start()
+            scheme = "http" if tls is None else "https"
+            for host, port, *_ in runner.addresses:
+                logger.info("listening on %s://%s:%d", scheme, host, port)
+        joined()
         stop = app[STATE_KEY].stop
-        loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
@@ -318,6 +356,8 @@ async def run_app(app: web.Application, config: ServerConfig, *, reuse_port: boo
         await drain(app)
     finally:
         ready.cancel()
+        if watch is not None:
+            watch.cancel()
         await runner.cleanup()
     logger.info("stopped")
     return app[STATE_KEY].exit_status

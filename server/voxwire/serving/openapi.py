@@ -582,7 +582,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "GET",
         "/ready",
         "Probes",
-        "Readiness: 503 while warming up or draining",
+        "Readiness: 503 while starting (its phase beside the error) or draining",
         {200: _json(_object({"status": {"const": "ready"}}))},
         (503,),
         public=True,

@@ -311,8 +311,20 @@ class Transport:
     every origin, without CORS headers)."""
     ping_interval_s: float = 20.0
     """WebSocket ping period (keeps proxies from dropping quiet connections, detects dead peers)."""
+    tls_cert: Path | None = field(default=None, metadata=flag(shown_default="none: plain HTTP"))
+    """PEM certificate chain to serve HTTPS and WSS with, on the same port (with ``--tls-key``); reloaded on SIGHUP
+    and when the file changes ([TLS](deploy.md#tls)). A load balancer that terminates TLS is still the recommended
+    setup."""
+    tls_key: Path | None = field(default=None, metadata=flag(shown_default="none: plain HTTP"))
+    """PEM private key of ``--tls-cert`` (both or neither)."""
+    tls_poll_s: float = 5.0
+    """How often the server looks at the TLS files' modification times, to load a renewed pair without a restart
+    (a bad new pair is logged and the old one kept)."""
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("Transport.tls_cert and tls_key go together: give --tls-cert and --tls-key, or neither")
+        _positive_numbers(self, "tls_poll_s")
         _check(self, "port", self.port, _is_int(self.port) and 0 <= self.port <= 65535, "an int in [0, 65535]")
         _check(self, "replica_id", self.replica_id, _is_token(self.replica_id), "1-253 letters, digits or ._:-")
         for name in ("api_keys", "allowed_origins"):

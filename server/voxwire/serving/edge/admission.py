@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.api_errors import RETRY_AFTER_S, ApiError
 from voxwire.serving.runtime.keys import CONFIG_KEY, ENGINES_KEY, KEYLESS_KEY, SESSIONS_KEY, STATE_KEY, Phase
+from voxwire.startup import Readiness
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,13 @@ def require_accepting(app: web.Application) -> None:
         raise ApiError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
     if not app[ENGINES_KEY].available:
         raise ApiError(ENGINE_RESTARTING.code, ENGINE_RESTARTING.message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def readiness(app: web.Application) -> Readiness:
+    """The phase ``/ready`` names: a server that exists has loaded its model, so its start is the warm-up."""
+    return {Phase.STARTING: Readiness.WARMING_UP, Phase.READY: Readiness.READY, Phase.DRAINING: Readiness.DRAINING}[
+        app[STATE_KEY].phase
+    ]
 
 
 def require_admission(app: web.Application, *, connection: bool, keyless: bool = False) -> None:

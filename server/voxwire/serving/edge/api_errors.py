@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -20,6 +19,8 @@ from aiohttp.typedefs import Handler
 from voxwire.engine import EngineDeadError, EngineRestartingError, QueueFullError
 from voxwire.errors import InvalidInputError
 from voxwire.protocol.error_codes import ErrorCode
+from voxwire.serving.edge.error_envelope import RETRY_AFTER_S as RETRY_AFTER_S
+from voxwire.serving.edge.error_envelope import ApiError as ApiError
 from voxwire.serving.edge.request_id import request_id
 from voxwire.serving.runtime.keys import (
     METRICS_KEY,
@@ -29,49 +30,6 @@ from voxwire.serving.speech.service import SpeechFailure
 from voxwire.serving.speech.voice_store import UnknownVoiceError, VoiceLimitError, VoiceOwnerError
 
 logger = logging.getLogger(__name__)
-
-
-RETRY_AFTER_S = 1
-"""Seconds a refused client should wait before trying again (a balancer retries another replica at once)."""
-
-
-class ApiError(Exception):
-    """An error for the client: stable code (which states the HTTP status), human message (and optional headers).
-
-    ``status`` overrides the code's status only where an API answers otherwise: an aiohttp HTTP error with no
-    code of its own, and the Nano-vLLM API's 400 for every LoRA refusal.
-    """
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        message: str,
-        *,
-        status: int | None = None,
-        headers: Mapping[str, str] | None = None,
-        close_connection: bool = False,
-    ) -> None:
-        super().__init__(message)
-        status = status or code.http_status
-        if status is None:
-            raise ValueError(f"{code.value!r} is a WebSocket-only error code; it has no HTTP status")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = dict(headers or {})
-        self.close_connection = close_connection
-        """The connection cannot carry another request (e.g. a body was left half-read): close it after this."""
-
-    def body(self, request_id: str) -> dict[str, dict[str, str]]:
-        """The error envelope; ``request_id`` names the request (its ``X-Request-Id``)."""
-        return {"error": {"code": self.code.value, "message": self.message, "request_id": request_id}}
-
-    def response(self, request_id: str) -> web.Response:
-        """The JSON error response; ``request_id`` names the request (its ``X-Request-Id``)."""
-        response = web.json_response(self.body(request_id), status=self.status, headers=self.headers)
-        if self.close_connection:
-            response.force_close()
-        return response
 
 
 class ResponseCut(Exception):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from aiohttp import hdrs, web
 
-from voxwire.serving.edge.admission import require_accepting
+from voxwire.serving.edge.admission import readiness, require_accepting
+from voxwire.serving.edge.error_envelope import ApiError, not_ready_answer
+from voxwire.serving.edge.request_id import request_id
 from voxwire.serving.runtime.keys import (
     METRICS_KEY,
 )
@@ -15,8 +17,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    require_accepting(request.app)
     # Public: nothing about the deployment (the model's source may be a local path).
+    try:
+        require_accepting(request.app)
+    except ApiError as refused:
+        return not_ready_answer(refused, readiness(request.app), request_id(request))
     return web.json_response({"status": "ready"})
 
 

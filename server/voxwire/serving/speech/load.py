@@ -5,11 +5,13 @@ from __future__ import annotations
 from voxwire.engine.cost_model import StepCost
 from voxwire.serving.server_config import DIT_FP8_CHOICES, ServerConfig
 from voxwire.speech_model import SIM_MODEL, SpeechModel, VoxCPMSpeech
+from voxwire.startup import Readiness, enter
 
 
 def load_speech_model(config: ServerConfig) -> SpeechModel:
     """The model ``config.engine.model`` names: ``sim``, ``demo`` (tiny random weights: noise), a folder or a hub id."""
     if config.engine.model == SIM_MODEL:
+        enter(Readiness.LOADING_WEIGHTS, "none: the simulator (--model sim)")
         from voxwire.sim.model import SimSpeech
         from voxwire.sim.runner import SimConfig
 

@@ -34,6 +34,7 @@ from voxwire.serving.workers.hub import HUB_MESSAGES, Hub, Letter
 from voxwire.serving.workers.liveness import Activity, Pulse
 from voxwire.serving.workers.utility import UTILITY_CALLS, UtilityCalls
 from voxwire.speech_model import SpeechModel
+from voxwire.startup import Readiness, reporting
 
 logger = logging.getLogger(__name__)
 
@@ -227,9 +228,11 @@ def run_engine(config: ServerConfig, index: int, endpoint: str, log_level: str, 
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[engine-{index}]: %(message)s")
     # Ctrl-C reaches the whole process group: the supervisor decides when the engine stops (after the drain).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    model = load_speech_model(config)
-    personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
-    runner = model.new_runner(config.engine.runner_options())
+    with reporting(pulse.entered):  # each phase logged, never a silent stretch, and told to the supervisor
+        model = load_speech_model(config)
+        personas = open_registry(model, config)  # a bad --lora ends the engine, so the server exits 1 before serving
+        runner = model.new_runner(config.engine.runner_options())
+    pulse.entered(Readiness.WARMING_UP)  # what is left: the frontends' warm-up utterance
     engine = Engine(runner, config.engine_config())
     core = EngineCore(
         model, engine, endpoint, personas, pulse,

@@ -13,8 +13,10 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 
-from voxwire.serving.app import build_app, run_app, run_loop, stop_failed
+from voxwire.serving.app import Listening, build_app, run_app, run_loop, stop_failed
+from voxwire.serving.edge.tls import server_certificate
 from voxwire.serving.runtime.keys import METRICS_KEY, STATE_KEY
 from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.workers.liveness import Activity, EngineDeaths, Pulse
@@ -35,15 +37,23 @@ def run_frontend(
     log_level: str,
     pulse: Pulse,
     deaths: EngineDeaths,
+    sockets: tuple[socket.socket, ...],
 ) -> None:
     """A frontend process's main: the app over an ``EngineProxy``, on the shared port; exits 1 if the service
-    ended with an engine's death."""
+    ended with an engine's death. ``sockets``: the supervisor's listening sockets, which it answered on while the
+    server started, for this frontend to serve once warmed up (none: it binds its own, sharing the port)."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s[frontend-{index}]: %(message)s")
-    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir, pulse, deaths)))
+    raise SystemExit(run_loop(_frontend(config, index, endpoints, metrics_dir, pulse, deaths, sockets)))
 
 
 async def _frontend(
-    config: ServerConfig, index: int, endpoints: tuple[str, ...], metrics_dir: str, pulse: Pulse, deaths: EngineDeaths
+    config: ServerConfig,
+    index: int,
+    endpoints: tuple[str, ...],
+    metrics_dir: str,
+    pulse: Pulse,
+    deaths: EngineDeaths,
+    sockets: tuple[socket.socket, ...],
 ) -> int:
     parent = os.getppid()
     pulse.start_heart()
@@ -78,6 +88,10 @@ async def _frontend(
     loop.add_signal_handler(signal.SIGUSR2, lambda: proxy.links.lost(deaths.read()))
     watcher = asyncio.create_task(watch(), name="voxwire-frontend-watch")
     try:
-        return await run_app(app, config, reuse_port=True)
+        # The supervisor's sockets, taken over (it stops answering on them once this joined): no connection queued
+        # on them is lost at the switch, as it would be if it closed them.
+        transport = config.transport
+        listening = Listening(sockets, server_certificate(transport.tls_cert, transport.tls_key)) if sockets else None
+        return await run_app(app, config, reuse_port=True, listening=listening, joined=pulse.joined)
     finally:
         watcher.cancel()

@@ -44,6 +44,8 @@ from collections.abc import Iterator
 from ctypes import Array, c_double, c_int64
 from dataclasses import dataclass
 
+from voxwire.startup import Readiness
+
 NOT_STARTED = 0.0
 """The stamp of a child whose heart (``alive``) or loop (``progress``) has not beaten yet."""
 HEART_S = 0.25
@@ -120,7 +122,12 @@ class _Slots:
     """Each engine's requests (running or waiting) at its latest progress stamp (int64)."""
     connections: Array[c_int64]
     """Each frontend's WebSocket connections, as it last published them (int64; ``Pulse.publish``)."""
+    phase: Array[c_int64]
+    """Each child's start-up phase, as its position in ``startup.Readiness`` (int64; ``Pulse.entered``): what the
+    supervisor's starting listener names while no frontend serves the port yet."""
 
+
+_PHASES = list(Readiness)
 
 SEAT_LOCK_TIMEOUT_S = 0.5
 """Longest wait for the frontends' connection lock (``Pulse.taking``): held for microseconds, it can only stay
@@ -174,6 +181,14 @@ class Pulse:
             if acquired:
                 self.seat_lock.release()
 
+    def entered(self, phase: Readiness) -> None:
+        """This child's start-up is now in ``phase`` (``READY``: a frontend listens on the port)."""
+        self.slots.phase[self.index] = _PHASES.index(phase)
+
+    def joined(self) -> None:
+        """This frontend listens on the port now: the supervisor's starting listener may leave it."""
+        self.entered(Readiness.READY)
+
     def publish(self, held: int) -> None:
         """This frontend holds ``held`` connections now."""
         self.slots.connections[self.index] = held
@@ -191,6 +206,7 @@ class Pulses:
             activity=context.RawArray(c_int64, children),
             requests=context.RawArray(c_int64, children),
             connections=context.RawArray(c_int64, children),
+            phase=context.RawArray(c_int64, children),
         )
         self.seat_lock = context.Lock()
 
@@ -202,7 +218,12 @@ class Pulses:
         slots.progress[index] = NOT_STARTED
         slots.connections[index] = 0
         slots.requests[index] = 0
+        slots.phase[index] = _PHASES.index(Readiness.LOADING_WEIGHTS)
         return Pulse(slots, index, self.seat_lock)
+
+    def phase(self, index: int) -> Readiness:
+        """The start-up phase of slot ``index``'s child (``Pulse.entered``)."""
+        return _PHASES[self.slots.phase[index]]
 
     def started(self, index: int) -> bool:
         """Whether slot ``index``'s child's loop has come round since it was (re)started: it serves."""

@@ -4,10 +4,15 @@ The process that runs ``voxwire serve`` becomes the supervisor: it reserves the 
 engine process per device (``engine_process.run_engine``: the model, the device, no event loop; one with
 no ``--devices``) and N frontends (at least one with ``--devices``)
 (``frontend.run_frontend``: an event loop each, with the WebSockets, the HTTP API, the Opus encoders), which all
-listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them. Then it watches:
+listen on the port with ``SO_REUSEPORT`` so the kernel spreads connections over them, each once warmed up. Until
+the first one joins, the supervisor answers on the port itself (``boot``'s starting app, from a thread: ``/ready`` 503
+naming the engines' earliest start-up phase), so the port never refuses a connection while the model loads; frontend 0
+is given those sockets and serves them once warmed up (a connection queued on them is not lost at the switch, as it
+would be if the supervisor closed them). Then it watches:
 
-- SIGTERM/SIGINT: the frontends drain (``/ready`` 503, live utterances finish, WebSockets close 1001),
-  then the engine stops; exit 0.
+- SIGHUP with ``--tls-cert``: every frontend loads the TLS files again (``edge.tls``); without TLS, as SIGTERM.
+- SIGTERM/SIGINT (SIGHUP without TLS): the frontends drain (``/ready`` 503, live utterances finish, WebSockets
+  close 1001), then the engine stops; exit 0.
 - A frontend exits: only its connections end (the kernel closes them); it is started again, and the
   engines abort the requests the dead process left behind when the new one says hello.
 - A child is hung (``liveness``: its heart thread silent for ``--liveness-timeout-s``, or its loop stuck past its
@@ -42,14 +47,20 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
+from voxwire.serving.boot import StartingListener, StartingThread, bind, urls
+from voxwire.serving.edge.tls import server_certificate
 from voxwire.serving.recovery import CrashLoop
 from voxwire.serving.runtime.metrics import register_process
 from voxwire.serving.server_config import ServerConfig
-from voxwire.serving.workers.frontend import run_frontend
 from voxwire.serving.workers.liveness import EngineDeaths, Pulses
+from voxwire.startup import Readiness
 
 logger = logging.getLogger(__name__)
 
+_PHASE_ORDER = list(Readiness)
+_STARTING_NEWS_S = 3.0
+"""While no frontend serves, how often the supervisor logs the start-up's phase (``startup.PROGRESS_INTERVAL_S``'s
+role for the children, whose imports log nothing)."""
 _WATCH_S = 0.1
 """How often the supervisor looks at its children."""
 _WATCH_GAP_S = 1.0
@@ -146,8 +157,46 @@ class _Supervisor:
         self.frontend_crashes = CrashLoop(config, "frontend")
         self.watched_since = time.monotonic()
         """Since when this loop has watched without a gap of its own (``Pulses.hang``)."""
+        transport = config.transport
+        self.certificate = server_certificate(transport.tls_cert, transport.tls_key)
+        """The TLS pair, checked here so that a bad one stops the command before any child starts."""
+        self.reload_requested = False
+        self.starting_sockets = bind(transport.host, transport.port, reuse_port=True)
+        tls = None if self.certificate is None else self.certificate.context
+        self.starting = StartingThread(
+            StartingListener(self.starting_sockets, transport.replica_id, tls, self._starting_phase),
+            self._frontend_joined,
+        )
+        """Answers on the port (``boot``'s starting app, with the engines' phase) until a frontend joins it."""
+        self.answering = True
+        self.born = time.monotonic()
 
     def run(self) -> int:
+        """Answer on the port as a starting server until a frontend joins it, and supervise; the exit status."""
+        self.starting.start()
+        for url in urls(self.starting_sockets, tls=self.certificate is not None):
+            logger.info("listening on %s (starting: /ready answers 503 until a frontend is warmed up)", url)
+        try:
+            return self._supervise()
+        finally:
+            self._stop_answering()
+
+    def _stop_answering(self) -> None:
+        """The starting listener leaves the port (a frontend serves it now, or the server stops)."""
+        self.starting.stop()
+        for listener in self.starting_sockets:
+            listener.close()
+
+    def _starting_phase(self) -> Readiness:
+        """The server's start-up phase while no frontend serves: the engines' earliest."""
+        return min((self.pulses.phase(index) for index in range(self.engine_count)), key=_PHASE_ORDER.index)
+
+    def _frontend_joined(self) -> bool:
+        """Whether frontend 0, which holds the starting listener's sockets, serves them now (read from the starting
+        thread too: shared memory only)."""
+        return self.pulses.phase(self.engine_count) is Readiness.READY
+
+    def _supervise(self) -> int:
         register_process(self.metrics_dir, "supervisor", os.getpid())
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
@@ -157,10 +206,19 @@ class _Supervisor:
         for index in range(self.config.topology.frontends):
             self._start_frontend(index)
         logger.info("supervising %d engine(s) and %d frontend(s)", self.engine_count, self.config.topology.frontends)
-        last_watch = time.monotonic()
+        last_watch = last_news = time.monotonic()
         while not self.stop_requested:
             time.sleep(_WATCH_S)
             now = time.monotonic()
+            if self.answering and self._frontend_joined():
+                self.answering = False
+                self._stop_answering()
+            elif self.answering and now - last_news >= _STARTING_NEWS_S:
+                last_news = now  # the children log their phases; this fills the silence of their imports
+                logger.info("start-up: %s (%.0f s since the start)", self._starting_phase().value, now - self.born)
+            if self.reload_requested:
+                self.reload_requested = False
+                self._reload_certificate()
             if now - last_watch > _WATCH_GAP_S:  # this process was not scheduled either: it saw nothing to judge
                 self.watched_since = now
             last_watch = now
@@ -232,13 +290,34 @@ class _Supervisor:
             process.join()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.stop_requested = True
+        if signum == signal.SIGHUP and self.certificate is not None:
+            self.reload_requested = True  # with TLS, SIGHUP reloads the certificate (as in one process)
+        else:
+            self.stop_requested = True
+
+    def _reload_certificate(self) -> None:
+        """SIGHUP with TLS: each frontend loads the files again, and so does the starting listener if it answers."""
+        assert self.certificate is not None
+        if self.answering:
+            self.certificate.reload("SIGHUP")
+        self._tell_frontends(signal.SIGHUP)
 
     def _start_frontend(self, index: int) -> None:
+        from voxwire.serving.workers.frontend import run_frontend  # here: the port answers before it is imported
+
         pulse = self.pulses.pulse(self.engine_count + index)
         process = self.context.Process(
             target=run_frontend,
-            args=(self.config, index, self.endpoints, str(self.metrics_dir), self.log_level, pulse, self.deaths),
+            args=(
+                self.config,
+                index,
+                self.endpoints,
+                str(self.metrics_dir),
+                self.log_level,
+                pulse,
+                self.deaths,
+                tuple(self.starting_sockets) if index == 0 and self.answering else (),
+            ),
             name=f"voxwire-frontend-{index}",
         )
         process.start()
