@@ -80,6 +80,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("docs/deploy.md", "docker run"): DOCKER,
     ("docs/deploy.md", "docker push"): DOCKER,
     ("docs/deploy.md", "kubectl"): CLUSTER,
+    ("docs/deploy.md", "--tls-cert /etc/voxwire/fullchain.pem"):
+        "serves until stopped, with the reader's certificate (tests/serving/test_tls.py serves a generated pair)",
     ("docs/http-api.md", "| aplay"): SOUND_DEVICE,
     ("docs/http-api.md", "schemathesis run"):
         "fuzzes the API for minutes (tests/serving/test_openapi_fuzz.py runs schemathesis against a live server)",
