@@ -126,6 +126,9 @@ def test_https_and_wss_on_one_port_and_a_renewed_pair_without_a_restart(
         replace_pair(live, first)
         server.process.send_signal(signal.SIGHUP)  # SIGHUP reloads at once (and a poll would, too)
         assert poll(lambda: same_certificate(served_certificate(server.url), first[0]), timeout=30)
+        # Nothing is live: the drain ends at once (the ElevenLabs sockets' handlers ended with their sockets; one
+        # that did not held the stop for aiohttp's 60 s shutdown timeout).
+        assert server.stop(timeout=30) == 0, server.log
 
 
 def test_tls_needs_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
