@@ -1,0 +1,134 @@
+"""The Wyoming listener against the ``wyoming`` package's own client, as Home Assistant uses it: describe, synthesize,
+streaming synthesis, and refusals as ``error`` events that leave the server serving."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import wave
+
+import pytest
+from aiohttp.test_utils import TestServer
+from tests.serving.conftest import Serve
+from wyoming.audio import AudioChunk, AudioStart
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.ping import Ping
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+from voxwire.serving.runtime.keys import SPEAKER_KEY
+from voxwire.serving.wyoming.listener import WYOMING_KEY
+
+pytestmark = pytest.mark.asyncio
+
+READ_TIMEOUT_S = 120.0
+
+
+async def wyoming_server(serve: Serve, **overrides: object) -> tuple[TestServer, int]:
+    server = await serve(wyoming_port=0, **overrides)
+    port = server.app[WYOMING_KEY].port
+    assert port is not None
+    return server, port
+
+
+async def read(client: AsyncTcpClient) -> Event:
+    event = await asyncio.wait_for(client.read_event(), READ_TIMEOUT_S)
+    assert event is not None, "the server closed the connection"
+    return event
+
+
+async def read_until(client: AsyncTcpClient, last: str) -> list[Event]:
+    events = [await read(client)]
+    while events[-1].type not in (last, "error"):
+        events.append(await read(client))
+    return events
+
+
+def as_wav(events: list[Event]) -> tuple[int, int]:
+    """The sample rate and frame count of one ``audio-start``..``audio-stop`` run, through ``wave`` as a client
+    would store it."""
+    start = AudioStart.from_event(events[0])
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setframerate(start.rate)
+        wav.setsampwidth(start.width)
+        wav.setnchannels(start.channels)
+        for event in events[1:-1]:
+            wav.writeframes(AudioChunk.from_event(event).audio)
+    buffer.seek(0)
+    with wave.open(buffer, "rb") as wav:
+        return wav.getframerate(), wav.getnframes()
+
+
+async def test_describe_lists_one_tts_program_with_voices_and_streaming(serve: Serve) -> None:
+    _, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Describe().event())
+        info = Info.from_event(await read(client))
+    (program,) = info.tts
+    assert program.name == "voxwire" and program.installed and program.supports_synthesize_streaming
+    names = [voice.name for voice in program.voices]
+    assert names[0] == "default" and "alloy" in names
+    assert all("en" in voice.languages for voice in program.voices)
+
+
+async def test_synthesize_answers_audio_at_the_models_rate(serve: Serve) -> None:
+    server, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Synthesize("Hello from Home Assistant.", voice=SynthesizeVoice("alloy")).event())
+        events = await read_until(client, "audio-stop")
+    assert [events[0].type, events[-1].type] == ["audio-start", "audio-stop"]
+    assert {event.type for event in events[1:-1]} == {"audio-chunk"}
+    rate, frames = as_wav(events)
+    assert rate == server.app[SPEAKER_KEY].info.sample_rate
+    assert frames > 0
+
+
+async def test_streaming_speaks_each_sentence_as_it_completes_then_stops(serve: Serve) -> None:
+    _, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk("Hello there. How").event())
+        first = await read_until(client, "audio-stop")  # before the stream's end: the first sentence was complete
+        for event in (SynthesizeChunk(" are you?").event(), Synthesize("Hello there. How are you?").event()):
+            await client.write_event(event)  # Home Assistant sends the whole text too; a streaming server drops it
+        await client.write_event(SynthesizeStop().event())
+        second = await read_until(client, "audio-stop")
+        assert (await read(client)).type == "synthesize-stopped"
+    for sentence in (first, second):
+        assert [sentence[0].type, sentence[-1].type] == ["audio-start", "audio-stop"]
+        assert as_wav(sentence)[1] > 0
+
+
+async def test_an_unknown_voice_is_an_error_and_the_connection_serves_on(serve: Serve) -> None:
+    _, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Synthesize("Hello.", voice=SynthesizeVoice("nobody")).event())
+        error = Error.from_event(await read(client))
+        assert error.code == "unknown_voice" and "nobody" in error.text
+        await client.write_event(Ping("still there").event())
+        assert (await read(client)).type == "pong"
+
+
+async def test_a_garbage_line_is_an_error_not_a_crash(serve: Serve) -> None:
+    _, port = await wyoming_server(serve)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"\x00\xffnot an event at all\n")
+    error_line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+    assert b'"type": "error"' in error_line
+    writer.close()
+    async with AsyncTcpClient("127.0.0.1", port) as client:  # the server still serves
+        await client.write_event(Describe().event())
+        assert (await read(client)).type == "info"
+
+
+async def test_a_connection_over_the_limit_is_refused_busy(serve: Serve) -> None:
+    _, port = await wyoming_server(serve, max_wyoming_connections=1)
+    async with AsyncTcpClient("127.0.0.1", port) as first:
+        await first.write_event(Describe().event())
+        await read(first)
+        async with AsyncTcpClient("127.0.0.1", port) as second:
+            assert Error.from_event(await read(second)).code == "busy"
+            assert await second.read_event() is None  # then closed
