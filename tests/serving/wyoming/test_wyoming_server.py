@@ -9,7 +9,9 @@ import wave
 
 import pytest
 from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
 from tests.serving.conftest import Serve
+from tests.serving.helpers import record_engine_jobs
 from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -18,7 +20,7 @@ from wyoming.info import Describe, Info
 from wyoming.ping import Ping
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from voxwire.serving.runtime.keys import SPEAKER_KEY
+from voxwire.serving.runtime.keys import METRICS_KEY, SPEAKER_KEY, STATE_KEY, Phase
 from voxwire.serving.wyoming.listener import WYOMING_KEY
 
 pytestmark = pytest.mark.asyncio
@@ -132,3 +134,53 @@ async def test_a_connection_over_the_limit_is_refused_busy(serve: Serve) -> None
         async with AsyncTcpClient("127.0.0.1", port) as second:
             assert Error.from_event(await read(second)).code == "busy"
             assert await second.read_event() is None  # then closed
+
+
+async def test_a_streams_later_sentence_continues_the_voice_of_the_one_before(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, port = await wyoming_server(serve)
+    jobs = record_engine_jobs(server.app, monkeypatch)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in (SynthesizeStart(), SynthesizeChunk("Hello there. How are you?"), SynthesizeStop()):
+            await client.write_event(event.event())
+        events = await read_until(client, "synthesize-stopped")
+    assert [event.type for event in events].count("audio-stop") == 2
+    first, second = jobs
+    assert first.voice is None  # the default voice: the model's own, a new speaker on every request
+    assert second.voice is not None and second.voice.text == "Hello there. "
+
+
+async def test_a_draining_server_refuses_with_an_error_event(serve: Serve) -> None:
+    server, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        server.app[STATE_KEY].phase = Phase.DRAINING
+        await client.write_event(Synthesize("Hello.").event())
+        assert Error.from_event(await read(client)).code == "shutting_down"
+        server.app[STATE_KEY].phase = Phase.READY
+
+
+async def test_wyoming_utterances_count_in_the_servers_metrics(serve: Serve) -> None:
+    server, port = await wyoming_server(serve)
+
+    def utterances() -> float:
+        families = text_string_to_metric_families(server.app[METRICS_KEY].exposition().decode())
+        return sum(
+            s.value for f in families if f.name == "voxwire_utterances" for s in f.samples if s.name.endswith("_total")
+        )
+
+    before = utterances()
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Synthesize("Hello.").event())
+        await read_until(client, "audio-stop")
+    assert utterances() == before + 1
+
+
+async def test_a_client_that_does_not_read_holds_only_its_own_connection(serve: Serve) -> None:
+    _, port = await wyoming_server(serve)
+    async with AsyncTcpClient("127.0.0.1", port) as stalled:
+        await stalled.write_event(Synthesize("A long answer nobody reads. " * 5).event())
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize("Hello.").event())
+            events = await read_until(client, "audio-stop")
+    assert events[-1].type == "audio-stop"
