@@ -131,7 +131,8 @@ async def test_a_connection_over_the_limit_is_refused_busy(serve: Serve) -> None
     async with AsyncTcpClient("127.0.0.1", port) as first:
         await first.write_event(Describe().event())
         await read(first)
-        async with AsyncTcpClient("127.0.0.1", port) as second:
+        async with AsyncTcpClient("127.0.0.1", port) as second:  # its leaving would raise had it been reset
+            await second.write_event(Describe().event())  # sent before it could read the refusal, as clients do
             assert Error.from_event(await read(second)).code == "busy"
             assert await second.read_event() is None  # then closed
 
@@ -184,3 +185,24 @@ async def test_a_client_that_does_not_read_holds_only_its_own_connection(serve: 
             await client.write_event(Synthesize("Hello.").event())
             events = await read_until(client, "audio-stop")
     assert events[-1].type == "audio-stop"
+
+
+async def test_a_client_that_floods_and_never_reads_is_let_go(serve: Serve) -> None:
+    # Its answers fill the socket until the write deadline ends the connection while more events wait to be
+    # handled: its place must be freed, or it would hold one of --max-wyoming-connections until shutdown.
+    _, port = await wyoming_server(serve, max_wyoming_connections=1, write_timeout_s=0.2, max_messages_per_s=1e6)
+    _, flooding = await asyncio.open_connection("127.0.0.1", port)
+    flooding.write(b'{"type": "describe"}\n' * 10_000)  # answers of about 40 MB, more than both sockets hold
+
+    async def described() -> bool:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Describe().event())
+            return (await read(client)).type == "info"
+
+    for _ in range(100):
+        if await described():
+            break
+        await asyncio.sleep(0.2)
+    else:
+        pytest.fail("the flooding connection still holds the only Wyoming place")
+    flooding.close()

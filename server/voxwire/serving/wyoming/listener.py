@@ -87,7 +87,11 @@ class WyomingListener:
     def __init__(self, app: web.Application) -> None:
         self.app = app
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Every connection's task, until its socket is closed."""
+        self._serving = 0
+        """Connections served now (``--max-wyoming-connections``), those being closed or refused aside."""
+        self._closing = False
 
     @property
     def port(self) -> int | None:
@@ -111,32 +115,67 @@ class WyomingListener:
         await self.start(reuse_port=True)
 
     async def close(self) -> None:
-        """Stop listening and end every connection (after the app's drain: live utterances have finished)."""
+        """Stop listening and end every connection at once (after the app's drain: live utterances have finished)."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
-        for task in self._connections:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None  # asyncio runs each connection's callback in a task
-        self._connections.add(task)
+        self._tasks.add(task)
         limit = self.app[CONFIG_KEY].limits.max_wyoming_connections
         try:
-            if len(self._connections) > limit:
+            if self._serving >= limit:
                 refused = error_event(ErrorCode.BUSY, f"the server has its maximum of {limit} Wyoming connections")
                 writer.write(encode_event(refused))
                 self.app[METRICS_KEY].count_error(ErrorCode.BUSY.value)
-                return
-            await Connection(self.app, reader, writer).run()
+            else:
+                self._serving += 1
+                try:
+                    await Connection(self.app, reader, writer).run()
+                finally:
+                    self._serving -= 1
         except Exception:  # a bug in one connection must not end the listener
             logger.exception("Wyoming connection failed")
         finally:
-            self._connections.discard(task)
-            writer.close()
+            try:
+                await self._close(reader, writer)
+            finally:
+                self._tasks.discard(task)
+
+    async def _close(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """End the connection after what was written: the end of our side, then the client's last bytes read until
+        it closes its side, within ``--write-timeout-s`` (closing a socket with bytes unread resets it, and the
+        client could lose our last events, an ``error`` among them); else, or when the server stops, at once."""
+        closed = False
+        try:
+            if not self._closing and not writer.transport.is_closing():
+                if writer.can_write_eof():
+                    writer.write_eof()
+                await asyncio.wait_for(_drain_then_read_to_end(reader, writer), self.write_timeout_s)
+                writer.close()
+                closed = True
+        except (ConnectionError, asyncio.TimeoutError):  # not the builtin before Python 3.11
+            pass
+        finally:
+            if not closed:
+                writer.transport.abort()
+
+    @property
+    def write_timeout_s(self) -> float:
+        return self.app[CONFIG_KEY].limits.write_timeout_s
+
+
+async def _drain_then_read_to_end(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await writer.drain()
+    while await reader.read(READ_BYTES):
+        pass
 
 
 class Connection:
@@ -198,8 +237,20 @@ class Connection:
                     return  # the client left: the worker is cancelled, closing any engine stream
                 actions = self.core.receive(data, time.monotonic())
             for action in actions:
-                await self.actions.put(action)
+                if not await self._queue(action, worker):
+                    break
         await worker
+
+    async def _queue(self, action: Action, worker: asyncio.Task[None]) -> bool:
+        """Hand ``action`` to the worker, waiting while its queue is full; False if the worker ended meanwhile (its
+        client gone), which would leave a full queue undrained."""
+        putting = asyncio.ensure_future(self.actions.put(action))
+        await asyncio.wait({putting, worker}, return_when=asyncio.FIRST_COMPLETED)
+        if putting.done():
+            return True
+        putting.cancel()
+        await asyncio.gather(putting, return_exceptions=True)
+        return False
 
     async def _work(self) -> None:
         while True:
