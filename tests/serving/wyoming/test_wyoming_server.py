@@ -206,3 +206,23 @@ async def test_a_client_that_floods_and_never_reads_is_let_go(serve: Serve) -> N
     else:
         pytest.fail("the flooding connection still holds the only Wyoming place")
     flooding.close()
+
+
+async def test_a_stream_whose_first_sentence_was_refused_does_not_continue_an_earlier_stream(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, port = await wyoming_server(serve)
+    jobs = record_engine_jobs(server.app, monkeypatch)
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in (SynthesizeStart(), SynthesizeChunk("Hello there. How are you?"), SynthesizeStop()):
+            await client.write_event(event.event())
+        await read_until(client, "synthesize-stopped")
+        server.app[STATE_KEY].phase = Phase.DRAINING
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk("Refused. Spoken").event())
+        assert Error.from_event(await read(client)).code == "shutting_down"
+        server.app[STATE_KEY].phase = Phase.READY
+        await client.write_event(SynthesizeStop().event())
+        await read_until(client, "synthesize-stopped")
+    assert [job.text for job in jobs] == ["Hello there.", "How are you?", "Spoken"]
+    assert jobs[1].voice is not None and jobs[2].voice is None

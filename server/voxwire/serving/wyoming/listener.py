@@ -288,16 +288,19 @@ class Connection:
             raise ClientGone() from exc
 
     def _voices(self) -> list[VoiceEntry]:
-        """``default``, OpenAI's names (designed voices on VoxCPM2), then the saved voices by id."""
+        """``default``, OpenAI's names (designed voices on VoxCPM2), then the saved voices by id; each described by
+        its name and what it sounds like (Home Assistant shows the description)."""
         info = self.speaker.info
         own = f"{info.name}'s own voice"
         builtin = [
-            VoiceEntry(name, OPENAI_VOICE_DESIGNS.get(name, own) if info.voice_design else own)
+            VoiceEntry(name, f"{name}: {OPENAI_VOICE_DESIGNS.get(name, own) if info.voice_design else own}")
             for name in ("default", *sorted(OPENAI_VOICES))
         ]
         return builtin + [VoiceEntry(saved.id, saved.name) for saved in self.app[VOICES_KEY].infos()]
 
     async def _speak(self, action: Speak) -> None:
+        if action.part is SpeechPart.FIRST_SENTENCE:  # nothing of an earlier stream carries over, even if refused
+            self._stream_voice = self._stream_prompt = None
         refused = refusal(self.app, connection=False)
         if refused is not None:
             await self._send(error_event(refused.code, refused.message))
