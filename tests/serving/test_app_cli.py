@@ -39,6 +39,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
         "max_batch_sessions": "a quarter of --max-sessions",
         "max_ahead_limit_ms": "30000, at least --max-ahead-ms",
     }
+    switched_off = {"wyoming_port": "none: no Wyoming listener"}  # None: what the setting adds is off
     for group in groups(ServerConfig):
         table = section("Limits" if group.name == "limits" else "Flags")
         for setting in group.settings:
@@ -46,7 +47,7 @@ def test_every_numeric_flag_is_in_the_operations_tables_with_its_default() -> No
                 continue
             default = getattr(getattr(ServerConfig(), group.name), setting.name)
             shown = "model's" if default is None else f"{default:g}" if isinstance(default, float) else str(default)
-            shown = per_machine.get(setting.name, by_memory.get(setting.name, by_rule.get(setting.name, shown)))
+            shown = {**per_machine, **by_memory, **by_rule, **switched_off}.get(setting.name, shown)
             assert f"| `--{setting.name.replace('_', '-')}` | {shown} |" in table, setting.name
 
 

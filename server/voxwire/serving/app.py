@@ -68,6 +68,7 @@ from voxwire.serving.speech.service import Engines, SpeechJob, SpeechService
 from voxwire.serving.speech.voice_store import VoiceStore
 from voxwire.serving.ws.elevenlabs import add_elevenlabs_routes
 from voxwire.serving.ws.handler import add_ws_routes
+from voxwire.serving.wyoming.listener import add_wyoming_listener
 from voxwire.speech_model import ModelInfo, SpeechModel
 from voxwire.startup import Readiness, enter, reporting
 
@@ -160,6 +161,7 @@ def build_app(
     app.on_response_prepare.append(add_request_id_header)
     app.on_response_prepare.append(add_cors_headers)
     app.cleanup_ctx.append(_lifecycle)
+    add_wyoming_listener(app)  # after _lifecycle: it starts once the engines do and stops before them
     app.on_shutdown.append(drain)
     return app
 

@@ -320,6 +320,13 @@ class Transport:
     tls_poll_s: float = 5.0
     """How often the server looks at the TLS files' modification times, to load a renewed pair without a restart
     (a bad new pair is logged and the old one kept)."""
+    wyoming_port: int | None = field(default=None, metadata=flag(shown_default="none: no Wyoming listener"))
+    """Also serve Home Assistant's [Wyoming protocol](clients.md#home-assistant-wyoming) on this TCP port of
+    ``--host`` (0 picks a free one). Wyoming has no authentication: anyone who reaches the port may speak, so it is
+    for a trusted network; with API keys on a host other than loopback it needs ``--wyoming-without-auth``."""
+    wyoming_without_auth: bool = False
+    """Serve ``--wyoming-port`` on a host other than loopback although API keys protect the HTTP API: the Wyoming
+    port stays open to anyone who reaches it. Without it such a server refuses to start."""
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -333,6 +340,22 @@ class Transport:
             _check(self, name, values, ok, "a tuple of non-empty strings")
         _positive_numbers(self, "ping_interval_s")
         _check(self, "no_auth", self.no_auth, isinstance(self.no_auth, bool), "a bool")
+        wyoming = self.wyoming_port
+        ok = wyoming is None or (_is_int(wyoming) and 0 <= wyoming <= 65535)
+        _check(self, "wyoming_port", wyoming, ok, "None or an int in [0, 65535]")
+        _check(
+            self,
+            "wyoming_without_auth",
+            self.wyoming_without_auth,
+            isinstance(self.wyoming_without_auth, bool),
+            "a bool",
+        )
+        if wyoming is not None and self.api_keys and not self.wyoming_without_auth and not is_loopback(self.host):
+            raise ValueError(
+                f"Transport.wyoming_port: the Wyoming protocol has no authentication, so --wyoming-port on --host "
+                f"{self.host} would open the API keys' server to anyone on the network; serve it on a loopback host, "
+                "or add --wyoming-without-auth (VOXWIRE_WYOMING_WITHOUT_AUTH=true) to serve it on a trusted network"
+            )
         if self.no_auth and self.api_keys:
             raise ValueError("Transport.no_auth contradicts api_keys: give API keys (--api-key) or --no-auth, not both")
         if not (self.api_keys or self.no_auth or is_loopback(self.host)):
@@ -396,6 +419,9 @@ room for a ``ref_audio`` clip of ``--max-upload-bytes``)."""
     write_timeout_s: float = 30.0
     """A connection (HTTP or WebSocket) whose client leaves the server's data unsent this long (its socket full: it
     stopped reading) is aborted, its socket freed, whatever was being sent."""
+    max_wyoming_connections: int = 16
+    """[Wyoming](clients.md#home-assistant-wyoming) connections one server process (each frontend under
+    ``--workers``) holds at once; one more gets an ``error`` ``busy`` and is closed."""
     max_http_connections: int = 512
     """HTTP connections one server process (each frontend under ``--workers``) holds at once, WebSockets aside
     (``--max-connections``); one more is answered 503 ``busy`` and closed before its request is read."""
@@ -425,7 +451,7 @@ room for a ``ref_audio`` clip of ``--max-upload-bytes``)."""
         )  # fmt: skip
         _at_least_zero(self, "max_buffer_delay_ms")
         _positive_numbers(self, "write_timeout_s")
-        _positive_ints(self, "max_http_connections")
+        _positive_ints(self, "max_http_connections", "max_wyoming_connections")
 
 
 @dataclass(frozen=True)

@@ -84,13 +84,19 @@ def supervise(config: ServerConfig) -> int:
         # Read by prometheus_client when the frontends import it: their instruments write to shared files.
         os.environ[MULTIPROC_ENV] = str(metrics_dir)
         reserved = _reserve_port(config.transport.host, config.transport.port)
+        wyoming: socket.socket | None = None
         try:
-            port = reserved.getsockname()[1]
+            if config.transport.wyoming_port is not None:  # every frontend listens on it too (serving/wyoming)
+                wyoming = _reserve_port(config.transport.host, config.transport.wyoming_port)
+                config = config.with_settings(wyoming_port=wyoming.getsockname()[1])
+            config = config.with_settings(port=reserved.getsockname()[1])
             endpoints = tuple(f"ipc://{folder}/engine-{i}" for i in range(len(config.engine_devices())))
-            supervisor = _Supervisor(context, config.with_settings(port=port), endpoints, metrics_dir, log_level)
+            supervisor = _Supervisor(context, config, endpoints, metrics_dir, log_level)
             return supervisor.run()
         finally:
             reserved.close()
+            if wyoming is not None:
+                wyoming.close()
             os.environ.pop(MULTIPROC_ENV, None)
 
 

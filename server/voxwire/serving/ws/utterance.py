@@ -284,12 +284,7 @@ class UtteranceAudio:
         every later one (one fixed clip, so the voice does not drift and prompts do not grow).
 
         Raises ``InvalidInputError`` when the model produced non-finite latents (never fed back)."""
-        base = self.settings.prompt
-        if designed:
-            if self.prompt is None and patches:
-                self.prompt = VoicePrompt(reference_patches=np.stack(patches))
-            return
-        self.prompt = continuation(base, spoken, patches) if finish is FinishReason.STOP and patches else base
+        self.prompt = next_prompt(self.settings.prompt, self.prompt, spoken, finish, patches, designed=designed)
 
     def done(self, reason: FinishReason) -> Done:
         """The utterance's ``done``, with what the socket has taken of it so far."""
@@ -327,6 +322,22 @@ class UtteranceAudio:
         """Where the next segment starts, at the encoder's rate (what ``ready.sample_rate`` announced), after the
         tempo change (``start.speed``; the tempo filter's window makes this exact within a few ms)."""
         return int(self.samples * self.encoder.sample_rate / (self.model_rate * self.speed))
+
+
+def next_prompt(
+    base: VoicePrompt | None,
+    current: VoicePrompt | None,
+    spoken: str,
+    finish: FinishReason,
+    patches: list[Patch],
+    *,
+    designed: bool,
+) -> VoicePrompt | None:
+    """The prompt of the segment after one spoken with ``current`` in the voice ``base`` (``UtteranceAudio.carry``'s
+    rule, shared with the Wyoming streams). Raises ``InvalidInputError`` on non-finite latents."""
+    if designed:
+        return VoicePrompt(reference_patches=np.stack(patches)) if current is None and patches else current
+    return continuation(base, spoken, patches) if finish is FinishReason.STOP and patches else base
 
 
 def continuation(base: VoicePrompt | None, text: str, patches: list[Patch]) -> VoicePrompt:
