@@ -67,6 +67,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("docs/clients.md", "voxwire bench --local"): BENCHMARK,
     ("docs/clients.md", "voxwire bench --server URL"): BENCHMARK,
     ("docs/clients.md", "await worker.queue_frame"): FRAGMENT,
+    ("docs/clients.md", "--wyoming-port 10200"): REAL_WEIGHTS_SERVER,
     ("docs/clients.md", "ElevenLabsHttpTTSService("): FRAGMENT,
     ("docs/clients.md", "tts.prewarm()"):
         "runs in the reader's agent entrypoint, whose event loop prewarm() needs (tests/serving/integrations/"
