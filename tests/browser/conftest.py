@@ -82,13 +82,16 @@ def chromium() -> str:
 
 @pytest_asyncio.fixture
 async def demo_server(aiohttp_server: Callable[..., Awaitable[TestServer]], tiny_tts: VoxCPM) -> DemoServer:
-    async def start(**overrides: Any) -> TestServer:
+    """``await demo_server(**overrides)``: a started server on ``tiny_tts``, or on ``model`` (a persona test's own:
+    personas wrap a model's layers, and the shared tiny model must stay as every other test reads it)."""
+
+    async def start(*, model: VoxCPM = tiny_tts, **overrides: Any) -> TestServer:
         # The pages are tested here, not the server's overload rule (tests/engine/test_shedding.py and
         # tests/serving/ws/test_overload.py hold it): a loaded test machine must not shed a page's second stream.
         settings: dict[str, Any] = {
             "port": 0, "max_sessions": 4, "drain_timeout_s": 5.0, "max_step_load": 1000.0, **overrides,
         }  # fmt: skip
-        app = make_app(ServerConfig.of(**settings), model=VoxCPMSpeech(tiny_tts))
+        app = make_app(ServerConfig.of(**settings), model=VoxCPMSpeech(model))
         server = await aiohttp_server(app)
 
         async def accepting() -> None:

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import soundfile
 
+from voxwire.tts import VoxCPM
+
 from .conftest import (
     DOCS_SCREENSHOT,
     KEY,
@@ -227,9 +229,14 @@ async def test_upload_a_voice_and_speak_with_it(page: Any, demo_server: DemoServ
 
 
 @pytest.mark.slow
-async def test_the_page_lists_personas_and_speaks_with_one(page: Any, demo_server: DemoServer) -> None:
+async def test_the_page_lists_personas_and_speaks_with_one(
+    page: Any, demo_server: DemoServer, persona_tts: VoxCPM
+) -> None:
     lora = ROOT / "tests" / "fixtures" / "reference" / "lora" / "voxcpm2"
-    server = await demo_server(api_keys=(KEY,), loras=(("narrator", lora),), max_lora_rank=16)
+    bank = persona_tts.personas
+    for name in list(bank.adapters) if bank is not None else []:  # left by an earlier persona test
+        bank.remove(name)
+    server = await demo_server(model=persona_tts, api_keys=(KEY,), loras=(("narrator", lora),), max_lora_rank=16)
     await open_demo(page, server)
     listed = "() => [...document.querySelectorAll('#persona option')].map((o) => o.textContent).join('|')"
     await page.wait_for_function(f"() => ({listed})() === 'none|narrator (rank 8)'", timeout=WAIT_MS)

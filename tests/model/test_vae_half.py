@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -89,12 +90,25 @@ def test_a_vae_that_overflows_in_float16_stays_float32(caplog: pytest.LogCapture
     assert "AudioVAE in float32" in caplog.text
 
 
+@pytest.fixture
+def tf32_allowed() -> Iterator[None]:
+    """Both TF32 flags on, as a caller may have them, and as they were after. Set and restored by hand: the flags
+    are attributes torch answers through ``__getattr__``, which pytest 9.2's monkeypatch takes for absent (its undo
+    then deletes them and fails)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
+@pytest.mark.usefixtures("tf32_allowed")
 def test_the_check_decode_compares_with_exact_float32_at_a_serving_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 34, D9: the float32 reference of the check runs without TF32 (cuDNN allows it by default), both flags
     are the caller's again after, and the check decodes a serving batch (>= 64 streams), not one stream."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    monkeypatch.setattr(matmul, "allow_tf32", True)
-    monkeypatch.setattr(cudnn, "allow_tf32", True)
     decodes: list[tuple[torch.dtype, int, bool, bool]] = []  # (VAE dtype, streams, matmul TF32, cuDNN TF32)
     streamed = audio_vae.streamed_audio
 
