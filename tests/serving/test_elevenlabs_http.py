@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from elevenlabs import VoiceSettings
 from elevenlabs.client import AsyncElevenLabs
 from elevenlabs.core.api_error import ApiError as ElevenLabsApiError
-from tests.serving.helpers import clip
+from tests.serving.helpers import clip, upload
 
 from voxwire.serving.runtime.keys import INLINE_VOICES_KEY, SPEAKER_KEY
 
@@ -147,6 +147,19 @@ async def test_an_alias_names_the_voice(serve) -> None:
     async with TestClient(server) as http:  # ElevenLabs' socket resolves it too (an unknown voice is 404 there)
         socket = await http.ws_connect(f"/v1/text-to-speech/{RACHEL}/stream-input", headers={"xi-api-key": KEY})
         await socket.close()
+
+
+async def test_the_sdk_deletes_a_saved_voice(serve) -> None:
+    server = await serve(api_keys=(KEY,))
+    client = sdk(server)
+    async with TestClient(server, headers={"xi-api-key": KEY}) as http:  # its end closes the server: last
+        status, saved = await upload(http, clip(), name="Me")
+        assert status == 201, saved
+        deleted = await client.voices.delete(saved["id"])
+        assert deleted.status == "ok"
+        with pytest.raises(ElevenLabsApiError) as refused:
+            await client.voices.get(saved["id"])
+        assert refused.value.status_code == 404
 
 
 async def test_the_voice_listing_serves_elevenlabs_and_our_clients_alike(serve) -> None:

@@ -39,7 +39,7 @@ async def test_upload_use_persist_across_restart_delete(serve, aiohttp_client, t
     assert await speak_with(second, voice["id"]) == 200
     async with second.delete(f"/v1/voices/{voice['id']}") as response:
         assert response.status == 200
-        assert await response.json() == {"id": voice["id"], "object": "voice", "deleted": True}
+        assert await response.json() == {"id": voice["id"], "object": "voice", "deleted": True, "status": "ok"}
     async with second.delete(f"/v1/voices/{voice['id']}") as response:
         assert response.status == 404
         assert (await response.json())["error"]["code"] == "unknown_voice"

@@ -149,8 +149,8 @@ def _list_of(item: dict[str, Any]) -> dict[str, Any]:
     return _object({"object": {"const": "list"}, "data": {"type": "array", "items": item}})
 
 
-def _deleted(key: str, kind: str) -> dict[str, Any]:
-    return _object({key: _STRING, "object": {"const": kind}, "deleted": {"const": True}})
+def _deleted(key: str, kind: str, **more: dict[str, Any]) -> dict[str, Any]:
+    return _object({key: _STRING, "object": {"const": kind}, "deleted": {"const": True}, **more})
 
 
 _NAME_ONLY = _object({"name": _STRING})
@@ -470,7 +470,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/voices/{voice_id}",
         "Voices",
         "Delete a saved voice (its owner only)",
-        {200: _json(_deleted("id", "voice"))},
+        {200: _json(_deleted("id", "voice", status={"const": "ok"}))},  # status: ElevenLabs' SDK reads it
         (403, 404),
         parameters=(_path_parameter("voice_id", "The voice's id."),),
     ),

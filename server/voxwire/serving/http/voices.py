@@ -201,7 +201,8 @@ async def list_audio_voices(request: web.Request) -> web.Response:
 
 async def delete_voice(request: web.Request) -> web.Response:
     voice_id = await remove_voice(request)
-    return web.json_response({"id": voice_id, "object": "voice", "deleted": True})
+    # ElevenLabs' SDK (voices.delete) reads "status"; ours the rest.
+    return web.json_response({"id": voice_id, "object": "voice", "deleted": True, "status": "ok"})
 
 
 async def remove_voice(request: web.Request) -> str:
