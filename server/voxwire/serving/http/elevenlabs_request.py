@@ -17,7 +17,7 @@ from typing import Any
 from voxwire.audio.elevenlabs_formats import DEFAULT_OUTPUT_FORMAT, OutputFormat, parse_output_format
 from voxwire.params import SynthesisParams
 from voxwire.protocol.error_codes import ErrorCode
-from voxwire.protocol.wire import MAX_SEED, MAX_SPEED, MIN_SPEED
+from voxwire.protocol.wire import MAX_SPEED, MIN_SPEED
 from voxwire.serving.edge.api_errors import ApiError
 from voxwire.serving.http.request_models import SPEECH, ExtraFields, Field, JsonType, RequestModel
 from voxwire.serving.server_config import ServerConfig
@@ -54,14 +54,7 @@ TEXT_TO_SPEECH = RequestModel(
     {
         "text": SPEECH.fields["input"],  # the text to speak, bounded as OpenAI's input is
         "model_id": Field(JsonType.STRING, "Any name: the server speaks with the one model it serves."),
-        "seed": Field(
-            JsonType.INTEGER,
-            "Noise seed, for reproducible audio.",
-            minimum=0,
-            maximum=MAX_SEED - 1,
-            code=ErrorCode.INVALID_PARAMETER,
-            type_code=ErrorCode.INVALID_PARAMETER,
-        ),
+        "seed": SPEECH.fields["seed"],
         "language_code": Field(JsonType.STRING, f"{IGNORED}: the model reads the language from the text."),
         "previous_text": Field(
             JsonType.STRING,

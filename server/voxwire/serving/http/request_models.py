@@ -604,13 +604,7 @@ OPENAI_VOICE_CREATE = RequestModel(
     "The OpenAI SDK's audio.voices.create (and vLLM-Omni's voice upload): a voice clip to encode once and save "
     "(multipart/form-data; each part at most once), as POST /v1/voices does.",
     {
-        "audio_sample": Field(
-            JsonType.BINARY,
-            "The clip: any format soundfile reads, any rate.",
-            required=True,
-            max_length=_max_upload,
-            code=ErrorCode.UPLOAD_TOO_LARGE,
-        ),
+        "audio_sample": VOICE_UPLOAD.fields["file"],  # the clip, as POST /v1/voices takes it
         "name": Field(
             JsonType.STRING,
             "A name for listings; no control or formatting characters.",
