@@ -13,6 +13,7 @@ from aiohttp import web
 
 from voxwire.protocol.error_codes import ErrorCode
 from voxwire.serving.edge.api_errors import ApiError
+from voxwire.serving.runtime.timeouts import within
 from voxwire.serving.server_config import ServerConfig
 
 T = TypeVar("T")
@@ -66,7 +67,7 @@ async def _read_at_most(request: web.Request, limit: int) -> bytes:
 async def read_within(timeout_s: float, read: Awaitable[T]) -> T:
     """Await a body read, refusing a client too slow to send it (408 ``body_timeout``)."""
     try:
-        return await asyncio.wait_for(read, timeout_s)
+        return await within(read, timeout_s)
     except asyncio.TimeoutError as exc:  # not the builtin before Python 3.11
         message = f"the request body did not arrive within {timeout_s:g} s"
         raise ApiError(ErrorCode.BODY_TIMEOUT, message, close_connection=True) from exc

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
+from voxwire.serving.runtime.timeouts import within
+
 if TYPE_CHECKING:
     from voxwire.serving.runtime.encoding import EncoderPool
     from voxwire.serving.runtime.metrics import Metrics
@@ -139,7 +141,7 @@ class ServerState:
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no utterance is live, at most ``timeout`` seconds; whether it got there."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await within(self._idle.wait(), timeout)
         except asyncio.TimeoutError:  # not the builtin before Python 3.11
             return False
         return True

@@ -33,6 +33,7 @@ import zmq.asyncio
 
 from voxwire.chunk import Chunk
 from voxwire.engine import EngineDeadError, EngineRestartingError, EngineStats
+from voxwire.serving.runtime.timeouts import within
 from voxwire.serving.speech.voice_store import Voice
 from voxwire.serving.workers import ipc
 from voxwire.serving.workers.remote_personas import RemotePersonas
@@ -255,7 +256,7 @@ class EngineLinks:
         self._syncs[call_id] = future
         self._links[0].send(message(call_id))
         try:
-            await asyncio.wait_for(future, SYNC_TIMEOUT_S)
+            await within(future, SYNC_TIMEOUT_S)
         except asyncio.TimeoutError:
             logger.warning("a change of voices or personas reached the frontends late (over %.0f s)", SYNC_TIMEOUT_S)
         finally:

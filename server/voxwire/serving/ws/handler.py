@@ -35,6 +35,7 @@ from voxwire.serving.runtime.keys import (
     TRACING_KEY,
     VOICES_KEY,
 )
+from voxwire.serving.runtime.timeouts import within
 from voxwire.serving.server_config import ServerConfig
 from voxwire.serving.speech.persona_names import client_owner
 from voxwire.serving.ws.frames import StreamSocket
@@ -133,18 +134,12 @@ async def close_and_cut(
     """Close ``ws`` with ``code`` and ``reason``, waiting at most ``CLOSE_TIMEOUT_S`` for the handshake (a client
     that stopped reading never answers it), then cut the connection: a closed transport keeps its socket until its
     write buffer drains, and the handler reading the socket would wait for that too."""
-    # asyncio.wait, not wait_for: before Python 3.12, wait_for returns normally when it is cancelled in the loop turn
-    # its inner close completes (the client's close answer arriving as the session cancels its tasks), and the
-    # cancelled outbox then waited forever, holding its handler and a draining server for aiohttp's 60 s.
-    closing = asyncio.ensure_future(ws.close(code=code, message=reason))
     try:
-        await asyncio.wait((closing,), timeout=CLOSE_TIMEOUT_S)
+        # within, not wait_for: a session's outbox cancelled as the client's close answer arrives must end
+        await within(ws.close(code=code, message=reason), CLOSE_TIMEOUT_S)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass  # the connection is cut below all the same
     finally:
-        if closing.done():
-            if not closing.cancelled() and not isinstance(closing.exception(), ConnectionError):
-                closing.result()  # any other failure is the handler's to see
-        else:
-            closing.cancel()  # the connection is cut below all the same
         await cut(transport)
 
 

@@ -44,6 +44,7 @@ from voxwire.serving.runtime.keys import (
     VOICES_KEY,
     OneProcess,
 )
+from voxwire.serving.runtime.timeouts import within
 from voxwire.serving.speech.persona_names import client_owner
 from voxwire.serving.speech.service import SpeechFailure, SpeechJob, UtteranceOptions
 from voxwire.serving.speech.voice_design import OPENAI_VOICE_DESIGNS, utterance_control
@@ -158,7 +159,7 @@ class WyomingListener:
             if not self._closing and not writer.transport.is_closing():
                 if writer.can_write_eof():
                     writer.write_eof()
-                await asyncio.wait_for(_drain_then_read_to_end(reader, writer), self.write_timeout_s)
+                await within(_drain_then_read_to_end(reader, writer), self.write_timeout_s)
                 writer.close()
                 closed = True
         except (ConnectionError, asyncio.TimeoutError):  # not the builtin before Python 3.11
@@ -282,7 +283,7 @@ class Connection:
             self.metrics.count_error(event.data["code"])
         self.writer.write(encode_event(event))
         try:
-            await asyncio.wait_for(self.writer.drain(), self.write_timeout_s)
+            await within(self.writer.drain(), self.write_timeout_s)
         except (ConnectionError, asyncio.TimeoutError) as exc:  # gone, or not reading: free its socket now
             self.writer.transport.abort()
             raise ClientGone() from exc
